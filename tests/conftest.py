@@ -31,8 +31,14 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, cwd: str 
     full_env.pop("TORCHRIG_DEBUG", None)
     if env:
         full_env.update(env)
-    proc = subprocess.run([sys.executable, "-m", "torchrig", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrig", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd,
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -44,7 +50,7 @@ def cli():
 def pytest_collection_modifyitems(config, items):
     has_cuda = False
     try:
-        import torch  # noqa: F401
+        import torch
 
         has_cuda = torch.cuda.is_available()
     except Exception:

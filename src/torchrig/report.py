@@ -76,8 +76,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, indent: str 
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
+
     def line(parts: Sequence[str]) -> str:
         return indent + "  ".join(p.ljust(widths[i]) for i, p in enumerate(parts)).rstrip()
+
     out = [line(list(headers)), line(["-" * w for w in widths])]
     out.extend(line(r) for r in cells)
     return "\n".join(out)

@@ -38,8 +38,12 @@ def test_unknown_global_option(cli):
 
 
 def imported_modules(args: list[str]) -> set[str]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "torchrig", *args],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "torchrig", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     mods = set()
     for line in proc.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:

@@ -21,23 +21,47 @@ from torchrig.errors import EXIT_INTERNAL, EXIT_USAGE, TorchrigError, UsageError
 # name -> (module, one-line summary, group). Order is the order of --help.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("cmd_doctor", "inspect this machine or container: what is wrong, why, and the fix", "Doctor"),
-    "check": ("cmd_check", "will this GPU + driver run this PyTorch build? works / caveats / fails", "Knowledge"),
-    "resolve": ("cmd_resolve", "the best PyTorch build for these GPUs and driver, with the pip command", "Knowledge"),
+    "check": (
+        "cmd_check",
+        "will this GPU + driver run this PyTorch build? works / caveats / fails",
+        "Knowledge",
+    ),
+    "resolve": (
+        "cmd_resolve",
+        "the best PyTorch build for these GPUs and driver, with the pip command",
+        "Knowledge",
+    ),
     "matrix": ("cmd_matrix", "support table: GPU families x PyTorch builds", "Knowledge"),
     "init": ("cmd_init", "write a commented torchrig.toml image spec", "Images"),
     "image": ("cmd_image", "render the Dockerfile for a spec, or build the image", "Images"),
     "serve": ("cmd_serve", "the image's entrypoint: JupyterLab and SSH as the non-root user", "Images"),
-    "up": ("cmd_up", "start an environment on this GPU server (GPU lease, ports, volumes, limits)", "Environments"),
+    "up": (
+        "cmd_up",
+        "start an environment on this GPU server (GPU lease, ports, volumes, limits)",
+        "Environments",
+    ),
     "ps": ("cmd_ps", "list running torchrig environments", "Environments"),
     "logs": ("cmd_logs", "show an environment's logs", "Environments"),
     "exec": ("cmd_exec", "run a command inside an environment", "Environments"),
     "down": ("cmd_down", "stop and remove an environment, freeing its GPUs", "Environments"),
     "gpus": ("cmd_gpus", "the GPU board: each GPU, who holds it, memory and utilisation", "Environments"),
     "bench": ("cmd_bench", "measure GPUs and links and grade them against the datasheet", "Proof"),
-    "launch": ("cmd_launch", "run a script on 1..N GPUs / nodes through torchrun, with pre-flight", "Training"),
-    "train": ("cmd_train", "built-in DDP/FSDP trainer (GPT or ResNet) with checkpoints and metrics", "Training"),
+    "launch": (
+        "cmd_launch",
+        "run a script on 1..N GPUs / nodes through torchrun, with pre-flight",
+        "Training",
+    ),
+    "train": (
+        "cmd_train",
+        "built-in DDP/FSDP trainer (GPT or ResNet) with checkpoints and metrics",
+        "Training",
+    ),
     "export": ("cmd_export", "export a checkpoint to torch.export (.pt2) and ONNX, verified", "Training"),
-    "cluster": ("cmd_cluster", "render Slurm sbatch scripts or Kubernetes manifests for a training job", "Training"),
+    "cluster": (
+        "cmd_cluster",
+        "render Slurm sbatch scripts or Kubernetes manifests for a training job",
+        "Training",
+    ),
 }
 
 EPILOG = """examples:
@@ -59,8 +83,12 @@ class TorchrigParser(argparse.ArgumentParser):
 
 
 def top_help() -> str:
-    lines = [f"usage: torchrig [--json] [--debug] [--version] COMMAND [options]", "",
-             "From a bare NVIDIA machine to verified multi-GPU PyTorch training.", ""]
+    lines = [
+        "usage: torchrig [--json] [--debug] [--version] COMMAND [options]",
+        "",
+        "From a bare NVIDIA machine to verified multi-GPU PyTorch training.",
+        "",
+    ]
     group = None
     for name, (_mod, summary, grp) in COMMANDS.items():
         if grp != group:
@@ -107,15 +135,30 @@ def _fail(err: TorchrigError, command: str, as_json: bool) -> int:
     if as_json:
         import json
 
-        print(json.dumps({"schema_version": 1, "command": command,
-                          "error": {"type": type(err).__name__, "message": err.one_line(),
-                                    "exit_code": err.exit_code}}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "command": command,
+                    "error": {
+                        "type": type(err).__name__,
+                        "message": err.one_line(),
+                        "exit_code": err.exit_code,
+                    },
+                },
+                indent=2,
+            )
+        )
     return err.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command, as_json, debug = "torchrig", "--json" in argv, "--debug" in argv or bool(os.environ.get("TORCHRIG_DEBUG"))
+    command, as_json, debug = (
+        "torchrig",
+        "--json" in argv,
+        "--debug" in argv or bool(os.environ.get("TORCHRIG_DEBUG")),
+    )
     try:
         flags, rest = _split_globals(argv)
         if flags.get("version"):
@@ -128,7 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command not in COMMANDS:
             from torchrig.fuzzy import did_you_mean
 
-            raise UsageError(f"unknown command {command!r}", hint=did_you_mean(command, COMMANDS) or "see 'torchrig --help'")
+            raise UsageError(
+                f"unknown command {command!r}",
+                hint=did_you_mean(command, COMMANDS) or "see 'torchrig --help'",
+            )
         parser, module = build_parser(command)
         args = parser.parse_args(rest)
         args.json = bool(args.json or flags["json"])
@@ -159,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # a bug, not a user mistake
         if debug:
             raise
-        print(f"torchrig: internal error: {type(err).__name__}: {err} (rerun with --debug and report it)",
-              file=sys.stderr)
+        print(
+            f"torchrig: internal error: {type(err).__name__}: {err} (rerun with --debug and report it)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL

@@ -17,7 +17,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str) -> dict[str, Any]:
     """Load ``torchrig/data/<name>.toml`` (cached)."""
     text = resources.files(__package__).joinpath(f"{name}.toml").read_text(encoding="utf-8")

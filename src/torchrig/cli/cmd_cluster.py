@@ -1,0 +1,204 @@
+"""Render a training job for a Slurm or Kubernetes cluster, validated, from the options `launch` takes.
+
+torchrig does not run a cluster manager: it writes what the existing engines take.
+
+  slurm   an sbatch script: one task per node, srun starting `torchrig launch` (torchrun underneath)
+          with the c10d rendezvous on the first node, NCCL settings, per-rank logs, and optionally a
+          container through pyxis/enroot (--container-runtime pyxis) or Apptainer.
+  k8s     Kubernetes manifests: a Kubeflow PyTorchJob (--kind pytorchjob, default) or a plain indexed
+          Job with a headless Service (--kind job); nvidia.com/gpu resources, a memory-backed /dev/shm.
+
+Every render is validated before it is printed: sbatch scripts by `bash -n` and by parsing their
+#SBATCH lines; manifests against Kubernetes' JSON schemas and the PyTorchJob CRD (no network needed).
+
+examples:
+  torchrig cluster slurm --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00 -- train.py --lr 3e-4
+  torchrig cluster slurm --nodes 4 --container nvcr.io#org/img:tag --container-runtime pyxis -o job.sbatch -- train.py
+  torchrig cluster k8s --nodes 2 --gpus-per-node 8 --image registry.example/team/torchrig:2.8.0-cu128 -- train.py
+  torchrig cluster k8s --kind job --nodes 2 --image IMG -o job.yaml --apply -- train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchrig.errors import UsageError
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=8, help="GPUs per node, one process each; 0 = CPU (default 8)"
+    )
+    p.add_argument("--name", default="torchrig-train", help="job name, a DNS label (default torchrig-train)")
+    p.add_argument("--rdzv-port", type=int, default=29500, help="c10d rendezvous port on the first node")
+    p.add_argument("--max-restarts", type=int, default=0, help="restarts of the whole job on a failure")
+    p.add_argument("--log-dir", default="logs", help="where per-rank logs go (default logs/)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment")
+    p.add_argument(
+        "--plain-torchrun",
+        action="store_true",
+        help="start torchrun directly instead of `torchrig launch` (no torchrig needed on nodes)",
+    )
+    p.add_argument("-o", "--output", help="write the render to this file instead of stdout")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py [args]")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="target", metavar="{slurm,k8s}")
+    sub.required = True
+    s = sub.add_parser("slurm", help="render an sbatch script")
+    s.add_argument("--partition")
+    s.add_argument("--account")
+    s.add_argument("--time", dest="time_limit", help="wall-time limit (MINUTES, HH:MM:SS, D-HH:MM:SS)")
+    s.add_argument("--cpus-per-task", type=int)
+    s.add_argument("--container", help="container image to run in (with --container-runtime)")
+    s.add_argument("--container-runtime", choices=["none", "pyxis", "apptainer"], default=None)
+    s.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="container bind mount")
+    s.add_argument(
+        "--submit", action="store_true", help="submit with sbatch (needs --output and sbatch on PATH)"
+    )
+    _add_common(s)
+    k = sub.add_parser("k8s", help="render Kubernetes manifests")
+    k.add_argument("--image", help="container image (e.g. built by `torchrig image build`)")
+    k.add_argument("--kind", choices=["pytorchjob", "job"], default="pytorchjob")
+    k.add_argument("--namespace", default="default")
+    k.add_argument("--shm-size", default="16Gi", help="memory-backed /dev/shm size (default 16Gi)")
+    k.add_argument("--apply", action="store_true", help="kubectl apply the manifests (needs --output)")
+    _add_common(k)
+    for p in (s, k):  # subparsers do not inherit the frame's common options
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {pair!r} is not KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def _job(args: argparse.Namespace) -> Any:
+    from torchrig.cluster.job import ClusterJob, ContainerRuntime, K8sKind
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no training script given", hint="end the command with: -- train.py [args]")
+    common: dict[str, Any] = dict(
+        script=command[0],
+        script_args=tuple(command[1:]),
+        name=args.name,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        rdzv_port=args.rdzv_port,
+        max_restarts=args.max_restarts,
+        log_dir=args.log_dir,
+        env=_env(args.env),
+        use_torchrig_launch=not args.plain_torchrun,
+    )
+    if args.target == "slurm":
+        runtime = args.container_runtime or ("pyxis" if args.container else "none")
+        return ClusterJob(
+            **common,
+            partition=args.partition,
+            account=args.account,
+            time_limit=args.time_limit,
+            cpus_per_task=args.cpus_per_task,
+            image=args.container,
+            container_runtime=ContainerRuntime(runtime),
+            container_mounts=tuple(args.mount),
+        )
+    return ClusterJob(
+        **common,
+        image=args.image,
+        namespace=args.namespace,
+        shm_size=args.shm_size,
+        k8s_kind=K8sKind(args.kind),
+    )
+
+
+@dataclass(frozen=True)
+class ClusterReport:
+    target: str
+    text: str
+    output: str | None
+    validation: list[str]
+    submitted: str | None = None
+    job: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "output": self.output,
+            "validation": self.validation,
+            "submitted": self.submitted,
+            "job": self.job,
+            "render": self.text,
+        }
+
+    def render_text(self) -> str:
+        if self.output is None:
+            return self.text.rstrip("\n")
+        lines = [f"wrote {self.output}"] + [f"  valid: {v}" for v in self.validation]
+        if self.submitted:
+            lines.append(f"  submitted: {self.submitted}")
+        return "\n".join(lines)
+
+    @property
+    def exit_code(self) -> int:
+        return 0
+
+
+def run(args: argparse.Namespace) -> ClusterReport:
+    from torchrig.report import jsonable
+
+    job = _job(args)
+    validation: list[str] = []
+    submitted = None
+    if args.target == "slurm":
+        from torchrig.cluster import slurm
+
+        text = slurm.render_sbatch(job)
+        slurm.check_shell_syntax(text)
+        opts = slurm.parse_sbatch_options(text)
+        validation = ["bash -n: ok", f"#SBATCH options parsed: {len(opts)} ({', '.join(opts)})"]
+        wants_action, action_flag = args.submit, "--submit"
+    else:
+        from torchrig.cluster import k8s, validate
+
+        docs = k8s.render(job)
+        n = validate.validate_all(docs)
+        text = k8s.to_yaml(docs)
+        validation = [
+            f"{n} manifest(s) valid against Kubernetes {validate.K8S_VERSION} schemas"
+            + (" and the PyTorchJob CRD" if job.k8s_kind.value == "pytorchjob" else "")
+        ]
+        wants_action, action_flag = args.apply, "--apply"
+    if wants_action and not args.output:
+        raise UsageError(f"{action_flag} needs --output FILE so the submitted render is kept")
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as err:
+            raise UsageError(f"cannot write {args.output}: {err.strerror}") from err
+        if args.target == "slurm":
+            os.chmod(args.output, 0o755)
+    if wants_action:
+        if args.target == "slurm":
+            from torchrig.cluster import slurm
+
+            submitted = "job " + slurm.submit(args.output)
+        else:
+            from torchrig.cluster import k8s
+
+            submitted = k8s.apply(args.output)
+    return ClusterReport(args.target, text, args.output, validation, submitted, job=jsonable(job))

@@ -1,0 +1,155 @@
+"""Render Kubernetes manifests for a torchrig training job.
+
+Two kinds, chosen with ``--kind``:
+
+``pytorchjob`` (default)
+    A Kubeflow Training Operator ``PyTorchJob`` (kubeflow.org/v1): one Master and N-1 Worker pods. The
+    operator creates a headless service per replica and sets ``PET_NNODES``, ``PET_NODE_RANK``,
+    ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` in each pod, which the launcher below reads.
+``job``
+    A plain ``batch/v1`` indexed ``Job`` plus a headless ``Service`` for the rendezvous; needs no operator.
+    Pod *i* gets the stable name ``<job>-<i>.<service>``, so node 0 hosts the c10d rendezvous.
+
+Both request ``nvidia.com/gpu`` (the NVIDIA device plugin's resource), mount a memory-backed ``/dev/shm``
+(the default 64 MiB breaks DataLoader workers and NCCL), and carry the NCCL environment `launch` uses.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from typing import Any
+
+from torchrig.cluster.job import ClusterJob, K8sKind
+from torchrig.cluster.slurm import launcher_argv
+from torchrig.errors import EngineUnavailable, JobFailed, UsageError
+
+CONTAINER = "pytorch"  # the container name the Training Operator looks for
+
+
+def _container(job: ClusterJob, node_rank: str, master: str, port: str, port_name: str) -> dict[str, Any]:
+    if not job.image:
+        raise UsageError(
+            "Kubernetes needs an image", hint="pass --image REF (e.g. one built by `torchrig image build`)"
+        )
+    argv = launcher_argv(
+        job, nnodes=str(job.nodes), node_rank=node_rank, endpoint=f"{master}:{port}", rdzv_id=job.name
+    )
+    argv = [w.replace(f"{job.log_dir}/$SLURM_JOB_ID", f"{job.log_dir}/{job.name}") for w in argv]
+    limits: dict[str, Any] = {}
+    if job.gpus_per_node:
+        limits["nvidia.com/gpu"] = job.gpus_per_node
+    env = [{"name": k, "value": v} for k, v in sorted(job.environment().items())]
+    return {
+        "name": CONTAINER,
+        "image": job.image,
+        "imagePullPolicy": "IfNotPresent",
+        # A shell expands the per-pod variables the operator / the indexed Job provide.
+        "command": ["/bin/sh", "-c", "exec " + " ".join(_q(w) for w in argv)],
+        "env": env,
+        "ports": [{"name": port_name, "containerPort": job.rdzv_port}],
+        "resources": {"limits": limits} if limits else {},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _q(word: str) -> str:
+    return '"' + word + '"' if "$" in word else shlex.quote(word)
+
+
+def _pod_spec(job: ClusterJob, container: dict[str, Any], restart: str) -> dict[str, Any]:
+    return {
+        "restartPolicy": restart,
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}}],
+    }
+
+
+def _labels(job: ClusterJob) -> dict[str, str]:
+    return {"app.kubernetes.io/name": job.name, "app.kubernetes.io/managed-by": "torchrig"}
+
+
+def render_pytorchjob(job: ClusterJob) -> list[dict[str, Any]]:
+    # The operator takes the master port from the container port with this name (pytorch_types.go).
+    container = _container(job, "$PET_NODE_RANK", "$PET_MASTER_ADDR", "$PET_MASTER_PORT", "pytorchjob-port")
+    template = {"metadata": {"labels": _labels(job)}, "spec": _pod_spec(job, container, "OnFailure")}
+    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
+    if job.nodes > 1:
+        replicas["Worker"] = {"replicas": job.nodes - 1, "restartPolicy": "OnFailure", "template": template}
+    spec: dict[str, Any] = {
+        "nprocPerNode": str(job.nproc_per_node),
+        "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": job.max_restarts},
+        "pytorchReplicaSpecs": replicas,
+    }
+    return [
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": job.name, "namespace": job.namespace, "labels": _labels(job)},
+            "spec": spec,
+        }
+    ]
+
+
+def render_indexed_job(job: ClusterJob) -> list[dict[str, Any]]:
+    svc = job.name
+    master = f"{job.name}-0.{svc}"
+    container = _container(job, "$JOB_COMPLETION_INDEX", master, str(job.rdzv_port), "rdzv")
+    pod = _pod_spec(job, container, "Never")
+    pod["subdomain"] = svc  # pods resolve as <job>-<index>.<svc>
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": svc, "namespace": job.namespace, "labels": _labels(job)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"job-name": job.name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rdzv", "port": job.rdzv_port, "targetPort": job.rdzv_port}],
+        },
+    }
+    batch = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job.name, "namespace": job.namespace, "labels": _labels(job)},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": job.nodes,
+            "parallelism": job.nodes,
+            "backoffLimit": job.max_restarts,
+            "template": {"metadata": {"labels": _labels(job)}, "spec": pod},
+        },
+    }
+    return [service, batch]
+
+
+def render(job: ClusterJob) -> list[dict[str, Any]]:
+    return render_pytorchjob(job) if job.k8s_kind is K8sKind.PYTORCHJOB else render_indexed_job(job)
+
+
+def to_yaml(docs: list[dict[str, Any]]) -> str:
+    import yaml  # PyYAML: a light import, only on this path
+
+    class _NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:  # repeat templates in full: readers expect no anchors
+            return True
+
+    return "---\n".join(
+        yaml.dump(d, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=100) for d in docs
+    )
+
+
+def apply(manifest_path: str) -> str:
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        raise EngineUnavailable(
+            "kubectl is not on PATH",
+            hint=f"run on a machine with cluster access: kubectl apply -f {manifest_path}",
+        )
+    proc = subprocess.run(
+        [kubectl, "apply", "-f", manifest_path], text=True, capture_output=True, timeout=120
+    )
+    if proc.returncode != 0:
+        raise JobFailed(f"kubectl apply failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip()

@@ -1,0 +1,184 @@
+"""Render an sbatch script: one task per node, ``srun`` starting one launcher per node.
+
+The launcher on every node is ``torchrig launch`` (torchrun underneath) with the c10d rendezvous hosted
+on the first node of the allocation, so there is no separate rendezvous service to run. Options are the
+ones `torchrig launch` takes on a single machine, so the same job moves from a box to a cluster unchanged.
+
+Example::
+
+    torchrig cluster slurm --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00 -- train.py --lr 3e-4
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+
+from torchrig.cluster.job import ClusterJob, ContainerRuntime
+from torchrig.errors import EngineUnavailable, JobFailed, UsageError
+
+
+def _sbatch_options(job: ClusterJob) -> list[tuple[str, str | None]]:
+    opts: list[tuple[str, str | None]] = [
+        ("job-name", job.name),
+        ("nodes", str(job.nodes)),
+        # One task per node: each task is a launcher that forks one worker per GPU itself.
+        ("ntasks-per-node", "1"),
+    ]
+    if job.gpus_per_node:
+        opts.append(("gpus-per-node", str(job.gpus_per_node)))
+    if job.cpus_per_task:
+        opts.append(("cpus-per-task", str(job.cpus_per_task)))
+    if job.partition:
+        opts.append(("partition", job.partition))
+    if job.account:
+        opts.append(("account", job.account))
+    if job.time_limit:
+        opts.append(("time", job.time_limit))
+    opts.append(("output", f"{job.log_dir}/%x-%j.out"))
+    # Whole nodes: a shared node would let another job take the NICs and GPUs NCCL expects.
+    opts.append(("exclusive", None))
+    return opts
+
+
+def launcher_argv(job: ClusterJob, *, nnodes: str, node_rank: str, endpoint: str, rdzv_id: str) -> list[str]:
+    """The per-node launcher command, with shell words (``$VAR``) left for the node's shell to expand."""
+    if job.use_torchrig_launch:
+        argv = [
+            "torchrig",
+            "launch",
+            "--nnodes",
+            nnodes,
+            "--node-rank",
+            node_rank,
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            rdzv_id,
+            "--max-restarts",
+            str(job.max_restarts),
+            "--log-dir",
+            f"{job.log_dir}/$SLURM_JOB_ID",
+        ]
+        argv += (
+            ["--gpus", str(job.gpus_per_node)] if job.gpus_per_node else ["--cpu", "--nproc-per-node", "1"]
+        )
+    else:
+        argv = [
+            "python3",
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={job.nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            f"--max-restarts={job.max_restarts}",
+        ]
+    return (
+        [*argv, "--", job.script, *job.script_args]
+        if job.use_torchrig_launch
+        else [*argv, job.script, *job.script_args]
+    )
+
+
+def _quote(word: str) -> str:
+    """Quote a word for bash but keep ``$VAR`` expansions working (double quotes where needed)."""
+    if "$" in word:
+        return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+    return shlex.quote(word)
+
+
+def render_sbatch(job: ClusterJob) -> str:
+    lines = [
+        "#!/bin/bash",
+        f"# Rendered by torchrig: {job.nodes} node(s) x {job.nproc_per_node} process(es).",
+    ]
+    for key, value in _sbatch_options(job):
+        lines.append(f"#SBATCH --{key}" + (f"={value}" if value is not None else ""))
+    lines += [
+        "",
+        "set -euo pipefail",
+        f'mkdir -p {shlex.quote(job.log_dir)}/"$SLURM_JOB_ID"',
+        "",
+        "# The c10d rendezvous is hosted by the launcher on the first node of the allocation.",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f'export RDZV_ENDPOINT="$head_node:{job.rdzv_port}"',
+        "",
+        "# NCCL and torch settings (the same defaults as `torchrig launch`; reasons in torchrig.cluster.job).",
+    ]
+    for key, value in sorted(job.environment().items()):
+        lines.append(f"export {key}={shlex.quote(value)}")
+    srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--nodes={job.nodes}"]
+    if job.container_runtime is ContainerRuntime.PYXIS:
+        srun += [
+            f"--container-image={job.image}",
+            "--container-workdir=$PWD",
+            "--container-mounts=" + ",".join(("$PWD:$PWD", *job.container_mounts)),
+        ]
+    inner = launcher_argv(
+        job,
+        nnodes="$SLURM_NNODES",
+        node_rank="$SLURM_NODEID",
+        endpoint="$RDZV_ENDPOINT",
+        rdzv_id="$SLURM_JOB_ID",
+    )
+    if job.container_runtime is ContainerRuntime.APPTAINER:
+        binds = ",".join(("$PWD", *job.container_mounts))
+        inner = ["apptainer", "exec", "--nv", "--bind", binds, str(job.image), *inner]
+    # srun runs the command once per node; SLURM_NODEID differs per node, so it must be expanded there,
+    # not in this batch shell: hand the launcher line to bash -c on each node.
+    node_cmd = " ".join(_quote(w) for w in inner)
+    lines += [
+        "",
+        "# One launcher per node; node rank and rendezvous come from Slurm's variables on each node.",
+        " ".join(_quote(w) for w in srun) + " \\",
+        f"    bash -c {shlex.quote(node_cmd)}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+_SBATCH_LINE = re.compile(r"^#SBATCH\s+--([a-z-]+)(?:=(.*))?$")
+
+
+def parse_sbatch_options(script: str) -> dict[str, str | None]:
+    """Read the ``#SBATCH --key=value`` lines the way sbatch does: only before the first command."""
+    opts: dict[str, str | None] = {}
+    for line in script.splitlines():
+        stripped = line.strip()
+        if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
+            continue
+        if not stripped.startswith("#SBATCH"):
+            break  # sbatch stops reading directives at the first command
+        m = _SBATCH_LINE.match(stripped)
+        if not m:
+            raise UsageError(f"malformed sbatch directive: {stripped!r}")
+        opts[m.group(1)] = m.group(2)
+    return opts
+
+
+def check_shell_syntax(script: str) -> None:
+    """``bash -n``: a rendered script that bash cannot parse is a torchrig bug, raised as JobFailed."""
+    bash = shutil.which("bash")
+    if not bash:
+        raise EngineUnavailable("bash is not installed", hint="install bash to syntax-check sbatch scripts")
+    proc = subprocess.run([bash, "-n"], input=script, text=True, capture_output=True, timeout=30)
+    if proc.returncode != 0:
+        raise JobFailed(f"rendered sbatch script does not parse: {proc.stderr.strip().splitlines()[-1]}")
+
+
+def submit(script_path: str) -> str:
+    """Submit with sbatch; returns the job id."""
+    sbatch = shutil.which("sbatch")
+    if not sbatch:
+        raise EngineUnavailable(
+            "sbatch is not on PATH",
+            hint=f"copy {script_path} to a Slurm login node and run: sbatch {script_path}",
+        )
+    proc = subprocess.run([sbatch, "--parsable", script_path], text=True, capture_output=True, timeout=60)
+    if proc.returncode != 0:
+        raise JobFailed(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip().split(";")[0]
