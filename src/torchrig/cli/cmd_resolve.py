@@ -1,0 +1,118 @@
+"""The best PyTorch build for these GPUs and this driver: the newest release within --torch and --python whose
+best variant works on ALL the GPUs (a CUDA the driver runs natively first, then minor-version
+compatibility; the newest CUDA; the PyPI default on a tie), with the exact pip command and what comes
+with it (torchvision, torchaudio, cuDNN, NCCL, the minimum driver).
+
+examples:
+  torchrig resolve --gpu "RTX 5090" --driver 570.86.10
+  torchrig resolve --gpu "Tesla V100-SXM2-32GB" --driver 535.104.05 --python 3.11
+  torchrig resolve --gpu A100 --gpu "RTX 4090" --driver 550.54.14 --torch '>=2.6,<2.9'
+  torchrig resolve --gpu "GTX 1080 Ti" --driver 580.65.06 --torch '==2.8.*' --json
+
+Without --driver the choice ignores the driver and `min_driver` says what it must be.
+exit status: 0 a build was found, 1 none works (the reason per GPU and what would change it), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from torchrig.compat.check import Severity
+from torchrig.compat.resolve import NoBuildFound, Resolution
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpu",
+        action="append",
+        required=True,
+        metavar="GPU",
+        help="GPU name as nvidia-smi or the datasheet spells it (repeat for several GPUs)",
+    )
+    parser.add_argument("--driver", metavar="VERSION", help="NVIDIA driver version, e.g. 535.104.05")
+    parser.add_argument(
+        "--torch", metavar="SPEC", help="torch version range, e.g. '>=2.6' or '==2.7.*' (default: any)"
+    )
+    parser.add_argument("--python", metavar="X.Y", help="the Python the wheel must support, e.g. 3.12")
+
+
+@dataclass(frozen=True)
+class ResolveReport:
+    resolution: Resolution | None
+    failure: NoBuildFound | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.resolution else 1
+
+    def to_json(self) -> dict[str, Any]:
+        if self.resolution:
+            return {"found": True, **self.resolution.to_json()}
+        f = self.failure
+        assert f is not None
+        return {
+            "found": False,
+            "message": f.message,
+            "blockers": [{"code": r.code, "gpu": r.gpu, "message": r.message} for r in f.blockers],
+            "suggestions": [
+                {"kind": s.kind, "pip_command": s.pip_command, "summary": s.summary} for s in f.suggestions
+            ],
+        }
+
+    def render_text(self) -> str:
+        if self.resolution is None:
+            f = self.failure
+            assert f is not None
+            lines = [f"no build found: {f.message}", ""]
+            lines += [f"  FAIL  {r.message}  [{r.code}]" for r in f.blockers]
+            if f.suggestions:
+                lines += ["", "what would change it:"]
+                for s in f.suggestions:
+                    lines.append(f"  - {s.summary}" + (f"\n    {s.pip_command}" if s.pip_command else ""))
+            return "\n".join(lines)
+        r = self.resolution
+        rows = [
+            ("torch", r.build.label + (" (the PyPI default)" if r.build.is_pypi_default else "")),
+            ("verdict", r.verdict.value),
+            ("CUDA", r.cuda),
+            ("torchvision", r.torchvision),
+            ("torchaudio", r.torchaudio),
+            ("cuDNN", r.cudnn),
+            ("NCCL", r.nccl),
+            (
+                "min driver",
+                f"{r.min_driver} (native); {r.min_driver_minor_compat} (minor-version compatibility)",
+            ),
+            ("index", r.index_url),
+        ]
+        if r.alternatives:
+            rows.append(("also works", ", ".join(b.label for b in r.alternatives)))
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k:<{width}}  {v if v is not None else 'unknown'}" for k, v in rows]
+        lines += ["", r.pip_command_full]
+        caveats = [x for x in r.reasons if x.severity is Severity.CAVEAT]
+        if caveats:
+            lines += ["", "caveats:"] + [f"  warn  {c.message}  [{c.code}]" for c in caveats]
+        return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> ResolveReport:
+    from torchrig.compat import load_kb, resolve
+    from torchrig.compat import versions as V
+
+    if args.driver is not None:
+        V.parse_driver(args.driver)
+    if args.torch is not None:
+        V.parse_spec(args.torch)
+    if args.python is not None:
+        V.parse_python(args.python)
+    kb = load_kb()
+    gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())
+    try:
+        return ResolveReport(
+            resolve(kb, gpus=gpus, driver=args.driver, torch_spec=args.torch, python=args.python)
+        )
+    except NoBuildFound as err:
+        return ResolveReport(None, err)

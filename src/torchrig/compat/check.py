@@ -1,0 +1,263 @@
+"""``check``: will these GPUs, with this driver, run this PyTorch build? A verdict, every reason, and the fixes.
+
+>>> kb = load_kb()                                                    # doctest: +SKIP
+>>> check(kb, gpus=[kb.find_gpu("RTX 5090")], driver="570.86.10", build=kb.find_build("2.6.0+cu124")).verdict
+<Verdict.FAILS: 'fails'>
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchrig.compat import versions as V
+from torchrig.compat.kb import Build, Gpu, KnowledgeBase
+from torchrig.compat.rules import (
+    CoverageKind,
+    DriverSupportKind,
+    arch_coverage,
+    driver_cuda_support,
+    driver_supports_arch,
+)
+
+
+class Verdict(str, enum.Enum):
+    WORKS = "works"
+    WORKS_WITH_CAVEATS = "works_with_caveats"
+    FAILS = "fails"
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    CAVEAT = "caveat"
+    FAIL = "fail"
+
+
+_VERDICT_OF = {
+    Severity.INFO: Verdict.WORKS,
+    Severity.CAVEAT: Verdict.WORKS_WITH_CAVEATS,
+    Severity.FAIL: Verdict.FAILS,
+}
+_RANK = {Severity.INFO: 0, Severity.CAVEAT: 1, Severity.FAIL: 2}
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One finding. ``code`` is stable (tests and scripts match on it); ``gpu`` is None for driver-wide findings."""
+
+    code: str
+    severity: Severity
+    message: str
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class Fix:
+    kind: str  # "variant" (same release, other CUDA) | "release" (another release) | "driver"
+    pip_command: str | None
+    summary: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    verdict: Verdict
+    reasons: list[Reason]
+    fixes: list[Fix]
+    build: Build
+    gpus: list[Gpu]
+    driver: str | None
+    driver_support: DriverSupportKind | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def reasons_for(self, severity: Severity) -> list[Reason]:
+        return [r for r in self.reasons if r.severity is severity]
+
+    @property
+    def codes(self) -> list[str]:
+        return [r.code for r in self.reasons]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict.value,
+            "reasons": [
+                {"code": r.code, "severity": r.severity.value, "gpu": r.gpu, "message": r.message}
+                for r in self.reasons
+            ],
+            "fixes": [
+                {"kind": f.kind, "pip_command": f.pip_command, "summary": f.summary} for f in self.fixes
+            ],
+            "build": self.build.to_json(),
+            "gpus": [
+                {"name": g.name, "id": g.id, "arch": g.arch, "compute_capability": g.compute_capability}
+                for g in self.gpus
+            ],
+            "driver": self.driver,
+            "driver_support": self.driver_support.value if self.driver_support else None,
+            "notes": self.notes,
+        }
+
+
+def verdict_of(reasons: Sequence[Reason]) -> Verdict:
+    worst = max((r.severity for r in reasons), key=_RANK.__getitem__, default=Severity.INFO)
+    return _VERDICT_OF[worst]
+
+
+def _arch_reasons(
+    kb: KnowledgeBase, gpu: Gpu, build: Build, driver_kind: DriverSupportKind | None
+) -> list[Reason]:
+    v = build.variant
+    cov = arch_coverage(gpu.compute_capability, v.arch_list, v.ptx)
+    label = f"torch {build.label}"
+    if cov.kind is CoverageKind.CUBIN_EXACT:
+        return [
+            Reason(
+                "arch_native", Severity.INFO, f"{label} has native {cov.via} kernels for {gpu.name}", gpu.name
+            )
+        ]
+    if cov.kind is CoverageKind.CUBIN_FORWARD:
+        better = kb.other_builds_with_native_cubin(build, gpu)
+        if better:
+            return [
+                Reason(
+                    "arch_forward_cubin",
+                    Severity.CAVEAT,
+                    f"{gpu.name} ({gpu.compute_capability}) runs {label}'s {cov.via} kernels (binary compatible, "
+                    f"not tuned for {gpu.sm}); {', '.join(b.label for b in better)} has native {gpu.sm} kernels",
+                    gpu.name,
+                )
+            ]
+        return [
+            Reason(
+                "arch_forward_cubin",
+                Severity.INFO,
+                f"{gpu.name} ({gpu.compute_capability}) runs {label}'s {cov.via} kernels: {cov.why}",
+                gpu.name,
+            )
+        ]
+    if cov.kind is CoverageKind.PTX_JIT:
+        known = kb.toolkit(v.cuda).compute_capabilities if v.cuda else ()
+        if known and gpu.compute_capability not in known:
+            # PTX JIT covers torch's own kernels only; the CUDA libraries in the wheel (cuBLAS, cuDNN) come from
+            # a toolkit that predates the GPU. Maintainers: A100 needs binaries "built with CUDA > 11.0"
+            # (https://github.com/pytorch/pytorch/issues/57922), H100 "CUDA11.8 or newer"
+            # (https://github.com/pytorch/pytorch/issues/110153).
+            return [
+                Reason(
+                    "toolkit_predates_gpu",
+                    Severity.FAIL,
+                    f"{gpu.name} ({gpu.compute_capability}) has no cubin in {label}, and CUDA {v.cuda} predates "
+                    f"compute capability {gpu.compute_capability}: its PTX ({cov.via}) would JIT, but the "
+                    f"bundled CUDA libraries (cuBLAS, cuDNN) have no kernels for it",
+                    gpu.name,
+                )
+            ]
+        if driver_kind is DriverSupportKind.MINOR_COMPAT:
+            return [
+                Reason(
+                    "arch_ptx_jit_driver_too_old",
+                    Severity.FAIL,
+                    f"{gpu.name} ({gpu.compute_capability}) has no cubin in {label}; its {cov.via} PTX was "
+                    f"built with CUDA {v.cuda}, newer than the driver supports natively, so JIT fails "
+                    f"(CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
+                    gpu.name,
+                )
+            ]
+        extra = "" if driver_kind else f" (the driver must support CUDA {v.cuda} natively)"
+        return [
+            Reason(
+                "arch_ptx_jit",
+                Severity.CAVEAT,
+                f"{gpu.name} ({gpu.compute_capability}): {cov.why}{extra}: slow first start (minutes), "
+                f"cached in ~/.nv/ComputeCache (CUDA_CACHE_MAXSIZE)",
+                gpu.name,
+            )
+        ]
+    return [
+        Reason(
+            "arch_not_covered",
+            Severity.FAIL,
+            f"{gpu.name} with CUDA capability {gpu.sm} is not compatible with {label}: {cov.why} "
+            f'("no kernel image is available for execution on the device")',
+            gpu.name,
+        )
+    ]
+
+
+def _driver_reasons(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str, build: Build
+) -> tuple[list[Reason], DriverSupportKind | None]:
+    reasons: list[Reason] = []
+    for gpu in gpus:
+        bs = driver_supports_arch(kb, driver, gpu)
+        if not bs.ok:
+            reasons.append(Reason(bs.code, Severity.FAIL, bs.message, gpu.name))
+    if build.cuda is None:
+        return reasons, None
+    ds = driver_cuda_support(kb, driver, build.cuda)
+    if ds.kind is DriverSupportKind.NATIVE:
+        reasons.append(Reason("driver_native", Severity.INFO, ds.message))
+    elif ds.kind is DriverSupportKind.MINOR_COMPAT:
+        reasons.append(Reason("driver_minor_compat", Severity.CAVEAT, f"{ds.message}; {ds.caveat}"))
+    else:
+        reasons.append(Reason("driver_too_old", Severity.FAIL, ds.message))
+    return reasons, ds.kind
+
+
+def evaluate(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build
+) -> tuple[list[Reason], DriverSupportKind | None]:
+    """The reasons (no fixes) for one build: the building block of check, resolve and matrix."""
+    reasons: list[Reason] = []
+    driver_kind = None
+    if driver is not None:
+        reasons, driver_kind = _driver_reasons(kb, gpus, driver, build)
+    else:
+        reasons.append(
+            Reason(
+                "driver_not_checked",
+                Severity.INFO,
+                "no --driver given: only the GPU architecture was checked against the build",
+            )
+        )
+    for gpu in gpus:
+        if build.variant.is_cpu:
+            reasons.append(
+                Reason(
+                    "cpu_only_build",
+                    Severity.FAIL,
+                    f"torch {build.label} is a CPU-only build: it runs on the CPU only "
+                    f"(torch.cuda.is_available() is False), {gpu.name} goes unused",
+                    gpu.name,
+                )
+            )
+        else:
+            reasons.extend(_arch_reasons(kb, gpu, build, driver_kind))
+    return reasons, driver_kind
+
+
+def check(kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build) -> CheckResult:
+    """Verdict for ``build`` on all ``gpus`` with ``driver`` (None: architecture only), with the nearest fixes."""
+    if not gpus:
+        from torchrig.errors import UsageError
+
+        raise UsageError("no GPU given", hint="pass --gpu at least once, e.g. --gpu 'RTX 4090'")
+    if driver is not None:
+        V.parse_driver(driver)
+    reasons, driver_kind = evaluate(kb, gpus, driver, build)
+    verdict = verdict_of(reasons)
+    fixes: list[Fix] = []
+    if verdict is Verdict.FAILS:
+        from torchrig.compat.fixes import nearest_fixes
+
+        fixes = nearest_fixes(kb, gpus, driver, build, reasons)
+    notes = (
+        []
+        if driver
+        else [
+            "no --driver given: only the GPU architecture was checked; pass --driver "
+            "(nvidia-smi's first line) to check the driver too"
+        ]
+    )
+    return CheckResult(verdict, reasons, fixes, build, list(gpus), driver, driver_kind, notes)

@@ -1,0 +1,233 @@
+"""``resolve``: the newest PyTorch release (within ``--torch`` and ``--python``) and its best variant for ALL
+given GPUs with this driver, with the exact pip command and the pins that come with it.
+
+Ranking of a release's variants that work: a CUDA the driver runs natively before minor-version
+compatibility, kernels without PTX JIT before JIT, then the newest CUDA, then the PyPI default. Without a
+driver: kernels without JIT, then the PyPI default, then the newest CUDA (the driver is then yours to pick:
+``min_driver`` says what it must be).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchrig.compat import versions as V
+from torchrig.compat.check import Fix, Reason, Severity, Verdict, evaluate, verdict_of
+from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release
+from torchrig.compat.rules import DriverSupportKind
+from torchrig.errors import InputError, JobFailed, UsageError
+
+
+@dataclass(frozen=True)
+class Candidate:
+    build: Build
+    reasons: list[Reason]
+    driver_kind: DriverSupportKind | None
+
+    @property
+    def verdict(self) -> Verdict:
+        return verdict_of(self.reasons)
+
+    def rank(self, with_driver: bool) -> tuple[int, ...]:
+        jit = any(r.code == "arch_ptx_jit" for r in self.reasons)
+        cuda = V.parse_cuda(self.build.cuda) if self.build.cuda else (0, 0)
+        pypi = int(self.build.is_pypi_default)
+        if with_driver:
+            native = int(self.driver_kind is DriverSupportKind.NATIVE)
+            return (native, int(not jit), *cuda, pypi)
+        return (int(not jit), pypi, *cuda)
+
+
+def candidates(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, release: Release
+) -> list[Candidate]:
+    """The release's GPU variants that do not fail, best first."""
+    out = []
+    for variant in release.variants:
+        if variant.is_cpu:
+            continue
+        build = Build(release, variant)
+        reasons, kind = evaluate(kb, gpus, driver, build)
+        cand = Candidate(build, reasons, kind)
+        if cand.verdict is not Verdict.FAILS:
+            out.append(cand)
+    return sorted(out, key=lambda c: c.rank(driver is not None), reverse=True)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    build: Build
+    verdict: Verdict
+    reasons: list[Reason]
+    pip_command: str  # torch alone: plain for the PyPI build, else with --index-url
+    pip_command_full: str  # with the matching torchvision and torchaudio
+    index_url: str
+    cuda: str | None
+    torchvision: str | None
+    torchaudio: str | None
+    cudnn: str | None
+    nccl: str | None
+    min_driver: str | None  # native floor of the build's CUDA
+    min_driver_minor_compat: str | None
+    python: str | None
+    driver: str | None
+    gpus: list[Gpu]
+    alternatives: list[Build] = field(
+        default_factory=list
+    )  # the release's other working variants, best first
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "build": self.build.to_json(),
+            "verdict": self.verdict.value,
+            "pip_command": self.pip_command,
+            "pip_command_full": self.pip_command_full,
+            "index_url": self.index_url,
+            "cuda": self.cuda,
+            "torchvision": self.torchvision,
+            "torchaudio": self.torchaudio,
+            "cudnn": self.cudnn,
+            "nccl": self.nccl,
+            "min_driver": self.min_driver,
+            "min_driver_minor_compat": self.min_driver_minor_compat,
+            "python": self.python,
+            "driver": self.driver,
+            "gpus": [{"name": g.name, "compute_capability": g.compute_capability} for g in self.gpus],
+            "reasons": [
+                {"code": r.code, "severity": r.severity.value, "gpu": r.gpu, "message": r.message}
+                for r in self.reasons
+            ],
+            "alternatives": [b.label for b in self.alternatives],
+        }
+
+
+class NoBuildFound(JobFailed):
+    """No release in range works on every GPU with this driver; carries the reasons per GPU and what would help."""
+
+    def __init__(self, message: str, *, blockers: list[Reason], suggestions: list[Fix]) -> None:
+        super().__init__(message, hint=suggestions[0].summary if suggestions else None)
+        self.blockers = blockers
+        self.suggestions = suggestions
+
+
+def _releases_in_range(kb: KnowledgeBase, torch_spec: str | None, python: str | None) -> list[Release]:
+    spec = V.parse_spec(torch_spec) if torch_spec else None
+    py = V.parse_python(python) if python else None
+    if py and not any(py in r.python for r in kb.releases):
+        known = sorted({p for r in kb.releases for p in r.python}, key=V.parse_cuda)
+        raise InputError(
+            f"no PyTorch release in torchrig's knowledge base supports Python {py}",
+            hint=f"supported: {', '.join(known)}",
+        )
+    found = [
+        r for r in kb.releases if (spec is None or spec.admits(r.version)) and (py is None or py in r.python)
+    ]
+    if not found:
+        what = " and ".join(
+            x for x in (f"torch {spec.text}" if spec else "", f"Python {py}" if py else "") if x
+        )
+        closest = ", ".join(r.version for r in kb.releases[:3])
+        raise InputError(f"no published PyTorch release matches {what}", hint=f"newest releases: {closest}")
+    return found
+
+
+def resolve(
+    kb: KnowledgeBase,
+    gpus: Sequence[Gpu],
+    driver: str | None = None,
+    torch_spec: str | None = None,
+    python: str | None = None,
+) -> Resolution:
+    """The newest release in range and its best variant that works on all ``gpus``; NoBuildFound (exit 1) if none."""
+    if not gpus:
+        raise UsageError("no GPU given", hint="pass --gpu at least once, e.g. --gpu 'RTX 4090'")
+    if driver is not None:
+        V.parse_driver(driver)
+    releases = _releases_in_range(kb, torch_spec, python)
+    for release in releases:
+        found = candidates(kb, gpus, driver, release)
+        if found:
+            return _resolution(kb, found, gpus, driver, python)
+    raise _no_build(kb, gpus, driver, releases, torch_spec, python)
+
+
+def _resolution(
+    kb: KnowledgeBase, found: list[Candidate], gpus: Sequence[Gpu], driver: str | None, python: str | None
+) -> Resolution:
+    best = found[0]
+    b = best.build
+    tk = kb.toolkit(b.cuda) if b.cuda else None
+    return Resolution(
+        build=b,
+        verdict=best.verdict,
+        reasons=best.reasons,
+        pip_command=b.pip_command,
+        pip_command_full=b.pip_command_for(("torch", "torchvision", "torchaudio")),
+        index_url=b.variant.index_url,
+        cuda=b.cuda,
+        torchvision=b.release.torchvision,
+        torchaudio=b.release.torchaudio,
+        cudnn=b.variant.cudnn,
+        nccl=b.variant.nccl,
+        min_driver=tk.min_driver if tk else None,
+        min_driver_minor_compat=tk.min_driver_minor_compat if tk else None,
+        python=V.parse_python(python) if python else None,
+        driver=driver,
+        gpus=list(gpus),
+        alternatives=[c.build for c in found[1:]],
+    )
+
+
+def _no_build(
+    kb: KnowledgeBase,
+    gpus: Sequence[Gpu],
+    driver: str | None,
+    releases: list[Release],
+    torch_spec: str | None,
+    python: str | None,
+) -> NoBuildFound:
+    newest = releases[0]
+    # Why the newest release in range fails, per GPU: its PyPI build's failing reasons.
+    pypi = Build(newest, newest.variant(newest.pypi_variant))
+    reasons, _ = evaluate(kb, gpus, driver, pypi)
+    blockers = [r for r in reasons if r.severity is Severity.FAIL]
+    suggestions: list[Fix] = []
+    if driver is not None:  # would a driver change help?
+        for release in releases:
+            found = candidates(kb, gpus, None, release)
+            if found:
+                b = found[0].build
+                tk = kb.toolkit(b.cuda) if b.cuda else None
+                floor = tk.min_driver if tk else None
+                suggestions.append(
+                    Fix(
+                        "driver",
+                        b.pip_command,
+                        f"with a driver ≥ {floor} (R{V.driver_branch(floor)}) torch {b.label} would work"
+                        if floor
+                        else f"with another driver torch {b.label} would work",
+                    )
+                )
+                break
+    if torch_spec or python:  # would a wider range help?
+        try:
+            wider = resolve(kb, gpus, driver)
+            suggestions.append(
+                Fix(
+                    "release",
+                    wider.pip_command,
+                    f"outside the requested range, torch {wider.build.label} works",
+                )
+            )
+        except NoBuildFound:
+            pass
+    per_gpu = "; ".join(f"{r.gpu or 'driver'}: {r.code}" for r in blockers)
+    return NoBuildFound(
+        f"no PyTorch build in range works on {', '.join(g.name for g in gpus)}"
+        + (f" with driver {driver}" if driver else "")
+        + f" ({per_gpu})",
+        blockers=blockers,
+        suggestions=suggestions,
+    )

@@ -1,0 +1,230 @@
+"""The compatibility rules as pure functions: GPU arch vs a build's kernels, driver vs a CUDA runtime, driver
+branch vs a GPU architecture. No I/O; doctor calls these with what it finds on the host (the installed
+torch's ``torch.cuda.get_arch_list()``, NVML's driver version), check/resolve with knowledge-base builds.
+
+>>> arch_coverage("8.9", arch_list=["sm_80", "sm_86"], ptx=[]).kind
+<CoverageKind.CUBIN_FORWARD: 'cubin_forward'>
+>>> arch_coverage("12.0", arch_list=["sm_90"], ptx=[]).kind
+<CoverageKind.NOT_COVERED: 'not_covered'>
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchrig.compat import versions as V
+from torchrig.compat.kb import Branch, Gpu, GpuArch, KnowledgeBase
+
+# Binary compatibility, from the CUDA C++ Programming Guide, "Binary Compatibility" and "Application
+# Compatibility" (https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#binary-compatibility):
+#   "a cubin object generated for compute capability X.y will only execute on devices of compute
+#    capability X.z where z >= y"  -> sm_86 runs on 8.9, sm_80 on 8.6; sm_90 never on 10.0, sm_100 never on 12.0.
+#   "PTX code produced for some specific compute capability can always be compiled to binary code of
+#    greater or equal compute capability"  -> compute_90 is JIT-compiled by the driver on 10.0 and 12.0.
+#   Arch-specific targets (sm_90a, compute_90a) run only on exactly that compute capability; family-specific
+#   targets (sm_100f, CUDA 12.9+) run within the same major. (Blackwell compatibility guide:
+#   https://docs.nvidia.com/cuda/blackwell-compatibility-guide/index.html)
+
+
+class CoverageKind(str, enum.Enum):
+    CUBIN_EXACT = "cubin"  # a cubin built for exactly this compute capability
+    CUBIN_FORWARD = (
+        "cubin_forward"  # a cubin of the same major, lower minor (sm_86 on 8.9): binary compatible
+    )
+    PTX_JIT = "ptx_jit"  # no usable cubin; the driver JIT-compiles embedded PTX at first use
+    NOT_COVERED = "not_covered"  # no kernel image for this GPU: "no kernel image is available for execution"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    kind: CoverageKind
+    cc: str  # the GPU's compute capability
+    via: str | None  # the arch entry used (sm_86 / compute_90), None when not covered
+    why: str
+
+
+def _archs(entries: Sequence[str]) -> list[V.Arch]:
+    return [V.parse_arch(e) for e in entries]
+
+
+def _cubin_runs_on(a: V.Arch, cc: tuple[int, int]) -> bool:
+    if a.suffix == "a":
+        return a.cc == cc
+    return a.major == cc[0] and a.minor <= cc[1]
+
+
+def _ptx_runs_on(a: V.Arch, cc: tuple[int, int]) -> bool:
+    if a.suffix == "a":
+        return a.cc == cc
+    if a.suffix == "f":
+        return a.major == cc[0] and a.minor <= cc[1]
+    return a.cc <= cc
+
+
+def arch_coverage(cc: str, arch_list: Sequence[str], ptx: Sequence[str] = ()) -> Coverage:
+    """Whether code built for ``arch_list`` (cubins ``sm_XY``; ``compute_XY`` entries count as PTX) and ``ptx``
+    runs on a GPU of compute capability ``cc``, and how: exact cubin, forward cubin, PTX JIT, or not at all.
+
+    ``arch_list`` may be ``torch.cuda.get_arch_list()`` verbatim (it mixes ``sm_`` and ``compute_`` entries).
+    """
+    target = V.parse_cc(cc)
+    entries = _archs(arch_list) + _archs(ptx)
+    cubins = sorted({a for a in entries if a.kind == "sm"}, reverse=True)
+    ptxs = sorted({a for a in entries if a.kind == "compute"}, reverse=True)
+    have = " ".join(str(a) for a in sorted(cubins)) or "no cubins"
+    ptx_text = " ".join(str(a) for a in sorted(ptxs)) or "no PTX"
+    sm = V.sm_str(target)
+    for a in cubins:
+        if a.cc == target and _cubin_runs_on(a, target):
+            return Coverage(
+                CoverageKind.CUBIN_EXACT, cc, str(a), f"{a} cubin matches compute capability {cc}"
+            )
+    for a in cubins:
+        if _cubin_runs_on(a, target):
+            return Coverage(
+                CoverageKind.CUBIN_FORWARD,
+                cc,
+                str(a),
+                f"no {sm} cubin, but the {a} cubin runs on {cc} (same major {target[0]}, lower minor)",
+            )
+    for a in ptxs:
+        if _ptx_runs_on(a, target):
+            return Coverage(
+                CoverageKind.PTX_JIT,
+                cc,
+                str(a),
+                f"no cubin runs on {cc} (build has {have}); the driver JIT-compiles the {a} PTX at first use",
+            )
+    cross = ""
+    same_or_lower = [a for a in cubins if a.cc <= target]
+    if same_or_lower:
+        cross = f"; cubins never run across majors ({same_or_lower[0]} cannot run on {cc})"
+    elif cubins:
+        cross = f"; the GPU is older than the oldest cubin ({min(cubins)})"
+    return Coverage(
+        CoverageKind.NOT_COVERED,
+        cc,
+        None,
+        f"{sm} is not compatible with this build: it has {have} and {ptx_text} for {cc}{cross}",
+    )
+
+
+class DriverSupportKind(str, enum.Enum):
+    NATIVE = "native"
+    MINOR_COMPAT = "minor_compat"
+    UNSUPPORTED = "unsupported"
+
+
+# CUDA minor version compatibility (https://docs.nvidia.com/deploy/cuda-compatibility/#minor-version-compatibility):
+# an application built with any 12.x toolkit runs on a driver >= the 12.x floor (525.60.13 on Linux), with
+# limits: "applications that use PTX ... will fail" to JIT PTX newer than the driver
+# (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), and features that need the newer driver are unavailable. PyTorch
+# wheels bundle their CUDA runtime (the nvidia-* wheels), which is what lets a cu128 wheel run on a 535 driver.
+MINOR_COMPAT_CAVEAT = (
+    "runs under CUDA minor-version compatibility: the wheel bundles its CUDA {cuda} runtime, but driver {driver} "
+    "natively supports only up to CUDA {max_cuda}; JIT compilation of newer PTX fails "
+    "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION), which hits PTX-only GPUs and kernels compiled at run time "
+    "(torch.compile/Triton, nvrtc), and features that need a newer driver are unavailable"
+)
+
+
+@dataclass(frozen=True)
+class DriverSupport:
+    kind: DriverSupportKind
+    driver: str
+    cuda: str
+    min_driver: str | None  # native floor of the toolkit
+    min_driver_minor_compat: str | None  # floor under minor-version compatibility, same major
+    message: str
+    caveat: str | None = None
+
+
+def _ge(driver: str, floor: str | None) -> bool:
+    return floor is not None and V.parse_driver(driver) >= V.parse_driver(floor)
+
+
+def max_native_cuda(kb: KnowledgeBase, driver: str) -> str | None:
+    """The newest CUDA toolkit whose native driver floor ``driver`` meets (nvidia-smi's "CUDA Version")."""
+    ok = [t for t in kb.toolkits if _ge(driver, t.min_driver)]
+    return max(ok, key=lambda t: V.parse_cuda(t.version)).version if ok else None
+
+
+def driver_cuda_support(kb: KnowledgeBase, driver: str, cuda: str) -> DriverSupport:
+    """Can driver ``driver`` run a CUDA ``cuda`` runtime: natively, under minor-version compatibility, or not."""
+    V.parse_driver(driver)
+    tk = kb.toolkit(cuda)
+    floor, compat = tk.min_driver, tk.min_driver_minor_compat
+    if _ge(driver, floor):
+        return DriverSupport(
+            DriverSupportKind.NATIVE,
+            driver,
+            tk.version,
+            floor,
+            compat,
+            f"driver {driver} supports CUDA {tk.version} natively (needs ≥ {floor})",
+        )
+    if _ge(driver, compat):
+        native = max_native_cuda(kb, driver) or f"{tk.major}.x"
+        caveat = MINOR_COMPAT_CAVEAT.format(cuda=tk.version, driver=driver, max_cuda=native)
+        return DriverSupport(
+            DriverSupportKind.MINOR_COMPAT,
+            driver,
+            tk.version,
+            floor,
+            compat,
+            f"driver {driver} is below CUDA {tk.version}'s native floor {floor} but ≥ {compat}, "
+            f"the CUDA {tk.major}.x minor-compatibility floor",
+            caveat,
+        )
+    why = f"CUDA {tk.version} needs ≥ {floor}" if floor else f"CUDA {tk.version} has no known driver floor"
+    if compat and compat != floor:
+        why += f" (≥ {compat} with minor-version compatibility)"
+    return DriverSupport(
+        DriverSupportKind.UNSUPPORTED,
+        driver,
+        tk.version,
+        floor,
+        compat,
+        f"driver too old: {why}, you have {driver}",
+    )
+
+
+@dataclass(frozen=True)
+class BranchSupport:
+    ok: bool
+    code: str  # driver_branch_ok | driver_branch_drops_arch | driver_branch_predates_arch
+    message: str
+    arch: GpuArch
+    branch: Branch | None
+
+
+def driver_supports_arch(kb: KnowledgeBase, driver: str, gpu: Gpu) -> BranchSupport:
+    """Does the driver's branch still (or already) support the GPU's architecture?
+
+    Each architecture row carries ``last_driver_branch`` (e.g. Kepler's last is R470) and optionally
+    ``min_driver_branch`` (e.g. Blackwell GeForce needs R570); branches compare by number.
+    """
+    arch = kb.arch(gpu.arch)
+    major = V.parse_driver(driver)[0]
+    branch = kb.branch_of(driver)
+    if arch.last_driver_branch and major > int(arch.last_driver_branch):
+        return BranchSupport(
+            False,
+            "driver_branch_drops_arch",
+            f"driver {driver} (R{major}) no longer supports {arch.name} GPUs "
+            f"({gpu.name}); the last branch that does is R{arch.last_driver_branch}",
+            arch,
+            branch,
+        )
+    if arch.min_driver_branch and major < int(arch.min_driver_branch):
+        return BranchSupport(
+            False,
+            "driver_branch_predates_arch",
+            f"driver {driver} (R{major}) predates {arch.name} GPUs ({gpu.name}); "
+            f"they need R{arch.min_driver_branch} or newer",
+            arch,
+            branch,
+        )
+    return BranchSupport(True, "driver_branch_ok", f"driver R{major} supports {arch.name}", arch, branch)
