@@ -1,0 +1,46 @@
+"""Stop and remove an environment and free its GPU leases. Volumes (your host directories) are kept.
+
+Only the environment's owner may take it down, unless --force (e.g. an admin freeing a GPU).
+
+examples:
+  torchrig down alice-1a2b
+  torchrig down alice-1a2b bob-7f3e --force
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from torchrig.report import SimpleReport
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("names", metavar="NAME", nargs="+", help="the environment(s) (see 'torchrig ps')")
+    parser.add_argument("--force", action="store_true", help="also take down other users' environments")
+    parser.add_argument("--timeout", metavar="SECONDS", type=int, default=10,
+                        help="seconds to wait after SIGTERM before SIGKILL (default 10)")
+
+
+def run(args: argparse.Namespace) -> SimpleReport:
+    from torchrig.errors import InputError
+    from torchrig.runtime.engine import Engine
+    from torchrig.runtime.lease import reconcile
+    from torchrig.runtime.ledger import Ledger, current_user
+
+    engine = Engine.connect()
+    ledger = Ledger.open()
+    me = current_user()
+    envs = [engine.find(n) for n in args.names]  # every name checked before anything is removed
+    for env in envs:
+        if env.user != me and not args.force:
+            raise InputError(f"{env.name!r} belongs to {env.user}, not {me}", hint="pass --force to take it down anyway")
+    done: list[dict[str, Any]] = []
+    for env in envs:
+        engine.remove(env.id, stop_timeout_s=args.timeout)
+        freed = ledger.release(env.name)
+        done.append({"name": env.name, "user": env.user, "freed_gpus": [f.unit_label for f in freed]})
+    reconcile(ledger, engine)
+    text = "\n".join(f"removed {d['name']}" + (f"; freed GPU {', '.join(d['freed_gpus'])}" if d["freed_gpus"] else "")
+                     for d in done)
+    return SimpleReport({"removed": done}, text)

@@ -1,0 +1,59 @@
+"""List torchrig environments on this host: name, user, state, GPUs, ports.
+
+Leases of environments that died or were removed are freed as a side effect (every environment command
+reconciles the GPU ledger with the engine). The Jupyter token is not shown again: it was printed once
+by 'torchrig up'.
+
+examples:
+  torchrig ps
+  torchrig ps --mine
+  torchrig ps --json | jq '.environments[] | {name, gpus}'
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from torchrig.report import jsonable, table
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mine", action="store_true", help="only your environments")
+
+
+@dataclass(frozen=True)
+class PsReport:
+    envs: list[Any]
+    freed: list[Any]
+    exit_code: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"environments": [dict(jsonable(e), alive=e.alive) for e in self.envs],
+                "freed_leases": jsonable(self.freed)}
+
+    def render_text(self) -> str:
+        if not self.envs:
+            return "no torchrig environments (start one with 'torchrig up')"
+        rows = []
+        for e in self.envs:
+            ports = " ".join(f"{s}={ip}:{port}" for s, (ip, port) in sorted(e.ports.items()))
+            rows.append([e.name, e.user, e.status, ",".join(e.gpu_labels) or "-", ports or "-", e.image])
+        text = table(["NAME", "USER", "STATE", "GPUS", "PORTS", "IMAGE"], rows)
+        if self.freed:
+            text += "\nfreed leases of gone environments: " + ", ".join(sorted({f.container for f in self.freed}))
+        return text
+
+
+def run(args: argparse.Namespace) -> PsReport:
+    from torchrig.runtime.engine import Engine
+    from torchrig.runtime.lease import reconcile
+    from torchrig.runtime.ledger import Ledger, current_user
+
+    engine = Engine.connect()
+    freed = reconcile(Ledger.open(), engine)
+    envs = engine.environments()
+    if args.mine:
+        envs = [e for e in envs if e.user == current_user()]
+    return PsReport(envs, freed)

@@ -1,0 +1,158 @@
+"""Start an environment on this GPU server: a container of your image with its GPUs leased to you,
+JupyterLab and SSH on private ports, your volumes, and limits fit for deep learning.
+
+It prints the Jupyter URL with its token (shown only this once) and the exact ssh command. On a shared
+server the GPUs are leased in a ledger (see 'torchrig gpus'): nobody else gets them until you
+'torchrig down' the environment, or it dies.
+
+examples:
+  torchrig up --image torchrig/env:dev --gpus 1                 # one free GPU, picked for you
+  torchrig up --image torchrig/env:dev --gpus 2 --volume ~/data:/home/dev/data --memory 64g --cpus 16
+  torchrig up --image torchrig/env:dev --gpus 0,2 --name alice-exp1
+  torchrig up --image torchrig/env:dev --gpus MIG-4f5c1d2e-...  # one MIG instance
+  torchrig up --spec torchrig.toml --gpus all --dry-run          # print the plan, start nothing
+  torchrig up --image torchrig/env:dev --no-jupyter --no-ssh     # just a container, CPU only
+
+defaults (safe and sane):
+  ports        bound to 127.0.0.1 (use an SSH tunnel or --public); host ports picked by the engine
+  /dev/shm     half of --memory, else a quarter of host RAM (1 GiB to 64 GiB): DataLoader workers and
+               NCCL need more than Docker's 64 MB
+  ulimits      memlock=-1, stack=67108864, as NVIDIA runs its deep learning containers
+               (https://docs.nvidia.com/deeplearning/frameworks/user-guide/index.html#setincshmem)
+  user         your UID/GID, so files written to volumes are yours
+  ssh key      ~/.ssh/id_ed25519.pub (or id_ecdsa.pub, id_rsa.pub); --ssh-key FILE to choose
+  pre-flight   the image's torch/CUDA/arch labels are checked against this host's driver and GPUs; a
+               build that cannot run is refused with the reason and the fix
+
+--gpus: all | N (free GPUs, NVLink/NUMA-local) | 0,2 or device=1 (indices) | GPU-UUID,... | MIG-UUID
+testing hook: TORCHRIG_GPU_INVENTORY=FILE (or --inventory FILE) uses a recorded NVML snapshot
+('torchrig gpus --record FILE') instead of this host's GPUs; TORCHRIG_STATE_DIR moves the ledger.
+exit status: 0 started, 1 no free GPU / pre-flight refused / failed to start, 2 bad input or no engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.errors import UsageError
+from torchrig.report import jsonable
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--image", metavar="REF", help="the image to run (e.g. one 'torchrig image build' made)")
+    src.add_argument("--spec", metavar="FILE", help="a torchrig.toml image spec: runs the image it builds")
+    parser.add_argument("--gpus", metavar="WHICH", help="all | N | 0,2 | GPU-UUID,... | MIG-UUID (default: none)")
+    parser.add_argument("--share", action="store_true", help="share the GPUs with other --share leases, deliberately")
+    parser.add_argument("--user", metavar="NAME", help="who the lease is for (default: you)")
+    parser.add_argument("--name", metavar="NAME", help="the environment's name (default: USER-xxxx)")
+    parser.add_argument("--volume", "-v", metavar="HOST:CONTAINER[:ro]", action="append", default=[],
+                        help="bind-mount a host directory (repeatable); it must exist")
+    parser.add_argument("--memory", metavar="SIZE", help="memory limit, e.g. 64g")
+    parser.add_argument("--cpus", metavar="N", help="CPU limit, e.g. 16 or 2.5")
+    parser.add_argument("--shm-size", metavar="SIZE", help="size of /dev/shm (default: see above)")
+    parser.add_argument("--no-jupyter", action="store_true", help="do not start JupyterLab")
+    parser.add_argument("--no-ssh", action="store_true", help="do not start sshd")
+    parser.add_argument("--ssh-key", metavar="FILE", help="the public key to authorise (default: from ~/.ssh)")
+    parser.add_argument("--public", action="store_true",
+                        help="publish ports on every interface (Docker's published ports bypass ufw)")
+    parser.add_argument("--inventory", metavar="FILE", help="use a recorded GPU inventory (testing hook)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan; lease and start nothing")
+    parser.add_argument("--create-only", action="store_true",
+                        help="create the container and take its lease, but do not start it")
+    parser.add_argument("--wait", metavar="SECONDS", type=float, default=120.0,
+                        help="wait until JupyterLab and sshd answer (default 120; 0: do not wait)")
+
+
+def _image_ref(args: argparse.Namespace) -> str:
+    if args.image:
+        return str(args.image)
+    if not args.spec:
+        raise UsageError("no image given", hint="pass --image REF (see 'docker images') or --spec torchrig.toml")
+    from torchrig.image.spec import load_spec
+
+    spec = load_spec(Path(args.spec))
+    tag = getattr(spec, "tag", None) or getattr(getattr(spec, "image", None), "tag", None)
+    if not tag:
+        raise UsageError(f"{args.spec} names no image tag", hint="pass --image REF")
+    return str(tag)
+
+
+def request_from(args: argparse.Namespace) -> Any:
+    from torchrig.runtime.ledger import current_user
+    from torchrig.runtime.options import check_name, parse_cpus, parse_size, parse_volume
+    from torchrig.runtime.placement import parse_gpus
+    from torchrig.runtime.plan import UpRequest
+    from torchrig.runtime.up import default_name
+
+    user = args.user or current_user()
+    check_name(user) if args.user else None
+    return UpRequest(
+        image=_image_ref(args),
+        name=check_name(args.name) if args.name else default_name(user),
+        user=user,
+        gpus=parse_gpus(args.gpus),
+        volumes=tuple(parse_volume(v, Path.cwd()) for v in args.volume),
+        memory_bytes=parse_size(args.memory, "--memory") if args.memory else None,
+        nano_cpus=parse_cpus(args.cpus, os.cpu_count() or 1) if args.cpus else None,
+        shm_size_bytes=parse_size(args.shm_size, "--shm-size") if args.shm_size else None,
+        jupyter=not args.no_jupyter, ssh=not args.no_ssh, public=args.public, share=args.share,
+    )
+
+
+@dataclass(frozen=True)
+class UpReport:
+    result: Any  # torchrig.runtime.up.UpResult
+
+    @property
+    def exit_code(self) -> int:
+        return 0
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.result
+        return {"state": r.state, "name": r.plan.name, "jupyter_url": r.jupyter_url, "ssh_command": r.ssh_command,
+                "host_ports": r.host_ports, "preflight": jsonable(list(r.preflight)), "plan": jsonable(r.plan),
+                "docker_run": r.plan.docker_run()}
+
+    def render_text(self) -> str:
+        r = self.result
+        p = r.plan
+        gpus = ", ".join(u.label for u in p.gpus) or "none"
+        lines = []
+        if r.state == "planned":
+            lines += [f"plan for {p.name} (dry run: nothing leased or started)", f"  image    {p.image}",
+                      f"  GPUs     {gpus}", f"  shm      {p.shm_size_bytes / 2**30:.1f} GiB",
+                      "  ulimits  " + ", ".join(f"{u.name}={u.soft}" for u in p.ulimits),
+                      "  ports    " + (", ".join(f"{x.service} {x.host_ip}:auto->{x.container_port}" for x in p.ports) or "none"),
+                      f"  as       {p.docker_run()}"]
+        elif r.state == "created":
+            lines += [f"environment {p.name} created, not started (GPUs {gpus} leased to {p.user})",
+                      f"  start it  docker start {p.name}", f"  remove it torchrig down {p.name}"]
+        else:
+            lines += [f"environment {p.name} is up: image {p.image}, GPUs {gpus}, leased to {p.user}"]
+            if r.jupyter_url:
+                lines.append(f"  Jupyter  {r.jupyter_url}")
+                lines.append("           (the token is shown only now; keep this URL)")
+            if r.ssh_command:
+                lines.append(f"  SSH      {r.ssh_command}")
+            lines.append(f"  stop it  torchrig down {p.name}")
+        for f in r.preflight:
+            if f.severity.value != "info":
+                lines.append(f"  note     {f.summary}")
+        lines += [f"  note     {n}" for n in p.notes]
+        return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> UpReport:
+    from torchrig.runtime.up import run_up
+
+    req = request_from(args)
+    if args.wait < 0:
+        raise UsageError("--wait must be ≥ 0")
+    result = run_up(req, inventory_path=args.inventory, ssh_key_path=args.ssh_key, dry_run=args.dry_run,
+                    create_only=args.create_only, wait_s=args.wait or None)
+    return UpReport(result)

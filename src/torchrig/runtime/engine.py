@@ -1,0 +1,263 @@
+"""The Docker Engine adapter (Docker SDK for Python): the only module of ``runtime`` that talks to dockerd.
+
+It turns an :class:`~torchrig.runtime.plan.UpPlan` into ``containers.create`` arguments, and engine state
+into plain :class:`EnvRecord` records. Shell equivalents: ``docker create/start/ps/logs/exec/rm``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.errors import EngineUnavailable, InputError
+from torchrig.runtime.plan import LABEL_PREFIX, ImageFacts, UpPlan
+
+LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
+START_HINT = ("start it: 'sudo systemctl start docker' (or 'sudo dockerd &'); if it runs, check DOCKER_HOST "
+              "and that your user may use it ('sudo usermod -aG docker $USER', then log in again)")
+NO_GPU_RUNTIME_HINT = ("install the NVIDIA Container Toolkit and configure Docker for it "
+                       "('sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker')")
+
+
+@dataclass(frozen=True)
+class EnvRecord:
+    """A torchrig environment as the engine sees it."""
+
+    name: str
+    id: str
+    user: str
+    image: str
+    state: str  # created | running | exited | dead | ...
+    status: str  # the engine's human status ("Up 3 minutes")
+    gpu_uuids: tuple[str, ...]
+    gpu_labels: tuple[str, ...]
+    ports: dict[str, tuple[str, int]]  # service -> (host ip, host port)
+    container_user: str | None
+    created: str
+
+    @property
+    def alive(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    return tuple(v for v in (value or "").split(",") if v)
+
+
+class Engine:
+    """A connected engine. Build with :meth:`connect`; every error becomes a one-line torchrig error."""
+
+    def __init__(self, client: Any) -> None:
+        import docker
+
+        self.client = client
+        self.errors = docker.errors
+        self.types = docker.types
+
+    @classmethod
+    def connect(cls, timeout_s: float = 30) -> Engine:
+        import docker
+
+        where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        try:
+            client = docker.from_env(timeout=int(timeout_s))
+            client.ping()
+        except Exception as err:  # DockerException, requests' ConnectionError, PermissionError ...
+            reason = str(err).split("(")[0].strip() or type(err).__name__
+            raise EngineUnavailable(f"cannot reach the Docker engine at {where} ({reason})", hint=START_HINT) from None
+        return cls(client)
+
+    # ---- images ---------------------------------------------------------------------------------
+    def image(self, ref: str) -> ImageFacts:
+        try:
+            img = self.client.images.get(ref)
+        except self.errors.ImageNotFound:
+            raise InputError(f"image {ref!r} is not on this host",
+                             hint="build it with 'torchrig image build', or 'docker pull' it first") from None
+        except self.errors.APIError as err:
+            raise InputError(f"image {ref!r}: {err.explanation or err}") from None
+        config = img.attrs.get("Config") or {}
+        return ImageFacts(ref=ref, id=img.id, labels=dict(config.get("Labels") or {}), user=config.get("User") or None)
+
+    def cdi_available(self) -> bool:
+        """CDI device names work when the engine has CDI enabled and the host has an nvidia.com/gpu spec."""
+        try:
+            dirs = self.client.info().get("CDISpecDirs") or []
+        except self.errors.APIError:
+            return False
+        for d in dirs:
+            for spec in sorted(Path(d).glob("*")) if Path(d).is_dir() else []:
+                try:
+                    if "nvidia.com/gpu" in spec.read_text(errors="replace"):
+                        return True
+                except OSError:
+                    continue
+        return False
+
+    # ---- environments ---------------------------------------------------------------------------
+    def _record(self, c: Any) -> EnvRecord:
+        attrs = c.attrs
+        labels = attrs.get("Config", {}).get("Labels") or {}
+        ports: dict[str, tuple[str, int]] = {}
+        published = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
+        wanted = {"jupyter": labels.get(f"{LABEL_PREFIX}jupyter_port"), "ssh": labels.get(f"{LABEL_PREFIX}ssh_port")}
+        for service, cport in wanted.items():
+            binding = published.get(f"{cport}/tcp") if cport else None
+            if binding:
+                ports[service] = (binding[0]["HostIp"], int(binding[0]["HostPort"]))
+        state = attrs.get("State") or {}
+        return EnvRecord(
+            name=c.name, id=c.id, user=labels.get(f"{LABEL_PREFIX}user", "?"),
+            image=labels.get(f"{LABEL_PREFIX}image", ""), state=state.get("Status", c.status),
+            status=_human_status(state), gpu_uuids=_split(labels.get(f"{LABEL_PREFIX}gpus")),
+            gpu_labels=_split(labels.get(f"{LABEL_PREFIX}gpu_labels")), ports=ports,
+            container_user=labels.get(f"{LABEL_PREFIX}container_user") or None, created=attrs.get("Created", ""),
+        )
+
+    def environments(self) -> list[EnvRecord]:
+        """Every torchrig-managed container, alive or not, oldest first."""
+        try:
+            found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}managed=1"})
+        except self.errors.APIError as err:
+            raise EngineUnavailable(f"the Docker engine failed to list containers: {err.explanation or err}",
+                                    hint=START_HINT) from None
+        out = []
+        for c in found:
+            try:
+                c.reload()  # list() omits NetworkSettings.Ports of some states
+            except self.errors.NotFound:
+                continue
+            out.append(self._record(c))
+        return sorted(out, key=lambda r: r.created)
+
+    def live_names(self) -> tuple[set[str], float]:
+        """Names of alive managed containers and the time just before they were listed (for reconciling)."""
+        listed_at = time.time()
+        return {r.name for r in self.environments() if r.alive}, listed_at
+
+    def find(self, name: str) -> EnvRecord:
+        envs = self.environments()
+        for r in envs:
+            if r.name == name or (r.id.startswith(name) and len(name) >= 12):
+                return r
+        from torchrig.fuzzy import did_you_mean
+
+        raise InputError(f"no torchrig environment named {name!r}",
+                         hint=did_you_mean(name, [r.name for r in envs]) or "see 'torchrig ps'")
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.client.containers.get(name)
+        except self.errors.NotFound:
+            return False
+        return True
+
+    # ---- create / start / remove -----------------------------------------------------------------
+    def create_kwargs(self, plan: UpPlan) -> dict[str, Any]:
+        t = self.types
+        labels = dict(plan.labels)
+        for p in plan.ports:
+            labels[f"{LABEL_PREFIX}{p.service}_port"] = str(p.container_port)
+        kwargs: dict[str, Any] = {
+            "image": plan.image_id, "name": plan.name, "hostname": plan.name, "detach": True, "init": True,
+            "labels": labels, "environment": plan.env, "shm_size": plan.shm_size_bytes,
+            "ulimits": [t.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in plan.ulimits],
+            "ports": {f"{p.container_port}/tcp": (p.host_ip, None) for p in plan.ports},
+            "mounts": [t.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only) for m in plan.mounts],
+            "device_requests": [t.DeviceRequest(driver=d.driver, device_ids=list(d.device_ids),
+                                                capabilities=[list(c) for c in d.capabilities])
+                                for d in plan.device_requests],
+        }
+        if plan.memory_bytes:
+            kwargs["mem_limit"] = plan.memory_bytes
+        if plan.nano_cpus:
+            kwargs["nano_cpus"] = plan.nano_cpus
+        return kwargs
+
+    def create(self, plan: UpPlan) -> str:
+        try:
+            c = self.client.containers.create(**self.create_kwargs(plan))
+        except self.errors.APIError as err:
+            if err.status_code == 409:
+                raise InputError(f"a container named {plan.name!r} already exists",
+                                 hint="pick another --name, or 'torchrig down' it") from None
+            raise InputError(f"the engine refused to create {plan.name!r}: {err.explanation or err}") from None
+        return str(c.id)
+
+    def put_files(self, container_id: str, files: dict[str, bytes], uid: int, mode: int) -> None:
+        """Copy files into a created container (before start): secrets never touch the host disk."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            dirs = sorted({str(Path(p).parent).lstrip("/") for p in files})
+            for d in dirs:
+                info = tarfile.TarInfo(d)
+                info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, 0, 0
+                tar.addfile(info)
+            for path, data in files.items():
+                info = tarfile.TarInfo(path.lstrip("/"))
+                info.size, info.mode, info.uid, info.gid = len(data), mode, uid, 0
+                tar.addfile(info, io.BytesIO(data))
+        self.client.api.put_archive(container_id, "/", buf.getvalue())
+
+    def start(self, container_id: str) -> None:
+        try:
+            self.client.api.start(container_id)
+        except self.errors.APIError as err:
+            text = str(err.explanation or err)
+            if "could not select device driver" in text or "unresolvable CDI devices" in text:
+                raise EngineUnavailable(f"this Docker engine cannot give containers GPUs ({text})",
+                                        hint=NO_GPU_RUNTIME_HINT) from None
+            raise InputError(f"the engine could not start the container: {text}") from None
+
+    def inspect(self, container_id: str) -> dict[str, Any]:
+        return dict(self.client.api.inspect_container(container_id))
+
+    def remove(self, name_or_id: str, stop_timeout_s: int = 10) -> bool:
+        """Stop (SIGTERM, then SIGKILL after the timeout) and remove; False when it was already gone."""
+        try:
+            c = self.client.containers.get(name_or_id)
+        except self.errors.NotFound:
+            return False
+        try:
+            if c.status in ("running", "restarting", "paused"):
+                c.stop(timeout=stop_timeout_s)
+            c.remove(force=True)
+        except self.errors.NotFound:
+            return False
+        except self.errors.APIError as err:
+            if "removal of container" in str(err) and "already in progress" in str(err):
+                return True
+            raise
+        return True
+
+    def logs(self, name: str, *, tail: int | None, follow: bool, timestamps: bool) -> Iterator[bytes]:
+        c = self.client.containers.get(name)
+        return c.logs(stream=True, follow=follow, tail=tail if tail is not None else "all", timestamps=timestamps)
+
+    def exec(self, name: str, argv: list[str], user: str | None, workdir: str | None) -> tuple[int, Iterator[tuple[bytes | None, bytes | None]]]:
+        api = self.client.api
+        try:
+            ex = api.exec_create(name, argv, user=user or "", workdir=workdir, stdout=True, stderr=True)
+        except self.errors.APIError as err:
+            raise InputError(f"cannot run a command in {name!r}: {err.explanation or err}",
+                             hint="is it running? see 'torchrig ps'") from None
+        stream = api.exec_start(ex["Id"], stream=True, demux=True)
+        return ex["Id"], stream
+
+    def exec_exit_code(self, exec_id: Any) -> int:
+        return int(self.client.api.exec_inspect(exec_id).get("ExitCode") or 0)
+
+
+def _human_status(state: dict[str, Any]) -> str:
+    status = state.get("Status", "?")
+    if status == "exited":
+        return f"exited ({state.get('ExitCode')})"
+    if state.get("OOMKilled"):
+        return f"{status} (OOM-killed)"
+    return str(status)

@@ -1,0 +1,68 @@
+"""Taking GPU leases: reconcile with the engine, then choose and record units in one transaction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Set
+
+from torchrig.errors import JobFailed
+from torchrig.runtime.inventory import Inventory, Unit
+from torchrig.runtime.ledger import Lease, Ledger
+from torchrig.runtime.placement import GpuRequest, pick, resolve_named
+
+
+class NoFreeGpu(JobFailed):
+    """The request is valid but the GPUs it needs are held by others (exit 1)."""
+
+
+def describe_holders(units: tuple[Unit, ...] | list[Unit], held: dict[str, list[Lease]]) -> str:
+    parts = []
+    for u in units:
+        hs = held.get(u.uuid, [])
+        if hs:
+            who = "+".join(f"{h.user}/{h.container}{' (shared)' if h.shared else ''}" for h in hs)
+            parts.append(f"GPU {u.label} held by {who}")
+    return "; ".join(parts)
+
+
+def acquire(ledger: Ledger, inv: Inventory, req: GpuRequest, *, user: str, container: str, share: bool,
+            live: Set[str] | None, listed_at_s: float) -> tuple[Unit, ...]:
+    """Lease the units ``req`` asks for to ``container``; :class:`NoFreeGpu` names the holders when busy."""
+    if not req.wants_gpus:
+        return ()
+    named = resolve_named(req, inv) if req.kind != "count" else None
+    with ledger.transaction() as db:
+        ledger.reconcile_in(db, live, listed_at_s)
+        held: dict[str, list[Lease]] = defaultdict(list)
+        for lease in ledger.leases():
+            held[lease.unit_uuid].append(lease)
+
+        def available(u: Unit) -> bool:
+            hs = held.get(u.uuid, [])
+            return not hs or (share and all(h.shared for h in hs))
+
+        hint = "wait for one, 'torchrig down NAME' one of yours, or pass --share to share deliberately"
+        if named is None:
+            whole = [u for u in inv.units() if not u.is_mig]
+            chosen = pick([u for u in whole if available(u)], req.count,
+                          {k: len(v) for k, v in held.items()})
+            if chosen is None:
+                if len(whole) < req.count:
+                    raise NoFreeGpu(f"--gpus {req.count}: this host has only {len(whole)} whole GPU(s) "
+                                    f"({inv.source})", hint="ask for fewer")
+                free = sum(1 for u in whole if available(u))
+                raise NoFreeGpu(f"no free GPU: {req.count} wanted, {free} of {len(whole)} free; "
+                                f"{describe_holders(whole, held)}", hint=hint)
+        else:
+            busy = [u for u in named if not available(u)]
+            if busy:
+                raise NoFreeGpu(f"no free GPU: {describe_holders(busy, held)}", hint=hint)
+            chosen = named
+        ledger.insert_in(db, [(u.uuid, u.gpu_index, u.label) for u in chosen], user, container, share)
+    return chosen
+
+
+def reconcile(ledger: Ledger, engine: object) -> list[Lease]:
+    """Free the leases of containers that died or were removed (``engine``: a connected Engine)."""
+    live, listed_at = engine.live_names()  # type: ignore[attr-defined]
+    return ledger.reconcile(live, listed_at)

@@ -1,0 +1,65 @@
+"""Parsing ``torchrig up`` values (sizes, CPUs, volumes, names) into checked records; pure functions."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from torchrig.errors import InputError, UsageError
+
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}")
+
+
+def parse_size(text: str, what: str) -> int:
+    """``"32g"``, ``"512m"``, ``"16GiB"`` -> bytes (binary units, as Docker reads them)."""
+    m = _SIZE_RE.fullmatch(text.strip())
+    if not m:
+        raise UsageError(f"malformed {what} {text!r}", hint="expected a size like 512m, 16g or 32GiB")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise UsageError(f"{what} {text!r} must be more than zero")
+    return n
+
+
+def parse_cpus(text: str, host_cpus: int) -> int:
+    """``"8"`` or ``"1.5"`` CPUs -> nano-CPUs (Docker's ``NanoCpus``); more than the host has is an error."""
+    try:
+        cpus = float(text)
+    except ValueError:
+        raise UsageError(f"malformed --cpus {text!r}", hint="expected a number of CPUs, e.g. 8 or 1.5") from None
+    if not 0.01 <= cpus <= host_cpus:
+        raise InputError(f"--cpus {text}: this host has {host_cpus} CPUs", hint=f"pick a number from 0.01 to {host_cpus}")
+    return int(cpus * 1e9)
+
+
+@dataclass(frozen=True)
+class Volume:
+    host_path: str
+    container_path: str
+    read_only: bool = False
+
+
+def parse_volume(text: str, cwd: Path) -> Volume:
+    """``HOST:CONTAINER[:ro|rw]``; the host path must exist (Docker would create it as root otherwise)."""
+    parts = text.split(":")
+    mode = "rw"
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        mode = parts.pop()
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise UsageError(f"malformed --volume {text!r}", hint="expected HOST:CONTAINER or HOST:CONTAINER:ro")
+    host = (cwd / Path(parts[0]).expanduser()).resolve()
+    if not host.exists():
+        raise InputError(f"--volume {text!r}: {host} does not exist", hint=f"create it first: mkdir -p {host}")
+    if not PurePosixPath(parts[1]).is_absolute():
+        raise UsageError(f"--volume {text!r}: the container path must be absolute", hint="e.g. /home/dev/work")
+    return Volume(str(host), str(PurePosixPath(parts[1])), mode == "ro")
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.fullmatch(name):
+        raise UsageError(f"invalid environment name {name!r}",
+                         hint="use letters, digits, '_', '.', '-' (up to 63), starting with a letter or digit")
+    return name

@@ -1,0 +1,184 @@
+"""The plan for one environment: everything ``torchrig up`` will ask the engine for, as one frozen record.
+
+:func:`make_plan` is a pure function of the user's request, the image's facts, the host's facts and the
+leased GPUs; ``torchrig up --dry-run`` prints the plan and :mod:`torchrig.runtime.engine` executes it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from torchrig.data import load
+from torchrig.runtime.inventory import Unit
+from torchrig.runtime.options import Volume
+from torchrig.runtime.placement import GpuRequest
+from torchrig.runtime.serve_contract import SERVE, ServeContract
+
+LABEL_PREFIX = "torchrig."
+LOCALHOST = "127.0.0.1"
+ALL_INTERFACES = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    image: str
+    name: str
+    user: str
+    gpus: GpuRequest
+    volumes: tuple[Volume, ...] = ()
+    memory_bytes: int | None = None
+    nano_cpus: int | None = None
+    shm_size_bytes: int | None = None
+    jupyter: bool = True
+    ssh: bool = True
+    public: bool = False
+    share: bool = False
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    ref: str
+    id: str
+    labels: dict[str, str]
+    user: str | None  # the image's USER (the account JupyterLab and sshd serve)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    uid: int | None  # the invoking user's; None when that is root (the image's own user is kept)
+    gid: int | None
+    memory_total_bytes: int
+    hostname: str
+    cdi: bool  # the engine and host have CDI specs for nvidia.com/gpu
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    driver: str  # "nvidia" (the NVIDIA Container Toolkit hook) or "cdi"
+    device_ids: tuple[str, ...]
+    capabilities: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Port:
+    service: str  # "jupyter" | "ssh"
+    container_port: int
+    host_ip: str
+    host_port: int | None  # None: the engine picks a free one at start
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool
+    purpose: str  # "volume"
+
+
+@dataclass(frozen=True)
+class Ulimit:
+    name: str
+    soft: int
+    hard: int
+
+
+@dataclass(frozen=True)
+class UpPlan:
+    name: str
+    image: str
+    image_id: str
+    user: str
+    gpus: tuple[Unit, ...]
+    share: bool
+    device_requests: tuple[DeviceRequest, ...]
+    ports: tuple[Port, ...]
+    mounts: tuple[Mount, ...]
+    env: dict[str, str]
+    ulimits: tuple[Ulimit, ...]
+    shm_size_bytes: int
+    memory_bytes: int | None
+    nano_cpus: int | None
+    labels: dict[str, str]
+    secret_files: tuple[str, ...]  # copied into the container before it starts (contents never in the plan)
+    container_user: str | None
+    notes: tuple[str, ...] = field(default=())
+
+    def docker_run(self) -> str:
+        """The equivalent ``docker run`` command line, for humans reading ``--dry-run``."""
+        argv = ["docker", "run", "-d", "--name", self.name, f"--shm-size={self.shm_size_bytes}"]
+        for u in self.ulimits:
+            argv.append(f"--ulimit={u.name}={u.soft}" if u.soft == u.hard else f"--ulimit={u.name}={u.soft}:{u.hard}")
+        if self.memory_bytes:
+            argv.append(f"--memory={self.memory_bytes}")
+        if self.nano_cpus:
+            argv.append(f"--cpus={self.nano_cpus / 1e9:g}")
+        for d in self.device_requests:
+            argv += (["--device", *d.device_ids] if d.driver == "cdi"
+                     else ["--gpus", f'"device={",".join(d.device_ids)}"'])
+        argv += [f"-p={p.host_ip}:{p.host_port or ''}:{p.container_port}" for p in self.ports]
+        argv += [f"-v={m.source}:{m.target}{':ro' if m.read_only else ''}" for m in self.mounts]
+        argv += [f"-e={k}={v}" for k, v in self.env.items()]
+        argv += [f"--label={k}={v}" for k, v in self.labels.items()]
+        argv.append(self.image)
+        return shlex.join(argv)
+
+
+def default_ulimits() -> tuple[Ulimit, ...]:
+    return tuple(Ulimit(r["name"], int(r["soft"]), int(r["hard"])) for r in load("container_defaults")["ulimit"])
+
+
+def default_shm_bytes(memory_limit_bytes: int | None, host_memory_bytes: int) -> int:
+    rule = load("container_defaults")["shm"][0]
+    if memory_limit_bytes:
+        want = int(memory_limit_bytes * rule["fraction_of_memory_limit"])
+    else:
+        want = min(int(host_memory_bytes * rule["fraction_of_host_memory"]), int(rule["max_bytes"]))
+    return max(want, int(rule["min_bytes"]))
+
+
+def device_requests(units: tuple[Unit, ...], cdi: bool) -> tuple[DeviceRequest, ...]:
+    """GPU device requests by UUID: CDI device names where the host has CDI specs, else the NVIDIA hook."""
+    if not units:
+        return ()
+    ids = tuple(u.uuid for u in units)
+    if cdi:
+        return (DeviceRequest("cdi", tuple(f"nvidia.com/gpu={i}" for i in ids), ()),)
+    return (DeviceRequest("nvidia", ids, (("gpu", "compute", "utility"),)),)
+
+
+def make_plan(req: UpRequest, image: ImageFacts, host: HostFacts, units: tuple[Unit, ...],
+              contract: ServeContract = SERVE) -> UpPlan:
+    ports: list[Port] = []
+    host_ip = ALL_INTERFACES if req.public else LOCALHOST
+    if req.jupyter:
+        ports.append(Port("jupyter", contract.jupyter_port, host_ip, None))
+    if req.ssh:
+        ports.append(Port("ssh", contract.ssh_port, host_ip, None))
+    mounts = [Mount(v.host_path, v.container_path, v.read_only, "volume") for v in req.volumes]
+    env = contract.env(jupyter=req.jupyter, ssh=req.ssh, uid=host.uid, gid=host.gid)
+    labels = {
+        f"{LABEL_PREFIX}managed": "1",
+        f"{LABEL_PREFIX}user": req.user,
+        f"{LABEL_PREFIX}image": req.image,
+        f"{LABEL_PREFIX}gpus": ",".join(u.uuid for u in units),
+        f"{LABEL_PREFIX}gpu_labels": ",".join(u.label for u in units),
+        f"{LABEL_PREFIX}share": "1" if req.share else "0",
+        f"{LABEL_PREFIX}jupyter": "1" if req.jupyter else "0",
+        f"{LABEL_PREFIX}ssh": "1" if req.ssh else "0",
+        f"{LABEL_PREFIX}public": "1" if req.public else "0",
+        f"{LABEL_PREFIX}container_user": image.user or "",
+    }
+    notes = []
+    if req.public:
+        notes.append("--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules")
+    if host.uid is None:
+        notes.append("running as root: files written to volumes belong to the image's user, not to a host user")
+    return UpPlan(
+        name=req.name, image=req.image, image_id=image.id, user=req.user, gpus=units, share=req.share,
+        device_requests=device_requests(units, host.cdi), ports=tuple(ports), mounts=tuple(mounts), env=env,
+        ulimits=default_ulimits(),
+        shm_size_bytes=req.shm_size_bytes or default_shm_bytes(req.memory_bytes, host.memory_total_bytes),
+        memory_bytes=req.memory_bytes, nano_cpus=req.nano_cpus, labels=labels, secret_files=contract.secret_files(req.jupyter, req.ssh),
+        container_user=image.user, notes=tuple(notes),
+    )

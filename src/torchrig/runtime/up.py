@@ -1,0 +1,192 @@
+"""``torchrig up`` as steps: validate → inventory → image → lease → pre-flight → plan → create → start → wait.
+
+Everything after the lease runs under one clean-up guard: any failure (or Ctrl-C) removes the container
+and frees the lease, so nothing half-started is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from torchrig.errors import InputError, JobFailed
+from torchrig.runtime.engine import Engine
+from torchrig.runtime.inventory import Inventory, current
+from torchrig.runtime.lease import acquire
+from torchrig.runtime.ledger import Ledger
+from torchrig.runtime.placement import pick, resolve_named
+from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, make_plan
+from torchrig.runtime.preflight import Finding, Preflight, preflight
+from torchrig.runtime.serve_contract import SERVE
+
+SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
+
+
+class PreflightRefused(JobFailed):
+    """The image's build cannot run on this host's driver or GPUs (exit 1)."""
+
+
+@dataclass(frozen=True)
+class UpResult:
+    plan: UpPlan
+    state: str  # "planned" | "created" | "running"
+    preflight: tuple[Finding, ...]
+    jupyter_url: str | None = None
+    ssh_command: str | None = None
+    host_ports: dict[str, int] = field(default_factory=dict)
+
+
+def find_ssh_key(explicit: str | None) -> str:
+    """The public key to authorise: ``--ssh-key FILE``, else the first of ~/.ssh/id_{ed25519,ecdsa,rsa}.pub."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        candidates = [path]
+    else:
+        candidates = [Path.home() / ".ssh" / n for n in SSH_KEY_NAMES]
+    for p in candidates:
+        if p.is_file():
+            text = p.read_text(errors="replace").strip()
+            if not text.startswith(("ssh-", "ecdsa-", "sk-")):
+                raise InputError(f"{p} is not an SSH public key", hint="pass the .pub file, e.g. --ssh-key ~/.ssh/id_ed25519.pub")
+            return text + "\n"
+    where = explicit or "~/.ssh (id_ed25519.pub, id_ecdsa.pub, id_rsa.pub)"
+    raise InputError(f"no SSH public key found in {where}",
+                     hint="create one with 'ssh-keygen -t ed25519', pass --ssh-key FILE, or use --no-ssh")
+
+
+def host_facts(engine: Engine) -> HostFacts:
+    uid: int | None = os.getuid()
+    gid: int | None = os.getgid()
+    if uid == 0:  # under sudo, the files belong to the invoking user; as plain root keep the image's user
+        sudo_uid, sudo_gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
+        uid, gid = (int(sudo_uid), int(sudo_gid)) if sudo_uid and sudo_gid else (None, None)
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return HostFacts(uid=uid, gid=gid, memory_total_bytes=mem, hostname=socket.gethostname(), cdi=engine.cdi_available())
+
+
+def default_name(user: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in user).strip("-_.") or "user"
+    return f"{safe}-{secrets.token_hex(2)}"
+
+
+def _preview_units(ledger: Ledger, inv: Inventory, req: UpRequest) -> tuple[Any, ...]:
+    """For --dry-run: the units a lease would get now (nothing is recorded)."""
+    if not req.gpus.wants_gpus:
+        return ()
+    held = {lease.unit_uuid for lease in ledger.leases()}
+    if req.gpus.kind == "count":
+        return pick([u for u in inv.units() if u.uuid not in held], req.gpus.count) or ()
+    return resolve_named(req.gpus, inv)
+
+
+def _check(pf: Preflight) -> None:
+    bad = pf.failures()
+    if bad:
+        f = bad[0]
+        more = f" (+{len(bad) - 1} more: {', '.join(b.code for b in bad[1:])})" if len(bad) > 1 else ""
+        raise PreflightRefused(f"pre-flight refused the image: {f.summary}{more}", hint=f"fix: {f.fix}" if f.fix else None)
+
+
+def _wait_ready(engine: Engine, cid: str, ports: dict[str, int], timeout_s: float) -> None:
+    """Until JupyterLab answers /api and sshd sends its banner; a container that exits is a failure."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(ports)
+    while pending:
+        state = engine.inspect(cid)["State"]
+        if state["Status"] != "running":
+            tail = b"".join(engine.logs(cid, tail=8, follow=False, timestamps=False)).decode(errors="replace")
+            last = " | ".join(line for line in tail.strip().splitlines()[-3:])
+            raise JobFailed(f"the environment exited during start (exit code {state.get('ExitCode')}): {last}",
+                            hint="see the image's entrypoint ('torchrig serve') output above")
+        for service, port in list(pending.items()):
+            if _answers(service, port):
+                del pending[service]
+        if pending and time.monotonic() > deadline:
+            raise JobFailed(f"{', '.join(pending)} did not answer within {timeout_s:.0f}s",
+                            hint="raise --wait, or start with --no-wait and check 'torchrig logs NAME'")
+        if pending:
+            time.sleep(0.3)
+
+
+def _answers(service: str, port: int) -> bool:
+    try:
+        if service == "jupyter":
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=2) as r:
+                return bool(r.status == 200)
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def urls(plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None) -> tuple[str | None, str | None]:
+    where = host if any(p.host_ip == "0.0.0.0" for p in plan.ports) else "127.0.0.1"
+    jupyter = ssh = None
+    if "jupyter" in host_ports:
+        jupyter = f"http://{where}:{host_ports['jupyter']}/lab" + (f"?token={token}" if token else "")
+    if "ssh" in host_ports:
+        who = plan.container_user or "root"
+        ssh = f"ssh -p {host_ports['ssh']} -o HostKeyAlias={plan.name} {who}@{where}"
+    return jupyter, ssh
+
+
+def run_up(req: UpRequest, *, inventory_path: str | None, ssh_key_path: str | None, dry_run: bool,
+           create_only: bool, wait_s: float | None) -> UpResult:
+    key = find_ssh_key(ssh_key_path) if req.ssh else None
+    inv = current(inventory_path) if req.gpus.wants_gpus else Inventory("not needed", None, None, ())
+    if req.gpus.wants_gpus and req.gpus.kind != "count":
+        resolve_named(req.gpus, inv)  # unknown indices/UUIDs fail before the engine is asked
+    engine = Engine.connect()
+    image = engine.image(req.image)
+    host = host_facts(engine)
+    from torchrig.compat import load_kb as kb
+    ledger = Ledger.open()
+    if dry_run:
+        units = _preview_units(ledger, inv, req)
+        pf = preflight(image.labels, inv, units, kb)
+        return UpResult(make_plan(req, image, host, units), "planned", pf.findings)
+    if engine.exists(req.name):
+        raise InputError(f"a container named {req.name!r} already exists", hint="pick another --name, or 'torchrig down' it")
+    live, listed_at = engine.live_names()
+    units = acquire(ledger, inv, req.gpus, user=req.user, container=req.name, share=req.share,
+                    live=live, listed_at_s=listed_at)
+    cid = None
+    try:
+        pf = preflight(image.labels, inv, units, kb)
+        _check(pf)
+        plan = make_plan(req, image, host, units)
+        cid = engine.create(plan)
+        ledger.bind(plan.name, cid)
+        token = secrets.token_hex(24) if req.jupyter else None
+        files = {}
+        if token:
+            files[f"{SERVE.secrets_dir}/{SERVE.token_file}"] = token.encode()
+        if key:
+            files[f"{SERVE.secrets_dir}/{SERVE.authorized_keys_file}"] = key.encode()
+        if files:
+            engine.put_files(cid, files, uid=host.uid or 0, mode=0o444 if host.uid is None else 0o400)
+        if create_only:
+            return UpResult(plan, "created", pf.findings)
+        engine.start(cid)
+        bindings = engine.inspect(cid)["NetworkSettings"]["Ports"] or {}
+        ports = {p.service: int(bindings[f"{p.container_port}/tcp"][0]["HostPort"]) for p in plan.ports
+                 if bindings.get(f"{p.container_port}/tcp")}
+        if wait_s:
+            _wait_ready(engine, cid, ports, wait_s)
+        jupyter, ssh = urls(plan, ports, host.hostname, token)
+        return UpResult(plan, "running", pf.findings, jupyter, ssh, ports)
+    except BaseException:
+        if cid is not None:
+            engine.remove(cid, stop_timeout_s=2)
+        ledger.release(req.name)
+        raise
+
+
+def with_name(req: UpRequest, name: str) -> UpRequest:
+    return replace(req, name=name)
