@@ -1,0 +1,440 @@
+"""The knowledge-base data files load, follow docs/knowledge-base.md and agree with each other.
+
+Hardware checks are named test_gpus_*, test_cuda_*, test_drivers_*, test_cross_*; PyTorch build checks
+are named test_torch_*.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from torchrig.data import load
+
+VERIFIED_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+VERSION_FORMAT = re.compile(r"^\d+(\.\d+)*$")
+CC_FORMAT = re.compile(r"^\d+\.\d+$")
+SEGMENTS = {"datacenter", "consumer", "workstation", "embedded"}
+PEAK_KEYS = {
+    "fp32_tflops",
+    "tf32_tflops",
+    "bf16_tflops",
+    "fp16_tflops",
+    "fp8_tflops",
+    "memory_bandwidth_gbps",
+    "nvlink_bandwidth_gbps",
+    "pcie_gen",
+    "pcie_bandwidth_gbps",
+}
+# docs/knowledge-base.md names NVIDIA/GeForce/Tesla; torchrig.compat.kb also drops "Quadro", so spellings must
+# stay unique with it dropped too.
+NAME_PREFIXES = ("nvidia ", "geforce ", "tesla ", "quadro ")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    assert VERSION_FORMAT.match(text), f"not a dotted version: {text!r}"
+    return tuple(int(part) for part in text.split("."))
+
+
+def _normalise(name: str) -> str:
+    """docs/knowledge-base.md: case-insensitive, spaces, '-' and '_' folded away."""
+    return re.sub(r"[\s_\-]+", "", name.strip().lower())
+
+
+def _spellings(name: str) -> Iterator[str]:
+    """The name and the name without its leading NVIDIA / GeForce / Tesla prefixes."""
+    text = " ".join(name.replace("_", " ").replace("-", " ").split())
+    yield text
+    while text.lower().startswith(NAME_PREFIXES):
+        text = text.split(" ", 1)[1]
+        yield text
+
+
+def _keys(name: str) -> set[str]:
+    return {_normalise(spelling) for spelling in _spellings(name)}
+
+
+def _gpu_index() -> dict[str, set[str]]:
+    index: dict[str, set[str]] = defaultdict(set)
+    for gpu in load("gpus")["gpu"]:
+        for spelling in [gpu["id"], gpu["name"], *gpu["aliases"]]:
+            for key in _keys(spelling):
+                index[key].add(gpu["id"])
+    return index
+
+
+def _resolve(query: str) -> set[str]:
+    index = _gpu_index()
+    found: set[str] = set()
+    for key in _keys(query):
+        found |= index.get(key, set())
+    return found
+
+
+def _check_row(row: dict[str, Any], where: str) -> None:
+    source = row.get("source")
+    assert isinstance(source, str) and source.startswith(("https://", "http://")), (
+        f"{where}: source {source!r}"
+    )
+    verified = row.get("verified")
+    assert isinstance(verified, str) and VERIFIED_FORMAT.match(verified), f"{where}: verified {verified!r}"
+    datetime.date.fromisoformat(verified)
+
+
+def _gpus() -> list[dict[str, Any]]:
+    return list(load("gpus")["gpu"])
+
+
+def _archs() -> dict[str, dict[str, Any]]:
+    return {arch["name"]: arch for arch in load("gpus")["arch"]}
+
+
+def _toolkits() -> list[dict[str, Any]]:
+    return list(load("cuda")["toolkit"])
+
+
+def _branches() -> list[dict[str, Any]]:
+    return list(load("drivers")["branch"])
+
+
+# --------------------------------------------------------------------------------------------------
+# gpus.toml
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gpus_file_loads_with_schema_version_and_sourced_rows():
+    data = load("gpus")
+    assert data["schema_version"] == 1
+    for arch in data["arch"]:
+        _check_row(arch, f"arch {arch['name']}")
+    for gpu in data["gpu"]:
+        _check_row(gpu, f"gpu {gpu['id']}")
+        if "peaks" in gpu:
+            source = gpu["peaks"].get("source")
+            assert isinstance(source, str) and source.startswith("http"), f"gpu {gpu['id']}: peaks.source"
+
+
+def test_gpus_rows_have_the_schema_fields():
+    for gpu in _gpus():
+        where = f"gpu {gpu['id']}"
+        assert re.match(r"^[a-z0-9]+(-[a-z0-9]+)*$", gpu["id"]), where
+        for field in ("name", "arch", "family", "memory_type"):
+            assert isinstance(gpu[field], str) and gpu[field], f"{where}: {field}"
+        assert CC_FORMAT.match(gpu["compute_capability"]), where
+        assert gpu["segment"] in SEGMENTS, where
+        memory = gpu["memory_gb"]
+        assert isinstance(memory, (int, float)) and not isinstance(memory, bool) and memory > 0, where
+        assert isinstance(gpu["aliases"], list) and all(isinstance(a, str) and a for a in gpu["aliases"]), (
+            where
+        )
+
+
+def test_gpus_ids_names_and_aliases_are_unique_after_normalisation():
+    owners: dict[str, set[str]] = defaultdict(set)
+    for gpu in _gpus():
+        for spelling in [gpu["id"], gpu["name"], *gpu["aliases"]]:
+            for key in _keys(spelling):
+                owners[key].add(gpu["id"])
+    clashes = {key: sorted(ids) for key, ids in owners.items() if len(ids) > 1}
+    assert not clashes, f"spellings shared by several GPUs: {clashes}"
+    ids = [gpu["id"] for gpu in _gpus()]
+    assert len(ids) == len(set(ids))
+
+
+def test_gpus_arch_exists_and_lists_the_compute_capability():
+    archs = _archs()
+    for gpu in _gpus():
+        arch = archs.get(gpu["arch"])
+        assert arch is not None, f"gpu {gpu['id']}: unknown arch {gpu['arch']!r}"
+        assert gpu["compute_capability"] in arch["compute_capabilities"], f"gpu {gpu['id']}"
+
+
+def test_gpus_arch_compute_capabilities_belong_to_one_arch():
+    seen: dict[str, str] = {}
+    for arch in load("gpus")["arch"]:
+        for cc in arch["compute_capabilities"]:
+            assert CC_FORMAT.match(cc), arch["name"]
+            assert cc not in seen, f"{cc} in both {seen.get(cc)} and {arch['name']}"
+            seen[cc] = arch["name"]
+
+
+def test_gpus_peaks_are_positive_numbers_with_known_keys():
+    for gpu in _gpus():
+        peaks = gpu.get("peaks")
+        if peaks is None:
+            continue
+        figures = {k: v for k, v in peaks.items() if k != "source"}
+        assert figures, f"gpu {gpu['id']}: empty peaks"
+        assert set(figures) <= PEAK_KEYS, f"gpu {gpu['id']}: {set(figures) - PEAK_KEYS}"
+        for key, value in figures.items():
+            assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{gpu['id']}.{key}"
+            assert value > 0, f"{gpu['id']}.{key} must be positive (leave unknown figures out)"
+        if "pcie_gen" in figures:
+            assert isinstance(figures["pcie_gen"], int) and 1 <= figures["pcie_gen"] <= 6
+
+
+def test_gpus_tensor_peaks_are_dense():
+    # A dense tensor figure is never more than 64x the non-tensor FP32 rate; datasheet sparse figures
+    # copied by mistake, or TFLOPS typed as GFLOPS, would break the ordering fp8 >= fp16 >= tf32.
+    for gpu in _gpus():
+        peaks = gpu.get("peaks", {})
+        chain = [peaks.get(k) for k in ("tf32_tflops", "fp16_tflops", "fp8_tflops")]
+        present = [v for v in chain if v is not None]
+        assert present == sorted(present), f"gpu {gpu['id']}: tf32 <= fp16 <= fp8 expected"
+        if "bf16_tflops" in peaks and "fp16_tflops" in peaks:
+            assert peaks["bf16_tflops"] == peaks["fp16_tflops"], gpu["id"]
+
+
+def test_gpus_at_least_80_with_every_required_family():
+    gpus = _gpus()
+    assert len(gpus) >= 80
+    families = {gpu["family"] for gpu in gpus}
+    for family in (
+        "GeForce 900",
+        "GeForce 10",
+        "GeForce 16",
+        "GeForce RTX 20",
+        "GeForce RTX 30",
+        "GeForce RTX 40",
+        "GeForce RTX 50",
+        "Quadro RTX",
+        "RTX A-series",
+        "RTX Ada",
+        "RTX PRO Blackwell",
+        "Jetson",
+    ):
+        assert family in families, family
+    ids = {gpu["id"] for gpu in gpus}
+    for required in (
+        "tesla-k80",
+        "tesla-v100-sxm2-32gb",
+        "tesla-t4",
+        "a10",
+        "a10g",
+        "a30",
+        "a40",
+        "a100-pcie-40gb",
+        "a100-pcie-80gb",
+        "a100-sxm4-40gb",
+        "a100-sxm4-80gb",
+        "l4",
+        "l40",
+        "l40s",
+        "h100-pcie",
+        "h100-sxm",
+        "h100-nvl",
+        "h200-sxm",
+        "h20",
+        "b200",
+        "gb200",
+    ):
+        assert required in ids, required
+    segments = {gpu["segment"] for gpu in gpus}
+    assert segments == SEGMENTS
+
+
+@pytest.mark.parametrize(
+    ("spelling", "gpu_id"),
+    [
+        ("NVIDIA GeForce RTX 3090", "geforce-rtx-3090"),
+        ("RTX 3090", "geforce-rtx-3090"),
+        ("3090", "geforce-rtx-3090"),
+        ("GeForce RTX 3090", "geforce-rtx-3090"),
+        ("Tesla V100-SXM2-32GB", "tesla-v100-sxm2-32gb"),
+        ("Tesla V100-SXM2-16GB", "tesla-v100-sxm2-16gb"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H100 NVL", "h100-nvl"),
+        ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-sxm4-40gb"),
+        ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+        ("NVIDIA H200", "h200-sxm"),
+        ("NVIDIA H20", "h20"),
+        ("Tesla T4", "tesla-t4"),
+        ("NVIDIA A10G", "a10g"),
+        ("NVIDIA A10", "a10"),
+        ("NVIDIA GeForce RTX 5090", "geforce-rtx-5090"),
+        ("NVIDIA RTX A6000", "rtx-a6000"),
+        ("Quadro RTX 8000", "quadro-rtx-8000"),
+        ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000-blackwell-workstation"),
+        ("nvidia_geforce_rtx_4090", "geforce-rtx-4090"),
+        ("GTX 1080 Ti", "geforce-gtx-1080-ti"),
+        ("NVIDIA GeForce RTX 4070 Ti SUPER", "geforce-rtx-4070-ti-super"),
+    ],
+)
+def test_gpus_user_and_nvml_spellings_resolve_to_exactly_one_gpu(spelling: str, gpu_id: str):
+    assert _resolve(spelling) == {gpu_id}
+
+
+@pytest.mark.parametrize("spelling", ["NVIDIA H100 80GB HBM3", "3090", "Tesla V100-SXM2-32GB", "NVIDIA H200"])
+def test_gpus_spellings_resolve_through_the_compat_lookup(spelling: str):
+    kb = pytest.importorskip("torchrig.compat.kb")
+    hardware = kb.build_kb(load("gpus"), load("cuda"), load("drivers"), {"schema_version": 1})
+    assert hardware.find_gpu(spelling).id in _resolve(spelling)
+
+
+def test_gpus_ambiguous_short_names_resolve_to_nothing():
+    for spelling in ("A100", "H100", "V100", "Orin"):
+        assert _resolve(spelling) == set(), spelling
+
+
+# --------------------------------------------------------------------------------------------------
+# cuda.toml
+# --------------------------------------------------------------------------------------------------
+
+
+def test_cuda_file_loads_with_schema_version_and_sourced_rows():
+    data = load("cuda")
+    assert data["schema_version"] == 1
+    for toolkit in data["toolkit"]:
+        _check_row(toolkit, f"toolkit {toolkit['version']}")
+        if "released" in toolkit:
+            datetime.date.fromisoformat(toolkit["released"])
+            assert toolkit.get("released_source", "").startswith("https://"), toolkit["version"]
+
+
+def test_cuda_versions_are_unique_major_minor_in_order():
+    versions = [toolkit["version"] for toolkit in _toolkits()]
+    assert all(re.match(r"^\d+\.\d+$", v) for v in versions)
+    assert len(versions) == len(set(versions))
+    assert [_version(v) for v in versions] == sorted(_version(v) for v in versions)
+
+
+def test_cuda_covers_11_0_through_13_3():
+    versions = {toolkit["version"] for toolkit in _toolkits()}
+    expected = (
+        {f"11.{m}" for m in range(9)}
+        | {f"12.{m}" for m in range(10) if m != 7}
+        | {"13.0", "13.1", "13.2", "13.3"}
+    )
+    assert expected <= versions
+    assert "12.7" not in versions  # NVIDIA never released a CUDA 12.7 toolkit
+
+
+def test_cuda_driver_floors_are_monotone_with_toolkit_version():
+    toolkits = sorted(_toolkits(), key=lambda t: _version(t["version"]))
+    for field in ("min_driver", "min_driver_minor_compat"):
+        floors = [_version(t[field]) for t in toolkits]
+        assert floors == sorted(floors), field
+
+
+def test_cuda_minor_version_compatibility_floor_is_per_major():
+    expected = {"11": "450.80.02", "12": "525.60.13", "13": "580"}
+    for toolkit in _toolkits():
+        major = toolkit["version"].split(".")[0]
+        assert toolkit["min_driver_minor_compat"] == expected[major], toolkit["version"]
+        if toolkit["version"] != "11.0":  # 11.0 shipped with 450.51.05, before the 450.80.02 floor existed
+            assert _version(toolkit["min_driver_minor_compat"]) <= _version(toolkit["min_driver"])
+
+
+def test_cuda_compute_capabilities_follow_nvidia_support_changes():
+    by_version = {t["version"]: set(t["compute_capabilities"]) for t in _toolkits()}
+    for toolkit in _toolkits():
+        ccs = toolkit["compute_capabilities"]
+        assert ccs == sorted(ccs, key=_version), toolkit["version"]
+        assert all(CC_FORMAT.match(cc) for cc in ccs)
+    assert {"3.5", "3.7"} <= by_version["11.8"] and not {"3.5", "3.7"} & by_version["12.0"]
+    assert "8.6" not in by_version["11.0"] and "8.6" in by_version["11.1"]
+    assert {"8.9", "9.0"} <= by_version["11.8"] and "9.0" not in by_version["11.7"]
+    assert {"10.0", "12.0"} <= by_version["12.8"] and "10.0" not in by_version["12.6"]
+    assert {"10.3", "12.1"} <= by_version["12.9"]
+    pre_turing = {"5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2"}
+    assert pre_turing <= by_version["12.9"] and not pre_turing & by_version["13.0"]
+    assert "7.5" in by_version["13.0"] and "11.0" in by_version["13.0"] and "10.1" not in by_version["13.0"]
+
+
+# --------------------------------------------------------------------------------------------------
+# drivers.toml
+# --------------------------------------------------------------------------------------------------
+
+
+def test_drivers_file_loads_with_schema_version_and_sourced_rows():
+    data = load("drivers")
+    assert data["schema_version"] == 1
+    for branch in data["branch"]:
+        _check_row(branch, f"branch {branch['branch']}")
+        if "released" in branch:
+            datetime.date.fromisoformat(branch["released"])
+        assert isinstance(branch.get("lts", False), bool)
+
+
+def test_drivers_branches_are_unique_and_first_release_is_in_the_branch():
+    branches = [b["branch"] for b in _branches()]
+    assert len(branches) == len(set(branches))
+    assert [int(b) for b in branches] == sorted(int(b) for b in branches)
+    for branch in _branches():
+        assert _version(branch["first_release"])[0] == int(branch["branch"]), branch["branch"]
+
+
+def test_drivers_max_cuda_grows_with_the_branch():
+    maxima = [_version(b["max_cuda"]) for b in _branches()]
+    assert maxima == sorted(maxima)
+
+
+def test_drivers_long_term_support_branches():
+    lts = {b["branch"] for b in _branches() if b.get("lts")}
+    assert {"470", "535", "580"} <= lts
+    assert "570" not in lts and "595" not in lts
+
+
+# --------------------------------------------------------------------------------------------------
+# cross-references
+# --------------------------------------------------------------------------------------------------
+
+
+def test_cross_arch_last_driver_branch_exists_in_drivers():
+    branches = {b["branch"] for b in _branches()}
+    for arch in load("gpus")["arch"]:
+        if "last_driver_branch" in arch:
+            assert arch["last_driver_branch"] in branches, arch["name"]
+        if "min_driver_branch" in arch:
+            assert arch["min_driver_branch"] in branches, arch["name"]
+
+
+def test_cross_last_driver_branches_match_nvidia_matrix():
+    archs = _archs()
+    assert archs["Kepler"]["last_driver_branch"] == "470"
+    for name in ("Maxwell", "Pascal", "Volta"):
+        assert archs[name]["last_driver_branch"] == "580", name
+    for name in ("Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell"):
+        assert "last_driver_branch" not in archs[name], name
+
+
+def test_cross_branch_max_cuda_exists_in_cuda():
+    versions = {t["version"] for t in _toolkits()}
+    for branch in _branches():
+        assert branch["max_cuda"] in versions, branch["branch"]
+
+
+def test_cross_branch_first_release_meets_its_max_cuda_floor():
+    floors = {t["version"]: _version(t["min_driver"]) for t in _toolkits()}
+    for branch in _branches():
+        assert _version(branch["first_release"]) >= floors[branch["max_cuda"]], branch["branch"]
+
+
+def test_cross_every_toolkit_floor_is_a_known_branch():
+    branches = {b["branch"] for b in _branches()}
+    for toolkit in _toolkits():
+        assert toolkit["min_driver"].split(".")[0] in branches, toolkit["version"]
+
+
+def test_cross_toolkit_compute_capabilities_are_known_architectures():
+    known = {cc for arch in load("gpus")["arch"] for cc in arch["compute_capabilities"]}
+    for toolkit in _toolkits():
+        unknown = set(toolkit["compute_capabilities"]) - known
+        assert not unknown, f"CUDA {toolkit['version']}: {sorted(unknown)}"
+
+
+def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
+    buildable = {cc for t in _toolkits() for cc in t["compute_capabilities"]}
+    for gpu in _gpus():
+        if gpu["arch"] == "Kepler" and gpu["compute_capability"] in {"3.0", "3.2"}:
+            continue  # last built by CUDA 10.2, older than this file
+        assert gpu["compute_capability"] in buildable, gpu["id"]
