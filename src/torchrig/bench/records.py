@@ -1,0 +1,179 @@
+"""Typed records of one bench run: what the workers measured, and how each figure was graded.
+
+Units are in field names (``tflops``, ``gbps`` = 10^9 bytes/s, ``ms``, ``us``); ``None`` means unknown or not
+measured. The worker writes :class:`Measurements` as JSON; the CLI reads it back with
+:func:`measurements_from_json`, grades it (``torchrig.bench.grading``) and renders it (``render``, ``plots``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, TypeVar
+
+MEASUREMENTS_SCHEMA = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuInfo:
+    rank: int
+    device_index: int | None  # CUDA ordinal; None on the CPU path
+    name: str  # as torch reports it ("NVIDIA H200"), or "cpu"
+    compute_capability: str | None  # "9.0"
+    memory_mib: int | None
+    l2_cache_bytes: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmResult:
+    rank: int
+    dtype: str  # fp32 | tf32 | bf16 | fp16 | fp8
+    n: int  # square n x n x n
+    tflops: float  # 2 n^3 / t
+    median_ms: float
+    repeats: int
+    check_ok: bool
+    max_rel_err: float | None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryResult:
+    rank: int
+    kind: str  # copy | triad
+    size_bytes: int  # one array
+    gbps: float  # bytes read + written per second
+    median_ms: float
+    repeats: int
+    check_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class HostResult:
+    rank: int
+    direction: str  # h2d | d2h
+    pinned: bool
+    size_bytes: int
+    gbps: float
+    median_ms: float
+    repeats: int
+    check_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class P2PResult:
+    src: int  # rank (= GPU of that rank)
+    dst: int
+    size_bytes: int
+    oneway_gbps: float
+    bidir_gbps: float  # both directions at once, the sum
+    latency_us: float  # one-way, half a ping-pong round trip of a small message
+    check_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveResult:
+    op: str  # torchrig.bench.busbw.Collective
+    size_bytes: int  # nccl-tests S
+    dtype: str
+    ranks: int
+    time_us: float  # one operation, averaged over iterations and ranks
+    algbw_gbps: float
+    busbw_gbps: float
+    iterations: int
+    check_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingResult:
+    gpus: int
+    tokens_per_s: float
+    step_ms: float
+    efficiency: float | None  # tokens_per_s / (gpus * tokens_per_s at 1 GPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    part: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    date_utc: str
+    hostname: str
+    command_line: str
+    device_kind: str  # cuda | cpu
+    backend: str  # nccl | gloo
+    world_size: int
+    quick: bool
+    torch_version: str
+    cuda_version: str | None
+    nccl_version: str | None
+    elapsed_s: float
+    scaling_model: str = ""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """Everything one run measured (no grading yet)."""
+
+    meta: Meta
+    gpus: tuple[GpuInfo, ...] = ()
+    gemm: tuple[GemmResult, ...] = ()
+    memory: tuple[MemoryResult, ...] = ()
+    host: tuple[HostResult, ...] = ()
+    p2p: tuple[P2PResult, ...] = ()
+    collectives: tuple[CollectiveResult, ...] = ()
+    scaling: tuple[ScalingResult, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
+    schema_version: int = MEASUREMENTS_SCHEMA
+
+
+class Grade(str, enum.Enum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    NO_GPU = "no GPU"  # measured on the CPU path: nothing to grade against
+    UNKNOWN = "unknown"  # no datasheet figure for this GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One graded figure: ``value`` against ``expected`` (a datasheet peak or a reference), and the verdict."""
+
+    id: str  # e.g. "gemm.bf16.rank0", "p2p.0-1", "collective.all_reduce"
+    figure: str  # human label
+    value: float
+    unit: str
+    expected: float | None
+    expected_what: str  # "bf16 datasheet peak", "NVLink per direction", ...
+    fraction: float | None
+    grade: Grade
+    message: str = ""
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], data: dict[str, Any]) -> T:
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def measurements_from_json(data: dict[str, Any]) -> Measurements:
+    """Rebuild :class:`Measurements` from its JSON form (as the worker writes it, or inside ``--json``)."""
+    if int(data.get("schema_version", 0)) != MEASUREMENTS_SCHEMA:
+        raise ValueError(f"unsupported measurements schema_version {data.get('schema_version')!r}")
+    return Measurements(
+        meta=_build(Meta, data["meta"]),
+        gpus=tuple(_build(GpuInfo, g) for g in data.get("gpus", [])),
+        gemm=tuple(_build(GemmResult, g) for g in data.get("gemm", [])),
+        memory=tuple(_build(MemoryResult, g) for g in data.get("memory", [])),
+        host=tuple(_build(HostResult, g) for g in data.get("host", [])),
+        p2p=tuple(_build(P2PResult, g) for g in data.get("p2p", [])),
+        collectives=tuple(_build(CollectiveResult, g) for g in data.get("collectives", [])),
+        scaling=tuple(_build(ScalingResult, g) for g in data.get("scaling", [])),
+        skipped=tuple(_build(Skipped, g) for g in data.get("skipped", [])),
+    )

@@ -1,0 +1,194 @@
+"""The process torchrun starts, one per GPU: ``python -m torch.distributed.run ... -m torchrig.bench.worker``.
+
+Reads the run's :class:`~torchrig.bench.config.BenchConfig` (``--config FILE``), measures the parts it
+names, and rank 0 writes the :class:`~torchrig.bench.records.Measurements` as JSON (``--out FILE``).
+Progress goes to stderr as lines starting with ``PROGRESS_TAG`` (rank 0 only), which ``torchrig bench``
+turns into its live display. Backend: NCCL when the workers have GPUs, gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from torchrig.bench.config import BenchConfig, Part
+from torchrig.bench.records import GpuInfo, Measurements, Meta, Skipped
+from torchrig.bench.scaling import group_sizes
+
+PROGRESS_TAG = "@torchrig-bench-progress "
+# NCCL/torch settings worth recording with the figures: they change what the links deliver.
+RECORDED_ENV = ("NCCL_NVLS_ENABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_ALGO",
+                "NCCL_PROTO", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "CUDA_VISIBLE_DEVICES")
+
+
+class Progress:
+    def __init__(self, rank: int, total: int) -> None:
+        self.rank, self.total, self.done = rank, total, 0
+
+    def __call__(self, label: str) -> None:
+        if self.rank == 0:
+            print(PROGRESS_TAG + json.dumps({"done": self.done, "total": self.total, "label": label}),
+                  file=sys.stderr, flush=True)
+        self.done += 1
+
+
+def _steps(cfg: BenchConfig, world: int) -> int:
+    per = {Part.GEMM.value: len(cfg.gemm_dtypes) * len(cfg.gemm_sizes), Part.MEMORY.value: 2,
+           Part.HOST.value: 4 * world if cfg.device_kind == "cuda" else 0, Part.P2P.value: world * (world - 1),
+           Part.COLLECTIVES.value: len(cfg.collectives) * len(cfg.collective_sizes),
+           Part.SCALING.value: len(group_sizes(world))}
+    return sum(per[p] for p in cfg.parts)
+
+
+def _gpu_info(torch: Any, device: Any, rank: int) -> GpuInfo:
+    if device.type != "cuda":
+        return GpuInfo(rank=rank, device_index=None, name="cpu", compute_capability=None, memory_mib=None,
+                       l2_cache_bytes=None)
+    p = torch.cuda.get_device_properties(device)
+    return GpuInfo(rank=rank, device_index=device.index, name=p.name, compute_capability=f"{p.major}.{p.minor}",
+                   memory_mib=p.total_memory // (1 << 20), l2_cache_bytes=getattr(p, "L2_cache_size", None))
+
+
+def _device_parts(torch: Any, dist: Any, device: Any, cfg: BenchConfig, info: GpuInfo,
+                  progress: Progress) -> dict[str, list[Any]]:
+    """GEMM and device memory on every GPU at once; host transfers one GPU at a time (they share the host)."""
+    from torchrig.bench import device as dev
+
+    out: dict[str, list[Any]] = {"gemm": [], "memory": [], "host": [], "skipped": []}
+    rank = dist.get_rank()
+    if Part.GEMM.value in cfg.parts:
+        for dtype in cfg.gemm_dtypes:
+            why = dev.fp8_supported(torch, device) if dtype == "fp8" else None
+            if why is None and dtype in ("tf32", "fp16") and device.type != "cuda":
+                why = f"{dtype} tensor-core GEMM needs a CUDA GPU"
+            for n in cfg.gemm_sizes:
+                progress(f"GEMM {dtype} {n}x{n}x{n}")
+                if why is None:
+                    out["gemm"].append(dev.measure_gemm(torch, device, dtype, n, cfg.gemm_repeats, cfg.warmup,
+                                                        info.l2_cache_bytes, rank))
+            if why is not None and rank == 0:
+                out["skipped"].append(Skipped(f"gemm {dtype}", why))
+    if Part.MEMORY.value in cfg.parts:
+        for kind in ("copy", "triad"):
+            progress(f"device memory {kind}")
+            out["memory"].append(dev.measure_memory(torch, device, kind, cfg.memory_bytes, cfg.memory_repeats,
+                                                    cfg.warmup, info.l2_cache_bytes, rank))
+    if Part.HOST.value in cfg.parts:
+        if device.type != "cuda":
+            if rank == 0:
+                out["skipped"].append(Skipped("host", "no GPU: host<->device transfers need a CUDA device"))
+        else:
+            for turn in range(dist.get_world_size()):
+                for pinned in (True, False):
+                    for direction in ("h2d", "d2h"):
+                        progress(f"host {direction} {'pinned' if pinned else 'pageable'} (rank {turn})")
+                        if turn == rank:
+                            out["host"].append(dev.measure_host(torch, device, direction, pinned, cfg.host_bytes,
+                                                                cfg.host_repeats, cfg.warmup, rank))
+                dist.barrier()
+    return out
+
+
+def _link_parts(torch: Any, dist: Any, device: Any, cfg: BenchConfig, progress: Progress) -> dict[str, list[Any]]:
+    from torchrig.bench import comm
+    from torchrig.bench.scaling import measure_scaling
+
+    out: dict[str, list[Any]] = {"p2p": [], "collectives": [], "scaling": [], "skipped": [], "model": []}
+    world = dist.get_world_size()
+    one = "one process: between-GPU figures need at least 2 (use --nproc-per-node 2 or more)"
+    if Part.P2P.value in cfg.parts:
+        if world < 2:
+            out["skipped"].append(Skipped("p2p", one))
+        else:
+            out["p2p"] = comm.measure_p2p(torch, dist, device, cfg.p2p_bytes, cfg.p2p_iterations, progress)
+    if Part.COLLECTIVES.value in cfg.parts:
+        if world < 2:
+            out["skipped"].append(Skipped("collectives", one))
+        else:
+            for op in cfg.collectives:
+                for size in cfg.collective_sizes:
+                    progress(f"{op} {size} B")
+                    out["collectives"].append(comm.measure_collective(torch, dist, device, op, size,
+                                                                      cfg.collective_dtype, cfg.quick))
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    if Part.SCALING.value in cfg.parts:
+        out["scaling"], model = measure_scaling(torch, dist, device, cfg.scaling_steps, cfg.scaling_warmup, progress)
+        out["model"] = [model]
+    return out
+
+
+def run(cfg: BenchConfig, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    started = time.perf_counter()
+    cuda = cfg.device_kind == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    progress = Progress(rank, _steps(cfg, world))
+    try:
+        info = _gpu_info(torch, device, rank)
+        local = _device_parts(torch, dist, device, cfg, info, progress)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, (info, local))
+        links = _link_parts(torch, dist, device, cfg, progress)
+        if rank == 0:
+            _write(torch, cfg, out_path, gathered, links, world, time.perf_counter() - started)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _write(torch: Any, cfg: BenchConfig, out_path: str, gathered: list[Any], links: dict[str, list[Any]],
+           world: int, elapsed_s: float) -> None:
+    cuda = cfg.device_kind == "cuda"
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
+    meta = Meta(date_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                hostname=socket.gethostname(), command_line=cfg.command_line, device_kind=cfg.device_kind,
+                backend="nccl" if cuda else "gloo", world_size=world, quick=cfg.quick,
+                torch_version=torch.__version__, cuda_version=torch.version.cuda, nccl_version=nccl,
+                elapsed_s=round(elapsed_s, 1), scaling_model=(links["model"] or [""])[0],
+                env={k: os.environ[k] for k in RECORDED_ENV if k in os.environ})
+    m = Measurements(
+        meta=meta,
+        gpus=tuple(info for info, _ in gathered),
+        gemm=tuple(r for _, loc in gathered for r in loc["gemm"]),
+        memory=tuple(r for _, loc in gathered for r in loc["memory"]),
+        host=tuple(r for _, loc in gathered for r in loc["host"]),
+        p2p=tuple(links["p2p"]), collectives=tuple(links["collectives"]), scaling=tuple(links["scaling"]),
+        skipped=tuple(s for _, loc in gathered for s in loc["skipped"]) + tuple(links["skipped"]),
+    )
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(dataclasses.asdict(m), f, indent=1)
+    os.replace(tmp, out_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchrig.bench.worker", description=__doc__)
+    parser.add_argument("--config", required=True, help="the run's BenchConfig as a JSON file")
+    parser.add_argument("--out", required=True, help="where rank 0 writes the measurements JSON")
+    args = parser.parse_args(argv)
+    with open(args.config) as f:
+        cfg = BenchConfig.from_json(f.read())
+    run(cfg, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Measure this machine's GPUs and links the way the reference tools do, and grade every figure.
+
+Per GPU: GEMM TFLOP/s (fp32, tf32, bf16, fp16, fp8 where the GPU has it), device memory bandwidth (copy,
+triad: bytes read + written), host<->device bandwidth (pinned, pageable). Between GPUs: P2P bandwidth one way
+and both ways, and latency, for every pair; NCCL collectives (all_reduce, all_gather, reduce_scatter,
+broadcast, all_to_all, sendrecv) over a size sweep with algbw and busbw as nccl-tests defines them
+(doc/PERFORMANCE.md), every result checked. Training scaling: a reference GPT-style model's throughput on
+1, 2, 4 ... N GPUs and the scaling efficiency.
+
+Workers start through torchrun (torch.distributed.run), one process per GPU. Every figure is shown as a
+percentage of the GPU's datasheet peak from the knowledge base and graded pass / warn / fail; a GPU pair
+far below its link is flagged and points to 'torchrig doctor'. Without a GPU the same code runs on the CPU
+with gloo at small sizes and the grading says 'no GPU'.
+
+Exit status: 0 when nothing failed, 1 when a figure failed its grade or a result was wrong, 2 on bad usage.
+
+examples:
+  torchrig bench --quick                          # under a minute on one GPU
+  torchrig bench --out bench-results              # full run: bench.json, bench.md, bench.png in the folder
+  torchrig bench --only collectives --max-size 1GiB --collectives all_reduce,all_gather
+  torchrig bench --cpu --nproc-per-node 2         # the CPU/gloo path (what CI runs)
+  torchrig bench --from-json bench-results/bench.json --out again   # re-grade and re-render a saved run
+  torchrig bench --dry-run                        # print the torchrun command, run nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from typing import Any
+
+from torchrig.errors import EngineUnavailable, UsageError
+from torchrig.fuzzy import did_you_mean
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (under a minute on one GPU)")
+    parser.add_argument("--nproc-per-node", "--gpus", dest="nproc", type=int, default=None, metavar="N",
+                        help="worker processes, one per GPU (default: every visible GPU; 2 on the CPU path)")
+    parser.add_argument("--cpu", action="store_true", help="run the CPU/gloo path even if GPUs are present")
+    parser.add_argument("--only", default=None, metavar="PARTS",
+                        help="comma list of parts: gemm, memory, host, p2p, collectives, scaling (default: all)")
+    parser.add_argument("--collectives", default=None, metavar="OPS",
+                        help="comma list: all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv")
+    parser.add_argument("--dtypes", default=None, metavar="DTYPES", help="GEMM dtypes: fp32, tf32, bf16, fp16, fp8")
+    parser.add_argument("--min-size", default=None, metavar="SIZE", help="smallest collective message, e.g. 1KiB")
+    parser.add_argument("--max-size", default=None, metavar="SIZE", help="largest collective message, e.g. 4GiB")
+    parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.md and bench.png here")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG (no matplotlib needed)")
+    parser.add_argument("--from-json", default=None, metavar="FILE",
+                        help="grade and render a saved bench.json instead of measuring")
+    parser.add_argument("--dry-run", action="store_true", help="print the torchrun plan and exit")
+
+
+def _choices(text: str | None, valid: tuple[str, ...], option: str) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise UsageError(f"{option} is empty", hint=f"choose from {', '.join(valid)}")
+    for item in items:
+        if item not in valid:
+            hint = did_you_mean(item, valid) or f"choose from {', '.join(valid)}"
+            raise UsageError(f"unknown {option} value {item!r}", hint=hint)
+    return items
+
+
+def _device(args: argparse.Namespace) -> tuple[str, int]:
+    """('cuda' | 'cpu', visible GPU count)."""
+    try:
+        import torch
+    except ImportError:
+        raise EngineUnavailable("PyTorch is not installed", hint="install the build 'torchrig resolve' names") from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ("cpu" if args.cpu or count == 0 else "cuda"), count
+
+
+def _config(args: argparse.Namespace, device_kind: str) -> Any:
+    from torchrig.bench.busbw import Collective, parse_size
+    from torchrig.bench.config import GEMM_DTYPES, Part, make_config
+
+    return make_config(
+        device_kind=device_kind, quick=args.quick,
+        parts=_choices(args.only, tuple(p.value for p in Part), "--only"),
+        collectives=_choices(args.collectives, tuple(c.value for c in Collective), "--collectives"),
+        gemm_dtypes=_choices(args.dtypes, GEMM_DTYPES, "--dtypes"),
+        min_size=parse_size(args.min_size) if args.min_size else None,
+        max_size=parse_size(args.max_size) if args.max_size else None,
+        command_line=shlex.join(["torchrig", *sys.argv[1:]]) if sys.argv[0].endswith(("torchrig", "__main__.py")) else "",
+    )
+
+
+def run(args: argparse.Namespace) -> Any:
+    from torchrig.bench import grading
+    from torchrig.bench.run import ProgressDisplay, build_report, load_measurements
+
+    if args.nproc is not None and args.nproc < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, got {args.nproc}")
+    if args.from_json:
+        m = load_measurements(args.from_json)
+        return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
+    if not args.no_plots and args.out:
+        from torchrig.bench.plots import _pyplot
+
+        _pyplot()  # fail now, not after minutes of measuring
+    kind, count = _device(args)
+    cfg = _config(args, kind)
+    nproc = args.nproc or (count if kind == "cuda" else 2)
+    if kind == "cuda" and nproc > count:
+        raise UsageError(f"--nproc-per-node {nproc} but only {count} GPU(s) are visible",
+                         hint=f"use --nproc-per-node {count} or fewer")
+    from torchrig.bench.launch import execute, plan_launch
+
+    with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
+        plan = plan_launch(cfg, nproc, work)
+        if args.dry_run:
+            from torchrig.report import SimpleReport
+
+            return SimpleReport({"plan": {"argv": list(plan.argv), "env": plan.env_additions, "nproc": nproc},
+                                 "config": __import__("json").loads(cfg.to_json())}, plan.shell())
+        if kind == "cpu":
+            print("torchrig: no GPU in use: running the CPU/gloo path at small sizes", file=sys.stderr)
+        on_line = (lambda line: print(line, file=sys.stderr)) if args.debug else None
+        with ProgressDisplay() as display:
+            m = execute(plan, cfg, display.update, on_line)
+    return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
