@@ -1,0 +1,106 @@
+"""Read what torchrun leaves on disk and on its console into ``summary.RankLog`` records.
+
+torchrun's ``--log-dir D`` layout: ``D/<rdzv_id>_<suffix>/attempt_<k>/<local_rank>/{stdout,stderr}.log``
+and ``error.json`` (written by torchelastic's ``record`` when a rank raises).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from torchrig.launch.summary import RankLog, parse_header, parse_stack
+
+_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_SIGTERM_RE = re.compile(r"Sending process (\d+) closing signal SIGTERM")
+_BLOCK_RE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+
+
+def run_dirs(log_dir: Path, rdzv_id: str, since_s: float) -> list[Path]:
+    """torchrun's per-run directories for this rdzv id created since ``since_s`` (newest last)."""
+    if not log_dir.is_dir():
+        return []
+    found = [
+        p
+        for p in log_dir.iterdir()
+        if p.is_dir() and p.name.startswith(f"{rdzv_id}_") and p.stat().st_mtime >= since_s - 1
+    ]
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def attempts(run_dir: Path) -> list[Path]:
+    found = [p for p in run_dir.glob("attempt_*") if p.name[8:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[8:]))
+
+
+def exit_codes_by_pid(agent_output: str) -> dict[int, int]:
+    """pid -> exit code, from torchrun's console report (SIGTERM'd survivors get -15)."""
+    codes: dict[int, int] = {}
+    for m in _SIGTERM_RE.finditer(agent_output):
+        codes.setdefault(int(m[1]), -15)
+    for m in _FAILED_RE.finditer(agent_output):
+        codes[int(m[3])] = int(m[1])
+    for m in _BLOCK_RE.finditer(agent_output):
+        codes[int(m[4])] = int(m[3])
+    return codes
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _error_message(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        msg = data.get("message", {})
+        return str(msg.get("message") if isinstance(msg, dict) else msg)
+    except (OSError, ValueError):
+        return None
+
+
+def read_attempt(attempt_dir: Path, codes: dict[int, int]) -> list[RankLog]:
+    """One RankLog per local rank directory of an attempt."""
+    out = []
+    k = int(attempt_dir.name[8:])
+    for d in sorted(
+        (p for p in attempt_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    ):
+        text = _read(d / "stdout.log") + "\n" + _read(d / "stderr.log")
+        head = parse_header(text) or {}
+        pid = int(head["pid"]) if head.get("pid", "").isdigit() else None
+        rank = int(head["rank"]) if head.get("rank", "").isdigit() else None
+        out.append(
+            RankLog(
+                global_rank=rank,
+                local_rank=int(d.name),
+                host=head.get("host"),
+                pid=pid,
+                attempt=k,
+                text=text,
+                error_message=_error_message(d / "error.json"),
+                exit_code=codes.get(pid) if pid is not None else None,
+                stack=parse_stack(text),
+            )
+        )
+    return out
+
+
+def activity_mark(run_dir: Path | None) -> tuple[int, float]:
+    """(total bytes, newest mtime) of the run's log files: it changes whenever any rank writes."""
+    if run_dir is None:
+        return (0, 0.0)
+    total, newest = 0, 0.0
+    for f in run_dir.glob("attempt_*/*/*.log"):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        total += st.st_size
+        newest = max(newest, st.st_mtime)
+    return total, newest

@@ -1,0 +1,322 @@
+"""The launch plan: a pure function from a request and the host's facts to argv, environment and devices.
+
+Nothing here touches the host. ``build_plan(request, host)`` is what ``torchrig launch --dry-run`` prints
+and what ``torchrig.launch.supervise.execute`` runs; other front ends (Slurm, Kubernetes) call it too.
+
+>>> host = HostFacts(visible_gpus=(0, 1, 2, 3), cpu_count=32, python="python3", env={})
+>>> plan = build_plan(LaunchRequest(script="train.py", gpus="0,2"), host)
+>>> plan.nproc_per_node, [r.device for r in plan.ranks]
+(2, ['cuda:0', 'cuda:1'])
+>>> plan.env["CUDA_VISIBLE_DEVICES"]
+'0,2'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from torchrig.errors import UsageError
+from torchrig.launch.envdefaults import defaults_for
+
+DEFAULT_PORT = 29500
+_ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
+_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the plan needs from the host, gathered by ``torchrig.launch.probe.host_facts``.
+
+    ``visible_gpus`` are the physical indices CUDA can see (after any ``CUDA_VISIBLE_DEVICES`` of the
+    parent), in order; empty when there is no GPU.
+    """
+
+    visible_gpus: tuple[int, ...]
+    cpu_count: int
+    python: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    no_p2p: tuple[tuple[int, int], ...] = ()  # physical id pairs (i, j) where i cannot access j's memory
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """The user's request, as ``torchrig launch`` options. Validated on construction."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    module: bool = False  # run ``script`` as ``python -m script``
+    gpus: str | None = None  # "all", "N" or "0,1"; None: all visible GPUs, or CPU when there are none
+    cpu: bool = False  # gloo ranks on the CPU, no GPU
+    nproc_per_node: int | None = None  # CPU ranks per node (default 1 with --cpu)
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # HOST:PORT of node 0; default localhost and a free port
+    rdzv_id: str = "torchrig"
+    rdzv_backend: str = "c10d"
+    rdzv_timeout_s: int = 300
+    max_restarts: int = 0
+    log_dir: str = "torchrig-logs"
+    collective_timeout_s: int = 600
+    hang_timeout_s: int = 0  # 0: off; else no rank output for this long counts as a hang
+    extra_env: tuple[tuple[str, str], ...] = ()
+    monitor_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.script:
+            raise UsageError("no script given", hint="e.g. torchrig launch --gpus 2 train.py --epochs 3")
+        if self.nnodes < 1:
+            raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise UsageError(
+                "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address)",
+                hint="e.g. --rdzv-endpoint node0:29500 on every node",
+            )
+        if self.rdzv_endpoint is not None:
+            parse_endpoint(self.rdzv_endpoint)
+        if not _ID_RE.match(self.rdzv_id):
+            raise UsageError(f"--rdzv-id {self.rdzv_id!r} must be 1-64 letters, digits, '_', '.', '-'")
+        if self.rdzv_backend not in ("c10d", "static"):
+            raise UsageError(f"--rdzv-backend must be c10d or static, got {self.rdzv_backend!r}")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
+        if self.collective_timeout_s < 1 or self.rdzv_timeout_s < 1:
+            raise UsageError("timeouts must be at least 1 second")
+        if self.hang_timeout_s < 0:
+            raise UsageError(f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout_s}")
+        if self.cpu and self.gpus is not None:
+            raise UsageError("--cpu and --gpus exclude each other", hint="drop one of them")
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            raise UsageError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
+        if self.nproc_per_node is not None and self.gpus is not None:
+            raise UsageError("--nproc-per-node is for --cpu runs; with GPUs the count comes from --gpus")
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One process of this node: its local rank, expected global rank, device and log file."""
+
+    local_rank: int
+    global_rank: int  # node_rank * nproc + local_rank (c10d may order nodes differently)
+    device: str  # "cuda:i" within the job's CUDA_VISIBLE_DEVICES, or "cpu"
+    physical_gpu: int | None
+    log_hint: str
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    name: str
+    value: str
+    reason: str
+    source: str | None
+    overridden_by_user: bool = False  # the parent environment already had it; the user's value wins
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to run the job on this node, and nothing that needs the host to compute."""
+
+    argv: tuple[str, ...]
+    preflight_argv: tuple[str, ...]  # the same topology running torchrig.launch.pgprobe instead of the script
+    env: dict[str, str]  # what the launcher sets on top of the parent environment
+    env_settings: tuple[EnvSetting, ...]
+    ranks: tuple[RankPlan, ...]
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    world_size: int
+    backend: str  # "nccl" or "gloo"
+    rdzv_host: str
+    rdzv_port: int
+    rdzv_id: str
+    max_restarts: int
+    log_dir: str
+    hang_timeout_s: int
+    collective_timeout_s: int
+
+
+def parse_endpoint(text: str) -> tuple[str, int | None]:
+    """``"node0:29500"`` -> ``("node0", 29500)``; the port may be left out."""
+    m = _ENDPOINT_RE.match(text.strip())
+    if not m:
+        raise UsageError(
+            f"malformed --rdzv-endpoint {text!r}", hint="expected HOST:PORT, e.g. 10.0.0.1:29500"
+        )
+    port = int(m.group("port")) if m.group("port") else None
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"--rdzv-endpoint port must be 1..65535, got {port}")
+    return m.group("host"), port
+
+
+def select_gpus(spec: str | None, visible: tuple[int, ...]) -> tuple[int, ...]:
+    """Resolve ``--gpus`` against the visible GPUs: ``all``, a count ``N`` (the first N) or a list ``0,2``."""
+    if spec is None or spec == "all":
+        return visible
+    text = spec.strip()
+    if re.fullmatch(r"\d+", text):
+        n = int(text)
+        if n < 1:
+            raise UsageError("--gpus must be at least 1", hint="or use --cpu for CPU ranks")
+        if n > len(visible):
+            raise UsageError(
+                f"--gpus {n} asks for more GPUs than the {len(visible)} visible",
+                hint=f"visible: {','.join(map(str, visible)) or 'none'}; check CUDA_VISIBLE_DEVICES",
+            )
+        return visible[:n]
+    if re.fullmatch(r"\d+(,\d+)+,?|\d+,", text):
+        ids = tuple(int(p) for p in text.split(",") if p)
+        if len(set(ids)) != len(ids):
+            raise UsageError(f"--gpus {spec!r} names a GPU twice")
+        missing = [i for i in ids if i not in visible]
+        if missing:
+            raise UsageError(
+                f"--gpus names GPU {missing[0]}, which is not visible",
+                hint=f"visible: {','.join(map(str, visible)) or 'none'}",
+            )
+        return ids
+    raise UsageError(f"malformed --gpus {spec!r}", hint="use all, a count (2) or a list (0,1)")
+
+
+def _rank_plans(req: LaunchRequest, gpus: tuple[int, ...], nproc: int) -> tuple[RankPlan, ...]:
+    out = []
+    for i in range(nproc):
+        gid = req.node_rank * nproc + i
+        out.append(
+            RankPlan(
+                local_rank=i,
+                global_rank=gid,
+                device=f"cuda:{i}" if gpus else "cpu",
+                physical_gpu=gpus[i] if gpus else None,
+                log_hint=f"{req.log_dir}/<run>/attempt_<k>/{i}/stderr.log",
+            )
+        )
+    return tuple(out)
+
+
+def _env(
+    req: LaunchRequest, host: HostFacts, gpus: tuple[int, ...], nproc: int
+) -> tuple[dict[str, str], tuple[EnvSetting, ...]]:
+    settings: list[EnvSetting] = []
+    omp = max(1, host.cpu_count // max(1, nproc))
+    for d in defaults_for(uses_nccl=bool(gpus), omp_threads=omp):
+        settings.append(
+            EnvSetting(d.name, d.value, d.reason, d.source, overridden_by_user=d.name in host.env)
+        )
+    blocked = [(i, j) for i, j in host.no_p2p if i in gpus and j in gpus]
+    if blocked:
+        i, j = blocked[0]
+        settings.append(
+            EnvSetting(
+                "NCCL_P2P_DISABLE",
+                "1",
+                f"GPU {i} cannot access GPU {j} directly (pre-flight); NCCL would otherwise "
+                "try P2P and hang or fail, so it goes through host memory instead (slower)",
+                "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-p2p-disable",
+                overridden_by_user="NCCL_P2P_DISABLE" in host.env,
+            )
+        )
+    if gpus:
+        settings.append(
+            EnvSetting(
+                "CUDA_VISIBLE_DEVICES",
+                ",".join(map(str, gpus)),
+                "each node sees exactly the chosen GPUs; local rank i uses cuda:i",
+                None,
+            )
+        )
+    settings.append(
+        EnvSetting(
+            "TORCHRIG_COLLECTIVE_TIMEOUT_S",
+            str(req.collective_timeout_s),
+            "the process-group timeout torchrig's trainer and pre-flight pass to "
+            "init_process_group (read it in your script too)",
+            None,
+        )
+    )
+    settings.append(EnvSetting("TORCHRIG_LOG_DIR", req.log_dir, "where the per-rank logs go", None))
+    for k, v in req.extra_env:
+        settings.append(EnvSetting(k, v, "given with --env", None))
+    env = {s.name: s.value for s in settings if not s.overridden_by_user}
+    env.update(dict(req.extra_env))
+    return env, tuple(settings)
+
+
+def _torchrun_argv(
+    req: LaunchRequest, python: str, nproc: int, endpoint: str, rdzv_id: str, max_restarts: int
+) -> list[str]:
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={req.nnodes}",
+        f"--nproc-per-node={nproc}",
+        f"--node-rank={req.node_rank}",
+        f"--rdzv-backend={req.rdzv_backend}",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+    ]
+    conf = [f"join_timeout={req.rdzv_timeout_s}"]
+    if req.rdzv_backend == "c10d":
+        # The node that hosts the store is node 0; saying so avoids guessing from hostnames (NAT, netns).
+        conf.append(f"is_host={'true' if req.node_rank == 0 else 'false'}")
+    return [
+        *argv,
+        f"--rdzv-conf={','.join(conf)}",
+        f"--max-restarts={max_restarts}",
+        f"--monitor-interval={req.monitor_interval_s:g}",
+        # Per-rank stdout/stderr files under the log dir, and a copy on the console (prefixed by rank).
+        f"--log-dir={req.log_dir}",
+        "--redirects=3",
+        "--tee=3",
+        # Every worker starts in torchrig's thin shim: stack dumps on demand, error file, then the script.
+        "-m",
+        "torchrig.launch.worker",
+    ]
+
+
+def build_plan(req: LaunchRequest, host: HostFacts, *, free_port: int | None = None) -> LaunchPlan:
+    """The plan for this node. ``free_port`` is a port the caller found free, used when none is given."""
+    if req.cpu:
+        gpus: tuple[int, ...] = ()
+        nproc = req.nproc_per_node or 1
+    else:
+        if not host.visible_gpus and req.gpus is not None:
+            raise UsageError(
+                "--gpus given but no GPU is visible",
+                hint="check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --cpu for gloo ranks",
+            )
+        gpus = select_gpus(req.gpus, host.visible_gpus)
+        nproc = len(gpus) if gpus else (req.nproc_per_node or 1)
+    if req.rdzv_endpoint:
+        rhost, rport = parse_endpoint(req.rdzv_endpoint)
+        port = rport or DEFAULT_PORT
+    else:
+        rhost, port = "localhost", free_port or DEFAULT_PORT
+    env, settings = _env(req, host, gpus, nproc)
+    argv = _torchrun_argv(req, host.python, nproc, f"{rhost}:{port}", req.rdzv_id, req.max_restarts)
+    argv += ["--module", req.script] if req.module else [req.script]
+    argv += list(req.script_args)
+    pre = _torchrun_argv(req, host.python, nproc, f"{rhost}:{port}", f"{req.rdzv_id}-preflight", 0)
+    pre += ["--module", "torchrig.launch.pgprobe"]
+    return LaunchPlan(
+        argv=tuple(argv),
+        preflight_argv=tuple(pre),
+        env=env,
+        env_settings=settings,
+        ranks=_rank_plans(req, gpus, nproc),
+        nproc_per_node=nproc,
+        nnodes=req.nnodes,
+        node_rank=req.node_rank,
+        world_size=nproc * req.nnodes,
+        backend="nccl" if gpus else "gloo",
+        rdzv_host=rhost,
+        rdzv_port=port,
+        rdzv_id=req.rdzv_id,
+        max_restarts=req.max_restarts,
+        log_dir=req.log_dir,
+        hang_timeout_s=req.hang_timeout_s,
+        collective_timeout_s=req.collective_timeout_s,
+    )

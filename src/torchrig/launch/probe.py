@@ -1,0 +1,83 @@
+"""Host adapters for the launcher: GPUs and P2P as torch sees them, a free port, the CPU count.
+
+Each returns plain values; decisions are in ``plan`` and ``preflight``. The GPU probe runs torch in a
+subprocess with a timeout, so a wedged driver cannot hang ``torchrig launch`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from torchrig.launch.plan import HostFacts
+
+_GPU_PROBE = """
+import json, torch
+n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pairs = [[i, j] for i in range(n) for j in range(n) if i != j and not torch.cuda.can_device_access_peer(i, j)]
+print(json.dumps({"count": n, "no_p2p": pairs, "names": [torch.cuda.get_device_name(i) for i in range(n)]}))
+"""
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    count: int
+    names: tuple[str, ...]
+    no_p2p: tuple[tuple[int, int], ...]  # (i, j) in torch's numbering where i cannot access j
+    error: str | None = None
+
+
+def probe_gpus(timeout_s: float = 60.0) -> GpuProbe:
+    """``python -c 'torch.cuda.device_count(); can_device_access_peer(i, j)'`` in a subprocess."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _GPU_PROBE], capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return GpuProbe(0, (), (), error=f"the CUDA probe did not answer within {timeout_s:.0f} s")
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return GpuProbe(0, (), (), error=f"the CUDA probe failed: {last}")
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    return GpuProbe(int(data["count"]), tuple(data["names"]), tuple(tuple(p) for p in data["no_p2p"]))
+
+
+def visible_ids(count: int, env: dict[str, str]) -> tuple[int, ...]:
+    """Physical ids of the visible GPUs: the parent's numeric CUDA_VISIBLE_DEVICES, or 0..count-1."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd:
+        parts = [p.strip() for p in cvd.split(",") if p.strip()]
+        if all(p.isdigit() for p in parts) and len(parts) >= count:
+            return tuple(int(p) for p in parts[:count])
+    return tuple(range(count))
+
+
+def host_facts(gpus: GpuProbe | None) -> HostFacts:
+    env = dict(os.environ)
+    return HostFacts(
+        visible_gpus=visible_ids(gpus.count, env) if gpus else (),
+        cpu_count=os.cpu_count() or 1,
+        python=sys.executable,
+        env=env,
+    )
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    """Can this host bind ``port``? (what the rendezvous store will do on node 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])

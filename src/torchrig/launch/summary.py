@@ -1,0 +1,352 @@
+"""What went wrong, and on which rank: a pure reading of the per-rank logs and torchrun's own report.
+
+Inputs are plain records (``RankLog``) built from files by ``torchrig.launch.logs``; the verdict is a
+``FailureSummary`` naming the rank(s) at fault, their last log lines and the likely cause. A rank that
+timed out in a collective is a *victim*; the rank that never reached the collective (its stack dump shows
+it elsewhere) or that died first is the *culprit*.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# (pattern in a rank's log, likely cause, what to do). First match wins; order from specific to generic.
+CAUSES: tuple[tuple[str, str, str], ...] = (
+    (
+        r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
+        "the GPU ran out of memory",
+        "lower the micro-batch (raise --grad-accum to keep the global batch) or use FSDP",
+    ),
+    (
+        r"illegal memory access|device-side assert",
+        "a CUDA kernel faulted (illegal memory access or a device-side assert)",
+        "rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel; check indices against the vocabulary/class count",
+    ),
+    (
+        r"Address already in use|EADDRINUSE|address already in use",
+        "the rendezvous or master port was already taken",
+        "pick another --rdzv-endpoint port, or stop the job holding it",
+    ),
+    (
+        r"Watchdog caught collective operation timeout|Timed out waiting|timed out in|[Tt]imeout.*(collective|ALLREDUCE|BROADCAST|barrier)",
+        "a collective timed out: some rank never joined it",
+        "look at the rank that was not in the collective; raise --collective-timeout only if it is just slow",
+    ),
+    (
+        r"Connection closed by peer|Connection reset by peer|remote worker crash|NCCL communicator was aborted|ncclRemoteError",
+        "a peer rank went away and this rank lost its connection to it",
+        "this rank is a victim: read the rank that failed first",
+    ),
+    (
+        r"ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclInvalidUsage|NCCL error",
+        "NCCL reported an error",
+        "rerun with NCCL_DEBUG=INFO; check that P2P/IB work (torchrig launch pre-flight)",
+    ),
+    (r"No space left on device", "a disk filled up", "free space where checkpoints and logs are written"),
+)
+SIGNAL_CAUSES = {
+    "SIGKILL": (
+        "the process was killed with SIGKILL (the kernel's OOM killer, a scheduler, or a user)",
+        "check 'dmesg' for the OOM killer and the host's memory; lower DataLoader workers or batch",
+    ),
+    "SIGSEGV": (
+        "the process crashed with a segmentation fault",
+        "read the stack above; often a native extension",
+    ),
+    "SIGABRT": (
+        "the process aborted (a native assertion or NCCL's watchdog tearing it down)",
+        "read the rank's last lines: the reason is printed just before the abort",
+    ),
+    "SIGBUS": (
+        "a bus error: usually /dev/shm too small for DataLoader workers",
+        "give the container a bigger --shm-size",
+    ),
+}
+_FRAME_RE = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+_HEADER_RE = re.compile(
+    r"torchrig-worker: rank=(?P<rank>\S+) local_rank=(?P<local>\S+) world_size=\S+ "
+    r"restart=(?P<restart>\d+) pid=(?P<pid>\d+) host=(?P<host>\S+)"
+)
+_EXC_RE = re.compile(r"^(?:\[rank\d+\]: )?(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$")
+COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py")
+
+
+@dataclass(frozen=True)
+class Frame:
+    path: str
+    line: int
+    func: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} in {self.func}"
+
+
+@dataclass(frozen=True)
+class RankLog:
+    """One rank's log of one attempt, read from disk."""
+
+    global_rank: int | None
+    local_rank: int
+    host: str | None
+    pid: int | None
+    attempt: int
+    text: str  # stdout + stderr
+    error_message: str | None = None  # from torchelastic's error.json
+    exit_code: int | None = None  # from torchrun's report; negative: killed by that signal
+    stack: tuple[Frame, ...] = ()  # main thread, innermost first (last dump in the log)
+
+
+@dataclass(frozen=True)
+class RankVerdict:
+    rank: int | None
+    local_rank: int
+    host: str | None
+    role: str  # "culprit", "victim" or "bystander"
+    status: str  # e.g. "exit 1", "killed by SIGKILL", "stopped by the launcher", "hung"
+    cause: str | None
+    where: str | None  # the rank's innermost frame in user code, when a stack was dumped
+    last_lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FailureSummary:
+    kind: str  # "failed" or "hang"
+    headline: str
+    likely_cause: str
+    fix: str
+    ranks: tuple[RankVerdict, ...]
+    attempt: int
+
+
+def parse_header(text: str) -> dict[str, str] | None:
+    m = _HEADER_RE.search(text)
+    return m.groupdict() if m else None
+
+
+def parse_stack(text: str) -> tuple[Frame, ...]:
+    """The main thread's frames (innermost first) from the last faulthandler dump in a log."""
+    dumps: list[list[list[Frame]]] = []  # dumps -> thread blocks -> frames
+    in_dump = False
+    for ln in text.splitlines():
+        if _THREAD_RE.match(ln):
+            if not in_dump:
+                dumps.append([])
+            dumps[-1].append([])
+            in_dump = True
+            continue
+        m = _FRAME_RE.match(ln)
+        if in_dump and m:
+            dumps[-1][-1].append(Frame(m["path"], int(m["line"]), m["func"]))
+        elif ln.strip():
+            in_dump = False
+    if not dumps:
+        return ()
+    blocks = dumps[-1]
+    for block in blocks:
+        if any("torchrig/launch/worker.py" in f.path for f in block):
+            return tuple(block)
+    return tuple(blocks[0])
+
+
+def user_frame(stack: tuple[Frame, ...]) -> Frame | None:
+    """The innermost frame outside Python's and torch's own files: where the user's code is."""
+    for f in stack:
+        if "site-packages" in f.path or "dist-packages" in f.path or f.path.startswith("<"):
+            continue
+        if "/lib/python3" in f.path or "torchrig/launch/worker.py" in f.path:
+            continue
+        return f
+    return None
+
+
+def in_collective(stack: tuple[Frame, ...]) -> bool:
+    return any(any(p in f.path for p in COLLECTIVE_FILES) for f in stack)
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    if exit_code is None or exit_code >= 0:
+        return None
+    import signal
+
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+def match_cause(text: str) -> tuple[str, str] | None:
+    for pattern, cause, fix in CAUSES:
+        if re.search(pattern, text):
+            return cause, fix
+    return None
+
+
+def last_exception(text: str) -> str | None:
+    for ln in reversed(text.splitlines()):
+        m = _EXC_RE.match(ln.strip())
+        if m:
+            return m["exc"][:300]
+    return None
+
+
+def tail(text: str, n: int = 8) -> tuple[str, ...]:
+    keep = [
+        ln
+        for ln in text.splitlines()
+        if ln.strip() and not _FRAME_RE.match(ln) and not _THREAD_RE.match(ln) and "debug_logger.cc" not in ln
+    ]
+    return tuple(ln[:300] for ln in keep[-n:])
+
+
+_VICTIM_CAUSES = ("a collective timed out", "a peer rank went away")
+
+
+def _verdict(log: RankLog, role: str, status: str, cause: str | None) -> RankVerdict:
+    where = user_frame(log.stack)
+    return RankVerdict(
+        rank=log.global_rank,
+        local_rank=log.local_rank,
+        host=log.host,
+        role=role,
+        status=status,
+        cause=cause,
+        where=str(where) if where else None,
+        last_lines=tail(log.text),
+    )
+
+
+def _status(log: RankLog) -> str:
+    sig = signal_name(log.exit_code)
+    if sig == "SIGTERM":
+        return "stopped by the launcher (SIGTERM)"
+    if sig:
+        return f"killed by {sig}"
+    return f"exit {log.exit_code}" if log.exit_code is not None else "no exit status"
+
+
+def _own_cause(log: RankLog) -> tuple[str, str]:
+    sig = signal_name(log.exit_code)
+    found = match_cause(f"{log.text}\n{log.error_message or ''}")
+    if found:
+        return found
+    if sig in SIGNAL_CAUSES:
+        return SIGNAL_CAUSES[sig]
+    err_lines = (log.error_message or "").strip().splitlines()
+    exc = last_exception(log.text) or (err_lines[-1] if err_lines else None)
+    if exc:
+        return (
+            f"an uncaught exception in the script: {exc}",
+            "fix the error above; the traceback is in the rank's log",
+        )
+    return "the rank exited with an error and no message", "read the rank's full log"
+
+
+def _name(ranks: list[RankLog]) -> str:
+    return (
+        ", ".join(f"rank {r.global_rank if r.global_rank is not None else '?'}" for r in ranks) or "no rank"
+    )
+
+
+def summarize_hang(logs: list[RankLog], attempt: int, timeout_s: int) -> FailureSummary:
+    """Verdict after the watchdog saw no output for ``timeout_s`` and asked every rank for its stack."""
+    waiting = [r for r in logs if r.stack and in_collective(r.stack)]
+    elsewhere = [r for r in logs if r.stack and not in_collective(r.stack)]
+    silent = [r for r in logs if not r.stack]
+    verdicts = [_verdict(r, "victim", "hung: waiting in a collective", None) for r in waiting]
+    if waiting and elsewhere:
+        headline = f"hang: {_name(elsewhere)} never joined the collective that {_name(waiting)} wait(s) in"
+        cause = f"{_name(elsewhere)} is stuck outside any collective (see 'where'): a rank-dependent branch, a deadlock or a data loader that never returns"
+        fix = "make every rank reach the same collectives in the same order; fix the code at 'where'"
+    elif waiting:
+        headline = f"hang: every rank waits in a collective ({_name(waiting)})"
+        cause = "the ranks called different collectives, or the same one with different shapes (a desync)"
+        fix = "check that all ranks run the same sequence of collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL names them)"
+    elif elsewhere:
+        headline = f"hang: no rank is in a collective ({_name(elsewhere)})"
+        cause = "the job is stuck in user code (a deadlock, a blocking read, a data loader worker)"
+        fix = "see each rank's 'where'"
+    else:
+        headline = f"hang: no output for {timeout_s} s and no rank answered with its stack"
+        cause = "the ranks are stuck in native code (a CUDA or NCCL call) or not running the torchrig shim"
+        fix = "rerun with NCCL_DEBUG=INFO; check the GPUs with 'torchrig doctor'"
+    verdicts += [_verdict(r, "culprit", "hung: outside any collective", None) for r in elsewhere]
+    verdicts += [
+        _verdict(r, "culprit" if not waiting else "bystander", "hung: no stack", None) for r in silent
+    ]
+    return FailureSummary("hang", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt)
+
+
+def _order(v: RankVerdict) -> tuple[int, int]:
+    return (
+        {"culprit": 0, "victim": 1, "bystander": 2}[v.role],
+        v.rank if v.rank is not None else v.local_rank,
+    )
+
+
+def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
+    """Verdict for an attempt where torchrun reported failed ranks."""
+    failed = [r for r in logs if r.exit_code not in (None, 0) and signal_name(r.exit_code) != "SIGTERM"]
+    stopped = [r for r in logs if signal_name(r.exit_code) == "SIGTERM"]
+    causes = {id(r): _own_cause(r) for r in failed}
+    victims = [r for r in failed if causes[id(r)][0].startswith(_VICTIM_CAUSES)]
+    culprits = [r for r in failed if r not in victims]
+    verdicts = [_verdict(r, "culprit", _status(r), causes[id(r)][0]) for r in culprits]
+    verdicts += [_verdict(r, "victim", _status(r), causes[id(r)][0]) for r in victims]
+    if culprits:
+        first = culprits[0]
+        cause, fix = causes[id(first)]
+        headline = f"{_name(culprits)} failed ({_status(first)})"
+        verdicts += [_verdict(r, "bystander", _status(r), None) for r in stopped]
+    elif victims and any(causes[id(r)][0].startswith("a collective timed out") for r in victims):
+        outside = [r for r in stopped if not (r.stack and in_collective(r.stack))] or stopped
+        headline = (
+            f"{_name(victims)} timed out in a collective that {_name(outside)} never joined"
+            if outside
+            else f"{_name(victims)} timed out in a collective"
+        )
+        cause = (
+            f"{_name(outside)} was elsewhere when the others timed out (see 'where'): it never reached the collective"
+            if outside
+            else "a rank on another node never reached the collective"
+        )
+        fix = "make every rank reach the same collectives; fix the code at the culprit's 'where'"
+        verdicts += [
+            _verdict(r, "culprit" if r in outside else "bystander", _status(r), None) for r in stopped
+        ]
+    elif victims:
+        headline = f"{_name(victims)} lost a peer"
+        cause, fix = (
+            "a peer rank (perhaps on another node) went away first",
+            "read the other node's summary and logs",
+        )
+        verdicts += [_verdict(r, "bystander", _status(r), None) for r in stopped]
+    else:
+        headline, cause, fix = (
+            "the job failed, but no rank reported an error",
+            "unknown",
+            "read the torchrun output above",
+        )
+        verdicts += [_verdict(r, "bystander", _status(r), None) for r in stopped]
+    return FailureSummary("failed", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt)
+
+
+def render(summary: FailureSummary) -> str:
+    """The human view: headline, cause, fix, then each rank at fault with its last lines."""
+    out = [
+        f"torchrig launch: {summary.headline} [attempt {summary.attempt}]",
+        f"  likely cause: {summary.likely_cause}",
+        f"  fix: {summary.fix}",
+    ]
+    for v in summary.ranks:
+        if v.role == "bystander":
+            continue
+        out.append(
+            f"  rank {v.rank if v.rank is not None else '?'} (local {v.local_rank}"
+            f"{', ' + v.host if v.host else ''}) — {v.role}: {v.status}" + (f"; {v.cause}" if v.cause else "")
+        )
+        if v.where:
+            out.append(f"    at {v.where}")
+        out += [f"    | {ln}" for ln in v.last_lines]
+    return "\n".join(out)

@@ -1,0 +1,147 @@
+"""Run a plan through torch.distributed.run and watch it: the adapter between a ``LaunchPlan`` and the host.
+
+torchrun does the process management (spawn, rendezvous, restarts); this module only starts it with the
+plan's argv and environment (the parent's own ``os.environ`` is never changed), copies its output to
+stderr, watches the rank logs for a hang, and when the job fails or hangs, reads the logs into a summary.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchrig.launch import logs
+from torchrig.launch.plan import LaunchPlan
+from torchrig.launch.summary import FailureSummary, summarize_failure, summarize_hang
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int  # torchrun's exit status (or 1 after a hang)
+    attempts: int  # worker-group attempts torchrun made (1 + restarts)
+    hung: bool
+    elapsed_s: float
+    run_dir: str | None  # torchrun's per-run log directory
+    summary: FailureSummary | None  # why the job failed (final attempt), or None
+    earlier_failures: tuple[FailureSummary, ...]  # attempts that failed and were restarted
+
+
+def _pump(stream, sink, keep: collections.deque) -> None:
+    for line in iter(stream.readline, ""):
+        keep.append(line)
+        sink.write(line)
+        sink.flush()
+    stream.close()
+
+
+def _signal_workers(attempt_dir: Path, sig: int) -> None:
+    for rank in logs.read_attempt(attempt_dir, {}):
+        if rank.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(rank.pid, sig)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM torchrun (it forwards to the workers, which dump their stacks), then SIGKILL the group."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.stderr) -> LaunchResult:
+    """Run the plan to the end; returns what happened. Output of torchrun and the ranks goes to ``echo``."""
+    log_dir = Path(plan.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    env = {**os.environ, **plan.env}
+    proc = subprocess.Popen(
+        list(plan.argv),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        errors="replace",
+    )
+    agent_out: collections.deque[str] = collections.deque(maxlen=5000)
+    pumps = [
+        threading.Thread(target=_pump, args=(s, echo, agent_out), daemon=True)
+        for s in (proc.stdout, proc.stderr)
+    ]
+    for t in pumps:
+        t.start()
+    hung = False
+    last_mark, last_change = (0, 0.0), time.monotonic()
+    run_dir: Path | None = None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            found = logs.run_dirs(log_dir, plan.rdzv_id, start)
+            run_dir = found[-1] if found else None
+            mark = logs.activity_mark(run_dir)
+            now = time.monotonic()
+            if mark != last_mark:
+                last_mark, last_change = mark, now
+            if wall_timeout_s and time.time() - start > wall_timeout_s:
+                hung = True
+            if plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s:
+                hung = True
+            if hung:
+                att = logs.attempts(run_dir) if run_dir else []
+                if att:
+                    _signal_workers(att[-1], signal.SIGUSR1)  # every rank prints its stack into its log
+                    time.sleep(2.0)
+                _stop(proc)
+                break
+    except KeyboardInterrupt:
+        _stop(proc)
+        raise
+    for t in pumps:
+        t.join(timeout=5)
+    code = proc.wait()
+    agent_text = "".join(agent_out)
+    found = logs.run_dirs(log_dir, plan.rdzv_id, start)
+    run_dir = found[-1] if found else run_dir
+    return _result(plan, run_dir, code, hung, agent_text, time.time() - start)
+
+
+def _result(
+    plan: LaunchPlan, run_dir: Path | None, code: int, hung: bool, agent_text: str, elapsed_s: float
+) -> LaunchResult:
+    codes = logs.exit_codes_by_pid(agent_text)
+    att = logs.attempts(run_dir) if run_dir else []
+    earlier = []
+    for a in att[:-1]:
+        ranks = logs.read_attempt(a, codes)
+        if any(r.exit_code not in (None, 0) for r in ranks):
+            earlier.append(summarize_failure(ranks, int(a.name[8:])))
+    summary = None
+    if att and hung:
+        summary = summarize_hang(
+            logs.read_attempt(att[-1], codes), int(att[-1].name[8:]), plan.hang_timeout_s
+        )
+    elif att and code != 0:
+        summary = summarize_failure(logs.read_attempt(att[-1], codes), int(att[-1].name[8:]))
+    return LaunchResult(
+        exit_code=1 if hung and code == 0 else code,
+        attempts=len(att),
+        hung=hung,
+        elapsed_s=round(elapsed_s, 2),
+        run_dir=str(run_dir) if run_dir else None,
+        summary=summary,
+        earlier_failures=tuple(earlier),
+    )
