@@ -174,6 +174,8 @@ class Engine:
                                                 capabilities=[list(c) for c in d.capabilities])
                                 for d in plan.device_requests],
         }
+        if plan.command:
+            kwargs["command"] = list(plan.command)
         if plan.memory_bytes:
             kwargs["mem_limit"] = plan.memory_bytes
         if plan.nano_cpus:

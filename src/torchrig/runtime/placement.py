@@ -44,7 +44,8 @@ def parse_gpus(text: str | None) -> GpuRequest:
     if t.isdigit() and not text.strip().startswith("device="):
         n = int(t)
         if n < 1:
-            raise UsageError(f"--gpus {text!r}: the count must be at least 1", hint="leave --gpus out for no GPUs")
+            raise UsageError(f"--gpus {text!r}: a bare number is a count, and it must be at least 1",
+                             hint="for GPU 0 write device=0; for no GPUs leave --gpus out")
         return GpuRequest("count", count=n)
     parts = [p.strip() for p in t.split(",") if p.strip()]
     if parts and all(p.isdigit() for p in parts):

@@ -13,7 +13,7 @@ from torchrig.data import load
 from torchrig.runtime.inventory import Unit
 from torchrig.runtime.options import Volume
 from torchrig.runtime.placement import GpuRequest
-from torchrig.runtime.serve_contract import SERVE, ServeContract
+from torchrig.runtime.serve_contract import SERVE, ServeContract, image_user
 
 LABEL_PREFIX = "torchrig."
 LOCALHOST = "127.0.0.1"
@@ -101,7 +101,9 @@ class UpPlan:
     nano_cpus: int | None
     labels: dict[str, str]
     secret_files: tuple[str, ...]  # copied into the container before it starts (contents never in the plan)
-    container_user: str | None
+    container_user: str | None  # the image's user name (ssh logs in as it)
+    container_uid: int | None
+    command: tuple[str, ...] | None  # None: the image's CMD (torchrig serve)
     notes: tuple[str, ...] = field(default=())
 
     def docker_run(self) -> str:
@@ -114,14 +116,14 @@ class UpPlan:
         if self.nano_cpus:
             argv.append(f"--cpus={self.nano_cpus / 1e9:g}")
         for d in self.device_requests:
-            argv += (["--device", *d.device_ids] if d.driver == "cdi"
+            argv += ([f"--device={i}" for i in d.device_ids] if d.driver == "cdi"
                      else ["--gpus", f'"device={",".join(d.device_ids)}"'])
         argv += [f"-p={p.host_ip}:{p.host_port or ''}:{p.container_port}" for p in self.ports]
         argv += [f"-v={m.source}:{m.target}{':ro' if m.read_only else ''}" for m in self.mounts]
         argv += [f"-e={k}={v}" for k, v in self.env.items()]
         argv += [f"--label={k}={v}" for k, v in self.labels.items()]
         argv.append(self.image)
-        return shlex.join(argv)
+        return shlex.join(argv + list(self.command or ()))
 
 
 def default_ulimits() -> tuple[Ulimit, ...]:
@@ -156,7 +158,8 @@ def make_plan(req: UpRequest, image: ImageFacts, host: HostFacts, units: tuple[U
     if req.ssh:
         ports.append(Port("ssh", contract.ssh_port, host_ip, None))
     mounts = [Mount(v.host_path, v.container_path, v.read_only, "volume") for v in req.volumes]
-    env = contract.env(jupyter=req.jupyter, ssh=req.ssh, uid=host.uid, gid=host.gid)
+    env = contract.env(jupyter=req.jupyter, ssh=req.ssh)
+    who = image_user(image.labels, image.user)
     labels = {
         f"{LABEL_PREFIX}managed": "1",
         f"{LABEL_PREFIX}user": req.user,
@@ -167,18 +170,22 @@ def make_plan(req: UpRequest, image: ImageFacts, host: HostFacts, units: tuple[U
         f"{LABEL_PREFIX}jupyter": "1" if req.jupyter else "0",
         f"{LABEL_PREFIX}ssh": "1" if req.ssh else "0",
         f"{LABEL_PREFIX}public": "1" if req.public else "0",
-        f"{LABEL_PREFIX}container_user": image.user or "",
+        f"{LABEL_PREFIX}container_user": who.name or "",
     }
     notes = []
     if req.public:
         notes.append("--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules")
-    if host.uid is None:
-        notes.append("running as root: files written to volumes belong to the image's user, not to a host user")
+    if req.volumes and who.uid is not None and host.uid is not None and who.uid != host.uid:
+        notes.append(f"files written to volumes will belong to UID {who.uid} (the image's user), not to you "
+                     f"(UID {host.uid}): build the image with [user] uid = {host.uid} gid = {host.gid}")
+    elif req.volumes and host.uid is None:
+        notes.append(f"running as root: files written to volumes belong to the image's user (UID {who.uid})")
     return UpPlan(
         name=req.name, image=req.image, image_id=image.id, user=req.user, gpus=units, share=req.share,
         device_requests=device_requests(units, host.cdi), ports=tuple(ports), mounts=tuple(mounts), env=env,
         ulimits=default_ulimits(),
         shm_size_bytes=req.shm_size_bytes or default_shm_bytes(req.memory_bytes, host.memory_total_bytes),
         memory_bytes=req.memory_bytes, nano_cpus=req.nano_cpus, labels=labels, secret_files=contract.secret_files(req.jupyter, req.ssh),
-        container_user=image.user, notes=tuple(notes),
+        container_user=who.name, container_uid=who.uid, command=contract.command(jupyter=req.jupyter, ssh=req.ssh),
+        notes=tuple(notes),
     )

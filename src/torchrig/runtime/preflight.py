@@ -17,8 +17,18 @@ from torchrig.runtime.inventory import Inventory, Unit
 # The image's labels, as torchrig.image writes them.
 LABEL_TORCH = "org.torchrig.torch"
 LABEL_CUDA = "org.torchrig.cuda"
-LABEL_ARCH_LIST = "org.torchrig.arch_list"
-LABEL_MIN_DRIVER = "org.torchrig.min_driver"
+LABEL_ARCH_LIST = "org.torchrig.arch-list"  # "sm_80 sm_90 ..." ("none" for CPU builds, "unknown")
+LABEL_PTX = "org.torchrig.ptx"  # "compute_120 ..."
+LABEL_MIN_DRIVER = "org.torchrig.min-driver"
+UNKNOWN = ("", "unknown", "none")
+
+
+def load_host_kb() -> Any:
+    """The knowledge base's GPU, CUDA and driver facts (pre-flight needs no torch release table)."""
+    from torchrig import data
+    from torchrig.compat import build_kb
+
+    return build_kb(data.load("gpus"), data.load("cuda"), data.load("drivers"), {"schema_version": 1})
 
 
 class Severity(str, enum.Enum):
@@ -134,6 +144,9 @@ def preflight(labels: Mapping[str, str], inv: Inventory, units: tuple[Unit, ...]
         return Preflight((Finding("image_unlabelled", Severity.CAVEAT,
                                   f"the image has no {LABEL_TORCH}/{LABEL_CUDA} labels: its build was not checked "
                                   "against this host", "build it with 'torchrig image build' to get the labels"),))
+    if cuda == "unknown":
+        return Preflight((Finding("image_cuda_unknown", Severity.CAVEAT,
+                                  f"the image's torch {torch or '?'} has no known CUDA version: not checked", None),))
     if not cuda or cuda in ("cpu", "none"):
         return Preflight((Finding("cpu_only_image", Severity.FAIL,
                                   f"the image's torch {torch or ''} is a CPU-only build: the GPUs would go unused",
@@ -143,6 +156,8 @@ def preflight(labels: Mapping[str, str], inv: Inventory, units: tuple[Unit, ...]
         return Preflight((Finding("no_driver", Severity.FAIL, f"no NVIDIA driver answered on this host ({inv.source})",
                                   "install the NVIDIA driver (torchrig doctor says which), or leave --gpus out"),))
     kb = kb_loader()
-    findings = _driver_findings(kb, driver, cuda, labels.get(LABEL_MIN_DRIVER))
-    findings += _gpu_findings(kb, inv, units, driver, labels.get(LABEL_ARCH_LIST))
+    min_driver = labels.get(LABEL_MIN_DRIVER)
+    findings = _driver_findings(kb, driver, cuda, None if min_driver in UNKNOWN else min_driver)
+    archs = " ".join(v for v in (labels.get(LABEL_ARCH_LIST), labels.get(LABEL_PTX)) if v and v not in UNKNOWN)
+    findings += _gpu_findings(kb, inv, units, driver, archs or None)
     return Preflight(tuple(findings))

@@ -22,7 +22,7 @@ from torchrig.runtime.lease import acquire
 from torchrig.runtime.ledger import Ledger
 from torchrig.runtime.placement import pick, resolve_named
 from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, make_plan
-from torchrig.runtime.preflight import Finding, Preflight, preflight
+from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight
 from torchrig.runtime.serve_contract import SERVE
 
 SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
@@ -145,7 +145,7 @@ def run_up(req: UpRequest, *, inventory_path: str | None, ssh_key_path: str | No
     engine = Engine.connect()
     image = engine.image(req.image)
     host = host_facts(engine)
-    from torchrig.compat import load_kb as kb
+    kb = load_host_kb
     ledger = Ledger.open()
     if dry_run:
         units = _preview_units(ledger, inv, req)
@@ -170,7 +170,9 @@ def run_up(req: UpRequest, *, inventory_path: str | None, ssh_key_path: str | No
         if key:
             files[f"{SERVE.secrets_dir}/{SERVE.authorized_keys_file}"] = key.encode()
         if files:
-            engine.put_files(cid, files, uid=host.uid or 0, mode=0o444 if host.uid is None else 0o400)
+            # readable by the image's user only (serve reads them as that user)
+            owner = plan.container_uid
+            engine.put_files(cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444)
         if create_only:
             return UpResult(plan, "created", pf.findings)
         engine.start(cid)

@@ -1,0 +1,109 @@
+"""The SQLite lease ledger: exclusive leases, sharing, reconciliation, and concurrent acquisition."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchrig.runtime.inventory import load_snapshot
+from torchrig.runtime.lease import NoFreeGpu, acquire
+from torchrig.runtime.ledger import Ledger
+from torchrig.runtime.placement import parse_gpus
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/runtime/inventory-8xh200.json"
+
+
+@pytest.fixture
+def inv():
+    return load_snapshot(FIXTURE)
+
+
+def take(ledger, inv, gpus, name, share=False, live=None):
+    return acquire(ledger, inv, parse_gpus(gpus), user="u", container=name, share=share, live=live,
+                   listed_at_s=time.time())
+
+
+def test_exclusive_then_no_free_names_holders(tmp_path, inv):
+    led = Ledger.open(tmp_path)
+    assert [u.gpu_index for u in take(led, inv, "6", "a")] == [0, 1, 2, 3, 4, 5]
+    take(led, inv, "2", "b")
+    with pytest.raises(NoFreeGpu) as err:
+        take(led, inv, "1", "c")
+    msg = err.value.one_line()
+    assert "no free GPU" in msg and "u/a" in msg and "u/b" in msg and "\n" not in msg
+
+
+def test_named_busy_gpu_is_refused(tmp_path, inv):
+    led = Ledger.open(tmp_path)
+    take(led, inv, "0,1", "a")
+    with pytest.raises(NoFreeGpu, match="GPU 1 held by u/a"):
+        take(led, inv, "1,2", "b")
+
+
+def test_share_only_with_other_sharers(tmp_path, inv):
+    led = Ledger.open(tmp_path)
+    take(led, inv, "device=0", "a", share=True)
+    take(led, inv, "device=0", "b", share=True)
+    with pytest.raises(NoFreeGpu):
+        take(led, inv, "device=0", "c")  # exclusive request on a shared GPU
+    take(led, inv, "device=1", "x")
+    with pytest.raises(NoFreeGpu):
+        take(led, inv, "device=1", "y", share=True)  # sharing never breaks an exclusive lease
+
+
+def test_reconcile_frees_gone_containers_but_not_fresh_binds(tmp_path, inv):
+    led = Ledger.open(tmp_path)
+    take(led, inv, "2", "dead")
+    led.bind("dead", "id-dead")
+    take(led, inv, "2", "alive")
+    led.bind("alive", "id-alive")
+    listed_at = time.time()
+    take(led, inv, "1", "late")
+    led.bind("late", "id-late")  # bound after the list was taken: must survive
+    freed = led.reconcile({"alive"}, listed_at)
+    assert {f.container for f in freed} == {"dead"}
+    assert {lease.container for lease in led.leases()} == {"alive", "late"}
+
+
+def test_pending_lease_of_dead_process_is_freed(tmp_path, inv):
+    led = Ledger.open(tmp_path)
+    take(led, inv, "1", "crashed")
+    led.db.execute("UPDATE leases SET owner_pid=?", (2**22 + 12345,))  # a pid that does not run
+    assert [f.container for f in led.reconcile(set(), time.time())] == ["crashed"]
+    take(led, inv, "1", "pending-mine")
+    assert led.reconcile(set(), time.time()) == []  # our own pending lease stays
+
+
+def _worker(state: str, name: str, queue) -> None:
+    led = Ledger.open(Path(state))
+    try:
+        units = acquire(led, load_snapshot(FIXTURE), parse_gpus("1"), user="u", container=name, share=False,
+                        live=None, listed_at_s=time.time())
+        queue.put((name, units[0].uuid))
+    except NoFreeGpu as err:
+        queue.put((name, f"ERR {err.one_line()}"))
+
+
+def test_concurrent_processes_get_distinct_gpus(tmp_path):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(str(tmp_path), f"c{i}", queue)) for i in range(10)]
+    for p in procs:
+        p.start()
+    got = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    ok = [g for _, g in got if not g.startswith("ERR")]
+    errs = [g for _, g in got if g.startswith("ERR")]
+    assert len(ok) == 8 and len(set(ok)) == 8
+    assert len(errs) == 2 and all("no free GPU" in e for e in errs)
+
+
+def test_wal_mode(tmp_path):
+    led = Ledger.open(tmp_path)
+    assert led.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert os.path.exists(tmp_path / "leases.sqlite3")
