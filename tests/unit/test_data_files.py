@@ -376,6 +376,11 @@ def test_drivers_branches_are_unique_and_first_release_is_in_the_branch():
 def test_drivers_max_cuda_grows_with_the_branch():
     maxima = [_version(b["max_cuda"]) for b in _branches()]
     assert maxima == sorted(maxima)
+    for branch in _branches():
+        if "reports_cuda" in branch:
+            assert _version(branch["reports_cuda"]) > _version(branch["max_cuda"]), branch["branch"]
+        if "released" in branch:
+            assert branch.get("released_source", "").startswith("https://"), branch["branch"]
 
 
 def test_drivers_long_term_support_branches():
