@@ -77,19 +77,21 @@ def _device(args: argparse.Namespace) -> tuple[str, int]:
     return ("cpu" if args.cpu or count == 0 else "cuda"), count
 
 
-def _config(args: argparse.Namespace, device_kind: str) -> Any:
-    from torchrig.bench.busbw import Collective, parse_size
-    from torchrig.bench.config import GEMM_DTYPES, Part, make_config
+def _choices_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The user's selections, validated before anything heavy is imported."""
+    from torchrig.bench.busbw import Collective, parse_size, size_sweep
+    from torchrig.bench.config import GEMM_DTYPES, Part
 
-    return make_config(
-        device_kind=device_kind, quick=args.quick,
+    chosen: dict[str, Any] = dict(
         parts=_choices(args.only, tuple(p.value for p in Part), "--only"),
         collectives=_choices(args.collectives, tuple(c.value for c in Collective), "--collectives"),
         gemm_dtypes=_choices(args.dtypes, GEMM_DTYPES, "--dtypes"),
         min_size=parse_size(args.min_size) if args.min_size else None,
         max_size=parse_size(args.max_size) if args.max_size else None,
-        command_line=shlex.join(["torchrig", *sys.argv[1:]]) if sys.argv[0].endswith(("torchrig", "__main__.py")) else "",
     )
+    if chosen["min_size"] and chosen["max_size"]:
+        size_sweep(chosen["min_size"], chosen["max_size"])  # raises the one-line error for a reversed range
+    return chosen
 
 
 def run(args: argparse.Namespace) -> Any:
@@ -105,8 +107,12 @@ def run(args: argparse.Namespace) -> Any:
         from torchrig.bench.plots import _pyplot
 
         _pyplot()  # fail now, not after minutes of measuring
+    chosen = _choices_from_args(args)
     kind, count = _device(args)
-    cfg = _config(args, kind)
+    from torchrig.bench.config import make_config
+
+    command_line = shlex.join(["torchrig", *sys.argv[1:]]) if sys.argv[0].endswith(("torchrig", "__main__.py")) else ""
+    cfg = make_config(device_kind=kind, quick=args.quick, command_line=command_line, **chosen)
     nproc = args.nproc or (count if kind == "cuda" else 2)
     if kind == "cuda" and nproc > count:
         raise UsageError(f"--nproc-per-node {nproc} but only {count} GPU(s) are visible",
