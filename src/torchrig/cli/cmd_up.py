@@ -55,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", metavar="SIZE", help="memory limit, e.g. 64g")
     parser.add_argument("--cpus", metavar="N", help="CPU limit, e.g. 16 or 2.5")
     parser.add_argument("--shm-size", metavar="SIZE", help="size of /dev/shm (default: see above)")
+    parser.add_argument("--ulimit", metavar="NAME=SOFT[:HARD]", action="append", default=[],
+                        help="override a ulimit (repeatable), e.g. memlock=8388608 where dockerd may not go higher")
     parser.add_argument("--no-jupyter", action="store_true", help="do not start JupyterLab")
     parser.add_argument("--no-ssh", action="store_true", help="do not start sshd")
     parser.add_argument("--ssh-key", metavar="FILE", help="the public key to authorise (default: from ~/.ssh)")
@@ -84,7 +86,7 @@ def _image_ref(args: argparse.Namespace) -> str:
 
 def request_from(args: argparse.Namespace) -> Any:
     from torchrig.runtime.ledger import current_user
-    from torchrig.runtime.options import check_name, parse_cpus, parse_size, parse_volume
+    from torchrig.runtime.options import check_name, parse_cpus, parse_size, parse_ulimit, parse_volume
     from torchrig.runtime.placement import parse_gpus
     from torchrig.runtime.plan import UpRequest
     from torchrig.runtime.up import default_name
@@ -101,6 +103,7 @@ def request_from(args: argparse.Namespace) -> Any:
         nano_cpus=parse_cpus(args.cpus, os.cpu_count() or 1) if args.cpus else None,
         shm_size_bytes=parse_size(args.shm_size, "--shm-size") if args.shm_size else None,
         jupyter=not args.no_jupyter, ssh=not args.no_ssh, public=args.public, share=args.share,
+        ulimits=tuple(parse_ulimit(u) for u in args.ulimit),
     )
 
 

@@ -215,6 +215,12 @@ class Engine:
             if "could not select device driver" in text or "unresolvable CDI devices" in text:
                 raise EngineUnavailable(f"this Docker engine cannot give containers GPUs ({text})",
                                         hint=NO_GPU_RUNTIME_HINT) from None
+            if "setting rlimit" in text and "operation not permitted" in text:
+                raise EngineUnavailable(
+                    "the Docker engine may not raise the container's ulimits (memlock=-1 needs dockerd to run with "
+                    "LimitMEMLOCK=infinity and CAP_SYS_RESOURCE)",
+                    hint="set LimitMEMLOCK=infinity in docker.service and restart dockerd, or pass a lower "
+                         "--ulimit memlock=BYTES") from None
             raise InputError(f"the engine could not start the container: {text}") from None
 
     def inspect(self, container_id: str) -> dict[str, Any]:

@@ -63,3 +63,24 @@ def check_name(name: str) -> str:
         raise UsageError(f"invalid environment name {name!r}",
                          hint="use letters, digits, '_', '.', '-' (up to 63), starting with a letter or digit")
     return name
+
+
+ULIMIT_NAMES = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss",
+                "rtprio", "rttime", "sigpending", "stack")
+
+
+def parse_ulimit(text: str) -> tuple[str, int, int]:
+    """``memlock=-1`` or ``nofile=1024:4096`` -> (name, soft, hard), as ``docker run --ulimit`` reads it."""
+    name, eq, value = text.partition("=")
+    soft_s, _, hard_s = value.partition(":")
+    try:
+        soft = int(soft_s)
+        hard = int(hard_s) if hard_s else soft
+    except ValueError:
+        soft = hard = -2
+    if not eq or name not in ULIMIT_NAMES or soft < -1 or hard < -1:
+        from torchrig.fuzzy import did_you_mean
+
+        raise UsageError(f"malformed --ulimit {text!r}",
+                         hint=did_you_mean(name, ULIMIT_NAMES) or "expected NAME=SOFT[:HARD] in bytes/counts, e.g. memlock=-1")
+    return name, soft, hard

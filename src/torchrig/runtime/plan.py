@@ -34,6 +34,7 @@ class UpRequest:
     ssh: bool = True
     public: bool = False
     share: bool = False
+    ulimits: tuple[tuple[str, int, int], ...] = ()  # overrides of the defaults: (name, soft, hard)
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,16 @@ def default_ulimits() -> tuple[Ulimit, ...]:
     return tuple(Ulimit(r["name"], int(r["soft"]), int(r["hard"])) for r in load("container_defaults")["ulimit"])
 
 
+def merge_ulimits(defaults: tuple[Ulimit, ...], overrides: tuple[tuple[str, int, int], ...]) -> tuple[Ulimit, ...]:
+    merged = {u.name: u for u in defaults}
+    merged.update({n: Ulimit(n, soft, hard) for n, soft, hard in overrides})
+    return tuple(merged.values())
+
+
 def default_shm_bytes(memory_limit_bytes: int | None, host_memory_bytes: int) -> int:
     rule = load("container_defaults")["shm"][0]
-    if memory_limit_bytes:
-        want = int(memory_limit_bytes * rule["fraction_of_memory_limit"])
+    if memory_limit_bytes:  # tmpfs pages count against the memory limit: never more than the fraction
+        return int(memory_limit_bytes * rule["fraction_of_memory_limit"])
     else:
         want = min(int(host_memory_bytes * rule["fraction_of_host_memory"]), int(rule["max_bytes"]))
     return max(want, int(rule["min_bytes"]))
@@ -183,7 +190,7 @@ def make_plan(req: UpRequest, image: ImageFacts, host: HostFacts, units: tuple[U
     return UpPlan(
         name=req.name, image=req.image, image_id=image.id, user=req.user, gpus=units, share=req.share,
         device_requests=device_requests(units, host.cdi), ports=tuple(ports), mounts=tuple(mounts), env=env,
-        ulimits=default_ulimits(),
+        ulimits=merge_ulimits(default_ulimits(), req.ulimits),
         shm_size_bytes=req.shm_size_bytes or default_shm_bytes(req.memory_bytes, host.memory_total_bytes),
         memory_bytes=req.memory_bytes, nano_cpus=req.nano_cpus, labels=labels, secret_files=contract.secret_files(req.jupyter, req.ssh),
         container_user=who.name, container_uid=who.uid, command=contract.command(jupyter=req.jupyter, ssh=req.ssh),

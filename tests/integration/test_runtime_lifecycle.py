@@ -1,0 +1,103 @@
+"""up → ps → logs → exec → down on the real engine with a real torchrig image; the printed Jupyter URL and
+ssh command are used with real clients (HTTP, OpenSSH); a volume's data survives down and up."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+
+import pytest
+
+
+@pytest.fixture
+def user_env(tmp_path):
+    """A user with a fresh ed25519 key in ~/.ssh and a private ledger."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/id_ed25519")], check=True)
+    return {"HOME": str(home), "TORCHRIG_STATE_DIR": str(tmp_path / "state")}
+
+
+def _ssh(printed: str, home, remote: str) -> subprocess.CompletedProcess:
+    argv = shlex.split(printed)
+    extra = ["-i", f"{home}/.ssh/id_ed25519", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
+             "-o", f"UserKnownHostsFile={home}/.ssh/known_hosts", "-o", "ConnectTimeout=10"]
+    return subprocess.run([argv[0], *extra, *argv[1:], remote], capture_output=True, text=True, timeout=60)
+
+
+def _non_loopback_ip() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+def test_lifecycle(cli, engine, test_image, user_env, tmp_path):
+    import requests
+
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)  # the image's user (UID 1000) writes here; this test runs as root
+    name = "trt-life"
+    up = cli("up", "--image", test_image, "--name", name, "--volume", f"{work}:/home/torch/work",
+             "--memory", "2g", "--cpus", "1", "--json", env=user_env, timeout=300)
+    try:
+        assert up.code == 0, up.err
+        res = up.json()
+        assert res["state"] == "running"
+        url, ssh = res["jupyter_url"], res["ssh_command"]
+        assert url.startswith("http://127.0.0.1:") and "token=" in url
+        assert ssh.startswith("ssh -p ") and "torch@127.0.0.1" in ssh
+
+        # Jupyter: the token works, and no token is refused
+        base, token = url.split("/lab?token=")
+        assert requests.get(f"{base}/api/status", params={"token": token}, timeout=10).status_code == 200
+        assert requests.get(f"{base}/api/status", timeout=10).status_code == 403
+
+        # SSH with the printed command: writes into the volume
+        r = _ssh(ssh, user_env["HOME"], "echo from-ssh > ~/work/kept.txt && id -un")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "torch"
+
+        # the engine's own inspection: limits, ulimits, shm, ports on 127.0.0.1 only
+        info = engine.api.inspect_container(name)
+        hc = info["HostConfig"]
+        assert hc["Memory"] == 2 * 2**30 and hc["NanoCpus"] == 10**9
+        assert hc["ShmSize"] == 2**30
+        assert {(u["Name"], u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {("memlock", -1, -1),
+                                                                           ("stack", 67108864, 67108864)}
+        bindings = [b for bs in info["NetworkSettings"]["Ports"].values() if bs for b in bs]
+        assert bindings and {b["HostIp"] for b in bindings} == {"127.0.0.1"}
+        ip = _non_loopback_ip()
+        if ip:
+            port = int(bindings[0]["HostPort"])
+            with pytest.raises(OSError):
+                socket.create_connection((ip, port), timeout=3).close()
+
+        ps = cli("ps", "--json", env=user_env)
+        assert ps.code == 0 and name in [e["name"] for e in ps.json()["environments"]]
+        logs = cli("logs", name, env=user_env)
+        assert logs.code == 0 and "jupyter" in logs.out.lower()
+        ex = cli("exec", name, "--", "sh", "-c", "ulimit -l; ulimit -s; cat ~/work/kept.txt; exit 3", env=user_env)
+        assert ex.code == 3
+        assert ex.out.split() == ["unlimited", "65536", "from-ssh"]
+    finally:
+        down = cli("down", name, env=user_env)
+    assert down.code == 0, down.err
+    assert cli("ps", "--json", env=user_env).json()["environments"] == []
+    assert (work / "kept.txt").read_text() == "from-ssh\n"
+
+    # up again on the same volume: the data is there
+    again = cli("up", "--image", test_image, "--name", name, "--volume", f"{work}:/home/torch/work", "--no-jupyter",
+                env=user_env, timeout=300)
+    try:
+        assert again.code == 0, again.err
+        assert "Jupyter" not in again.out and "ssh -p" in again.out
+        r = cli("exec", name, "--", "cat", "/home/torch/work/kept.txt", env=user_env)
+        assert r.out == "from-ssh\n"
+    finally:
+        assert cli("down", name, env=user_env).code == 0
