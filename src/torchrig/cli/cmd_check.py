@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchrig.compat.check import CheckResult, Severity, Verdict
+if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
+    from torchrig.compat.check import CheckResult
 
-MARK = {Severity.INFO: "ok  ", Severity.CAVEAT: "warn", Severity.FAIL: "FAIL"}
-TITLE = {Verdict.WORKS: "WORKS", Verdict.WORKS_WITH_CAVEATS: "WORKS WITH CAVEATS", Verdict.FAILS: "FAILS"}
+MARK = {"info": "ok  ", "caveat": "warn", "fail": "FAIL"}
+TITLE = {"works": "WORKS", "works_with_caveats": "WORKS WITH CAVEATS", "fails": "FAILS"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.result.verdict is Verdict.FAILS else 0
+        return 1 if self.result.verdict.value == "fails" else 0
 
     def to_json(self) -> dict[str, Any]:
         return self.result.to_json()
@@ -55,9 +56,9 @@ class CheckReport:
         r = self.result
         gpus = ", ".join(f"{g.name} ({g.sm})" for g in r.gpus)
         driver = f"driver {r.driver}" if r.driver else "driver not given"
-        lines = [f"torch {r.build.label} on {gpus}, {driver}: {TITLE[r.verdict]}", ""]
+        lines = [f"torch {r.build.label} on {gpus}, {driver}: {TITLE[r.verdict.value]}", ""]
         for reason in r.reasons:
-            lines.append(f"  {MARK[reason.severity]}  {reason.message}  [{reason.code}]")
+            lines.append(f"  {MARK[reason.severity.value]}  {reason.message}  [{reason.code}]")
         if r.fixes:
             lines += ["", "fixes (nearest first):"]
             for i, fix in enumerate(r.fixes, 1):

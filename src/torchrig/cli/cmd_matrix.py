@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchrig.compat.matrix import Matrix
+if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
+    from torchrig.compat.matrix import Matrix
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchrig.compat.check import Severity
-from torchrig.compat.resolve import NoBuildFound, Resolution
+if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
+    from torchrig.compat.resolve import NoBuildFound, Resolution
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +92,7 @@ class ResolveReport:
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v if v is not None else 'unknown'}" for k, v in rows]
         lines += ["", r.pip_command_full]
-        caveats = [x for x in r.reasons if x.severity is Severity.CAVEAT]
+        caveats = [x for x in r.reasons if x.severity.value == "caveat"]
         if caveats:
             lines += ["", "caveats:"] + [f"  warn  {c.message}  [{c.code}]" for c in caveats]
         return "\n".join(lines)
@@ -101,6 +101,7 @@ class ResolveReport:
 def run(args: argparse.Namespace) -> ResolveReport:
     from torchrig.compat import load_kb, resolve
     from torchrig.compat import versions as V
+    from torchrig.compat.resolve import NoBuildFound
 
     if args.driver is not None:
         V.parse_driver(args.driver)

@@ -13,7 +13,11 @@ choices; malformed text raises :class:`~torchrig.errors.UsageError` (``torchrig.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
+import sys
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,6 +248,19 @@ class KnowledgeBase:
         for key in (_norm(name), _strip_prefixes(name), _strip_prefixes(_BOARD_TOKENS.sub("", name))):
             if key in self._gpu_index:
                 return self._gpu_index[key]
+        short = _strip_prefixes(name)
+        family = list(
+            dict.fromkeys(g for k, g in self._gpu_index.items() if len(short) >= 3 and k.startswith(short))
+        )
+        if family and len({(g.arch, g.compute_capability) for g in family}) == 1:
+            # "V100" or "H100": every board it can mean has the same architecture and compute capability,
+            # which is all check/resolve use; the first listed board stands for them.
+            return family[0]
+        if family:
+            raise InputError(
+                f"GPU {name.strip()!r} is ambiguous",
+                hint=f"it matches {', '.join(g.name for g in family[:4])}; pass the full name",
+            )
         keys = closest(_strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
         names = list(dict.fromkeys(self._gpu_index[k].name for k in keys))[:3]
         hint = (
@@ -463,9 +480,50 @@ def build_kb(
     )
 
 
+_KB_FILES = ("gpus", "cuda", "drivers", "torch")
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("TORCHRIG_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchrig"
+    )
+    return base
+
+
+def _load_docs() -> dict[str, Any]:
+    """The four data files, parsed. tomllib is pure Python (~60 ms for these files), so the parse is cached as
+    JSON (C-parsed, ~2 ms) under ~/.cache/torchrig, keyed by the files' checksum; any change re-parses."""
+    data_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+    raws = []
+    for name in _KB_FILES:
+        with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:
+            raws.append(fh.read())
+    key = "-".join(f"{zlib.crc32(r):08x}" for r in raws)
+    cache = os.path.join(_cache_dir(), f"kb-{key}.json")
+    try:
+        with open(cache, encoding="utf-8") as fh:
+            cached: dict[str, Any] = json.load(fh)
+        return cached
+    except (OSError, ValueError):
+        pass
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    docs = {name: tomllib.loads(raw.decode("utf-8")) for name, raw in zip(_KB_FILES, raws, strict=True)}
+    try:  # best effort: a read-only home only costs the parse
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(docs, fh, default=str)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return docs
+
+
 @functools.lru_cache(maxsize=1)
 def load_kb() -> KnowledgeBase:
     """The knowledge base from the package's data files (loaded once per process)."""
-    from torchrig import data
-
-    return build_kb(data.load("gpus"), data.load("cuda"), data.load("drivers"), data.load("torch"))
+    docs = _load_docs()
+    return build_kb(docs["gpus"], docs["cuda"], docs["drivers"], docs["torch"])
