@@ -1,0 +1,133 @@
+"""Render the Dockerfile for an image spec, or build the image through the Docker Engine API.
+
+`render` prints the Dockerfile (a pure function of the resolved spec: same spec, same bytes).
+`build` builds it (classic builder via the Engine API; progress on stderr), tags it after the resolved
+stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the context's digest), reads the lock
+of what went in (pip freeze, apt versions, base digest) from the image and writes it beside the spec as
+torchrig.lock.json, and reports the image's size. A failing step is shown with the tail of its log (exit 1).
+
+The image: pinned base, Python venv in /opt/venv, torch pinned by /etc/torchrig/constraints.txt (PIP_CONSTRAINT),
+non-root user, tini as PID 1, `torchrig serve` (JupyterLab with a token, SSH with keys only), HEALTHCHECK,
+labels recording torch, CUDA, arch list, minimum driver, cuDNN and NCCL.
+
+Air-gapped and proxied builds:
+  --wheelhouse DIR     install every wheel from DIR with --no-index (no network needed for pip)
+  --ca-cert FILE       trust a TLS-intercepting proxy's CA (PEM) for pip and apt during the build only
+  --base IMAGE         another base (pinned tag or digest; it must have pythonX.Y or apt packages for it)
+  --pip-index-url URL  a PyPI mirror for everything but a torch from the PyTorch index
+
+examples:
+  torchrig init && torchrig image render                 # the Dockerfile for ./torchrig.toml
+  torchrig image render path/to/torchrig.toml --json     # Dockerfile, tag, resolved stack
+  torchrig image build                                   # build, tag, lock, size
+  torchrig image build --wheelhouse ./wheels --base debian:bookworm-slim
+  torchrig image build --ca-cert /etc/ssl/certs/corp-proxy.pem
+  docker run --gpus all -p 8888:8888 -p 2222:22 -v data:/workspace/data \\
+      -v ~/.ssh/id_ed25519.pub:/run/secrets/authorized_keys:ro torchrig/pytorch:2.8.0-cu128-py3.11-runtime
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.report import SimpleReport
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action", choices=["render", "build"], help="render: print the Dockerfile; build: build the image"
+    )
+    parser.add_argument(
+        "spec", nargs="?", default="torchrig.toml", help="the spec file (default: ./torchrig.toml)"
+    )
+    parser.add_argument(
+        "--wheelhouse", metavar="DIR", type=Path, help="install from the wheels in DIR, with no index"
+    )
+    parser.add_argument("--ca-cert", metavar="FILE", type=Path, help="trust this CA (PEM) during the build")
+    parser.add_argument(
+        "--base", metavar="IMAGE", help="base image (pinned tag or digest), instead of the default"
+    )
+    parser.add_argument("--pip-index-url", metavar="URL", help="PyPI mirror for the image's pip installs")
+    parser.add_argument(
+        "--torchrig-dist",
+        metavar="DIR",
+        type=Path,
+        help="a directory with a torchrig wheel to install (default: built from this checkout)",
+    )
+    parser.add_argument("--tag", help="an extra tag for the built image")
+    parser.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    parser.add_argument("--verbose", "-v", action="store_true", help="show every build log line on stderr")
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from torchrig.image.pipeline import ImageOptions
+
+    return ImageOptions(
+        spec=Path(args.spec),
+        wheelhouse=args.wheelhouse,
+        ca_cert=args.ca_cert,
+        base=args.base,
+        pip_index_url=args.pip_index_url,
+        torchrig_dist=args.torchrig_dist,
+        tag=args.tag,
+        no_cache=args.no_cache,
+        verbose=args.verbose,
+    )
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    result: Any
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "tags": list(r.tags),
+            "image_id": r.image_id,
+            "size_bytes": r.size_bytes,
+            "size_mib": round(r.size_mib, 1),
+            "base": r.base,
+            "base_reference": r.base_reference,
+            "elapsed_s": r.elapsed_s,
+            "lock": r.lock_path,
+            "stack": r.stack,
+        }
+
+    def render_text(self) -> str:
+        r = self.result
+        lines = [f"built {r.tags[0]}  ({r.size_mib:,.0f} MiB, {r.elapsed_s:.0f} s)"]
+        lines += [f"  tag   {t}" for t in r.tags[1:]]
+        lines += [
+            f"  id    {r.image_id}",
+            f"  base  {r.base}" + (f" ({r.base_reference})" if r.base_reference else ""),
+            f"  torch {r.stack['org.torchrig.torch']}  cuda {r.stack['org.torchrig.cuda']}  "
+            f"cudnn {r.stack['org.torchrig.cudnn']}  nccl {r.stack['org.torchrig.nccl']}  "
+            f"min driver {r.stack['org.torchrig.min-driver']}",
+            f"  lock  {r.lock_path}",
+        ]
+        return "\n".join(lines)
+
+    @property
+    def exit_code(self) -> int:
+        return 0
+
+
+def run(args: argparse.Namespace) -> Any:
+    from torchrig.image import pipeline, render
+
+    opts = _options(args)
+    plan = pipeline.make_plan(opts)
+    if args.action == "render":
+        text = render.render_dockerfile(plan)
+        data = {
+            "spec": str(opts.spec),
+            "tag": plan.stack_tag,
+            "base": plan.base.image,
+            "stack": render.labels(plan),
+            "dockerfile": text,
+        }
+        return SimpleReport(data=data, text=text.rstrip("\n"))
+    return BuildReport(pipeline.build(plan, opts))

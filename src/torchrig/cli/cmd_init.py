@@ -1,0 +1,113 @@
+"""Write a commented torchrig.toml image spec (refuses to overwrite one without --force).
+
+The spec says what the image holds: the PyTorch build (a version and variant, or 'auto': resolved for the
+GPUs and the oldest driver it must run on), Python, extra pip and apt packages, the services (JupyterLab,
+SSH), the non-root user, the working directory and the variant (runtime, or devel with nvcc and headers).
+Then `torchrig image render` prints its Dockerfile and `torchrig image build` builds it.
+
+examples:
+  torchrig init                                         # auto: newest torch for an H100 on driver 535+
+  torchrig init --gpu "RTX 4090" --gpu A100 --driver 550.54.15
+  torchrig init --torch 2.8.0 --variant cu128 --devel
+  torchrig init --variant cpu --python 3.11 ci/torchrig.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from torchrig.errors import UsageError
+from torchrig.report import SimpleReport
+
+TEMPLATE = """\
+# torchrig image spec. `torchrig image render` prints the Dockerfile, `torchrig image build` builds it.
+schema_version = 1
+
+[torch]
+# A release ("2.8.0") or "auto": the newest release that runs on every GPU below with the driver below.
+version = {version}
+# "cpu", a CUDA variant ("cu126", "cu128", ...) or "auto" (the best for the GPUs and driver).
+variant = {variant}
+# For "auto": the GPUs the image must run on (any spelling nvidia-smi or a datasheet uses)...
+gpus = {gpus}
+# ...and the oldest NVIDIA driver it must run on (nvidia-smi shows it).
+{driver_line}
+
+[python]
+version = {python}        # the runtime bases ship 3.11, 3.12 and 3.13; the devel bases the OS's Python
+
+[packages]
+pip = []                  # extra pip requirements, e.g. ["transformers==4.46.0"]; torch stays pinned
+apt = []                  # extra Debian/Ubuntu packages, e.g. ["git", "htop"]
+
+[services]                # started by `torchrig serve`, the image's entrypoint, as the user below
+jupyter = true            # JupyterLab on :8888, token from /run/secrets/jupyter_token or generated (printed in the logs)
+ssh = true                # OpenSSH on :22, public keys only (/run/secrets/authorized_keys or $SSH_AUTHORIZED_KEYS)
+
+[user]                    # the container runs as this non-root user (match your host uid for bind mounts)
+name = "torch"
+uid = 1000
+gid = 1000
+
+[image]
+variant = {image_variant}      # "runtime", or "devel": nvcc and headers for torch.compile, Triton, C++/CUDA extensions
+workdir = "/workspace"
+name = "torchrig/pytorch"  # the repository the image is tagged in (the tag names the resolved stack)
+# base = "debian:bookworm-slim"              # another base: a pinned tag or digest, never :latest
+# pip_index_url = "https://pypi.example/simple"  # a PyPI mirror
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "path", nargs="?", default="torchrig.toml", help="where to write (default: ./torchrig.toml)"
+    )
+    parser.add_argument(
+        "--torch", default="auto", metavar="VERSION", help="torch release, e.g. 2.8.0 (default: auto)"
+    )
+    parser.add_argument("--variant", default="auto", help="cpu, cuXYZ or auto (default: auto)")
+    parser.add_argument(
+        "--gpu", action="append", default=[], metavar="NAME", help="a target GPU (repeatable)"
+    )
+    parser.add_argument("--driver", metavar="VERSION", help="the oldest driver the image must run on")
+    parser.add_argument("--python", default="3.11", help="Python version (default: 3.11)")
+    parser.add_argument("--devel", action="store_true", help="the devel variant (nvcc and headers)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+
+def render_spec(args: argparse.Namespace) -> str:
+    gpus = args.gpu or ([] if args.variant == "cpu" else ["H100"])
+    driver = args.driver or (None if args.variant == "cpu" else "535.104.05")
+    return TEMPLATE.format(
+        version=json.dumps(args.torch),
+        variant=json.dumps(args.variant),
+        gpus=json.dumps(gpus),
+        driver_line=f"min_driver = {json.dumps(driver)}" if driver else '# min_driver = "535.104.05"',
+        python=json.dumps(args.python),
+        image_variant=json.dumps("devel" if args.devel else "runtime"),
+    )
+
+
+def run(args: argparse.Namespace) -> SimpleReport:
+    import sys
+
+    from torchrig.image.spec import parse_spec
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    path = Path(args.path)
+    if path.exists() and not args.force:
+        raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or give another path")
+    text = render_spec(args)
+    parse_spec(tomllib.loads(text), str(path))  # what we write must be valid (bad --torch etc. fail here)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return SimpleReport(
+        data={"path": str(path), "spec": text},
+        text=f"wrote {path}; next: torchrig image render {path if str(path) != 'torchrig.toml' else ''}".rstrip(),
+    )

@@ -1,0 +1,168 @@
+"""Spec -> plan -> build context -> image -> lock: the steps behind ``torchrig image render|build``.
+
+>>> plan = make_plan(ImageOptions(spec=Path("torchrig.toml")))        # doctest: +SKIP
+>>> print(render.render_dockerfile(plan))                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.image import context as ctx_mod
+from torchrig.image import render
+from torchrig.image.spec import load_spec
+from torchrig.image.stack import ImagePlan, choose_base, content_tag, load_bases, resolve_stack
+
+LOCK_NAME = "torchrig.lock.json"
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    spec: Path
+    wheelhouse: Path | None = None
+    ca_cert: Path | None = None
+    base: str | None = None
+    pip_index_url: str | None = None
+    torchrig_dist: Path | None = None
+    tag: str | None = None
+    no_cache: bool = False
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    tags: tuple[str, ...]
+    image_id: str
+    size_bytes: int
+    base: str
+    base_reference: str | None
+    elapsed_s: float
+    lock_path: str
+    stack: dict[str, str]
+
+    @property
+    def size_mib(self) -> float:
+        return self.size_bytes / 2**20
+
+
+def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
+    """Load the spec, resolve the stack with the knowledge base, choose the base."""
+    from torchrig.errors import UsageError
+
+    spec = load_spec(opts.spec)
+    ctx_mod.check_inputs(opts.wheelhouse, opts.ca_cert)
+    if opts.base is not None:
+        from torchrig.image.spec import SCHEMA
+
+        try:
+            SCHEMA["image"]["base"][1](opts.base)
+        except ValueError:
+            raise UsageError(
+                f"--base {opts.base!r}: not an image reference",
+                hint="e.g. --base debian:bookworm-slim or repo@sha256:...",
+            ) from None
+        if opts.base.endswith(":latest"):
+            raise UsageError(f"--base {opts.base}: ':latest' moves", hint="pin a version tag or a digest")
+    if kb is None:
+        from torchrig.compat.kb import load_kb
+
+        kb = load_kb()
+    stack = resolve_stack(spec, kb, opts.wheelhouse)
+    rows, components = load_bases()
+    base = choose_base(spec, stack, rows, opts.base)
+    return ImagePlan(
+        spec=spec,
+        stack=stack,
+        base=base,
+        jupyterlab=components["jupyterlab"],
+        wheelhouse=opts.wheelhouse is not None,
+        ca_cert=opts.ca_cert is not None,
+        pip_index_url=opts.pip_index_url or spec.pip_index_url,
+    )
+
+
+def lock_document(
+    plan: ImagePlan,
+    result_tags: tuple[str, ...],
+    image_id: str,
+    size_bytes: int,
+    base_ref: str | None,
+    files: dict[str, str],
+) -> dict[str, Any]:
+    """What went into the image: the stack, the base and its digest, pip freeze, apt versions."""
+
+    def lines(name: str) -> list[str]:
+        return sorted(line for line in files.get(name, "").splitlines() if line.strip())
+
+    return {
+        "schema_version": 1,
+        "tags": list(result_tags),
+        "image_id": image_id,
+        "size_bytes": size_bytes,
+        "base": plan.base.image,
+        "base_reference": base_ref,
+        "stack": render.labels(plan),
+        "constraints": lines("constraints.txt"),
+        "pip_freeze": lines("pip-freeze.txt"),
+        "apt_packages": lines("apt-packages.txt"),
+    }
+
+
+def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildResult:
+    """Build the image through the Docker Engine API, tag it, write the lock beside the spec."""
+    from torchrig.image import build as engine
+
+    client = engine.connect()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="torchrig-build-") as tmp:
+        wheel = (
+            ctx_mod.find_wheel(opts.torchrig_dist)
+            if opts.torchrig_dist
+            else ctx_mod.build_torchrig_wheel(Path(tmp))
+        )
+        ctx = ctx_mod.plan_context(plan, wheel, opts.wheelhouse, opts.ca_cert)
+        tags = tuple(
+            dict.fromkeys(t for t in (opts.tag, plan.stack_tag, content_tag(plan, ctx.digest())) if t)
+        )
+        base_ref = engine.base_reference(client, plan.base.image)
+        progress = progress or engine.TextProgress(verbose=opts.verbose)
+        with tempfile.TemporaryFile(dir=tmp) as tar:
+            ctx_mod.write_context_tar(ctx, tar)
+            try:
+                image_id = engine.run_build(
+                    client,
+                    tar,
+                    tags[0],
+                    no_cache=opts.no_cache,
+                    progress=progress,
+                    buildargs={"TORCHRIG_BASE_DIGEST": base_ref or "unknown"},
+                    labels={"org.torchrig.base.reference": base_ref or "unknown"},
+                )
+            except engine.BuildFailed as err:
+                if hasattr(progress, "failure"):
+                    progress.failure(err.failure)
+                raise
+    image = client.images.get(image_id)
+    for tag in tags[1:]:
+        repo, _, name = tag.rpartition(":")
+        image.tag(repo, name)
+    files = engine.read_files(client, image_id, render.ETC)
+    size = int(image.attrs.get("Size") or 0)
+    lock = lock_document(plan, tags, image_id, size, base_ref, files)
+    lock_path = Path(plan.spec.path).resolve().parent / LOCK_NAME
+    lock_path.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
+    return BuildResult(
+        tags=tags,
+        image_id=image_id,
+        size_bytes=size,
+        base=plan.base.image,
+        base_reference=base_ref,
+        elapsed_s=round(time.monotonic() - started, 1),
+        lock_path=str(lock_path),
+        stack=render.labels(plan),
+    )

@@ -1,0 +1,234 @@
+"""The Dockerfile: a pure function of the resolved plan (tested against golden files).
+
+Three stages on one pinned base: ``os`` (Python, tini, OpenSSH and the spec's apt packages), ``build`` (a
+venv with torch, then JupyterLab, the spec's pip packages and torchrig under a constraint file), and the
+final image (the venv copied over, a non-root user, labels, health check, tini as PID 1). The wheelhouse
+and the build CA live only in the build stage, so they never reach the final image's layers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from torchrig import __version__
+from torchrig.image.stack import ImagePlan
+
+LABEL_PREFIX = "org.torchrig"
+CONTEXT_WHEELHOUSE = "wheelhouse"
+CONTEXT_TORCHRIG = "torchrig-dist"
+CONTEXT_CA = "build-ca.crt"
+CONTEXT_FILES = "torchrig-files"
+CA_PATH = "/usr/local/share/torchrig/build-ca.crt"
+VENV = "/opt/venv"
+ETC = "/etc/torchrig"
+JUPYTER_PORT = 8888
+SSH_PORT = 22
+
+
+def labels(plan: ImagePlan) -> dict[str, str]:
+    """The image's labels: the resolved stack ('unknown' where the knowledge base has no figure)."""
+    s = plan.stack
+    unknown = "unknown"
+    return {
+        "org.opencontainers.image.title": plan.repository,
+        "org.opencontainers.image.base.name": plan.base.image,
+        f"{LABEL_PREFIX}.version": __version__,
+        f"{LABEL_PREFIX}.torch": s.label,
+        f"{LABEL_PREFIX}.python": s.python,
+        f"{LABEL_PREFIX}.variant": plan.spec.variant,
+        f"{LABEL_PREFIX}.cuda": s.cuda or ("none" if s.is_cpu else unknown),
+        f"{LABEL_PREFIX}.arch-list": " ".join(s.arch_list) or ("none" if s.is_cpu else unknown),
+        f"{LABEL_PREFIX}.ptx": " ".join(s.ptx) or ("none" if s.is_cpu else unknown),
+        f"{LABEL_PREFIX}.min-driver": s.min_driver or ("none" if s.is_cpu else unknown),
+        f"{LABEL_PREFIX}.cudnn": s.cudnn or ("none" if s.is_cpu else unknown),
+        f"{LABEL_PREFIX}.nccl": s.nccl or ("none" if s.is_cpu else unknown),
+        f"{LABEL_PREFIX}.services": " ".join(plan.spec.services.enabled) or "none",
+        f"{LABEL_PREFIX}.user": f"{plan.spec.user.name}:{plan.spec.user.uid}:{plan.spec.user.gid}",
+    }
+
+
+def image_config(plan: ImagePlan) -> str:
+    """``/etc/torchrig/image.json``: what ``torchrig serve`` reads inside the image."""
+    spec = plan.spec
+    doc = {
+        "schema_version": 1,
+        "services": list(spec.services.enabled),
+        "user": spec.user.name,
+        "workdir": spec.workdir,
+        "jupyter_port": JUPYTER_PORT,
+        "ssh_port": SSH_PORT,
+        "stack": labels(plan),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+PROFILE_SH = """\
+# Login shells (ssh) get the container's environment back: /etc/profile resets PATH, and sshd starts
+# sessions with an environment of its own. `torchrig serve` writes the file at start.
+if [ -r "$HOME/.torchrig/env.sh" ]; then . "$HOME/.torchrig/env.sh"; fi
+"""
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)  # a Dockerfile-safe double-quoted string
+
+
+def _run(*lines: str) -> str:
+    body = "; \\\n    ".join(lines)
+    return f"RUN set -eux; \\\n    {body}"
+
+
+def _apt_block(plan: ImagePlan) -> str:
+    spec, py = plan.spec, plan.stack.python
+    want = ["ca-certificates", "tini"]
+    if spec.services.ssh:
+        want.append("openssh-server")
+    if spec.variant == "devel":
+        want += ["build-essential", "git"]
+    want += [p for p in spec.apt if p not in want]
+    py_pkgs = f"python{py} python{py}-venv" + (f" python{py}-dev" if spec.variant == "devel" else "")
+    ca = f" -o Acquire::https::CAInfo={CA_PATH}" if plan.ca_cert else ""
+    lines = [
+        f"if command -v python{py} >/dev/null 2>&1; then py=''; else py='{py_pkgs}'; fi",
+        f"apt-get{ca} update",
+        f"apt-get{ca} install -y --no-install-recommends {' '.join(want)} $py",
+        "rm -rf /var/lib/apt/lists/*",
+    ]
+    if spec.services.ssh:  # host keys are made per container by `torchrig serve`, never baked in
+        lines.append("rm -f /etc/ssh/ssh_host_*")
+    lines.append(f"python{py} -c 'import sys; assert sys.version_info[:2] == ({py.replace('.', ', ')})'")
+    return _run(*lines)
+
+
+def _pip_source(plan: ImagePlan, *, torch: bool) -> str:
+    if plan.wheelhouse:
+        return f"--no-index --find-links /tmp/{CONTEXT_WHEELHOUSE}"
+    if torch and plan.stack.index_url:
+        return f"--index-url {plan.stack.index_url}"
+    return f"--index-url {plan.pip_index_url}" if plan.pip_index_url else ""
+
+
+def _pip(plan: ImagePlan, args: str, *, torch: bool = False, constrained: bool = True) -> str:
+    src = _pip_source(plan, torch=torch)
+    con = f" -c {ETC}/constraints.txt" if constrained else ""
+    return f"{VENV}/bin/pip install{' ' + src if src else ''}{con} {args}"
+
+
+def _build_stage(plan: ImagePlan) -> list[str]:
+    spec, py = plan.spec, plan.stack.python
+    out = ["FROM os AS build"]
+    if plan.wheelhouse:
+        out.append(f"COPY {CONTEXT_WHEELHOUSE}/ /tmp/{CONTEXT_WHEELHOUSE}/")
+    env = ["PIP_NO_CACHE_DIR=1", "PIP_DISABLE_PIP_VERSION_CHECK=1"]
+    if plan.ca_cert:
+        env.append(f"PIP_CERT={CA_PATH}")
+    out.append("ENV " + " \\\n    ".join(env))
+    out.append(_run(f"python{py} -m venv {VENV}", f"mkdir -p {ETC}"))
+    # torch first, alone: its layer is the big one and is cached across spec changes.
+    out.append(
+        _run(
+            _pip(plan, shlex.quote(plan.stack.torch_requirement), torch=True, constrained=False),
+            # pin torch and the CUDA libraries it brought, so later installs cannot swap them
+            f"{VENV}/bin/pip freeze | grep -iE '^(torch|triton|nvidia-[a-z0-9-]+)==' > {ETC}/constraints.txt",
+            f"cat {ETC}/constraints.txt",
+        )
+    )
+    extras = []
+    if spec.services.jupyter:
+        extras.append(f"jupyterlab=={plan.jupyterlab}")
+    extras += list(spec.pip)
+    if extras:
+        out.append(_run(_pip(plan, " ".join(shlex.quote(e) for e in extras))))
+    out.append(f"COPY {CONTEXT_TORCHRIG}/ /tmp/{CONTEXT_TORCHRIG}/")
+    out.append(
+        _run(
+            _pip(plan, f"/tmp/{CONTEXT_TORCHRIG}/*.whl"),
+            f"{VENV}/bin/pip check",
+            f"{VENV}/bin/pip freeze --all > {ETC}/pip-freeze.txt",
+        )
+    )
+    return out
+
+
+def _final_stage(plan: ImagePlan) -> list[str]:
+    spec, s, u = plan.spec, plan.stack, plan.spec.user
+    out = [
+        "FROM os",
+        "ARG TORCHRIG_BASE_DIGEST=unknown",
+        f"COPY --from=build {VENV} {VENV}",
+        f"COPY --from=build {ETC}/ {ETC}/",
+        f"COPY {CONTEXT_FILES}/image.json {ETC}/image.json",
+        f"COPY {CONTEXT_FILES}/profile.sh /etc/profile.d/torchrig.sh",
+    ]
+    out.append(
+        _run(
+            # a base may ship a user or group with our ids (ubuntu:24.04 has 'ubuntu', 1000:1000): replace it
+            f'old=$(getent passwd {u.uid} | cut -d: -f1); if [ -n "$old" ]; then userdel -r "$old" 2>/dev/null || userdel "$old"; fi',
+            f'old=$(getent group {u.gid} | cut -d: -f1); if [ -n "$old" ]; then groupdel "$old"; fi',
+            f"groupadd -g {u.gid} {u.name}",
+            f"useradd -m -u {u.uid} -g {u.gid} -s /bin/bash {u.name}",
+            f"mkdir -p {spec.workdir}",
+            f"chown {u.uid}:{u.gid} {spec.workdir}",
+            f"dpkg-query -W -f '${{Package}}=${{Version}}\\n' > {ETC}/apt-packages.txt",
+            f'echo "$TORCHRIG_BASE_DIGEST" > {ETC}/base-digest',
+            f"rm -f {CA_PATH}",
+        )
+    )
+    env = [
+        f"PATH={VENV}/bin:$PATH",
+        f"VIRTUAL_ENV={VENV}",
+        f"PIP_CONSTRAINT={ETC}/constraints.txt",
+        "PYTHONUNBUFFERED=1",
+        "LANG=C.UTF-8",
+    ]
+    if not s.is_cpu:
+        # what the NVIDIA Container Toolkit reads to give the container the GPUs and the driver's libraries
+        env += ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+    out.append("ENV " + " \\\n    ".join(env))
+    out.append("LABEL " + " \\\n      ".join(f"{k}={_q(v)}" for k, v in labels(plan).items()))
+    ports = ([str(JUPYTER_PORT)] if spec.services.jupyter else []) + (
+        [str(SSH_PORT)] if spec.services.ssh else []
+    )
+    if ports:
+        out.append(f"EXPOSE {' '.join(ports)}")
+    out += [
+        f"USER {u.uid}:{u.gid}",
+        f"WORKDIR {spec.workdir}",
+        "HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 "
+        'CMD ["torchrig", "serve", "--check"]',
+        'ENTRYPOINT ["/usr/bin/tini", "--"]',
+        'CMD ["torchrig", "serve"]',
+    ]
+    return out
+
+
+def render_dockerfile(plan: ImagePlan) -> str:
+    """The Dockerfile text for ``plan`` (deterministic: the same plan gives the same bytes)."""
+    s, spec = plan.stack, plan.spec
+    facts = [f"torch {s.label}", f"Python {s.python}", spec.variant]
+    if s.cuda:
+        facts.append(
+            f"CUDA {s.cuda}, cuDNN {s.cudnn or 'unknown'}, NCCL {s.nccl or 'unknown'}, "
+            f"driver >= {s.min_driver or 'unknown'}"
+        )
+    head = [
+        f"# Rendered by torchrig {__version__} from {spec.path}; edit the spec, not this file.",
+        f"# Stack: {'; '.join(facts)}.",
+        f"# Base: {plan.base.image} ({plan.base.source}).",
+        "# Build context: Dockerfile, torchrig-files/, torchrig-dist/"
+        + (", wheelhouse/" if plan.wheelhouse else "")
+        + (", build-ca.crt" if plan.ca_cert else "")
+        + ".",
+    ]
+    os_stage = [f"FROM {plan.base.image} AS os", "ARG DEBIAN_FRONTEND=noninteractive"]
+    if plan.ca_cert:
+        os_stage.append(f"COPY {CONTEXT_CA} {CA_PATH}")
+    os_stage.append(_apt_block(plan))
+    blocks = [
+        "\n".join(head),
+        "\n".join(os_stage),
+        "\n".join(_build_stage(plan)),
+        "\n".join(_final_stage(plan)),
+    ]
+    return "\n\n".join(blocks) + "\n"

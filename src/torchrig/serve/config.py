@@ -1,0 +1,166 @@
+"""What ``torchrig serve`` starts, read from the image (``/etc/torchrig/image.json``), the environment and
+mounted secrets. Pure functions of those inputs, so they are tested without a container.
+
+Secrets, first found wins:
+- Jupyter token: the file ``$JUPYTER_TOKEN_FILE`` (default ``/run/secrets/jupyter_token``), else
+  ``$JUPYTER_TOKEN``, else a generated one (printed in the logs). Never empty.
+- SSH keys: the file ``$SSH_AUTHORIZED_KEYS_FILE`` (default ``/run/secrets/authorized_keys``), else
+  ``$SSH_AUTHORIZED_KEYS`` (keys, one per line), else ``~/.ssh/authorized_keys`` if mounted there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.errors import UsageError
+
+IMAGE_CONFIG = "/etc/torchrig/image.json"
+TOKEN_FILE = "/run/secrets/jupyter_token"
+KEYS_FILE = "/run/secrets/authorized_keys"
+KNOWN_SERVICES = ("jupyter", "ssh")
+_KEY_RE = re.compile(
+    r"^(?:[^\s]+\s+)?(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+|sk-ssh-ed25519@openssh\.com|"
+    r"sk-ecdsa-sha2-nistp256@openssh\.com)\s+[A-Za-z0-9+/=]{40,}(\s.*)?$"
+)
+# Never copied into SSH sessions: per-login values sshd sets itself, and the services' secrets.
+_ENV_SKIP = re.compile(
+    r"^(HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|TERM|MAIL|_|SSH_.*|JUPYTER_TOKEN.*|"
+    r"TORCHRIG_SERVE_.*)$"
+)
+
+
+@dataclass(frozen=True)
+class Secret:
+    value: str
+    source: str  # "file:/run/secrets/jupyter_token" | "env:JUPYTER_TOKEN" | "generated" | ...
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    services: tuple[str, ...]
+    user: str
+    home: Path
+    workdir: str
+    jupyter_port: int
+    ssh_port: int
+    state_dir: Path  # ~/.torchrig: host keys, sshd_config, env.sh, serve.json
+
+
+def read_image_config(path: str | Path = IMAGE_CONFIG) -> dict[str, Any]:
+    try:
+        return dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise UsageError(
+            f"{path}: unreadable image config ({err})", hint="rebuild the image with torchrig image build"
+        ) from None
+
+
+def parse_services(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [n for n in names if n not in KNOWN_SERVICES]
+    if bad:
+        raise UsageError(
+            f"unknown service {bad[0]!r}", hint=f"allowed: {', '.join(KNOWN_SERVICES)} (comma-separated)"
+        )
+    return names
+
+
+def make_config(
+    image: Mapping[str, Any], env: Mapping[str, str], home: Path, user: str, services_arg: str | None = None
+) -> ServeConfig:
+    if services_arg is not None:
+        services = parse_services(services_arg)
+    elif env.get("TORCHRIG_SERVICES") is not None:
+        services = parse_services(env["TORCHRIG_SERVICES"])
+    else:
+        services = tuple(str(s) for s in image.get("services", list(KNOWN_SERVICES)))
+    return ServeConfig(
+        services=services,
+        user=user,
+        home=home,
+        workdir=str(image.get("workdir", home)),
+        jupyter_port=int(env.get("TORCHRIG_JUPYTER_PORT", image.get("jupyter_port", 8888))),
+        ssh_port=int(env.get("TORCHRIG_SSH_PORT", image.get("ssh_port", 22))),
+        state_dir=home / ".torchrig",
+    )
+
+
+def _read_secret_file(path: Path, what: str) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise UsageError(
+            f"{path}: cannot read the {what} ({err.strerror})",
+            hint="mount it readable by the container's user",
+        ) from None
+
+
+def jupyter_token(env: Mapping[str, str]) -> Secret:
+    """The token from a mounted file or the environment, else a fresh one; an empty one is refused."""
+    path = Path(env.get("JUPYTER_TOKEN_FILE", TOKEN_FILE))
+    text = _read_secret_file(path, "Jupyter token")
+    if text is not None:
+        token = text.strip()
+        if not token:
+            raise UsageError(
+                f"{path}: the Jupyter token file is empty", hint="put a token in it, or do not mount it"
+            )
+        return Secret(token, f"file:{path}")
+    if "JUPYTER_TOKEN" in env:
+        if not env["JUPYTER_TOKEN"].strip():
+            raise UsageError(
+                "JUPYTER_TOKEN is empty: Jupyter without a token is open to anyone who reaches the port",
+                hint="unset it to get a generated token, or set a long random one",
+            )
+        return Secret(env["JUPYTER_TOKEN"].strip(), "env:JUPYTER_TOKEN")
+    return Secret(secrets.token_hex(24), "generated")
+
+
+def authorized_keys(env: Mapping[str, str], home: Path) -> Secret | None:
+    """Validated public keys (one per line), or None when none were given."""
+    path = Path(env.get("SSH_AUTHORIZED_KEYS_FILE", KEYS_FILE))
+    candidates = [
+        (_read_secret_file(path, "authorized keys"), f"file:{path}"),
+        (env.get("SSH_AUTHORIZED_KEYS"), "env:SSH_AUTHORIZED_KEYS"),
+        (_read_secret_file(home / ".ssh" / "authorized_keys", "authorized keys"), "~/.ssh/authorized_keys"),
+    ]
+    for text, source in candidates:
+        if text is None or not text.strip():
+            continue
+        if "PRIVATE KEY" in text:
+            raise UsageError(
+                f"{source} holds a PRIVATE key",
+                hint="give the public key (the .pub file), and rotate that key",
+            )
+        lines = [
+            ln.strip()
+            for ln in text.replace("\\n", "\n").splitlines()
+            if ln.strip() and not ln.startswith("#")
+        ]
+        bad = [ln for ln in lines if not _KEY_RE.match(ln)]
+        if bad:
+            raise UsageError(
+                f"{source}: not an OpenSSH public key: {bad[0][:40]!r}",
+                hint="one key per line, e.g. 'ssh-ed25519 AAAA... you@host'",
+            )
+        return Secret("\n".join(lines) + "\n", source)
+    return None
+
+
+def session_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The container's environment as SSH sessions should see it (CUDA, NCCL, PATH, venv, ...)."""
+    return {
+        k: v
+        for k, v in sorted(env.items())
+        if not _ENV_SKIP.match(k) and "\n" not in v and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)
+    }

@@ -1,0 +1,152 @@
+"""Fixtures for the real-engine tests.
+
+``test_image`` (session scope) builds a real torchrig image once per test session, through the CLI as a
+user would: a spec with JupyterLab and SSH, CPU torch from a local wheelhouse, the local base image
+``torchrig-test/debian:bookworm`` (no registry is reachable in CI). It returns the image's tag. The
+engine's layer cache makes a rebuild with unchanged inputs take seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE_IMAGE = os.environ.get("TORCHRIG_TEST_BASE", "torchrig-test/debian:bookworm")
+WHEELHOUSE = ROOT / ".ci-work" / "wheelhouse"
+TORCH_VERSION = "2.13.0"  # the CPU build on this machine's disk
+JUPYTERLAB = "jupyterlab==4.6.6"  # as pinned in src/torchrig/data/bases.toml
+
+TEST_SPEC = f"""\
+schema_version = 1
+
+[torch]
+version = "{TORCH_VERSION}"
+variant = "cpu"
+
+[python]
+version = "3.11"
+
+[services]
+jupyter = true
+ssh = true
+
+[user]
+name = "torch"
+uid = 1000
+gid = 1000
+
+[image]
+variant = "runtime"
+name = "torchrig-test/pytorch"
+"""
+
+
+def engine_ready() -> str | None:
+    """None when dockerd answers and the base image is there, else why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as err:
+        return f"no Docker engine ({type(err).__name__}); run tools/ci/start-dockerd.sh"
+    try:
+        client.images.get(BASE_IMAGE)
+    except Exception:
+        return f"no base image {BASE_IMAGE}; run tools/ci/make-base-image.sh"
+    return None
+
+
+def make_wheelhouse(path: Path = WHEELHOUSE) -> Path:
+    """CPU torch + JupyterLab and their dependencies as cp311 manylinux wheels (cached between sessions)."""
+    stamp = path / ".complete"
+    if stamp.exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "--platform",
+        "manylinux_2_28_x86_64",
+        "--platform",
+        "manylinux_2_17_x86_64",
+        "--platform",
+        "manylinux2014_x86_64",
+        "--platform",
+        "linux_x86_64",
+        "-d",
+        str(path),
+        f"torch=={TORCH_VERSION}",
+        JUPYTERLAB,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip download failed: {proc.stderr[-2000:]}")
+    stamp.write_text("ok\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine():
+    why = engine_ready()
+    if why:
+        pytest.skip(why)
+    import docker
+
+    return docker.from_env(timeout=600)
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    return make_wheelhouse()
+
+
+@pytest.fixture(scope="session")
+def test_image_build(engine, wheelhouse, tmp_path_factory) -> dict:
+    """The ``torchrig image build --json`` result for the test spec (built once per session)."""
+    spec = tmp_path_factory.mktemp("image-spec") / "torchrig.toml"
+    spec.write_text(TEST_SPEC)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrig",
+            "image",
+            "build",
+            str(spec),
+            "--wheelhouse",
+            str(wheelhouse),
+            "--base",
+            BASE_IMAGE,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"test image build failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    result = json.loads(proc.stdout)
+    result["spec_path"] = str(spec)
+    return result
+
+
+@pytest.fixture(scope="session")
+def test_image(test_image_build) -> str:
+    """The tag of a real torchrig image (CPU torch 2.13.0, Python 3.11, jupyter + ssh, user torch 1000:1000)."""
+    return test_image_build["tags"][0]
