@@ -16,7 +16,9 @@ def memlock_override(engine) -> list[str]:
     import docker
 
     try:
-        engine.containers.run(BASE, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)])
+        engine.containers.run(
+            BASE, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
+        )
         return []
     except docker.errors.APIError:
         out = engine.containers.run(BASE, ["sh", "-c", "ulimit -H -l"], remove=True).decode().strip()
@@ -30,17 +32,32 @@ def env(tmp_path):
 
 def test_defaults_in_engine_inspection(cli, engine, env):
     """Created (not started): the engine records the default ulimits, shm and 127.0.0.1-only port bindings."""
-    r = cli("up", "--image", BASE, "--name", "trt-defaults", "--create-only", "--no-ssh", "--memory", "4g", env=env)
+    r = cli(
+        "up",
+        "--image",
+        BASE,
+        "--name",
+        "trt-defaults",
+        "--create-only",
+        "--no-ssh",
+        "--memory",
+        "4g",
+        env=env,
+    )
     try:
         assert r.code == 0, r.err
         hc = engine.api.inspect_container("trt-defaults")["HostConfig"]
-        assert {(u["Name"], u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {("memlock", -1, -1),
-                                                                           ("stack", 67108864, 67108864)}
+        assert {(u["Name"], u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
+            ("memlock", -1, -1),
+            ("stack", 67108864, 67108864),
+        }
         assert hc["ShmSize"] == 2 * 2**30 and hc["Memory"] == 4 * 2**30 and hc["Init"] is True
         assert {b["HostIp"] for bs in hc["PortBindings"].values() for b in bs} == {"127.0.0.1"}
         labels = engine.api.inspect_container("trt-defaults")["Config"]["Labels"]
         assert labels["torchrig.managed"] == "1" and labels["torchrig.user"]
-        assert not any("token" in v.lower() for v in engine.api.inspect_container("trt-defaults")["Config"]["Env"] or [])
+        assert not any(
+            "token" in v.lower() for v in engine.api.inspect_container("trt-defaults")["Config"]["Env"] or []
+        )
     finally:
         assert cli("down", "trt-defaults", env=env).code == 0
 
@@ -59,15 +76,36 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     extra = memlock_override(engine)
-    args = ["--image", BASE, "--name", "trt-plain", "--no-jupyter", "--no-ssh", "--volume", f"{data}:/data",
-            "--memory", "512m", "--cpus", "1", *extra]
+    args = [
+        "--image",
+        BASE,
+        "--name",
+        "trt-plain",
+        "--no-jupyter",
+        "--no-ssh",
+        "--volume",
+        f"{data}:/data",
+        "--memory",
+        "512m",
+        "--cpus",
+        "1",
+        *extra,
+    ]
     r = cli("up", *args, env=env)
     try:
         assert r.code == 0, r.err
         assert "environment trt-plain is up" in r.out
         ps = cli("ps", "--json", env=env).json()["environments"]
         assert [(e["name"], e["state"]) for e in ps] == [("trt-plain", "running")]
-        ex = cli("exec", "trt-plain", "--", "sh", "-c", "ulimit -s; echo kept > /data/f; echo err >&2; exit 7", env=env)
+        ex = cli(
+            "exec",
+            "trt-plain",
+            "--",
+            "sh",
+            "-c",
+            "ulimit -s; echo kept > /data/f; echo err >&2; exit 7",
+            env=env,
+        )
         assert (ex.code, ex.out, ex.err) == (7, "65536\n", "err\n")
         assert cli("logs", "trt-plain", "--tail", "5", env=env).code == 0
         hc = engine.api.inspect_container("trt-plain")["HostConfig"]
@@ -94,7 +132,9 @@ def test_unknown_names_and_images(cli, engine, env):
 
 def test_duplicate_name_is_refused_untouched(cli, engine, env):
     extra = memlock_override(engine)
-    assert cli("up", "--image", BASE, "--name", "trt-dup", "--no-jupyter", "--no-ssh", *extra, env=env).code == 0
+    assert (
+        cli("up", "--image", BASE, "--name", "trt-dup", "--no-jupyter", "--no-ssh", *extra, env=env).code == 0
+    )
     try:
         dup = cli("up", "--image", BASE, "--name", "trt-dup", "--no-jupyter", "--no-ssh", env=env)
         assert dup.code == 2 and "already exists" in dup.err and dup.err.count("\n") == 1

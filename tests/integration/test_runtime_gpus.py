@@ -25,7 +25,9 @@ def memlock_override(engine) -> list[str]:
     import docker
 
     try:
-        engine.containers.run(BASE, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)])
+        engine.containers.run(
+            BASE, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
+        )
         return []
     except docker.errors.APIError:
         out = engine.containers.run(BASE, ["sh", "-c", "ulimit -H -l"], remove=True).decode().strip()
@@ -34,8 +36,11 @@ def memlock_override(engine) -> list[str]:
 
 @pytest.fixture
 def ledger_env(tmp_path):
-    return {"TORCHRIG_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path),
-            "TORCHRIG_GPU_INVENTORY": str(FIX / "inventory-8xh200.json")}
+    return {
+        "TORCHRIG_STATE_DIR": str(tmp_path / "state"),
+        "HOME": str(tmp_path),
+        "TORCHRIG_GPU_INVENTORY": str(FIX / "inventory-8xh200.json"),
+    }
 
 
 @pytest.fixture
@@ -50,16 +55,28 @@ def cleanup(engine):
 def _popen(args, env):
     import os
 
-    return subprocess.Popen([sys.executable, "-m", "torchrig", *args], env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchrig", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_nine_concurrent_ups_on_eight_gpus(cli, engine, ledger_env, cleanup):
     names = [f"trt-gpu-{i}" for i in range(9)]
     cleanup.extend(names)
-    procs = [_popen(["up", "--image", BASE, "--gpus", "1", "--name", n, "--create-only", "--no-jupyter", "--no-ssh"],
-                    ledger_env) for n in names]
-    results = [(n, p.wait(timeout=180), p.stdout.read(), p.stderr.read()) for n, p in zip(names, procs, strict=True)]
+    procs = [
+        _popen(
+            ["up", "--image", BASE, "--gpus", "1", "--name", n, "--create-only", "--no-jupyter", "--no-ssh"],
+            ledger_env,
+        )
+        for n in names
+    ]
+    results = [
+        (n, p.wait(timeout=180), p.stdout.read(), p.stderr.read()) for n, p in zip(names, procs, strict=True)
+    ]
     ok = [r for r in results if r[1] == 0]
     failed = [r for r in results if r[1] != 0]
     assert len(ok) == 8, results
@@ -84,8 +101,20 @@ def test_nine_concurrent_ups_on_eight_gpus(cli, engine, ledger_env, cleanup):
     gone = ok[3][0]
     gone_uuid = engine.api.inspect_container(gone)["HostConfig"]["DeviceRequests"][0]["DeviceIDs"][0]
     engine.containers.get(gone).remove(force=True)
-    r = cli("up", "--image", BASE, "--gpus", "1", "--name", "trt-gpu-again", "--create-only", "--no-jupyter",
-            "--no-ssh", "--json", env=ledger_env)
+    r = cli(
+        "up",
+        "--image",
+        BASE,
+        "--gpus",
+        "1",
+        "--name",
+        "trt-gpu-again",
+        "--create-only",
+        "--no-jupyter",
+        "--no-ssh",
+        "--json",
+        env=ledger_env,
+    )
     cleanup.append("trt-gpu-again")
     assert r.code == 0, r.err
     assert [u["uuid"] for u in r.json()["plan"]["gpus"]] == [gone_uuid]
@@ -99,13 +128,31 @@ def test_killed_container_frees_its_lease(cli, engine, ledger_env, cleanup):
     from torchrig.runtime.placement import parse_gpus
 
     cleanup.append("trt-kill")
-    r = cli("up", "--image", BASE, "--name", "trt-kill", "--no-jupyter", "--no-ssh", *memlock_override(engine), env=ledger_env)
+    r = cli(
+        "up",
+        "--image",
+        BASE,
+        "--name",
+        "trt-kill",
+        "--no-jupyter",
+        "--no-ssh",
+        *memlock_override(engine),
+        env=ledger_env,
+    )
     assert r.code == 0, r.err
     assert engine.containers.get("trt-kill").status == "running"
     # the lease such an environment holds on a GPU host (this engine cannot start GPU containers)
     led = Ledger.open(Path(ledger_env["TORCHRIG_STATE_DIR"]))
-    acquire(led, load_snapshot(ledger_env["TORCHRIG_GPU_INVENTORY"]), parse_gpus("device=5"), user="u",
-            container="trt-kill", share=False, live=None, listed_at_s=time.time())
+    acquire(
+        led,
+        load_snapshot(ledger_env["TORCHRIG_GPU_INVENTORY"]),
+        parse_gpus("device=5"),
+        user="u",
+        container="trt-kill",
+        share=False,
+        live=None,
+        listed_at_s=time.time(),
+    )
     led.bind("trt-kill", engine.containers.get("trt-kill").id)
     held = cli("gpus", "--json", env=ledger_env).json()["gpus"][5]["holders"]
     assert [h["container"] for h in held] == ["trt-kill"]
@@ -116,7 +163,9 @@ def test_killed_container_frees_its_lease(cli, engine, ledger_env, cleanup):
 
 def test_start_without_gpu_runtime_fails_cleanly(cli, engine, ledger_env):
     """On an engine without the NVIDIA runtime: exit 2 naming the fix; no container, no lease left."""
-    r = cli("up", "--image", BASE, "--gpus", "2", "--name", "trt-nort", "--no-jupyter", "--no-ssh", env=ledger_env)
+    r = cli(
+        "up", "--image", BASE, "--gpus", "2", "--name", "trt-nort", "--no-jupyter", "--no-ssh", env=ledger_env
+    )
     assert r.code == 2 and "cannot give containers GPUs" in r.err and "nvidia-ctk" in r.err
     assert r.err.count("\n") == 1
     assert not [c for c in engine.containers.list(all=True) if c.name == "trt-nort"]
@@ -127,9 +176,11 @@ def test_start_without_gpu_runtime_fails_cleanly(cli, engine, ledger_env):
 @pytest.fixture(scope="module")
 def cu130_image(engine):
     """A small image labelled as a torch 2.9.1+cu130 build (labels as torchrig image build writes them)."""
-    dockerfile = (f"FROM {BASE}\nLABEL org.torchrig.torch=2.9.1+cu130 org.torchrig.cuda=13.0 "
-                  "org.torchrig.arch-list='sm_75 sm_80 sm_86 sm_90 sm_100 sm_120' org.torchrig.ptx=compute_120 "
-                  "org.torchrig.min-driver=580.65.06 org.torchrig.user=root:0:0\n")
+    dockerfile = (
+        f"FROM {BASE}\nLABEL org.torchrig.torch=2.9.1+cu130 org.torchrig.cuda=13.0 "
+        "org.torchrig.arch-list='sm_75 sm_80 sm_86 sm_90 sm_100 sm_120' org.torchrig.ptx=compute_120 "
+        "org.torchrig.min-driver=580.65.06 org.torchrig.user=root:0:0\n"
+    )
     tag = "torchrig-test/labelled-cu130:latest"
     engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
     yield tag
@@ -137,15 +188,30 @@ def cu130_image(engine):
 
 
 def test_preflight_refuses_cuda_newer_than_driver(cli, engine, cu130_image, tmp_path):
-    env = {"TORCHRIG_STATE_DIR": str(tmp_path / "s"), "HOME": str(tmp_path),
-           "TORCHRIG_GPU_INVENTORY": str(FIX / "driver-535-2xa100-pcie.json")}
-    r = cli("up", "--image", cu130_image, "--gpus", "1", "--name", "trt-pre", "--no-jupyter", "--no-ssh", env=env)
+    env = {
+        "TORCHRIG_STATE_DIR": str(tmp_path / "s"),
+        "HOME": str(tmp_path),
+        "TORCHRIG_GPU_INVENTORY": str(FIX / "driver-535-2xa100-pcie.json"),
+    }
+    r = cli(
+        "up", "--image", cu130_image, "--gpus", "1", "--name", "trt-pre", "--no-jupyter", "--no-ssh", env=env
+    )
     assert r.code == 1, r.err
     assert "pre-flight refused" in r.err and "535.104.05" in r.err and r.err.count("\n") == 1
     assert "upgrade the host driver to ≥ 580.65.06" in r.err and "CUDA ≤ 12.2" in r.err
     assert not [c for c in engine.containers.list(all=True) if c.name == "trt-pre"]
     assert all(g["holders"] == [] for g in cli("gpus", "--json", env=env).json()["gpus"])
     # the same image passes pre-flight on the H200 host (driver 580)
-    ok = cli("up", "--image", cu130_image, "--gpus", "1", "--dry-run", "--no-jupyter", "--no-ssh", "--json",
-             env={**env, "TORCHRIG_GPU_INVENTORY": str(FIX / "inventory-8xh200.json")})
+    ok = cli(
+        "up",
+        "--image",
+        cu130_image,
+        "--gpus",
+        "1",
+        "--dry-run",
+        "--no-jupyter",
+        "--no-ssh",
+        "--json",
+        env={**env, "TORCHRIG_GPU_INVENTORY": str(FIX / "inventory-8xh200.json")},
+    )
     assert ok.code == 0 and {f["code"] for f in ok.json()["preflight"]} >= {"driver_native"}

@@ -15,14 +15,41 @@ def user_env(tmp_path):
     """A user with a fresh ed25519 key in ~/.ssh and a private ledger."""
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/id_ed25519")], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/id_ed25519")], check=True
+    )
     return {"HOME": str(home), "TORCHRIG_STATE_DIR": str(tmp_path / "state")}
+
+
+def memlock_override(engine) -> list[str]:
+    """[] where dockerd may set memlock=-1, else a --ulimit under its own hard limit (see test_runtime_engine)."""
+    import docker
+
+    base = "torchrig-test/debian:bookworm"
+    try:
+        engine.containers.run(
+            base, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
+        )
+        return []
+    except docker.errors.APIError:
+        out = engine.containers.run(base, ["sh", "-c", "ulimit -H -l"], remove=True).decode().strip()
+        return ["--ulimit", f"memlock={int(out) * 1024}"]
 
 
 def _ssh(printed: str, home, remote: str) -> subprocess.CompletedProcess:
     argv = shlex.split(printed)
-    extra = ["-i", f"{home}/.ssh/id_ed25519", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
-             "-o", f"UserKnownHostsFile={home}/.ssh/known_hosts", "-o", "ConnectTimeout=10"]
+    extra = [
+        "-i",
+        f"{home}/.ssh/id_ed25519",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        f"UserKnownHostsFile={home}/.ssh/known_hosts",
+        "-o",
+        "ConnectTimeout=10",
+    ]
     return subprocess.run([argv[0], *extra, *argv[1:], remote], capture_output=True, text=True, timeout=60)
 
 
@@ -43,8 +70,25 @@ def test_lifecycle(cli, engine, test_image, user_env, tmp_path):
     work.mkdir()
     work.chmod(0o777)  # the image's user (UID 1000) writes here; this test runs as root
     name = "trt-life"
-    up = cli("up", "--image", test_image, "--name", name, "--volume", f"{work}:/home/torch/work",
-             "--memory", "2g", "--cpus", "1", "--json", env=user_env, timeout=300)
+    extra = memlock_override(engine)
+    memlock = int(extra[1].split("=")[1]) if extra else -1
+    up = cli(
+        "up",
+        "--image",
+        test_image,
+        "--name",
+        name,
+        "--volume",
+        f"{work}:/home/torch/work",
+        "--memory",
+        "2g",
+        "--cpus",
+        "1",
+        "--json",
+        *extra,
+        env=user_env,
+        timeout=300,
+    )
     try:
         assert up.code == 0, up.err
         res = up.json()
@@ -68,8 +112,10 @@ def test_lifecycle(cli, engine, test_image, user_env, tmp_path):
         hc = info["HostConfig"]
         assert hc["Memory"] == 2 * 2**30 and hc["NanoCpus"] == 10**9
         assert hc["ShmSize"] == 2**30
-        assert {(u["Name"], u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {("memlock", -1, -1),
-                                                                           ("stack", 67108864, 67108864)}
+        assert {(u["Name"], u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
+            ("memlock", memlock, memlock),
+            ("stack", 67108864, 67108864),
+        }
         bindings = [b for bs in info["NetworkSettings"]["Ports"].values() if bs for b in bs]
         assert bindings and {b["HostIp"] for b in bindings} == {"127.0.0.1"}
         ip = _non_loopback_ip()
@@ -82,9 +128,11 @@ def test_lifecycle(cli, engine, test_image, user_env, tmp_path):
         assert ps.code == 0 and name in [e["name"] for e in ps.json()["environments"]]
         logs = cli("logs", name, env=user_env)
         assert logs.code == 0 and "jupyter" in logs.out.lower()
-        ex = cli("exec", name, "--", "sh", "-c", "ulimit -l; ulimit -s; cat ~/work/kept.txt; exit 3", env=user_env)
+        ex = cli(
+            "exec", name, "--", "sh", "-c", "ulimit -l; ulimit -s; cat ~/work/kept.txt; exit 3", env=user_env
+        )
         assert ex.code == 3
-        assert ex.out.split() == ["unlimited", "65536", "from-ssh"]
+        assert ex.out.split() == ["unlimited" if memlock == -1 else str(memlock // 1024), "65536", "from-ssh"]
     finally:
         down = cli("down", name, env=user_env)
     assert down.code == 0, down.err
@@ -92,8 +140,19 @@ def test_lifecycle(cli, engine, test_image, user_env, tmp_path):
     assert (work / "kept.txt").read_text() == "from-ssh\n"
 
     # up again on the same volume: the data is there
-    again = cli("up", "--image", test_image, "--name", name, "--volume", f"{work}:/home/torch/work", "--no-jupyter",
-                env=user_env, timeout=300)
+    again = cli(
+        "up",
+        "--image",
+        test_image,
+        "--name",
+        name,
+        "--volume",
+        f"{work}:/home/torch/work",
+        "--no-jupyter",
+        *extra,
+        env=user_env,
+        timeout=300,
+    )
     try:
         assert again.code == 0, again.err
         assert "Jupyter" not in again.out and "ssh -p" in again.out

@@ -14,7 +14,9 @@ NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
 def env(tmp_path):
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh/id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForArgumentTests test\n")
+    (home / ".ssh/id_ed25519.pub").write_text(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForArgumentTests test\n"
+    )
     return {"HOME": str(home), "TORCHRIG_STATE_DIR": str(tmp_path / "state"), **NO_ENGINE}
 
 
@@ -26,18 +28,21 @@ def one_line_error(r, *needles):
         assert n in r.err, r.err
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--gpus", "two"], "malformed --gpus"),
-    (["--gpus", "0"], "device=0"),
-    (["--volume", "/nonexistent-dir-xyz:/data"], "does not exist"),
-    (["--volume", "relative-only"], "malformed --volume"),
-    (["--memory", "lots"], "malformed --memory"),
-    (["--cpus", "100000"], "CPUs"),
-    (["--shm-size", "-1g"], "--shm-size"),
-    (["--name", "bad name!"], "invalid environment name"),
-    (["--gpus", "7,9", "--inventory", str(FIX / "inventory-8xh200.json")], "no GPU 9"),
-    (["--gpus", "1", "--inventory", "/nonexistent.json"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gpus", "two"], "malformed --gpus"),
+        (["--gpus", "0"], "device=0"),
+        (["--volume", "/nonexistent-dir-xyz:/data"], "does not exist"),
+        (["--volume", "relative-only"], "malformed --volume"),
+        (["--memory", "lots"], "malformed --memory"),
+        (["--cpus", "100000"], "CPUs"),
+        (["--shm-size", "-1g"], "--shm-size"),
+        (["--name", "bad name!"], "invalid environment name"),
+        (["--gpus", "7,9", "--inventory", str(FIX / "inventory-8xh200.json")], "no GPU 9"),
+        (["--gpus", "1", "--inventory", "/nonexistent.json"], "does not exist"),
+    ],
+)
 def test_up_bad_input(cli, env, args, needle):
     one_line_error(cli("up", "--image", "x:y", *args, env=env), needle)
 
@@ -51,8 +56,9 @@ def test_up_without_ssh_key_says_how_to_make_one(cli, env, tmp_path):
     one_line_error(cli("up", "--image", "x:y", env=env), "ssh-keygen -t ed25519", "--no-ssh")
 
 
-@pytest.mark.parametrize("argv", [["up", "--image", "x:y"], ["ps"], ["logs", "a"], ["exec", "a", "--", "true"],
-                                  ["down", "a"]])
+@pytest.mark.parametrize(
+    "argv", [["up", "--image", "x:y"], ["ps"], ["logs", "a"], ["exec", "a", "--", "true"], ["down", "a"]]
+)
 def test_engine_not_running_says_how_to_start_it(cli, env, argv):
     r = cli(*argv, env=env)
     one_line_error(r, "cannot reach the Docker engine", "systemctl start docker")

@@ -23,8 +23,16 @@ def inv():
 
 
 def take(ledger, inv, gpus, name, share=False, live=None):
-    return acquire(ledger, inv, parse_gpus(gpus), user="u", container=name, share=share, live=live,
-                   listed_at_s=time.time())
+    return acquire(
+        ledger,
+        inv,
+        parse_gpus(gpus),
+        user="u",
+        container=name,
+        share=share,
+        live=live,
+        listed_at_s=time.time(),
+    )
 
 
 def test_exclusive_then_no_free_names_holders(tmp_path, inv):
@@ -81,8 +89,16 @@ def test_pending_lease_of_dead_process_is_freed(tmp_path, inv):
 def _worker(state: str, name: str, queue) -> None:
     led = Ledger.open(Path(state))
     try:
-        units = acquire(led, load_snapshot(FIXTURE), parse_gpus("1"), user="u", container=name, share=False,
-                        live=None, listed_at_s=time.time())
+        units = acquire(
+            led,
+            load_snapshot(FIXTURE),
+            parse_gpus("1"),
+            user="u",
+            container=name,
+            share=False,
+            live=None,
+            listed_at_s=time.time(),
+        )
         queue.put((name, units[0].uuid))
     except NoFreeGpu as err:
         queue.put((name, f"ERR {err.one_line()}"))
@@ -107,3 +123,13 @@ def test_wal_mode(tmp_path):
     led = Ledger.open(tmp_path)
     assert led.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert os.path.exists(tmp_path / "leases.sqlite3")
+
+
+def test_same_name_twice_is_refused(tmp_path, inv):
+    from torchrig.errors import InputError
+
+    led = Ledger.open(tmp_path)
+    take(led, inv, "1", "same")
+    with pytest.raises(InputError, match="being started or holds GPUs"):
+        take(led, inv, "1", "same")
+    assert len(led.leases()) == 1

@@ -23,8 +23,17 @@ def mig(request) -> Inventory:
     return load_snapshot(Path(request.config.rootpath) / "tests/fixtures/runtime/mig-1xh100-3-instances.json")
 
 
-@pytest.mark.parametrize("text,kind", [("all", "all"), ("2", "count"), ("0,2", "indices"), ("device=1", "indices"),
-                                       ("GPU-5f0e2a6c-0000-4b1e-9c3d-8a7e6f5d4c00", "uuids"), (None, "none")])
+@pytest.mark.parametrize(
+    "text,kind",
+    [
+        ("all", "all"),
+        ("2", "count"),
+        ("0,2", "indices"),
+        ("device=1", "indices"),
+        ("GPU-5f0e2a6c-0000-4b1e-9c3d-8a7e6f5d4c00", "uuids"),
+        (None, "none"),
+    ],
+)
 def test_parse_gpus_forms(text, kind):
     assert parse_gpus(text).kind == kind
 
@@ -71,7 +80,7 @@ def test_mig_instances_are_units_and_whole_mig_gpu_is_not(mig):
     assert sum(u.is_mig for u in units) == 3
     assert [u.gpu_index for u in units if not u.is_mig] == [1]
     with pytest.raises(InputError, match="MIG mode"):
-        resolve_named(parse_gpus("0"+","), mig)
+        resolve_named(parse_gpus("0" + ","), mig)
     inst = resolve_named(parse_gpus(units[0].uuid), mig)
     assert inst[0].is_mig
     assert pick(units, 1)[0].gpu_index == 1  # a count never picks MIG instances

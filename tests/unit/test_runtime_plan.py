@@ -14,14 +14,19 @@ UNITS = (Unit("GPU-aaaa", 0, "0", False, 0, "nv"), Unit("GPU-bbbb", 1, "1", Fals
 
 def plan(**kw):
     host, units = kw.pop("host", HOST), kw.pop("units", ())
-    req = UpRequest(image="torchrig/pytorch:t", name="alice-1", user="alice", gpus=kw.pop("gpus", NO_GPUS), **kw)
+    req = UpRequest(
+        image="torchrig/pytorch:t", name="alice-1", user="alice", gpus=kw.pop("gpus", NO_GPUS), **kw
+    )
     return make_plan(req, IMAGE, host, units)
 
 
 def test_defaults_are_safe():
     p = plan()
     assert {x.host_ip for x in p.ports} == {"127.0.0.1"} and all(x.host_port is None for x in p.ports)
-    assert {(u.name, u.soft, u.hard) for u in p.ulimits} == {("memlock", -1, -1), ("stack", 67108864, 67108864)}
+    assert {(u.name, u.soft, u.hard) for u in p.ulimits} == {
+        ("memlock", -1, -1),
+        ("stack", 67108864, 67108864),
+    }
     assert p.shm_size_bytes == 16 * 2**30  # a quarter of 64 GiB
     assert p.env["TORCHRIG_SERVICES"] == "jupyter,ssh" and p.command is None
     assert p.container_user == "torch" and p.container_uid == 1000
@@ -38,9 +43,16 @@ def test_gpus_become_device_requests_by_uuid():
     req = UpRequest(image="i", name="n", user="u", gpus=parse_gpus("2"))
     p = make_plan(req, IMAGE, HOST, UNITS)
     (d,) = p.device_requests
-    assert d.driver == "nvidia" and d.device_ids == ("GPU-aaaa", "GPU-bbbb") and ("gpu", "compute", "utility") in d.capabilities
+    assert (
+        d.driver == "nvidia"
+        and d.device_ids == ("GPU-aaaa", "GPU-bbbb")
+        and ("gpu", "compute", "utility") in d.capabilities
+    )
     p = make_plan(req, IMAGE, HostFacts(1000, 1000, 2**36, "box", cdi=True), UNITS)
-    assert p.device_requests[0].driver == "cdi" and p.device_requests[0].device_ids[0] == "nvidia.com/gpu=GPU-aaaa"
+    assert (
+        p.device_requests[0].driver == "cdi"
+        and p.device_requests[0].device_ids[0] == "nvidia.com/gpu=GPU-aaaa"
+    )
     assert p.labels["torchrig.gpus"] == "GPU-aaaa,GPU-bbbb"
     assert "--device=nvidia.com/gpu=GPU-bbbb" in p.docker_run()
 

@@ -60,8 +60,13 @@ def test_torch_arch_list_form_is_understood():
     assert preflight(labels(archs="8.0;9.0+PTX"), inv, inv.units()[:1], load_host_kb).ok
 
 
-@pytest.mark.parametrize("lab,code,sev", [({}, "image_unlabelled", Severity.CAVEAT),
-                                           ({LABEL_TORCH: "2.9.1+cpu", LABEL_CUDA: "cpu"}, "cpu_only_image", Severity.FAIL)])
+@pytest.mark.parametrize(
+    "lab,code,sev",
+    [
+        ({}, "image_unlabelled", Severity.CAVEAT),
+        ({LABEL_TORCH: "2.9.1+cpu", LABEL_CUDA: "cpu"}, "cpu_only_image", Severity.FAIL),
+    ],
+)
 def test_unlabelled_and_cpu_images(lab, code, sev):
     inv = load_snapshot(FIX / "inventory-8xh200.json")
     pf = preflight(lab, inv, inv.units()[:1], load_host_kb)

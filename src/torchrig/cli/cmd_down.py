@@ -18,8 +18,13 @@ from torchrig.report import SimpleReport
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", metavar="NAME", nargs="+", help="the environment(s) (see 'torchrig ps')")
     parser.add_argument("--force", action="store_true", help="also take down other users' environments")
-    parser.add_argument("--timeout", metavar="SECONDS", type=int, default=10,
-                        help="seconds to wait after SIGTERM before SIGKILL (default 10)")
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=int,
+        default=10,
+        help="seconds to wait after SIGTERM before SIGKILL (default 10)",
+    )
 
 
 def run(args: argparse.Namespace) -> SimpleReport:
@@ -34,13 +39,17 @@ def run(args: argparse.Namespace) -> SimpleReport:
     envs = [engine.find(n) for n in args.names]  # every name checked before anything is removed
     for env in envs:
         if env.user != me and not args.force:
-            raise InputError(f"{env.name!r} belongs to {env.user}, not {me}", hint="pass --force to take it down anyway")
+            raise InputError(
+                f"{env.name!r} belongs to {env.user}, not {me}", hint="pass --force to take it down anyway"
+            )
     done: list[dict[str, Any]] = []
     for env in envs:
         engine.remove(env.id, stop_timeout_s=args.timeout)
         freed = ledger.release(env.name)
         done.append({"name": env.name, "user": env.user, "freed_gpus": [f.unit_label for f in freed]})
     reconcile(ledger, engine)
-    text = "\n".join(f"removed {d['name']}" + (f"; freed GPU {', '.join(d['freed_gpus'])}" if d["freed_gpus"] else "")
-                     for d in done)
+    text = "\n".join(
+        f"removed {d['name']}" + (f"; freed GPU {', '.join(d['freed_gpus'])}" if d["freed_gpus"] else "")
+        for d in done
+    )
     return SimpleReport({"removed": done}, text)

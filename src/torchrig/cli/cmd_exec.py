@@ -36,7 +36,9 @@ def run(args: argparse.Namespace) -> SimpleReport:
     engine = Engine.connect()
     env = engine.find(args.name)
     if env.state != "running":
-        raise InputError(f"environment {env.name!r} is {env.state}, not running", hint=f"see 'torchrig logs {env.name}'")
+        raise InputError(
+            f"environment {env.name!r} is {env.state}, not running", hint=f"see 'torchrig logs {env.name}'"
+        )
     user = "root" if args.root else (env.container_user or "")
     exec_id, stream = engine.exec(env.id, argv, user, args.workdir)
     out: list[bytes] = []
@@ -55,5 +57,7 @@ def run(args: argparse.Namespace) -> SimpleReport:
     code = engine.exec_exit_code(exec_id)
     data = {"name": env.name, "argv": argv, "exit_code": code}
     if args.json:
-        data.update(stdout=b"".join(out).decode(errors="replace"), stderr=b"".join(err).decode(errors="replace"))
+        data.update(
+            stdout=b"".join(out).decode(errors="replace"), stderr=b"".join(err).decode(errors="replace")
+        )
     return SimpleReport(data, "", code)

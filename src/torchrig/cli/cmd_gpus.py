@@ -27,7 +27,9 @@ from torchrig.report import table
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--free", action="store_true", help="only the GPUs nobody holds")
     parser.add_argument("--inventory", metavar="FILE", help="use a recorded GPU inventory (testing hook)")
-    parser.add_argument("--record", metavar="FILE", help="write this host's inventory (NVML) to FILE and exit")
+    parser.add_argument(
+        "--record", metavar="FILE", help="write this host's inventory (NVML) to FILE and exit"
+    )
 
 
 def _mib(used: int | None, total: int | None) -> str:
@@ -51,20 +53,39 @@ class Board:
         out = []
         labels = {u.uuid: u.label for u in self.inventory.units()}
         for g in self.inventory.gpus:
-            units = [(m.uuid, labels.get(m.uuid, m.uuid), m.name, None, m.memory_total_mib)
-                     for m in g.mig] if g.mig_enabled else [(g.uuid, str(g.index), g.name, g.memory_used_mib, g.memory_total_mib)]
+            units = (
+                [(m.uuid, labels.get(m.uuid, m.uuid), m.name, None, m.memory_total_mib) for m in g.mig]
+                if g.mig_enabled
+                else [(g.uuid, str(g.index), g.name, g.memory_used_mib, g.memory_total_mib)]
+            )
             for uuid, label, name, used, total in units:
                 hs = held.get(uuid, [])
-                out.append({"gpu": label, "uuid": uuid, "name": name, "memory_used_mib": used, "memory_total_mib": total,
-                            "utilization_gpu_pct": g.utilization_gpu_pct, "numa_node": g.numa_node,
-                            "nvlink_domain": g.nvlink_domain,
-                            "holders": [{"user": h.user, "container": h.container, "shared": h.shared} for h in hs]})
+                out.append(
+                    {
+                        "gpu": label,
+                        "uuid": uuid,
+                        "name": name,
+                        "memory_used_mib": used,
+                        "memory_total_mib": total,
+                        "utilization_gpu_pct": g.utilization_gpu_pct,
+                        "numa_node": g.numa_node,
+                        "nvlink_domain": g.nvlink_domain,
+                        "holders": [
+                            {"user": h.user, "container": h.container, "shared": h.shared} for h in hs
+                        ],
+                    }
+                )
         return [r for r in out if not r["holders"]] if self.free_only else out
 
     def to_json(self) -> dict[str, Any]:
         inv = self.inventory
-        return {"source": inv.source, "driver_version": inv.driver_version, "cuda_driver_version": inv.cuda_driver_version,
-                "gpus": self.rows(), "notes": self.notes}
+        return {
+            "source": inv.source,
+            "driver_version": inv.driver_version,
+            "cuda_driver_version": inv.cuda_driver_version,
+            "gpus": self.rows(),
+            "notes": self.notes,
+        }
 
     def render_text(self) -> str:
         inv = self.inventory
@@ -72,11 +93,27 @@ class Board:
             return f"no NVIDIA GPU on this host ({inv.source})"
         rows = []
         for r in self.rows():
-            who = ", ".join(f"{h['user']}/{h['container']}{' (shared)' if h['shared'] else ''}" for h in r["holders"]) or "free"
+            who = (
+                ", ".join(
+                    f"{h['user']}/{h['container']}{' (shared)' if h['shared'] else ''}" for h in r["holders"]
+                )
+                or "free"
+            )
             util = "?" if r["utilization_gpu_pct"] is None else f"{r['utilization_gpu_pct']}%"
-            rows.append([r["gpu"], r["name"], _mib(r["memory_used_mib"], r["memory_total_mib"]), util,
-                         "?" if r["numa_node"] is None else r["numa_node"], r["nvlink_domain"] or "-", who])
-        head = f"driver {inv.driver_version or '?'} (CUDA {inv.cuda_driver_version or '?'}), from {inv.source}"
+            rows.append(
+                [
+                    r["gpu"],
+                    r["name"],
+                    _mib(r["memory_used_mib"], r["memory_total_mib"]),
+                    util,
+                    "?" if r["numa_node"] is None else r["numa_node"],
+                    r["nvlink_domain"] or "-",
+                    who,
+                ]
+            )
+        head = (
+            f"driver {inv.driver_version or '?'} (CUDA {inv.cuda_driver_version or '?'}), from {inv.source}"
+        )
         text = head + "\n" + table(["GPU", "NAME", "MEMORY", "UTIL", "NUMA", "NVLINK", "HELD BY"], rows)
         return text + "".join(f"\nnote: {n}" for n in self.notes)
 
@@ -94,7 +131,10 @@ def run(args: argparse.Namespace) -> Any:
         if not inv.gpus:
             raise InputError(f"no GPU to record: {inv.source}", hint="run this on the GPU host")
         Path(args.record).write_text(json.dumps(to_dict(inv), indent=2) + "\n")
-        return SimpleReport({"recorded": args.record, "gpus": len(inv.gpus)}, f"recorded {len(inv.gpus)} GPU(s) to {args.record}")
+        return SimpleReport(
+            {"recorded": args.record, "gpus": len(inv.gpus)},
+            f"recorded {len(inv.gpus)} GPU(s) to {args.record}",
+        )
     inv = current(args.inventory)
     ledger = Ledger.open()
     notes = []
@@ -104,7 +144,9 @@ def run(args: argparse.Namespace) -> Any:
 
         freed = reconcile(ledger, Engine.connect(timeout_s=5))
         if freed:
-            notes.append("freed leases of gone environments: " + ", ".join(sorted({f.container for f in freed})))
+            notes.append(
+                "freed leases of gone environments: " + ", ".join(sorted({f.container for f in freed}))
+            )
     except EngineUnavailable as err:
         notes.append(f"holders not reconciled with the engine: {err.one_line()}")
     return Board(inv, ledger.leases(), notes, args.free)

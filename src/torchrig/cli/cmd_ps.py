@@ -30,8 +30,10 @@ class PsReport:
     exit_code: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"environments": [dict(jsonable(e), alive=e.alive) for e in self.envs],
-                "freed_leases": jsonable(self.freed)}
+        return {
+            "environments": [dict(jsonable(e), alive=e.alive) for e in self.envs],
+            "freed_leases": jsonable(self.freed),
+        }
 
     def render_text(self) -> str:
         if not self.envs:
@@ -42,7 +44,9 @@ class PsReport:
             rows.append([e.name, e.user, e.status, ",".join(e.gpu_labels) or "-", ports or "-", e.image])
         text = table(["NAME", "USER", "STATE", "GPUS", "PORTS", "IMAGE"], rows)
         if self.freed:
-            text += "\nfreed leases of gone environments: " + ", ".join(sorted({f.container for f in self.freed}))
+            text += "\nfreed leases of gone environments: " + ", ".join(
+                sorted({f.container for f in self.freed})
+            )
         return text
 
 

@@ -46,35 +46,65 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--image", metavar="REF", help="the image to run (e.g. one 'torchrig image build' made)")
     src.add_argument("--spec", metavar="FILE", help="a torchrig.toml image spec: runs the image it builds")
-    parser.add_argument("--gpus", metavar="WHICH", help="all | N | 0,2 | GPU-UUID,... | MIG-UUID (default: none)")
-    parser.add_argument("--share", action="store_true", help="share the GPUs with other --share leases, deliberately")
+    parser.add_argument(
+        "--gpus", metavar="WHICH", help="all | N | 0,2 | GPU-UUID,... | MIG-UUID (default: none)"
+    )
+    parser.add_argument(
+        "--share", action="store_true", help="share the GPUs with other --share leases, deliberately"
+    )
     parser.add_argument("--user", metavar="NAME", help="who the lease is for (default: you)")
     parser.add_argument("--name", metavar="NAME", help="the environment's name (default: USER-xxxx)")
-    parser.add_argument("--volume", "-v", metavar="HOST:CONTAINER[:ro]", action="append", default=[],
-                        help="bind-mount a host directory (repeatable); it must exist")
+    parser.add_argument(
+        "--volume",
+        "-v",
+        metavar="HOST:CONTAINER[:ro]",
+        action="append",
+        default=[],
+        help="bind-mount a host directory (repeatable); it must exist",
+    )
     parser.add_argument("--memory", metavar="SIZE", help="memory limit, e.g. 64g")
     parser.add_argument("--cpus", metavar="N", help="CPU limit, e.g. 16 or 2.5")
     parser.add_argument("--shm-size", metavar="SIZE", help="size of /dev/shm (default: see above)")
-    parser.add_argument("--ulimit", metavar="NAME=SOFT[:HARD]", action="append", default=[],
-                        help="override a ulimit (repeatable), e.g. memlock=8388608 where dockerd may not go higher")
+    parser.add_argument(
+        "--ulimit",
+        metavar="NAME=SOFT[:HARD]",
+        action="append",
+        default=[],
+        help="override a ulimit (repeatable), e.g. memlock=8388608 where dockerd may not go higher",
+    )
     parser.add_argument("--no-jupyter", action="store_true", help="do not start JupyterLab")
     parser.add_argument("--no-ssh", action="store_true", help="do not start sshd")
-    parser.add_argument("--ssh-key", metavar="FILE", help="the public key to authorise (default: from ~/.ssh)")
-    parser.add_argument("--public", action="store_true",
-                        help="publish ports on every interface (Docker's published ports bypass ufw)")
+    parser.add_argument(
+        "--ssh-key", metavar="FILE", help="the public key to authorise (default: from ~/.ssh)"
+    )
+    parser.add_argument(
+        "--public",
+        action="store_true",
+        help="publish ports on every interface (Docker's published ports bypass ufw)",
+    )
     parser.add_argument("--inventory", metavar="FILE", help="use a recorded GPU inventory (testing hook)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan; lease and start nothing")
-    parser.add_argument("--create-only", action="store_true",
-                        help="create the container and take its lease, but do not start it")
-    parser.add_argument("--wait", metavar="SECONDS", type=float, default=120.0,
-                        help="wait until JupyterLab and sshd answer (default 120; 0: do not wait)")
+    parser.add_argument(
+        "--create-only",
+        action="store_true",
+        help="create the container and take its lease, but do not start it",
+    )
+    parser.add_argument(
+        "--wait",
+        metavar="SECONDS",
+        type=float,
+        default=120.0,
+        help="wait until JupyterLab and sshd answer (default 120; 0: do not wait)",
+    )
 
 
 def _image_ref(args: argparse.Namespace) -> str:
     if args.image:
         return str(args.image)
     if not args.spec:
-        raise UsageError("no image given", hint="pass --image REF (see 'docker images') or --spec torchrig.toml")
+        raise UsageError(
+            "no image given", hint="pass --image REF (see 'docker images') or --spec torchrig.toml"
+        )
     from torchrig.image.spec import load_spec
 
     spec = load_spec(Path(args.spec))
@@ -102,7 +132,10 @@ def request_from(args: argparse.Namespace) -> Any:
         memory_bytes=parse_size(args.memory, "--memory") if args.memory else None,
         nano_cpus=parse_cpus(args.cpus, os.cpu_count() or 1) if args.cpus else None,
         shm_size_bytes=parse_size(args.shm_size, "--shm-size") if args.shm_size else None,
-        jupyter=not args.no_jupyter, ssh=not args.no_ssh, public=args.public, share=args.share,
+        jupyter=not args.no_jupyter,
+        ssh=not args.no_ssh,
+        public=args.public,
+        share=args.share,
         ulimits=tuple(parse_ulimit(u) for u in args.ulimit),
     )
 
@@ -117,9 +150,16 @@ class UpReport:
 
     def to_json(self) -> dict[str, Any]:
         r = self.result
-        return {"state": r.state, "name": r.plan.name, "jupyter_url": r.jupyter_url, "ssh_command": r.ssh_command,
-                "host_ports": r.host_ports, "preflight": jsonable(list(r.preflight)), "plan": jsonable(r.plan),
-                "docker_run": r.plan.docker_run()}
+        return {
+            "state": r.state,
+            "name": r.plan.name,
+            "jupyter_url": r.jupyter_url,
+            "ssh_command": r.ssh_command,
+            "host_ports": r.host_ports,
+            "preflight": jsonable(list(r.preflight)),
+            "plan": jsonable(r.plan),
+            "docker_run": r.plan.docker_run(),
+        }
 
     def render_text(self) -> str:
         r = self.result
@@ -127,14 +167,22 @@ class UpReport:
         gpus = ", ".join(u.label for u in p.gpus) or "none"
         lines = []
         if r.state == "planned":
-            lines += [f"plan for {p.name} (dry run: nothing leased or started)", f"  image    {p.image}",
-                      f"  GPUs     {gpus}", f"  shm      {p.shm_size_bytes / 2**30:.1f} GiB",
-                      "  ulimits  " + ", ".join(f"{u.name}={u.soft}" for u in p.ulimits),
-                      "  ports    " + (", ".join(f"{x.service} {x.host_ip}:auto->{x.container_port}" for x in p.ports) or "none"),
-                      f"  as       {p.docker_run()}"]
+            lines += [
+                f"plan for {p.name} (dry run: nothing leased or started)",
+                f"  image    {p.image}",
+                f"  GPUs     {gpus}",
+                f"  shm      {p.shm_size_bytes / 2**30:.1f} GiB",
+                "  ulimits  " + ", ".join(f"{u.name}={u.soft}" for u in p.ulimits),
+                "  ports    "
+                + (", ".join(f"{x.service} {x.host_ip}:auto->{x.container_port}" for x in p.ports) or "none"),
+                f"  as       {p.docker_run()}",
+            ]
         elif r.state == "created":
-            lines += [f"environment {p.name} created, not started (GPUs {gpus} leased to {p.user})",
-                      f"  start it  docker start {p.name}", f"  remove it torchrig down {p.name}"]
+            lines += [
+                f"environment {p.name} created, not started (GPUs {gpus} leased to {p.user})",
+                f"  start it  docker start {p.name}",
+                f"  remove it torchrig down {p.name}",
+            ]
         else:
             lines += [f"environment {p.name} is up: image {p.image}, GPUs {gpus}, leased to {p.user}"]
             if r.jupyter_url:
@@ -156,6 +204,12 @@ def run(args: argparse.Namespace) -> UpReport:
     req = request_from(args)
     if args.wait < 0:
         raise UsageError("--wait must be ≥ 0")
-    result = run_up(req, inventory_path=args.inventory, ssh_key_path=args.ssh_key, dry_run=args.dry_run,
-                    create_only=args.create_only, wait_s=args.wait or None)
+    result = run_up(
+        req,
+        inventory_path=args.inventory,
+        ssh_key_path=args.ssh_key,
+        dry_run=args.dry_run,
+        create_only=args.create_only,
+        wait_s=args.wait or None,
+    )
     return UpReport(result)

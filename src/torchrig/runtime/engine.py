@@ -19,10 +19,14 @@ from torchrig.errors import EngineUnavailable, InputError
 from torchrig.runtime.plan import LABEL_PREFIX, ImageFacts, UpPlan
 
 LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
-START_HINT = ("start it: 'sudo systemctl start docker' (or 'sudo dockerd &'); if it runs, check DOCKER_HOST "
-              "and that your user may use it ('sudo usermod -aG docker $USER', then log in again)")
-NO_GPU_RUNTIME_HINT = ("install the NVIDIA Container Toolkit and configure Docker for it "
-                       "('sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker')")
+START_HINT = (
+    "start it: 'sudo systemctl start docker' (or 'sudo dockerd &'); if it runs, check DOCKER_HOST "
+    "and that your user may use it ('sudo usermod -aG docker $USER', then log in again)"
+)
+NO_GPU_RUNTIME_HINT = (
+    "install the NVIDIA Container Toolkit and configure Docker for it "
+    "('sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker')"
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,9 @@ class Engine:
             client.ping()
         except Exception as err:  # DockerException, requests' ConnectionError, PermissionError ...
             reason = str(err).split("(")[0].strip() or type(err).__name__
-            raise EngineUnavailable(f"cannot reach the Docker engine at {where} ({reason})", hint=START_HINT) from None
+            raise EngineUnavailable(
+                f"cannot reach the Docker engine at {where} ({reason})", hint=START_HINT
+            ) from None
         return cls(client)
 
     # ---- images ---------------------------------------------------------------------------------
@@ -78,12 +84,16 @@ class Engine:
         try:
             img = self.client.images.get(ref)
         except self.errors.ImageNotFound:
-            raise InputError(f"image {ref!r} is not on this host",
-                             hint="build it with 'torchrig image build', or 'docker pull' it first") from None
+            raise InputError(
+                f"image {ref!r} is not on this host",
+                hint="build it with 'torchrig image build', or 'docker pull' it first",
+            ) from None
         except self.errors.APIError as err:
             raise InputError(f"image {ref!r}: {err.explanation or err}") from None
         config = img.attrs.get("Config") or {}
-        return ImageFacts(ref=ref, id=img.id, labels=dict(config.get("Labels") or {}), user=config.get("User") or None)
+        return ImageFacts(
+            ref=ref, id=img.id, labels=dict(config.get("Labels") or {}), user=config.get("User") or None
+        )
 
     def cdi_available(self) -> bool:
         """CDI device names work when the engine has CDI enabled and the host has an nvidia.com/gpu spec."""
@@ -106,18 +116,27 @@ class Engine:
         labels = attrs.get("Config", {}).get("Labels") or {}
         ports: dict[str, tuple[str, int]] = {}
         published = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
-        wanted = {"jupyter": labels.get(f"{LABEL_PREFIX}jupyter_port"), "ssh": labels.get(f"{LABEL_PREFIX}ssh_port")}
+        wanted = {
+            "jupyter": labels.get(f"{LABEL_PREFIX}jupyter_port"),
+            "ssh": labels.get(f"{LABEL_PREFIX}ssh_port"),
+        }
         for service, cport in wanted.items():
             binding = published.get(f"{cport}/tcp") if cport else None
             if binding:
                 ports[service] = (binding[0]["HostIp"], int(binding[0]["HostPort"]))
         state = attrs.get("State") or {}
         return EnvRecord(
-            name=c.name, id=c.id, user=labels.get(f"{LABEL_PREFIX}user", "?"),
-            image=labels.get(f"{LABEL_PREFIX}image", ""), state=state.get("Status", c.status),
-            status=_human_status(state), gpu_uuids=_split(labels.get(f"{LABEL_PREFIX}gpus")),
-            gpu_labels=_split(labels.get(f"{LABEL_PREFIX}gpu_labels")), ports=ports,
-            container_user=labels.get(f"{LABEL_PREFIX}container_user") or None, created=attrs.get("Created", ""),
+            name=c.name,
+            id=c.id,
+            user=labels.get(f"{LABEL_PREFIX}user", "?"),
+            image=labels.get(f"{LABEL_PREFIX}image", ""),
+            state=state.get("Status", c.status),
+            status=_human_status(state),
+            gpu_uuids=_split(labels.get(f"{LABEL_PREFIX}gpus")),
+            gpu_labels=_split(labels.get(f"{LABEL_PREFIX}gpu_labels")),
+            ports=ports,
+            container_user=labels.get(f"{LABEL_PREFIX}container_user") or None,
+            created=attrs.get("Created", ""),
         )
 
     def environments(self) -> list[EnvRecord]:
@@ -125,8 +144,9 @@ class Engine:
         try:
             found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}managed=1"})
         except self.errors.APIError as err:
-            raise EngineUnavailable(f"the Docker engine failed to list containers: {err.explanation or err}",
-                                    hint=START_HINT) from None
+            raise EngineUnavailable(
+                f"the Docker engine failed to list containers: {err.explanation or err}", hint=START_HINT
+            ) from None
         out = []
         for c in found:
             try:
@@ -148,8 +168,10 @@ class Engine:
                 return r
         from torchrig.fuzzy import did_you_mean
 
-        raise InputError(f"no torchrig environment named {name!r}",
-                         hint=did_you_mean(name, [r.name for r in envs]) or "see 'torchrig ps'")
+        raise InputError(
+            f"no torchrig environment named {name!r}",
+            hint=did_you_mean(name, [r.name for r in envs]) or "see 'torchrig ps'",
+        )
 
     def exists(self, name: str) -> bool:
         try:
@@ -165,14 +187,28 @@ class Engine:
         for p in plan.ports:
             labels[f"{LABEL_PREFIX}{p.service}_port"] = str(p.container_port)
         kwargs: dict[str, Any] = {
-            "image": plan.image_id, "name": plan.name, "hostname": plan.name, "detach": True, "init": True,
-            "labels": labels, "environment": plan.env, "shm_size": plan.shm_size_bytes,
+            "image": plan.image_id,
+            "name": plan.name,
+            "hostname": plan.name,
+            "detach": True,
+            "init": True,
+            "labels": labels,
+            "environment": plan.env,
+            "shm_size": plan.shm_size_bytes,
             "ulimits": [t.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in plan.ulimits],
             "ports": {f"{p.container_port}/tcp": (p.host_ip, None) for p in plan.ports},
-            "mounts": [t.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only) for m in plan.mounts],
-            "device_requests": [t.DeviceRequest(driver=d.driver, device_ids=list(d.device_ids),
-                                                capabilities=[list(c) for c in d.capabilities])
-                                for d in plan.device_requests],
+            "mounts": [
+                t.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+                for m in plan.mounts
+            ],
+            "device_requests": [
+                t.DeviceRequest(
+                    driver=d.driver,
+                    device_ids=list(d.device_ids),
+                    capabilities=[list(c) for c in d.capabilities],
+                )
+                for d in plan.device_requests
+            ],
         }
         if plan.command:
             kwargs["command"] = list(plan.command)
@@ -187,9 +223,13 @@ class Engine:
             c = self.client.containers.create(**self.create_kwargs(plan))
         except self.errors.APIError as err:
             if err.status_code == 409:
-                raise InputError(f"a container named {plan.name!r} already exists",
-                                 hint="pick another --name, or 'torchrig down' it") from None
-            raise InputError(f"the engine refused to create {plan.name!r}: {err.explanation or err}") from None
+                raise InputError(
+                    f"a container named {plan.name!r} already exists",
+                    hint="pick another --name, or 'torchrig down' it",
+                ) from None
+            raise InputError(
+                f"the engine refused to create {plan.name!r}: {err.explanation or err}"
+            ) from None
         return str(c.id)
 
     def put_files(self, container_id: str, files: dict[str, bytes], uid: int, mode: int) -> None:
@@ -213,14 +253,16 @@ class Engine:
         except self.errors.APIError as err:
             text = str(err.explanation or err)
             if "could not select device driver" in text or "unresolvable CDI devices" in text:
-                raise EngineUnavailable(f"this Docker engine cannot give containers GPUs ({text})",
-                                        hint=NO_GPU_RUNTIME_HINT) from None
+                raise EngineUnavailable(
+                    f"this Docker engine cannot give containers GPUs ({text})", hint=NO_GPU_RUNTIME_HINT
+                ) from None
             if "setting rlimit" in text and "operation not permitted" in text:
                 raise EngineUnavailable(
                     "the Docker engine may not raise the container's ulimits (memlock=-1 needs dockerd to run with "
                     "LimitMEMLOCK=infinity and CAP_SYS_RESOURCE)",
                     hint="set LimitMEMLOCK=infinity in docker.service and restart dockerd, or pass a lower "
-                         "--ulimit memlock=BYTES") from None
+                    "--ulimit memlock=BYTES",
+                ) from None
             raise InputError(f"the engine could not start the container: {text}") from None
 
     def inspect(self, container_id: str) -> dict[str, Any]:
@@ -246,15 +288,21 @@ class Engine:
 
     def logs(self, name: str, *, tail: int | None, follow: bool, timestamps: bool) -> Iterator[bytes]:
         c = self.client.containers.get(name)
-        return c.logs(stream=True, follow=follow, tail=tail if tail is not None else "all", timestamps=timestamps)
+        return c.logs(
+            stream=True, follow=follow, tail=tail if tail is not None else "all", timestamps=timestamps
+        )
 
-    def exec(self, name: str, argv: list[str], user: str | None, workdir: str | None) -> tuple[int, Iterator[tuple[bytes | None, bytes | None]]]:
+    def exec(
+        self, name: str, argv: list[str], user: str | None, workdir: str | None
+    ) -> tuple[int, Iterator[tuple[bytes | None, bytes | None]]]:
         api = self.client.api
         try:
             ex = api.exec_create(name, argv, user=user or "", workdir=workdir, stdout=True, stderr=True)
         except self.errors.APIError as err:
-            raise InputError(f"cannot run a command in {name!r}: {err.explanation or err}",
-                             hint="is it running? see 'torchrig ps'") from None
+            raise InputError(
+                f"cannot run a command in {name!r}: {err.explanation or err}",
+                hint="is it running? see 'torchrig ps'",
+            ) from None
         stream = api.exec_start(ex["Id"], stream=True, demux=True)
         return ex["Id"], stream
 

@@ -93,41 +93,64 @@ class Inventory:
 
 def _mig_from(d: dict[str, Any]) -> MigRecord:
     return MigRecord(
-        uuid=str(d["uuid"]), parent_uuid=str(d["parent_uuid"]), parent_index=int(d["parent_index"]),
-        gpu_instance_id=d.get("gpu_instance_id"), compute_instance_id=d.get("compute_instance_id"),
-        name=str(d.get("name", "MIG")), memory_total_mib=d.get("memory_total_mib"),
+        uuid=str(d["uuid"]),
+        parent_uuid=str(d["parent_uuid"]),
+        parent_index=int(d["parent_index"]),
+        gpu_instance_id=d.get("gpu_instance_id"),
+        compute_instance_id=d.get("compute_instance_id"),
+        name=str(d.get("name", "MIG")),
+        memory_total_mib=d.get("memory_total_mib"),
     )
 
 
 def _gpu_from(d: dict[str, Any]) -> GpuRecord:
     return GpuRecord(
-        index=int(d["index"]), uuid=str(d["uuid"]), name=str(d["name"]), pci_bus_id=d.get("pci_bus_id"),
-        compute_capability=d.get("compute_capability"), memory_total_mib=d.get("memory_total_mib"),
-        memory_used_mib=d.get("memory_used_mib"), utilization_gpu_pct=d.get("utilization_gpu_pct"),
-        numa_node=d.get("numa_node"), nvlink_domain=d.get("nvlink_domain"),
-        mig_enabled=bool(d.get("mig_enabled", False)), mig=tuple(_mig_from(m) for m in d.get("mig", ())),
+        index=int(d["index"]),
+        uuid=str(d["uuid"]),
+        name=str(d["name"]),
+        pci_bus_id=d.get("pci_bus_id"),
+        compute_capability=d.get("compute_capability"),
+        memory_total_mib=d.get("memory_total_mib"),
+        memory_used_mib=d.get("memory_used_mib"),
+        utilization_gpu_pct=d.get("utilization_gpu_pct"),
+        numa_node=d.get("numa_node"),
+        nvlink_domain=d.get("nvlink_domain"),
+        mig_enabled=bool(d.get("mig_enabled", False)),
+        mig=tuple(_mig_from(m) for m in d.get("mig", ())),
     )
 
 
 def from_dict(data: dict[str, Any], source: str) -> Inventory:
     """Build an inventory from a snapshot dictionary; a malformed one is an :class:`InputError`."""
     if data.get("schema_version") != SNAPSHOT_SCHEMA_VERSION:
-        raise InputError(f"GPU inventory {source}: schema_version must be {SNAPSHOT_SCHEMA_VERSION}",
-                         hint="record a fresh one with 'torchrig gpus --record FILE' on the GPU host")
+        raise InputError(
+            f"GPU inventory {source}: schema_version must be {SNAPSHOT_SCHEMA_VERSION}",
+            hint="record a fresh one with 'torchrig gpus --record FILE' on the GPU host",
+        )
     try:
         gpus = tuple(_gpu_from(g) for g in data["gpus"])
     except (KeyError, TypeError, ValueError) as err:
-        raise InputError(f"GPU inventory {source}: malformed GPU entry ({type(err).__name__}: {err})",
-                         hint="record a fresh one with 'torchrig gpus --record FILE'") from None
-    return Inventory(source=source, driver_version=data.get("driver_version"),
-                     cuda_driver_version=data.get("cuda_driver_version"), gpus=gpus)
+        raise InputError(
+            f"GPU inventory {source}: malformed GPU entry ({type(err).__name__}: {err})",
+            hint="record a fresh one with 'torchrig gpus --record FILE'",
+        ) from None
+    return Inventory(
+        source=source,
+        driver_version=data.get("driver_version"),
+        cuda_driver_version=data.get("cuda_driver_version"),
+        gpus=gpus,
+    )
 
 
 def to_dict(inv: Inventory) -> dict[str, Any]:
     from torchrig.report import jsonable
 
-    return {"schema_version": SNAPSHOT_SCHEMA_VERSION, "driver_version": inv.driver_version,
-            "cuda_driver_version": inv.cuda_driver_version, "gpus": jsonable(list(inv.gpus))}
+    return {
+        "schema_version": SNAPSHOT_SCHEMA_VERSION,
+        "driver_version": inv.driver_version,
+        "cuda_driver_version": inv.cuda_driver_version,
+        "gpus": jsonable(list(inv.gpus)),
+    }
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> Inventory:
@@ -135,8 +158,10 @@ def load_snapshot(path: str | os.PathLike[str]) -> Inventory:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"GPU inventory file {p} does not exist",
-                         hint=f"unset {INVENTORY_ENV} to use NVML, or point it at a recorded snapshot") from None
+        raise InputError(
+            f"GPU inventory file {p} does not exist",
+            hint=f"unset {INVENTORY_ENV} to use NVML, or point it at a recorded snapshot",
+        ) from None
     except (OSError, json.JSONDecodeError) as err:
         raise InputError(f"GPU inventory file {p} is not readable JSON: {err}") from None
     if not isinstance(data, dict):

@@ -25,14 +25,30 @@ def describe_holders(units: tuple[Unit, ...] | list[Unit], held: dict[str, list[
     return "; ".join(parts)
 
 
-def acquire(ledger: Ledger, inv: Inventory, req: GpuRequest, *, user: str, container: str, share: bool,
-            live: Set[str] | None, listed_at_s: float) -> tuple[Unit, ...]:
+def acquire(
+    ledger: Ledger,
+    inv: Inventory,
+    req: GpuRequest,
+    *,
+    user: str,
+    container: str,
+    share: bool,
+    live: Set[str] | None,
+    listed_at_s: float,
+) -> tuple[Unit, ...]:
     """Lease the units ``req`` asks for to ``container``; :class:`NoFreeGpu` names the holders when busy."""
     if not req.wants_gpus:
         return ()
     named = resolve_named(req, inv) if req.kind != "count" else None
     with ledger.transaction() as db:
         ledger.reconcile_in(db, live, listed_at_s)
+        if ledger.container_taken(db, container):
+            from torchrig.errors import InputError
+
+            raise InputError(
+                f"an environment named {container!r} is being started or holds GPUs",
+                hint="pick another --name",
+            )
         held: dict[str, list[Lease]] = defaultdict(list)
         for lease in ledger.leases():
             held[lease.unit_uuid].append(lease)
@@ -44,15 +60,19 @@ def acquire(ledger: Ledger, inv: Inventory, req: GpuRequest, *, user: str, conta
         hint = "wait for one, 'torchrig down NAME' one of yours, or pass --share to share deliberately"
         if named is None:
             whole = [u for u in inv.units() if not u.is_mig]
-            chosen = pick([u for u in whole if available(u)], req.count,
-                          {k: len(v) for k, v in held.items()})
+            chosen = pick([u for u in whole if available(u)], req.count, {k: len(v) for k, v in held.items()})
             if chosen is None:
                 if len(whole) < req.count:
-                    raise NoFreeGpu(f"--gpus {req.count}: this host has only {len(whole)} whole GPU(s) "
-                                    f"({inv.source})", hint="ask for fewer")
+                    raise NoFreeGpu(
+                        f"--gpus {req.count}: this host has only {len(whole)} whole GPU(s) ({inv.source})",
+                        hint="ask for fewer",
+                    )
                 free = sum(1 for u in whole if available(u))
-                raise NoFreeGpu(f"no free GPU: {req.count} wanted, {free} of {len(whole)} free; "
-                                f"{describe_holders(whole, held)}", hint=hint)
+                raise NoFreeGpu(
+                    f"no free GPU: {req.count} wanted, {free} of {len(whole)} free; "
+                    f"{describe_holders(whole, held)}",
+                    hint=hint,
+                )
         else:
             busy = [u for u in named if not available(u)]
             if busy:

@@ -76,8 +76,18 @@ def state_dir() -> Path:
 
 
 def _row(r: sqlite3.Row) -> Lease:
-    return Lease(r["unit_uuid"], r["gpu_index"], r["unit_label"], r["user"], r["container"], r["container_id"],
-                 bool(r["shared"]), r["owner_pid"], r["acquired_at"], r["bound_at"])
+    return Lease(
+        r["unit_uuid"],
+        r["gpu_index"],
+        r["unit_label"],
+        r["user"],
+        r["container"],
+        r["container_id"],
+        bool(r["shared"]),
+        r["owner_pid"],
+        r["acquired_at"],
+        r["bound_at"],
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -103,8 +113,10 @@ class Ledger:
             self.db.execute("PRAGMA busy_timeout=30000")
             self.db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as err:
-            raise EngineUnavailable(f"cannot open the GPU lease ledger {path}: {err}",
-                                    hint=f"make its directory writable, or set {STATE_ENV} to a writable directory") from None
+            raise EngineUnavailable(
+                f"cannot open the GPU lease ledger {path}: {err}",
+                hint=f"make its directory writable, or set {STATE_ENV} to a writable directory",
+            ) from None
         self._share_mode()
 
     @classmethod
@@ -137,7 +149,10 @@ class Ledger:
         self.db.execute("COMMIT")
 
     def leases(self) -> list[Lease]:
-        return [_row(r) for r in self.db.execute("SELECT * FROM leases ORDER BY gpu_index, unit_uuid, acquired_at")]
+        return [
+            _row(r)
+            for r in self.db.execute("SELECT * FROM leases ORDER BY gpu_index, unit_uuid, acquired_at")
+        ]
 
     def reconcile_in(self, db: sqlite3.Connection, live: Set[str] | None, listed_at_s: float) -> list[Lease]:
         """Delete leases whose container is gone (``live``: names of alive containers, listed at
@@ -150,7 +165,9 @@ class Ledger:
             else:
                 dead = live is not None and lease.bound_at_s < listed_at_s and lease.container not in live
             if dead:
-                db.execute("DELETE FROM leases WHERE unit_uuid=? AND container=?", (lease.unit_uuid, lease.container))
+                db.execute(
+                    "DELETE FROM leases WHERE unit_uuid=? AND container=?", (lease.unit_uuid, lease.container)
+                )
                 freed.append(lease)
         return freed
 
@@ -158,19 +175,31 @@ class Ledger:
         with self.transaction() as db:
             return self.reconcile_in(db, live, listed_at_s)
 
-    def insert_in(self, db: sqlite3.Connection, units: Iterable[tuple[str, int, str]], user: str, container: str,
-                  shared: bool) -> None:
+    def insert_in(
+        self,
+        db: sqlite3.Connection,
+        units: Iterable[tuple[str, int, str]],
+        user: str,
+        container: str,
+        shared: bool,
+    ) -> None:
         now = time.time()
         db.executemany(
             "INSERT INTO leases (unit_uuid, gpu_index, unit_label, user, container, shared, owner_pid, acquired_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(uuid, idx, label, user, container, int(shared), os.getpid(), now) for uuid, idx, label in units])
+            [
+                (uuid, idx, label, user, container, int(shared), os.getpid(), now)
+                for uuid, idx, label in units
+            ],
+        )
 
     def bind(self, container: str, container_id: str) -> None:
         """The container exists: its leases now live and die with it."""
         with self.transaction() as db:
-            db.execute("UPDATE leases SET container_id=?, bound_at=? WHERE container=?",
-                       (container_id, time.time(), container))
+            db.execute(
+                "UPDATE leases SET container_id=?, bound_at=? WHERE container=?",
+                (container_id, time.time(), container),
+            )
 
     def release(self, container: str) -> list[Lease]:
         with self.transaction() as db:
@@ -179,4 +208,6 @@ class Ledger:
             return rows
 
     def container_taken(self, db: sqlite3.Connection, container: str) -> bool:
-        return db.execute("SELECT 1 FROM leases WHERE container=? LIMIT 1", (container,)).fetchone() is not None
+        return (
+            db.execute("SELECT 1 FROM leases WHERE container=? LIMIT 1", (container,)).fetchone() is not None
+        )

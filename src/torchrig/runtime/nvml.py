@@ -70,7 +70,9 @@ def _nvlink_peers(pynvml: Any, handle: Any) -> tuple[set[str], bool]:
     return peers, switch
 
 
-def _domains(bus_ids: list[str | None], links: list[tuple[set[str], bool]], cliques: list[str | None]) -> list[str | None]:
+def _domains(
+    bus_ids: list[str | None], links: list[tuple[set[str], bool]], cliques: list[str | None]
+) -> list[str | None]:
     """Union GPUs joined by direct NVLinks or a shared NVSwitch fabric into named domains."""
     n = len(bus_ids)
     parent = list(range(n))
@@ -106,13 +108,17 @@ def _mig_records(pynvml: Any, handle: Any, parent_uuid: str, parent_index: int) 
         if mig is None:
             continue
         mem = _try(pynvml.nvmlDeviceGetMemoryInfo, mig)
-        out.append(MigRecord(
-            uuid=_text(pynvml.nvmlDeviceGetUUID(mig)), parent_uuid=parent_uuid, parent_index=parent_index,
-            gpu_instance_id=_try(pynvml.nvmlDeviceGetGpuInstanceId, mig),
-            compute_instance_id=_try(pynvml.nvmlDeviceGetComputeInstanceId, mig),
-            name=_text(_try(pynvml.nvmlDeviceGetName, mig) or "MIG"),
-            memory_total_mib=(mem.total // 2**20) if mem else None,
-        ))
+        out.append(
+            MigRecord(
+                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
+                parent_uuid=parent_uuid,
+                parent_index=parent_index,
+                gpu_instance_id=_try(pynvml.nvmlDeviceGetGpuInstanceId, mig),
+                compute_instance_id=_try(pynvml.nvmlDeviceGetComputeInstanceId, mig),
+                name=_text(_try(pynvml.nvmlDeviceGetName, mig) or "MIG"),
+                memory_total_mib=(mem.total // 2**20) if mem else None,
+            )
+        )
     return tuple(out)
 
 
@@ -139,19 +145,38 @@ def probe() -> Inventory:
             util = _try(pynvml.nvmlDeviceGetUtilizationRates, h)
             cc = _try(pynvml.nvmlDeviceGetCudaComputeCapability, h)
             mode = _try(pynvml.nvmlDeviceGetMigMode, h)
-            raw.append({"index": i, "uuid": _text(pynvml.nvmlDeviceGetUUID(h)), "name": _text(pynvml.nvmlDeviceGetName(h)),
-                        "pci_bus_id": _text(pci.busId) if pci else None, "cc": f"{cc[0]}.{cc[1]}" if cc else None,
-                        "mem": mem, "util": util.gpu if util else None, "mig": bool(mode and mode[0] == 1)})
+            raw.append(
+                {
+                    "index": i,
+                    "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
+                    "name": _text(pynvml.nvmlDeviceGetName(h)),
+                    "pci_bus_id": _text(pci.busId) if pci else None,
+                    "cc": f"{cc[0]}.{cc[1]}" if cc else None,
+                    "mem": mem,
+                    "util": util.gpu if util else None,
+                    "mig": bool(mode and mode[0] == 1),
+                }
+            )
         links = [_nvlink_peers(pynvml, h) for h in handles]
         cliques = [_fabric_clique(pynvml, h) for h in handles]
         domains = _domains([r["pci_bus_id"] for r in raw], links, cliques)
-        gpus = tuple(GpuRecord(
-            index=r["index"], uuid=r["uuid"], name=r["name"], pci_bus_id=r["pci_bus_id"], compute_capability=r["cc"],
-            memory_total_mib=r["mem"].total // 2**20 if r["mem"] else None,
-            memory_used_mib=r["mem"].used // 2**20 if r["mem"] else None, utilization_gpu_pct=r["util"],
-            numa_node=numa_node_of(r["pci_bus_id"]), nvlink_domain=domains[i], mig_enabled=r["mig"],
-            mig=_mig_records(pynvml, handles[i], r["uuid"], i) if r["mig"] else (),
-        ) for i, r in enumerate(raw))
+        gpus = tuple(
+            GpuRecord(
+                index=r["index"],
+                uuid=r["uuid"],
+                name=r["name"],
+                pci_bus_id=r["pci_bus_id"],
+                compute_capability=r["cc"],
+                memory_total_mib=r["mem"].total // 2**20 if r["mem"] else None,
+                memory_used_mib=r["mem"].used // 2**20 if r["mem"] else None,
+                utilization_gpu_pct=r["util"],
+                numa_node=numa_node_of(r["pci_bus_id"]),
+                nvlink_domain=domains[i],
+                mig_enabled=r["mig"],
+                mig=_mig_records(pynvml, handles[i], r["uuid"], i) if r["mig"] else (),
+            )
+            for i, r in enumerate(raw)
+        )
         return Inventory("nvml", driver, cuda, gpus)
     finally:
         _try(pynvml.nvmlShutdown)

@@ -29,9 +29,13 @@ def parse_cpus(text: str, host_cpus: int) -> int:
     try:
         cpus = float(text)
     except ValueError:
-        raise UsageError(f"malformed --cpus {text!r}", hint="expected a number of CPUs, e.g. 8 or 1.5") from None
+        raise UsageError(
+            f"malformed --cpus {text!r}", hint="expected a number of CPUs, e.g. 8 or 1.5"
+        ) from None
     if not 0.01 <= cpus <= host_cpus:
-        raise InputError(f"--cpus {text}: this host has {host_cpus} CPUs", hint=f"pick a number from 0.01 to {host_cpus}")
+        raise InputError(
+            f"--cpus {text}: this host has {host_cpus} CPUs", hint=f"pick a number from 0.01 to {host_cpus}"
+        )
     return int(cpus * 1e9)
 
 
@@ -52,21 +56,42 @@ def parse_volume(text: str, cwd: Path) -> Volume:
         raise UsageError(f"malformed --volume {text!r}", hint="expected HOST:CONTAINER or HOST:CONTAINER:ro")
     host = (cwd / Path(parts[0]).expanduser()).resolve()
     if not host.exists():
-        raise InputError(f"--volume {text!r}: {host} does not exist", hint=f"create it first: mkdir -p {host}")
+        raise InputError(
+            f"--volume {text!r}: {host} does not exist", hint=f"create it first: mkdir -p {host}"
+        )
     if not PurePosixPath(parts[1]).is_absolute():
-        raise UsageError(f"--volume {text!r}: the container path must be absolute", hint="e.g. /home/dev/work")
+        raise UsageError(
+            f"--volume {text!r}: the container path must be absolute", hint="e.g. /home/dev/work"
+        )
     return Volume(str(host), str(PurePosixPath(parts[1])), mode == "ro")
 
 
 def check_name(name: str) -> str:
     if not NAME_RE.fullmatch(name):
-        raise UsageError(f"invalid environment name {name!r}",
-                         hint="use letters, digits, '_', '.', '-' (up to 63), starting with a letter or digit")
+        raise UsageError(
+            f"invalid environment name {name!r}",
+            hint="use letters, digits, '_', '.', '-' (up to 63), starting with a letter or digit",
+        )
     return name
 
 
-ULIMIT_NAMES = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss",
-                "rtprio", "rttime", "sigpending", "stack")
+ULIMIT_NAMES = (
+    "core",
+    "cpu",
+    "data",
+    "fsize",
+    "locks",
+    "memlock",
+    "msgqueue",
+    "nice",
+    "nofile",
+    "nproc",
+    "rss",
+    "rtprio",
+    "rttime",
+    "sigpending",
+    "stack",
+)
 
 
 def parse_ulimit(text: str) -> tuple[str, int, int]:
@@ -81,6 +106,9 @@ def parse_ulimit(text: str) -> tuple[str, int, int]:
     if not eq or name not in ULIMIT_NAMES or soft < -1 or hard < -1:
         from torchrig.fuzzy import did_you_mean
 
-        raise UsageError(f"malformed --ulimit {text!r}",
-                         hint=did_you_mean(name, ULIMIT_NAMES) or "expected NAME=SOFT[:HARD] in bytes/counts, e.g. memlock=-1")
+        raise UsageError(
+            f"malformed --ulimit {text!r}",
+            hint=did_you_mean(name, ULIMIT_NAMES)
+            or "expected NAME=SOFT[:HARD] in bytes/counts, e.g. memlock=-1",
+        )
     return name, soft, hard

@@ -44,8 +44,10 @@ def parse_gpus(text: str | None) -> GpuRequest:
     if t.isdigit() and not text.strip().startswith("device="):
         n = int(t)
         if n < 1:
-            raise UsageError(f"--gpus {text!r}: a bare number is a count, and it must be at least 1",
-                             hint="for GPU 0 write device=0; for no GPUs leave --gpus out")
+            raise UsageError(
+                f"--gpus {text!r}: a bare number is a count, and it must be at least 1",
+                hint="for GPU 0 write device=0; for no GPUs leave --gpus out",
+            )
         return GpuRequest("count", count=n)
     parts = [p.strip() for p in t.split(",") if p.strip()]
     if parts and all(p.isdigit() for p in parts):
@@ -66,8 +68,10 @@ def resolve_named(req: GpuRequest, inv: Inventory) -> tuple[Unit, ...]:
     by_uuid = {u.uuid.lower(): u for u in units}
     if req.kind == "all":
         if not whole:
-            raise InputError(f"--gpus all: no whole GPU in the inventory ({inv.source})",
-                             hint="check 'torchrig gpus'; MIG instances are leased by their MIG-UUID")
+            raise InputError(
+                f"--gpus all: no whole GPU in the inventory ({inv.source})",
+                hint="check 'torchrig gpus'; MIG instances are leased by their MIG-UUID",
+            )
         return tuple(whole.values())
     if req.kind == "indices":
         out = []
@@ -77,10 +81,14 @@ def resolve_named(req: GpuRequest, inv: Inventory) -> tuple[Unit, ...]:
                 continue
             gpu = inv.gpu(i)
             if gpu is not None and gpu.mig_enabled:
-                raise InputError(f"GPU {i} is in MIG mode and cannot be leased whole",
-                                 hint="lease one of its instances by MIG-UUID (see 'torchrig gpus')")
-            raise InputError(f"no GPU {i} on this host (have {', '.join(map(str, sorted(whole))) or 'none'})",
-                             hint="see 'torchrig gpus'")
+                raise InputError(
+                    f"GPU {i} is in MIG mode and cannot be leased whole",
+                    hint="lease one of its instances by MIG-UUID (see 'torchrig gpus')",
+                )
+            raise InputError(
+                f"no GPU {i} on this host (have {', '.join(map(str, sorted(whole))) or 'none'})",
+                hint="see 'torchrig gpus'",
+            )
         return tuple(out)
     if req.kind == "uuids":
         out = []
@@ -89,9 +97,13 @@ def resolve_named(req: GpuRequest, inv: Inventory) -> tuple[Unit, ...]:
             if u is None:
                 gpu = next((g for g in inv.gpus if g.uuid.lower() == raw.lower()), None)
                 if gpu is not None and gpu.mig_enabled:
-                    raise InputError(f"{raw} is in MIG mode and cannot be leased whole",
-                                     hint="lease one of its instances by MIG-UUID (see 'torchrig gpus')")
-                raise InputError(f"no GPU or MIG instance {raw} on this host", hint="see 'torchrig gpus' for UUIDs")
+                    raise InputError(
+                        f"{raw} is in MIG mode and cannot be leased whole",
+                        hint="lease one of its instances by MIG-UUID (see 'torchrig gpus')",
+                    )
+                raise InputError(
+                    f"no GPU or MIG instance {raw} on this host", hint="see 'torchrig gpus' for UUIDs"
+                )
             out.append(u)
         return tuple(out)
     raise ValueError(f"not a named request: {req.kind}")

@@ -111,14 +111,19 @@ class UpPlan:
         """The equivalent ``docker run`` command line, for humans reading ``--dry-run``."""
         argv = ["docker", "run", "-d", "--name", self.name, f"--shm-size={self.shm_size_bytes}"]
         for u in self.ulimits:
-            argv.append(f"--ulimit={u.name}={u.soft}" if u.soft == u.hard else f"--ulimit={u.name}={u.soft}:{u.hard}")
+            argv.append(
+                f"--ulimit={u.name}={u.soft}" if u.soft == u.hard else f"--ulimit={u.name}={u.soft}:{u.hard}"
+            )
         if self.memory_bytes:
             argv.append(f"--memory={self.memory_bytes}")
         if self.nano_cpus:
             argv.append(f"--cpus={self.nano_cpus / 1e9:g}")
         for d in self.device_requests:
-            argv += ([f"--device={i}" for i in d.device_ids] if d.driver == "cdi"
-                     else ["--gpus", f'"device={",".join(d.device_ids)}"'])
+            argv += (
+                [f"--device={i}" for i in d.device_ids]
+                if d.driver == "cdi"
+                else ["--gpus", f'"device={",".join(d.device_ids)}"']
+            )
         argv += [f"-p={p.host_ip}:{p.host_port or ''}:{p.container_port}" for p in self.ports]
         argv += [f"-v={m.source}:{m.target}{':ro' if m.read_only else ''}" for m in self.mounts]
         argv += [f"-e={k}={v}" for k, v in self.env.items()]
@@ -128,10 +133,14 @@ class UpPlan:
 
 
 def default_ulimits() -> tuple[Ulimit, ...]:
-    return tuple(Ulimit(r["name"], int(r["soft"]), int(r["hard"])) for r in load("container_defaults")["ulimit"])
+    return tuple(
+        Ulimit(r["name"], int(r["soft"]), int(r["hard"])) for r in load("container_defaults")["ulimit"]
+    )
 
 
-def merge_ulimits(defaults: tuple[Ulimit, ...], overrides: tuple[tuple[str, int, int], ...]) -> tuple[Ulimit, ...]:
+def merge_ulimits(
+    defaults: tuple[Ulimit, ...], overrides: tuple[tuple[str, int, int], ...]
+) -> tuple[Ulimit, ...]:
     merged = {u.name: u for u in defaults}
     merged.update({n: Ulimit(n, soft, hard) for n, soft, hard in overrides})
     return tuple(merged.values())
@@ -156,8 +165,13 @@ def device_requests(units: tuple[Unit, ...], cdi: bool) -> tuple[DeviceRequest, 
     return (DeviceRequest("nvidia", ids, (("gpu", "compute", "utility"),)),)
 
 
-def make_plan(req: UpRequest, image: ImageFacts, host: HostFacts, units: tuple[Unit, ...],
-              contract: ServeContract = SERVE) -> UpPlan:
+def make_plan(
+    req: UpRequest,
+    image: ImageFacts,
+    host: HostFacts,
+    units: tuple[Unit, ...],
+    contract: ServeContract = SERVE,
+) -> UpPlan:
     ports: list[Port] = []
     host_ip = ALL_INTERFACES if req.public else LOCALHOST
     if req.jupyter:
@@ -181,18 +195,35 @@ def make_plan(req: UpRequest, image: ImageFacts, host: HostFacts, units: tuple[U
     }
     notes = []
     if req.public:
-        notes.append("--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules")
+        notes.append(
+            "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules"
+        )
     if req.volumes and who.uid is not None and host.uid is not None and who.uid != host.uid:
-        notes.append(f"files written to volumes will belong to UID {who.uid} (the image's user), not to you "
-                     f"(UID {host.uid}): build the image with [user] uid = {host.uid} gid = {host.gid}")
+        notes.append(
+            f"files written to volumes will belong to UID {who.uid} (the image's user), not to you "
+            f"(UID {host.uid}): build the image with [user] uid = {host.uid} gid = {host.gid}"
+        )
     elif req.volumes and host.uid is None:
         notes.append(f"running as root: files written to volumes belong to the image's user (UID {who.uid})")
     return UpPlan(
-        name=req.name, image=req.image, image_id=image.id, user=req.user, gpus=units, share=req.share,
-        device_requests=device_requests(units, host.cdi), ports=tuple(ports), mounts=tuple(mounts), env=env,
+        name=req.name,
+        image=req.image,
+        image_id=image.id,
+        user=req.user,
+        gpus=units,
+        share=req.share,
+        device_requests=device_requests(units, host.cdi),
+        ports=tuple(ports),
+        mounts=tuple(mounts),
+        env=env,
         ulimits=merge_ulimits(default_ulimits(), req.ulimits),
         shm_size_bytes=req.shm_size_bytes or default_shm_bytes(req.memory_bytes, host.memory_total_bytes),
-        memory_bytes=req.memory_bytes, nano_cpus=req.nano_cpus, labels=labels, secret_files=contract.secret_files(req.jupyter, req.ssh),
-        container_user=who.name, container_uid=who.uid, command=contract.command(jupyter=req.jupyter, ssh=req.ssh),
+        memory_bytes=req.memory_bytes,
+        nano_cpus=req.nano_cpus,
+        labels=labels,
+        secret_files=contract.secret_files(req.jupyter, req.ssh),
+        container_user=who.name,
+        container_uid=who.uid,
+        command=contract.command(jupyter=req.jupyter, ssh=req.ssh),
         notes=tuple(notes),
     )

@@ -82,25 +82,49 @@ def _driver_findings(kb: Any, driver: str, cuda: str, min_driver: str | None) ->
 
     out: list[Finding] = []
     newest = max_native_cuda(kb, driver)
-    other_tag = f"use an image built for CUDA ≤ {newest} (torchrig image build with that CUDA, or another tag)" if newest else None
+    other_tag = (
+        f"use an image built for CUDA ≤ {newest} (torchrig image build with that CUDA, or another tag)"
+        if newest
+        else None
+    )
     if min_driver and V.parse_driver(driver) < V.parse_driver(min_driver):
-        out.append(Finding("image_needs_newer_driver", Severity.FAIL,
-                           f"the image needs NVIDIA driver ≥ {min_driver} (its label {LABEL_MIN_DRIVER}); this host has {driver}",
-                           f"upgrade the host driver to ≥ {min_driver}" + (f", or {other_tag}" if other_tag else "")))
+        out.append(
+            Finding(
+                "image_needs_newer_driver",
+                Severity.FAIL,
+                f"the image needs NVIDIA driver ≥ {min_driver} (its label {LABEL_MIN_DRIVER}); this host has {driver}",
+                f"upgrade the host driver to ≥ {min_driver}" + (f", or {other_tag}" if other_tag else ""),
+            )
+        )
     ds = driver_cuda_support(kb, driver, cuda)
     if ds.kind is DriverSupportKind.UNSUPPORTED:
         if not out:
-            out.append(Finding("driver_too_old", Severity.FAIL, f"the image's CUDA {cuda}: {ds.message}",
-                               f"upgrade the host driver to ≥ {ds.min_driver}" + (f", or {other_tag}" if other_tag else "")))
+            out.append(
+                Finding(
+                    "driver_too_old",
+                    Severity.FAIL,
+                    f"the image's CUDA {cuda}: {ds.message}",
+                    f"upgrade the host driver to ≥ {ds.min_driver}"
+                    + (f", or {other_tag}" if other_tag else ""),
+                )
+            )
     elif ds.kind is DriverSupportKind.MINOR_COMPAT:
-        out.append(Finding("driver_minor_compat", Severity.CAVEAT, f"{ds.message}; {ds.caveat}",
-                           f"for full support upgrade the driver to ≥ {ds.min_driver}"))
+        out.append(
+            Finding(
+                "driver_minor_compat",
+                Severity.CAVEAT,
+                f"{ds.message}; {ds.caveat}",
+                f"for full support upgrade the driver to ≥ {ds.min_driver}",
+            )
+        )
     else:
         out.append(Finding("driver_native", Severity.INFO, ds.message))
     return out
 
 
-def _gpu_findings(kb: Any, inv: Inventory, units: tuple[Unit, ...], driver: str, archs: str | None) -> list[Finding]:
+def _gpu_findings(
+    kb: Any, inv: Inventory, units: tuple[Unit, ...], driver: str, archs: str | None
+) -> list[Finding]:
     from torchrig.compat.rules import CoverageKind, arch_coverage, driver_supports_arch
     from torchrig.errors import InputError
 
@@ -118,22 +142,33 @@ def _gpu_findings(kb: Any, inv: Inventory, units: tuple[Unit, ...], driver: str,
         if known is not None:
             bs = driver_supports_arch(kb, driver, known)
             if not bs.ok:
-                out.append(Finding(bs.code, Severity.FAIL, bs.message, "install a driver branch that supports this GPU"))
+                out.append(
+                    Finding(
+                        bs.code, Severity.FAIL, bs.message, "install a driver branch that supports this GPU"
+                    )
+                )
         cc = gpu.compute_capability or (known.compute_capability if known else None)
         if not archs or not cc:
             continue
         cubins, ptx = _split_archs(archs)
         cov = arch_coverage(cc, cubins, ptx)
         if cov.kind is CoverageKind.NOT_COVERED:
-            out.append(Finding("arch_not_covered", Severity.FAIL,
-                               f"{gpu.name} (compute capability {cc}) has no kernels in the image: {cov.why}",
-                               f"rebuild the image with sm_{cc.replace('.', '')} in its arch list, or use a build that has it"))
+            out.append(
+                Finding(
+                    "arch_not_covered",
+                    Severity.FAIL,
+                    f"{gpu.name} (compute capability {cc}) has no kernels in the image: {cov.why}",
+                    f"rebuild the image with sm_{cc.replace('.', '')} in its arch list, or use a build that has it",
+                )
+            )
         elif cov.kind is CoverageKind.PTX_JIT:
             out.append(Finding("arch_ptx_jit", Severity.CAVEAT, f"{gpu.name}: {cov.why} (slow first start)"))
     return out
 
 
-def preflight(labels: Mapping[str, str], inv: Inventory, units: tuple[Unit, ...], kb_loader: Callable[[], Any]) -> Preflight:
+def preflight(
+    labels: Mapping[str, str], inv: Inventory, units: tuple[Unit, ...], kb_loader: Callable[[], Any]
+) -> Preflight:
     """Findings for running an image with ``labels`` on ``units`` of ``inv``; FAIL findings refuse the start.
 
     ``kb_loader`` returns the knowledge base (``torchrig.compat.load_kb``); it is called only when needed."""
@@ -141,23 +176,56 @@ def preflight(labels: Mapping[str, str], inv: Inventory, units: tuple[Unit, ...]
         return Preflight(())
     torch, cuda = labels.get(LABEL_TORCH), labels.get(LABEL_CUDA)
     if not torch and not cuda:
-        return Preflight((Finding("image_unlabelled", Severity.CAVEAT,
-                                  f"the image has no {LABEL_TORCH}/{LABEL_CUDA} labels: its build was not checked "
-                                  "against this host", "build it with 'torchrig image build' to get the labels"),))
+        return Preflight(
+            (
+                Finding(
+                    "image_unlabelled",
+                    Severity.CAVEAT,
+                    f"the image has no {LABEL_TORCH}/{LABEL_CUDA} labels: its build was not checked "
+                    "against this host",
+                    "build it with 'torchrig image build' to get the labels",
+                ),
+            )
+        )
     if cuda == "unknown":
-        return Preflight((Finding("image_cuda_unknown", Severity.CAVEAT,
-                                  f"the image's torch {torch or '?'} has no known CUDA version: not checked", None),))
+        return Preflight(
+            (
+                Finding(
+                    "image_cuda_unknown",
+                    Severity.CAVEAT,
+                    f"the image's torch {torch or '?'} has no known CUDA version: not checked",
+                    None,
+                ),
+            )
+        )
     if not cuda or cuda in ("cpu", "none"):
-        return Preflight((Finding("cpu_only_image", Severity.FAIL,
-                                  f"the image's torch {torch or ''} is a CPU-only build: the GPUs would go unused",
-                                  "build the image with a CUDA variant (torchrig resolve names one)"),))
+        return Preflight(
+            (
+                Finding(
+                    "cpu_only_image",
+                    Severity.FAIL,
+                    f"the image's torch {torch or ''} is a CPU-only build: the GPUs would go unused",
+                    "build the image with a CUDA variant (torchrig resolve names one)",
+                ),
+            )
+        )
     driver = inv.driver_version
     if not driver:
-        return Preflight((Finding("no_driver", Severity.FAIL, f"no NVIDIA driver answered on this host ({inv.source})",
-                                  "install the NVIDIA driver (torchrig doctor says which), or leave --gpus out"),))
+        return Preflight(
+            (
+                Finding(
+                    "no_driver",
+                    Severity.FAIL,
+                    f"no NVIDIA driver answered on this host ({inv.source})",
+                    "install the NVIDIA driver (torchrig doctor says which), or leave --gpus out",
+                ),
+            )
+        )
     kb = kb_loader()
     min_driver = labels.get(LABEL_MIN_DRIVER)
     findings = _driver_findings(kb, driver, cuda, None if min_driver in UNKNOWN else min_driver)
-    archs = " ".join(v for v in (labels.get(LABEL_ARCH_LIST), labels.get(LABEL_PTX)) if v and v not in UNKNOWN)
+    archs = " ".join(
+        v for v in (labels.get(LABEL_ARCH_LIST), labels.get(LABEL_PTX)) if v and v not in UNKNOWN
+    )
     findings += _gpu_findings(kb, inv, units, driver, archs or None)
     return Preflight(tuple(findings))

@@ -29,17 +29,27 @@ class ServeContract:
     secrets_dir: str = "/run/secrets"
     token_file: str = "jupyter_token"
     authorized_keys_file: str = "authorized_keys"
-    idle_command: tuple[str, ...] = ("sleep", "infinity")  # no service asked for: keep the container up for exec
+    idle_command: tuple[str, ...] = (
+        "sleep",
+        "infinity",
+    )  # no service asked for: keep the container up for exec
 
     def secret_files(self, jupyter: bool, ssh: bool) -> tuple[str, ...]:
-        return tuple(f"{self.secrets_dir}/{f}" for f, on in ((self.token_file, jupyter), (self.authorized_keys_file, ssh)) if on)
+        return tuple(
+            f"{self.secrets_dir}/{f}"
+            for f, on in ((self.token_file, jupyter), (self.authorized_keys_file, ssh))
+            if on
+        )
 
     def env(self, *, jupyter: bool, ssh: bool) -> dict[str, str]:
         services = [s for s, on in (("jupyter", jupyter), ("ssh", ssh)) if on]
         if not services:
             return {}
-        return {"TORCHRIG_SERVICES": ",".join(services), "TORCHRIG_JUPYTER_PORT": str(self.jupyter_port),
-                "TORCHRIG_SSH_PORT": str(self.ssh_port)}
+        return {
+            "TORCHRIG_SERVICES": ",".join(services),
+            "TORCHRIG_JUPYTER_PORT": str(self.jupyter_port),
+            "TORCHRIG_SSH_PORT": str(self.ssh_port),
+        }
 
     def command(self, *, jupyter: bool, ssh: bool) -> tuple[str, ...] | None:
         """None: the image's own CMD (``torchrig serve``)."""

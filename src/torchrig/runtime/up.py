@@ -53,11 +53,16 @@ def find_ssh_key(explicit: str | None) -> str:
         if p.is_file():
             text = p.read_text(errors="replace").strip()
             if not text.startswith(("ssh-", "ecdsa-", "sk-")):
-                raise InputError(f"{p} is not an SSH public key", hint="pass the .pub file, e.g. --ssh-key ~/.ssh/id_ed25519.pub")
+                raise InputError(
+                    f"{p} is not an SSH public key",
+                    hint="pass the .pub file, e.g. --ssh-key ~/.ssh/id_ed25519.pub",
+                )
             return text + "\n"
     where = explicit or "~/.ssh (id_ed25519.pub, id_ecdsa.pub, id_rsa.pub)"
-    raise InputError(f"no SSH public key found in {where}",
-                     hint="create one with 'ssh-keygen -t ed25519', pass --ssh-key FILE, or use --no-ssh")
+    raise InputError(
+        f"no SSH public key found in {where}",
+        hint="create one with 'ssh-keygen -t ed25519', pass --ssh-key FILE, or use --no-ssh",
+    )
 
 
 def host_facts(engine: Engine) -> HostFacts:
@@ -67,7 +72,9 @@ def host_facts(engine: Engine) -> HostFacts:
         sudo_uid, sudo_gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
         uid, gid = (int(sudo_uid), int(sudo_gid)) if sudo_uid and sudo_gid else (None, None)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return HostFacts(uid=uid, gid=gid, memory_total_bytes=mem, hostname=socket.gethostname(), cdi=engine.cdi_available())
+    return HostFacts(
+        uid=uid, gid=gid, memory_total_bytes=mem, hostname=socket.gethostname(), cdi=engine.cdi_available()
+    )
 
 
 def default_name(user: str) -> str:
@@ -90,7 +97,9 @@ def _check(pf: Preflight) -> None:
     if bad:
         f = bad[0]
         more = f" (+{len(bad) - 1} more: {', '.join(b.code for b in bad[1:])})" if len(bad) > 1 else ""
-        raise PreflightRefused(f"pre-flight refused the image: {f.summary}{more}", hint=f"fix: {f.fix}" if f.fix else None)
+        raise PreflightRefused(
+            f"pre-flight refused the image: {f.summary}{more}", hint=f"fix: {f.fix}" if f.fix else None
+        )
 
 
 def _wait_ready(engine: Engine, cid: str, ports: dict[str, int], timeout_s: float) -> None:
@@ -102,14 +111,18 @@ def _wait_ready(engine: Engine, cid: str, ports: dict[str, int], timeout_s: floa
         if state["Status"] != "running":
             tail = b"".join(engine.logs(cid, tail=8, follow=False, timestamps=False)).decode(errors="replace")
             last = " | ".join(line for line in tail.strip().splitlines()[-3:])
-            raise JobFailed(f"the environment exited during start (exit code {state.get('ExitCode')}): {last}",
-                            hint="see the image's entrypoint ('torchrig serve') output above")
+            raise JobFailed(
+                f"the environment exited during start (exit code {state.get('ExitCode')}): {last}",
+                hint="see the image's entrypoint ('torchrig serve') output above",
+            )
         for service, port in list(pending.items()):
             if _answers(service, port):
                 del pending[service]
         if pending and time.monotonic() > deadline:
-            raise JobFailed(f"{', '.join(pending)} did not answer within {timeout_s:.0f}s",
-                            hint="raise --wait, or start with --no-wait and check 'torchrig logs NAME'")
+            raise JobFailed(
+                f"{', '.join(pending)} did not answer within {timeout_s:.0f}s",
+                hint="raise --wait, or start with --no-wait and check 'torchrig logs NAME'",
+            )
         if pending:
             time.sleep(0.3)
 
@@ -125,7 +138,9 @@ def _answers(service: str, port: int) -> bool:
         return False
 
 
-def urls(plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None) -> tuple[str | None, str | None]:
+def urls(
+    plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None
+) -> tuple[str | None, str | None]:
     where = host if any(p.host_ip == "0.0.0.0" for p in plan.ports) else "127.0.0.1"
     jupyter = ssh = None
     if "jupyter" in host_ports:
@@ -136,8 +151,15 @@ def urls(plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None)
     return jupyter, ssh
 
 
-def run_up(req: UpRequest, *, inventory_path: str | None, ssh_key_path: str | None, dry_run: bool,
-           create_only: bool, wait_s: float | None) -> UpResult:
+def run_up(
+    req: UpRequest,
+    *,
+    inventory_path: str | None,
+    ssh_key_path: str | None,
+    dry_run: bool,
+    create_only: bool,
+    wait_s: float | None,
+) -> UpResult:
     key = find_ssh_key(ssh_key_path) if req.ssh else None
     inv = current(inventory_path) if req.gpus.wants_gpus else Inventory("not needed", None, None, ())
     if req.gpus.wants_gpus and req.gpus.kind != "count":
@@ -152,10 +174,21 @@ def run_up(req: UpRequest, *, inventory_path: str | None, ssh_key_path: str | No
         pf = preflight(image.labels, inv, units, kb)
         return UpResult(make_plan(req, image, host, units), "planned", pf.findings)
     if engine.exists(req.name):
-        raise InputError(f"a container named {req.name!r} already exists", hint="pick another --name, or 'torchrig down' it")
+        raise InputError(
+            f"a container named {req.name!r} already exists",
+            hint="pick another --name, or 'torchrig down' it",
+        )
     live, listed_at = engine.live_names()
-    units = acquire(ledger, inv, req.gpus, user=req.user, container=req.name, share=req.share,
-                    live=live, listed_at_s=listed_at)
+    units = acquire(
+        ledger,
+        inv,
+        req.gpus,
+        user=req.user,
+        container=req.name,
+        share=req.share,
+        live=live,
+        listed_at_s=listed_at,
+    )
     cid = None
     try:
         pf = preflight(image.labels, inv, units, kb)
@@ -177,8 +210,11 @@ def run_up(req: UpRequest, *, inventory_path: str | None, ssh_key_path: str | No
             return UpResult(plan, "created", pf.findings)
         engine.start(cid)
         bindings = engine.inspect(cid)["NetworkSettings"]["Ports"] or {}
-        ports = {p.service: int(bindings[f"{p.container_port}/tcp"][0]["HostPort"]) for p in plan.ports
-                 if bindings.get(f"{p.container_port}/tcp")}
+        ports = {
+            p.service: int(bindings[f"{p.container_port}/tcp"][0]["HostPort"])
+            for p in plan.ports
+            if bindings.get(f"{p.container_port}/tcp")
+        }
         if wait_s:
             _wait_ready(engine, cid, ports, wait_s)
         jupyter, ssh = urls(plan, ports, host.hostname, token)
