@@ -1,0 +1,62 @@
+"""The CPU/gloo path end to end: torchrun starts 2 (and 3) real worker processes, the collectives run on gloo,
+every result is checked, and busbw follows nccl-tests' arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCHEMA = Path(__file__).resolve().parents[2] / "src" / "torchrig" / "bench" / "schema.json"
+# busbw factors worked out by hand from nccl-tests doc/PERFORMANCE.md
+FACTORS = {
+    2: {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "broadcast": 1.0, "all_to_all": 0.5, "sendrecv": 1.0},
+    3: {"all_reduce": 4 / 3, "all_gather": 2 / 3, "reduce_scatter": 2 / 3, "broadcast": 1.0, "all_to_all": 2 / 3,
+        "sendrecv": 1.0},
+}
+
+
+def check_collectives(rows, ranks):
+    assert rows
+    for c in rows:
+        assert c["check_ok"], c
+        assert c["ranks"] == ranks
+        algbw = c["size_bytes"] / (c["time_us"] * 1e-6) / 1e9
+        assert c["algbw_gbps"] == pytest.approx(algbw, rel=1e-9)
+        assert c["busbw_gbps"] == pytest.approx(algbw * FACTORS[ranks][c["op"]], rel=1e-9)
+
+
+def test_two_processes_quick_run(cli, tmp_path):
+    r = cli("bench", "--cpu", "--nproc-per-node", "2", "--quick", "--json", "--out", str(tmp_path), timeout=300)
+    assert r.code == 0, r.err[-3000:]
+    data = r.json()
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(data, json.loads(SCHEMA.read_text()))
+    m = data["measurements"]
+    assert m["meta"]["backend"] == "gloo" and m["meta"]["world_size"] == 2 and m["meta"]["quick"] is True
+    assert [g["rank"] for g in m["gpus"]] == [0, 1]
+    assert {(g["rank"], g["dtype"]) for g in m["gemm"]} == {(0, "fp32"), (0, "bf16"), (1, "fp32"), (1, "bf16")}
+    assert all(g["check_ok"] for g in m["gemm"]) and all(x["check_ok"] for x in m["memory"])
+    check_collectives(m["collectives"], 2)
+    assert {c["op"] for c in m["collectives"]} == set(FACTORS[2])
+    assert sorted((p["src"], p["dst"]) for p in m["p2p"]) == [(0, 1), (1, 0)]
+    assert all(p["check_ok"] and p["oneway_gbps"] > 0 and p["latency_us"] > 0 for p in m["p2p"])
+    assert [s["gpus"] for s in m["scaling"]] == [1, 2] and m["scaling"][0]["efficiency"] == 1.0
+    assert {f["grade"] for f in data["findings"]} == {"no GPU"}
+    assert {s["part"] for s in m["skipped"]} >= {"host"}
+    assert "[1/" in r.err  # progress went to stderr, data to stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md", "bench.png"]
+
+
+def test_three_processes_collectives_only(cli):
+    r = cli("bench", "--cpu", "--nproc-per-node", "3", "--only", "collectives", "--max-size", "64KiB",
+            "--collectives", "all_reduce,reduce_scatter,all_to_all,sendrecv", "--json", timeout=300)
+    assert r.code == 0, r.err[-3000:]
+    m = r.json()["measurements"]
+    assert m["gemm"] == [] and m["p2p"] == [] and m["scaling"] == []
+    check_collectives(m["collectives"], 3)
+    # 1 KiB of fp32 over 3 ranks rounds to 85 elements each: S = 3 * 85 * 4 = 1020 bytes (nccl-tests rounds the same way)
+    assert min(c["size_bytes"] for c in m["collectives"]) == 1020
