@@ -1,0 +1,122 @@
+"""Inspect this machine or container: what is wrong, in order of severity, why, and the exact fix.
+
+With no arguments doctor examines the machine it runs on: the NVIDIA driver and kernel module, the GPUs
+(through NVML: MIG, persistence, ECC, throttling, NVLink, P2P for every pair), the installed PyTorch (in a
+child process with a timeout, so a wedged driver cannot hang it), the environment (CUDA_VISIBLE_DEVICES,
+LD_LIBRARY_PATH, nvcc), the container and its limits (/dev/shm, memlock, cgroups) and, on a host, whether
+Docker can give containers GPUs. It names the root cause when torch.cuda.is_available() is False.
+
+Findings are errors (CUDA cannot work), warnings (it will bite later), notes and passed checks.
+Exit status: 0 healthy, 1 errors or warnings found, 2 bad usage or an unreadable --facts file.
+
+examples:
+  torchrig doctor                               # this machine
+  torchrig doctor --json                        # the stable JSON schema, facts included
+  torchrig doctor --only torch,env              # just the PyTorch and environment checks
+  torchrig doctor --python ~/venvs/train/bin/python   # inspect the torch of another interpreter
+  torchrig doctor --record facts.json           # also write the probed facts (attach them to a bug report)
+  torchrig doctor --facts facts.json            # replay recorded facts through the checks, no probing
+  CUDA_VISIBLE_DEVICES=7 torchrig doctor        # what a bad device list does
+
+areas: driver, container, env, torch, gpu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from torchrig.errors import InputError, UsageError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--only",
+        metavar="AREAS",
+        action="append",
+        default=[],
+        help="comma-separated areas to report: driver, container, env, torch, gpu (repeatable)",
+    )
+    parser.add_argument(
+        "--python", metavar="PATH", help="the interpreter whose torch to inspect (default: this one)"
+    )
+    parser.add_argument("--facts", metavar="FILE", help="replay a recorded facts snapshot instead of probing")
+    parser.add_argument("--record", metavar="FILE", help="write the probed facts to FILE (JSON) as well")
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=60.0,
+        help="limit for the torch probe (import torch + CUDA init), default 60",
+    )
+
+
+def _areas(only: list[str]) -> tuple[str, ...]:
+    from torchrig.doctor.checks import AREAS
+
+    picked: list[str] = []
+    for chunk in only:
+        for name in (p.strip() for p in chunk.split(",")):
+            if not name:
+                continue
+            if name not in AREAS:
+                from torchrig.fuzzy import did_you_mean
+
+                raise UsageError(
+                    f"unknown area {name!r} for --only",
+                    hint=did_you_mean(name, AREAS) or f"choose from {', '.join(AREAS)}",
+                )
+            if name not in picked:
+                picked.append(name)
+    return tuple(picked)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.facts and args.record:
+        raise UsageError("--facts replays a snapshot and --record writes one: use one of them")
+    if args.facts and args.python:
+        raise UsageError(
+            "--python chooses what to probe, but --facts replays without probing: use one of them"
+        )
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.python:
+        exe = Path(args.python).expanduser()
+        if not exe.exists():
+            raise InputError(
+                f"--python {args.python!r} does not exist", hint="give the path of a python executable"
+            )
+        if not os.access(exe, os.X_OK) or exe.is_dir():
+            raise InputError(f"--python {args.python!r} is not an executable file")
+    if args.record:
+        parent = Path(args.record).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise InputError(
+                f"cannot write --record {args.record!r}: directory {str(parent)!r} does not exist"
+            )
+
+
+def run(args: argparse.Namespace):  # -> DoctorReport
+    t0 = time.perf_counter()
+    areas = _areas(args.only)
+    _validate(args)
+    from torchrig.doctor import diagnose
+    from torchrig.doctor.facts import facts_to_json, load_facts
+
+    if args.facts:
+        facts = load_facts(args.facts)
+    else:
+        from torchrig.doctor.probes import ProbeOptions, collect
+
+        want_torch = bool(args.record) or not areas or bool({"torch", "env"} & set(areas))
+        python = str(Path(args.python).expanduser()) if args.python else None
+        facts = collect(ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout))
+        if args.record:
+            try:
+                Path(args.record).expanduser().write_text(json.dumps(facts_to_json(facts), indent=2) + "\n")
+            except OSError as err:
+                raise InputError(f"cannot write --record {args.record!r}: {err.strerror}") from None
+    return diagnose(facts, areas or None, started=t0)

@@ -1,0 +1,75 @@
+"""The checks: pure functions from :class:`~torchrig.doctor.facts.Facts` to findings.
+
+They run in order, root causes first: a later check sees the findings before it (``ctx.found``) so that,
+for example, "CUDA is unavailable for an unexplained reason" only appears when nothing else explains it.
+Each check belongs to an area, which ``torchrig doctor --only AREA`` selects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torchrig.doctor.checks import container, driver, gpu, pytorch, visibility
+from torchrig.doctor.checks.common import Context
+from torchrig.doctor.facts import Facts
+from torchrig.doctor.findings import Finding, sort_findings
+
+Check = Callable[[Context], Iterable[Finding]]
+
+AREAS = ("driver", "container", "env", "torch", "gpu")
+
+# (area, check) in the order they run: what blocks CUDA first, then what bites later.
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("driver", driver.probe_failures),
+    ("container", container.no_gpu_access),
+    ("driver", driver.missing),
+    ("driver", driver.module_not_loaded),
+    ("driver", driver.version_mismatch),
+    ("driver", driver.device_nodes),
+    ("driver", driver.uvm),
+    ("driver", driver.nvml_failed),
+    ("driver", driver.fabric_manager),
+    ("env", visibility.cuda_visible_devices),
+    ("gpu", visibility.mig_without_instances),
+    ("torch", pytorch.not_installed),
+    ("torch", pytorch.cpu_build),
+    ("torch", pytorch.driver_too_old),
+    ("torch", pytorch.arch_not_covered),
+    ("env", pytorch.shadowed_libraries),
+    ("torch", pytorch.unexplained),
+    ("env", pytorch.nvcc_mismatch),
+    ("torch", pytorch.newer_build),
+    ("torch", pytorch.works),
+    ("driver", driver.ok),
+    ("driver", driver.nvml_bindings),
+    ("container", container.shm),
+    ("container", container.memlock),
+    ("container", container.stack),
+    ("container", container.cgroup_limits),
+    ("container", container.docker_toolkit),
+    ("gpu", gpu.p2p),
+    ("gpu", gpu.mixed_architectures),
+    ("gpu", gpu.persistence),
+    ("gpu", gpu.ecc),
+    ("gpu", gpu.throttling),
+    ("gpu", gpu.nvlink),
+    ("gpu", gpu.processes),
+)
+
+
+def run_checks(
+    facts: Facts, kb_loader: Callable[[], Any] | None = None, areas: Iterable[str] | None = None
+) -> tuple[list[Finding], str]:
+    """All findings for ``facts``, most severe first, and whether the knowledge base was loaded/needed.
+
+    ``kb_loader`` returns the compatibility knowledge base (or None); it is called only if a check needs it.
+    """
+    wanted = set(areas) if areas else set(AREAS)
+    ctx = Context(facts, kb_loader)
+    for area, check in CHECKS:
+        found = list(check(ctx))
+        ctx.found.extend(found)  # later checks see every earlier finding, even of unselected areas
+        if area in wanted:
+            ctx.shown.extend(found)
+    return sort_findings(ctx.shown), ctx.kb_state

@@ -1,0 +1,193 @@
+"""GPU health that bites later: P2P between pairs, mixed architectures, persistence mode, ECC and row
+remapping, throttling at idle, NVLink links down, other processes on the GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torchrig.doctor.checks.common import Context
+from torchrig.doctor.findings import Finding, Severity
+
+# PCIe common ancestors under which P2P is expected to work (nvidia-smi topo -m: PIX, PXB, PHB); across
+# CPU sockets (NODE/SYS) it commonly is not, and NCCL routes through host memory by design.
+NEAR = ("internal", "single", "multiple", "hostbridge")
+TOPO_NAME = {
+    "internal": "same board",
+    "single": "PIX",
+    "multiple": "PXB",
+    "hostbridge": "PHB",
+    "node": "NODE",
+    "system": "SYS",
+}
+BAD_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+
+
+def p2p(ctx: Context) -> Iterator[Finding]:
+    pairs = ctx.facts.nvml.p2p
+    torch_peer = {(p.a, p.b): p.can_access for p in ctx.facts.torch.peer_access}
+    if not pairs and not torch_peer:
+        return
+    broken, far, good = [], [], []
+    for p in pairs:
+        nvlink = p.nvlink == "ok"
+        ok = p.read == "ok" and p.write == "ok"
+        via = "NVLink" if nvlink else TOPO_NAME.get(p.topology or "", p.topology or "?")
+        line = f"GPU {p.a} <-> GPU {p.b}: read {p.read}, write {p.write}, via {via}"
+        if torch_peer.get((p.a, p.b)) is False:
+            ok = False
+            line += "; torch.cuda.can_device_access_peer: False"
+        if ok:
+            good.append(line)
+        elif nvlink or p.topology in NEAR:
+            broken.append(line)
+        else:
+            far.append(line)
+    if not pairs:  # no NVML: judge from CUDA alone
+        broken = [
+            f"GPU {a} <-> GPU {b}: torch.cuda.can_device_access_peer: False"
+            for (a, b), v in torch_peer.items()
+            if not v
+        ]
+        good = [f"GPU {a} <-> GPU {b}: peer access OK (CUDA)" for (a, b), v in torch_peer.items() if v]
+    if broken:
+        yield Finding(
+            "gpu.p2p_unavailable",
+            Severity.WARNING,
+            f"P2P is unavailable between {len(broken)} GPU pair(s) that should have it",
+            "these GPUs share NVLink or a PCIe switch/host bridge but cannot access each other's memory; "
+            "the usual causes are PCIe ACS redirecting peer traffic through the root complex, or an IOMMU in "
+            "translation mode; NCCL then copies through host memory (slow) or, with ACS, may hang",
+            (
+                "nvidia-smi topo -p2p rw   # the P2P matrix",
+                "bare metal: disable PCIe ACS in the firmware and boot with iommu=pt (intel_iommu=on iommu=pt)",
+                "VM: P2P needs the hypervisor to expose it; until then NCCL_P2P_DISABLE=1 avoids hangs",
+            ),
+            tuple(broken + far),
+        )
+    elif far:
+        yield Finding(
+            "gpu.p2p_cross_socket",
+            Severity.INFO,
+            f"no P2P across CPU sockets for {len(far)} pair(s)",
+            "expected for GPUs on different CPU sockets; NCCL routes through host memory",
+            (),
+            tuple(far),
+        )
+    if good and not broken:
+        yield Finding(
+            "gpu.p2p",
+            Severity.OK,
+            f"P2P works between all {len(good)} GPU pair(s)"
+            if not far
+            else f"P2P works between {len(good)} GPU pair(s)",
+            evidence=tuple(good),
+        )
+
+
+def mixed_architectures(ctx: Context) -> Iterator[Finding]:
+    ccs = {g.compute_capability for g in ctx.facts.nvml.gpus if g.compute_capability}
+    if len(ccs) > 1:
+        yield Finding(
+            "gpu.mixed_architectures",
+            Severity.WARNING,
+            "GPUs of different architectures: " + ", ".join(sorted(ccs)),
+            "one build must carry kernels for every architecture, and in data-parallel training the slowest "
+            "GPU sets the pace for all",
+            ("export CUDA_VISIBLE_DEVICES=<the indices of one kind>   # train on identical GPUs",),
+            tuple(f"GPU {g.index}: {g.name} (cc {g.compute_capability})" for g in ctx.facts.nvml.gpus),
+        )
+
+
+def persistence(ctx: Context) -> Iterator[Finding]:
+    off = [g for g in ctx.facts.nvml.gpus if g.persistence_mode is False]
+    if off and not ctx.facts.kernel.wsl:
+        host = "on the host: " if ctx.in_container else ""
+        yield Finding(
+            "gpu.persistence_off",
+            Severity.WARNING,
+            "persistence mode is off on " + ", ".join(f"GPU {g.index}" for g in off),
+            "without it the driver tears GPU state down whenever no process holds the GPU, so every CUDA "
+            "start pays the re-initialisation (seconds on large GPUs) and clock/ECC settings can reset",
+            (f"{host}sudo systemctl enable --now nvidia-persistenced", f"or {host}sudo nvidia-smi -pm 1"),
+            tuple(f"GPU {g.index}: persistence mode off" for g in off),
+        )
+
+
+def ecc(ctx: Context) -> Iterator[Finding]:
+    for g in ctx.facts.nvml.gpus:
+        ev = []
+        if g.ecc_uncorrected_volatile:
+            ev.append(f"{g.ecc_uncorrected_volatile} uncorrected ECC error(s) since the driver loaded")
+        if g.ecc_uncorrected_aggregate:
+            ev.append(f"{g.ecc_uncorrected_aggregate} uncorrected ECC error(s) over the GPU's life")
+        if g.retired_pages:
+            ev.append(f"{g.retired_pages} page(s) retired for double-bit errors")
+        if g.retired_pages_pending or g.remapped_rows_pending:
+            ev.append("a page retirement / row remap is pending until the GPU is reset")
+        if g.remapped_rows_failed:
+            ev.append("row remapping FAILED (no spare rows left)")
+        if ev:
+            yield Finding(
+                "gpu.ecc",
+                Severity.WARNING,
+                f"GPU {g.index} ({g.name}) has memory errors",
+                "uncorrected ECC errors kill the process that hits them; a pending remap takes effect at "
+                "the next reset; a failed remap means the GPU should be replaced",
+                (
+                    f"sudo nvidia-smi -r -i {g.index}   # reset (no process may use it), or reboot",
+                    f"nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT -i {g.index}   # details for an RMA",
+                ),
+                tuple(ev),
+            )
+
+
+def throttling(ctx: Context) -> Iterator[Finding]:
+    for g in ctx.facts.nvml.gpus:
+        idle = "gpu_idle" in g.throttle_reasons or (g.utilization_pct is not None and g.utilization_pct <= 5)
+        bad = [r for r in g.throttle_reasons if r in BAD_THROTTLE]
+        if idle and bad:
+            yield Finding(
+                "gpu.throttling",
+                Severity.WARNING,
+                f"GPU {g.index} is throttled while idle: {', '.join(bad)}",
+                "thermal or power slowdown with no load points at cooling, airflow or the power supply; "
+                "under load it will run well below its clocks",
+                (f"nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {g.index}",),
+                (
+                    f"temperature {g.temperature_c} C, power {g.power_draw_w} / {g.power_limit_w} W, "
+                    f"SM clock {g.sm_clock_mhz} / {g.sm_clock_max_mhz} MHz, utilization {g.utilization_pct}%",
+                ),
+            )
+
+
+def nvlink(ctx: Context) -> Iterator[Finding]:
+    for g in ctx.facts.nvml.gpus:
+        if g.nvlink_active and g.nvlink_inactive:
+            yield Finding(
+                "gpu.nvlink_down",
+                Severity.WARNING,
+                f"GPU {g.index}: {g.nvlink_inactive} of {g.nvlink_active + g.nvlink_inactive} NVLink links are down",
+                "links down lower peer bandwidth and can make NCCL pick slower paths",
+                (
+                    f"nvidia-smi nvlink -s -i {g.index}",
+                    f"nvidia-smi nvlink -e -i {g.index}   # error counters",
+                ),
+                (f"{g.nvlink_active} active, {g.nvlink_inactive} inactive",),
+            )
+
+
+def processes(ctx: Context) -> Iterator[Finding]:
+    busy = [g for g in ctx.facts.nvml.gpus if g.processes]
+    if busy:
+        yield Finding(
+            "gpu.busy",
+            Severity.INFO,
+            "other processes are using " + ", ".join(f"GPU {g.index}" for g in busy),
+            "their memory and compute are not available to your job",
+            ("nvidia-smi   # who they are",),
+            tuple(
+                f"GPU {g.index}: pid {p.pid} {p.name or ''} {p.used_memory_mib} MiB".replace("  ", " ")
+                for g in busy
+                for p in g.processes
+            ),
+        )

@@ -1,0 +1,342 @@
+"""The probed facts: one frozen record per area, gathered into :class:`Facts`.
+
+Probes (``torchrig.doctor.probes``) are the only code that touches the host; they return these records.
+Checks (``torchrig.doctor.checks``) are pure functions of them. A ``Facts`` record round-trips through
+JSON (:func:`facts_to_json` / :func:`facts_from_json`): that JSON is what ``torchrig doctor --record FILE``
+writes, what ``--facts FILE`` replays, and the fixture format of the tests.
+
+``None`` always means "unknown / not probed", never zero or "no".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+FACTS_SCHEMA_VERSION = 1
+
+
+class ProbeStatus(str, enum.Enum):
+    OK = "ok"
+    MISSING = "missing"  # the tool/library/package is not installed
+    FAILED = "failed"  # it is there but returned an error (the error text is kept)
+    DENIED = "denied"  # permission denied
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"  # not run (--only) or not applicable
+
+
+# ---------------------------------------------------------------- NVML (nvidia-ml-py)
+@dataclass(frozen=True)
+class MigInstance:
+    uuid: str | None
+    name: str | None  # e.g. "NVIDIA H200 MIG 1g.18gb"
+    memory_total_mib: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_mib: int | None
+    name: str | None
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    compute_capability: str | None = None  # "9.0"
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    pci_bus_id: str | None = None  # "00000000:18:00.0"
+    persistence_mode: bool | None = None
+    mig_mode: bool | None = None  # current MIG mode
+    mig_pending: bool | None = None  # pending MIG mode (differs until reset)
+    mig_instances: tuple[MigInstance, ...] = ()
+    ecc_enabled: bool | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    retired_pages: int | None = None  # pre-Ampere dynamic page retirement
+    retired_pages_pending: bool | None = None
+    remapped_rows_uncorrectable: int | None = None  # Ampere+ row remapping
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    throttle_reasons: tuple[str, ...] = ()  # names, see probes.nvml.THROTTLE_REASONS
+    nvlink_active: int | None = None
+    nvlink_inactive: int | None = None
+    fabric_state: str | None = None  # not_supported | not_started | in_progress | completed
+    fabric_status: str | None = None  # NVML return text of the fabric status ("Success")
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class P2PPair:
+    a: int
+    b: int
+    read: (
+        str | None
+    )  # ok | chipset_not_supported | gpu_not_supported | topology_not_supported | disabled_by_regkey | not_supported | unknown
+    write: str | None
+    nvlink: str | None  # same vocabulary, NVML_P2P_CAPS_INDEX_NVLINK
+    topology: (
+        str | None
+    )  # internal | single | multiple | hostbridge | node | system (nvidia-smi topo -m: PIX PXB PHB NODE SYS)
+
+
+@dataclass(frozen=True)
+class NvmlFacts:
+    status: ProbeStatus
+    error: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # the newest CUDA the driver supports ("13.0")
+    nvml_version: str | None = None
+    gpus: tuple[GpuFacts, ...] = ()
+    p2p: tuple[P2PPair, ...] = ()
+
+
+# ---------------------------------------------------------------- kernel side
+@dataclass(frozen=True)
+class DeviceNode:
+    path: str
+    accessible: bool  # read+write for this user
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    bus_id: str  # "0000:18:00.0"
+    device_id: str  # "0x2335"
+    class_code: str  # "0x030200"
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    status: ProbeStatus
+    kernel_release: str | None = None
+    module_version: str | None = None  # /proc/driver/nvidia/version
+    module_flavor: str | None = None  # open | proprietary
+    modules_loaded: tuple[
+        str, ...
+    ] = ()  # nvidia, nvidia_uvm, nvidia_modeset, nvidia_drm, nvidia_peermem, nouveau
+    module_installed_version: str | None = None  # modinfo -F version nvidia
+    device_nodes: tuple[DeviceNode, ...] = ()
+    nvml_library: str | None = None  # resolved path of libnvidia-ml.so.1
+    nvml_library_version: str | None = None  # from its file name
+    cuda_library: str | None = None  # libcuda.so.1
+    cuda_library_version: str | None = None
+    pci_gpus: tuple[PciDevice, ...] = ()
+    pci_nvswitches: tuple[PciDevice, ...] = ()
+    fabric_manager: str | None = None  # active | inactive | failed | not_installed | None (unknown)
+    wsl: bool = False
+    wsl_driver_libs: bool | None = None  # /usr/lib/wsl/lib/libcuda.so.1 present
+    secure_boot: bool | None = None
+    os_id: str | None = None  # /etc/os-release ID
+    os_version_id: str | None = None
+    os_like: tuple[str, ...] = ()
+    os_pretty: str | None = None
+
+
+# ---------------------------------------------------------------- the installed PyTorch
+@dataclass(frozen=True)
+class TorchDevice:
+    index: int
+    name: str | None
+    compute_capability: str | None
+    kernel_ok: bool | None  # a tiny kernel ran
+    kernel_error: str | None
+
+
+@dataclass(frozen=True)
+class PeerAccess:
+    a: int
+    b: int
+    can_access: bool
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    status: ProbeStatus
+    error: str | None = None
+    python_executable: str | None = None
+    python_version: str | None = None
+    version: str | None = None  # torch.__version__
+    cuda_version: str | None = None  # torch.version.cuda
+    hip_version: str | None = None
+    arch_list: tuple[str, ...] = ()
+    cudnn_version: str | None = None
+    nccl_version: str | None = None
+    is_available: bool | None = None
+    device_count: int | None = None
+    init_error: str | None = None  # the text CUDA initialisation raised
+    warnings: tuple[str, ...] = ()
+    devices: tuple[TorchDevice, ...] = ()
+    peer_access: tuple[PeerAccess, ...] = ()
+    loaded_libraries: tuple[str, ...] = ()  # CUDA libraries mapped into the process, from /proc/self/maps
+    wheel_libraries: tuple[str, ...] = ()  # site-packages/nvidia/*/lib/*.so* of that interpreter
+    import_ms: float | None = None
+
+
+# ---------------------------------------------------------------- environment
+@dataclass(frozen=True)
+class EnvFacts:
+    status: ProbeStatus
+    cuda_visible_devices: str | None = None  # None: unset
+    nvidia_visible_devices: str | None = None
+    ld_library_path: tuple[str, ...] = ()
+    ld_library_libs: tuple[str, ...] = ()  # CUDA libraries found in LD_LIBRARY_PATH dirs, full paths
+    ld_preload: str | None = None
+    nvcc_path: str | None = None
+    nvcc_version: str | None = None  # "13.0"
+    cuda_home: str | None = None
+
+
+# ---------------------------------------------------------------- container, limits, Docker
+@dataclass(frozen=True)
+class ContainerFacts:
+    status: ProbeStatus
+    in_container: bool | None = None
+    runtime: str | None = None  # docker | podman | kubernetes | containerd | lxc | ...
+    evidence: tuple[str, ...] = ()
+    shm_bytes: int | None = None
+    memlock_bytes: int | None = None  # soft limit; None with memlock_unlimited=True means unlimited
+    memlock_unlimited: bool | None = None
+    stack_bytes: int | None = None
+    stack_unlimited: bool | None = None
+    cgroup_version: int | None = None
+    cgroup_cpu_limit: float | None = None  # cores; None: no limit or unknown
+    cgroup_memory_limit_bytes: int | None = None
+    cpu_count: int | None = None
+    memory_total_bytes: int | None = None
+    rdma_devices: tuple[str, ...] = ()  # /sys/class/infiniband
+
+
+@dataclass(frozen=True)
+class DockerFacts:
+    status: ProbeStatus  # MISSING: no engine socket
+    error: str | None = None
+    server_version: str | None = None
+    runtimes: tuple[str, ...] = ()
+    default_runtime: str | None = None
+    cdi_spec_dirs: tuple[str, ...] = ()
+    cdi_specs: tuple[str, ...] = ()  # spec files that declare nvidia.com/gpu devices
+    toolkit_binaries: tuple[
+        str, ...
+    ] = ()  # nvidia-ctk, nvidia-container-runtime(-hook), nvidia-container-cli on PATH
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything doctor knows about one machine, as data."""
+
+    nvml: NvmlFacts
+    kernel: KernelFacts
+    torch: TorchFacts
+    env: EnvFacts
+    container: ContainerFacts
+    docker: DockerFacts
+    schema_version: int = FACTS_SCHEMA_VERSION
+    recorded_at: str | None = None
+    torchrig_version: str | None = None
+    source: str = "probed"  # "probed" | "recorded on ..." | "derived from X: ..."
+    probe_ms: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- JSON codec
+def facts_to_json(facts: Facts) -> dict[str, Any]:
+    from torchrig.report import jsonable
+
+    return typing.cast(dict[str, Any], jsonable(facts))
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(args[0], value, where)
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+        return _build(tp, value, where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(value)
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list")
+        return tuple(_convert(inner, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object")
+        return dict(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        raise ValueError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+    return cls(**kwargs)
+
+
+def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
+    """Rebuild :class:`Facts` from its JSON form; unknown keys are ignored, missing ones take defaults.
+
+    Raises ``ValueError`` with the path of the offending key when a value has the wrong type.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    version = data.get("schema_version", FACTS_SCHEMA_VERSION)
+    if version != FACTS_SCHEMA_VERSION:
+        raise ValueError(f"{where}: facts schema_version {version} is not {FACTS_SCHEMA_VERSION}")
+    for part in ("nvml", "kernel", "torch", "env", "container", "docker"):
+        if part not in data:
+            raise ValueError(f"{where}: missing {part!r}")
+    return typing.cast(Facts, _build(Facts, data, where))
+
+
+def load_facts(path: str | Path) -> Facts:
+    """Read a facts snapshot; UsageError (exit 2) with a one-line message when it is unreadable or malformed."""
+    from torchrig.errors import InputError
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(
+            f"facts file {str(p)!r} does not exist", hint="record one with 'torchrig doctor --record FILE'"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read facts file {str(p)!r}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise InputError(
+            f"facts file {str(p)!r} is not JSON: {err.msg} at line {err.lineno}",
+            hint="record one with 'torchrig doctor --record FILE'",
+        ) from None
+    try:
+        return facts_from_json(data, where=p.name)
+    except (ValueError, TypeError) as err:
+        raise InputError(
+            f"facts file {str(p)!r} is malformed: {err}",
+            hint="record one with 'torchrig doctor --record FILE'",
+        ) from None

@@ -1,0 +1,124 @@
+"""The probes: the only code in doctor that touches the host. :func:`collect` runs them concurrently, each
+with a timeout, and returns one :class:`~torchrig.doctor.facts.Facts` record.
+
+A probe that is missing its tool, lacks permission, crashes or times out still yields a record (with a
+``status`` and ``error``), so the checks turn it into a finding instead of doctor crashing or hanging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchrig.doctor.facts import (
+    ContainerFacts,
+    DockerFacts,
+    EnvFacts,
+    Facts,
+    KernelFacts,
+    NvmlFacts,
+    ProbeStatus,
+    TorchFacts,
+)
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    python: str | None = None  # interpreter whose torch to inspect (default: this one)
+    torch: bool = True  # run the torch probe (the only slow one)
+    timeout_s: float = 60.0  # for the torch probe; the others get probe_timeout_s
+    probe_timeout_s: float = 15.0
+
+
+def _run_all(jobs: dict[str, tuple[Callable[[], Any], float]]) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run each job in a daemon thread; a job still running at its deadline is abandoned (result None)."""
+    results: dict[str, Any] = {}
+    elapsed: dict[str, float] = {}
+    errors: dict[str, BaseException] = {}
+
+    def work(name: str, fn: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            results[name] = fn()
+        except BaseException as err:  # a probe bug must become a finding, not kill doctor
+            errors[name] = err
+        elapsed[name] = round((time.perf_counter() - t0) * 1000, 1)
+
+    threads = {
+        n: threading.Thread(target=work, args=(n, fn), name=f"probe-{n}", daemon=True)
+        for n, (fn, _t) in jobs.items()
+    }
+    start = time.perf_counter()
+    for t in threads.values():
+        t.start()
+    for name, t in threads.items():
+        t.join(max(0.0, jobs[name][1] - (time.perf_counter() - start)))
+    for name, err in errors.items():
+        results[name] = err
+    return results, elapsed
+
+
+def collect(options: ProbeOptions | None = None) -> Facts:
+    from torchrig import __version__
+    from torchrig.doctor.probes.container import probe_container, probe_docker
+    from torchrig.doctor.probes.env import probe_env
+    from torchrig.doctor.probes.kernel import probe_kernel
+    from torchrig.doctor.probes.nvml import probe_nvml
+    from torchrig.doctor.probes.pytorch import probe_torch
+
+    opts = options or ProbeOptions()
+    t = opts.probe_timeout_s
+    jobs: dict[str, tuple[Callable[[], Any], float]] = {
+        "nvml": (probe_nvml, t),
+        "kernel": (probe_kernel, t),
+        "env": (probe_env, t),
+        "container": (probe_container, t),
+        "docker": (probe_docker, t),
+    }
+    if opts.torch:
+        # The child has its own timeout; the thread's deadline is a little later so the child's wins.
+        jobs["torch"] = (lambda: probe_torch(opts.python, opts.timeout_s), opts.timeout_s + 5)
+    results, elapsed = _run_all(jobs)
+    kinds = {
+        "nvml": NvmlFacts,
+        "kernel": KernelFacts,
+        "env": EnvFacts,
+        "container": ContainerFacts,
+        "docker": DockerFacts,
+        "torch": TorchFacts,
+    }
+    parts: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        value = results.get(name)
+        if name == "torch" and not opts.torch:
+            parts[name] = kind(ProbeStatus.SKIPPED)
+        elif value is None:
+            parts[name] = kind(
+                ProbeStatus.TIMEOUT,
+                **(
+                    {"error": f"the {name} probe did not finish in {jobs[name][1]:g} s"}
+                    if "error" in {f.name for f in dataclasses.fields(kind)}
+                    else {}
+                ),
+            )
+        elif isinstance(value, BaseException):
+            extra = (
+                {"error": f"{type(value).__name__}: {value}"}
+                if "error" in {f.name for f in dataclasses.fields(kind)}
+                else {}
+            )
+            parts[name] = kind(ProbeStatus.FAILED, **extra)
+        else:
+            parts[name] = value
+    return Facts(
+        **parts,
+        recorded_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torchrig_version=__version__,
+        source="probed",
+        probe_ms=elapsed,
+    )

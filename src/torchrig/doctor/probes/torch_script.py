@@ -1,0 +1,151 @@
+"""The script the torch probe runs in the inspected interpreter (``python -c <this file's text>``).
+
+It must run on any Python 3.8+ with only the standard library and (maybe) torch: it never imports torchrig.
+It prints one JSON object on stdout. Kept as a real module so that it is linted and tested like the rest.
+"""
+
+import glob
+import json
+import os
+import sys
+import time
+import warnings
+
+CUDA_LIB_PREFIXES = (
+    "libcudnn",
+    "libcublas",
+    "libnccl",
+    "libcudart",
+    "libcuda.",
+    "libnvrtc",
+    "libcusparse",
+    "libcufft",
+    "libcurand",
+    "libcusolver",
+    "libnvJitLink",
+    "libnvidia-ml",
+    "libcupti",
+)
+
+
+def wheel_libraries():
+    """The CUDA libraries pip installed beside torch (site-packages/nvidia/*/lib, e.g. nvidia/cudnn/lib)."""
+    found = set()
+    for base in sys.path:
+        root = os.path.join(base or ".", "nvidia")
+        if os.path.isdir(root):
+            found.update(glob.glob(os.path.join(root, "*", "lib", "*.so*")))
+    return sorted(found)
+
+
+def loaded_libraries():
+    """CUDA libraries mapped into this process (what the loader really picked), from /proc/self/maps."""
+    paths = set()
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) == 6:
+                    path = parts[5].strip()
+                    if os.path.basename(path).startswith(CUDA_LIB_PREFIXES):
+                        paths.add(path)
+    except OSError:
+        pass
+    return sorted(paths)
+
+
+def cudnn_text(v):
+    if not v:
+        return None
+    v = int(v)
+    if v >= 90000:  # cuDNN 9: MAJOR*10000 + MINOR*100 + PATCH
+        return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+    return f"{v // 1000}.{(v % 1000) // 100}.{v % 100}"  # cuDNN 8: MAJOR*1000 + MINOR*100 + PATCH
+
+
+def err_text(e):
+    return f"{type(e).__name__}: {e}".strip()[:2000]
+
+
+def probe_devices(torch, out, count):
+    devices = []
+    for i in range(count):
+        dev: dict = {"index": i, "name": None, "compute_capability": None, "kernel_ok": None, "kernel_error": None}
+        try:
+            dev["name"] = torch.cuda.get_device_name(i)
+            major, minor = torch.cuda.get_device_capability(i)
+            dev["compute_capability"] = f"{major}.{minor}"
+            x = torch.ones(4, device=f"cuda:{i}")
+            dev["kernel_ok"] = float((x * 2).sum().item()) == 8.0
+        except Exception as e:
+            dev["kernel_ok"] = False
+            dev["kernel_error"] = err_text(e)
+        devices.append(dev)
+    out["devices"] = devices
+    peers = []
+    for a in range(count):
+        for b in range(a + 1, count):
+            try:
+                peers.append({"a": a, "b": b, "can_access": bool(torch.cuda.can_device_access_peer(a, b))})
+            except Exception:  # a pair CUDA cannot answer about is simply left out
+                continue
+    out["peer_access"] = peers
+
+
+def main():
+    out = {
+        "status": "ok",
+        "python_executable": sys.executable,
+        "python_version": "{}.{}.{}".format(*sys.version_info[:3]),
+        "wheel_libraries": wheel_libraries(),
+    }
+    t0 = time.perf_counter()
+    try:
+        import torch
+    except ImportError as e:
+        missing = getattr(e, "name", None) == "torch"
+        out.update(status="missing" if missing else "failed", error=err_text(e))
+        out["loaded_libraries"] = loaded_libraries()
+        print(json.dumps(out))
+        return
+    except Exception as e:
+        out.update(status="failed", error=err_text(e))
+        print(json.dumps(out))
+        return
+    out["import_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+    out["version"] = torch.__version__
+    out["cuda_version"] = getattr(torch.version, "cuda", None)
+    out["hip_version"] = getattr(torch.version, "hip", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out["arch_list"] = list(torch.cuda.get_arch_list())
+        except Exception:
+            out["arch_list"] = []
+        try:
+            out["cudnn_version"] = cudnn_text(torch.backends.cudnn.version())
+        except Exception:
+            out["cudnn_version"] = None
+        try:
+            out["nccl_version"] = (
+                ".".join(str(p) for p in torch.cuda.nccl.version()) if out["cuda_version"] else None
+            )
+        except Exception:
+            out["nccl_version"] = None
+        out["is_available"] = bool(torch.cuda.is_available())
+        count = int(torch.cuda.device_count())
+        out["device_count"] = count
+        try:
+            torch.cuda.init()
+            out["init_error"] = None
+        except Exception as e:
+            out["init_error"] = err_text(e)
+        if out["is_available"]:
+            probe_devices(torch, out, count)
+    out["warnings"] = [str(w.message)[:2000] for w in caught]
+    out["loaded_libraries"] = loaded_libraries()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

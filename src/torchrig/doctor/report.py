@@ -1,0 +1,157 @@
+"""The doctor's result: findings grouped by severity with their fixes (text), or the stable JSON schema
+(``schema/doctor-report.schema.json``) with the facts they came from."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchrig.doctor.facts import Facts, ProbeStatus, facts_to_json
+from torchrig.doctor.findings import Finding, Severity
+from torchrig.report import jsonable
+
+REPORT_SCHEMA_VERSION = 1
+LABEL = {Severity.ERROR: "ERROR", Severity.WARNING: "WARNING", Severity.INFO: "INFO", Severity.OK: "OK"}
+COLOR = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36", Severity.OK: "32"}
+WIDTH = 100
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    facts: Facts
+    findings: tuple[Finding, ...]
+    elapsed_ms: float
+    areas: tuple[str, ...] = ()
+    knowledge_base: str = "not needed"  # "loaded" | "unavailable" | "not needed"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for f in self.findings if f.severity is severity)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(f.severity.is_problem for f in self.findings) else 0
+
+    @property
+    def status(self) -> str:
+        if self.count(Severity.ERROR):
+            return "broken"
+        return "problems" if self.count(Severity.WARNING) else "healthy"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "report_schema_version": REPORT_SCHEMA_VERSION,
+            "verdict": {
+                "status": self.status,
+                "exit_code": self.exit_code,
+                **{s.value: self.count(s) for s in Severity},
+            },
+            "machine": self.machine_line(),
+            "areas": list(self.areas),
+            "knowledge_base": self.knowledge_base,
+            "elapsed_ms": round(self.elapsed_ms, 1),
+            "findings": [jsonable(f) for f in self.findings],
+            "facts": facts_to_json(self.facts),
+        }
+
+    # ---- text
+    def machine_line(self) -> str:
+        f = self.facts
+        parts = [f.kernel.os_pretty or f.kernel.os_id or "unknown OS"]
+        if f.kernel.wsl:
+            parts.append("WSL")
+        if f.container.in_container:
+            parts.append(f"in a {f.container.runtime or ''} container".replace("  ", " "))
+        if f.nvml.status is ProbeStatus.OK:
+            names = sorted({g.name or "?" for g in f.nvml.gpus})
+            parts.append(f"{len(f.nvml.gpus)}x {' + '.join(names)}" if f.nvml.gpus else "no GPU")
+            parts.append(f"driver {f.nvml.driver_version} (CUDA {f.nvml.cuda_driver_version})")
+        elif f.kernel.module_version:
+            parts.append(f"driver {f.kernel.module_version}")
+        else:
+            parts.append("no NVIDIA driver loaded")
+        t = f.torch
+        if t.status is ProbeStatus.OK:
+            parts.append(f"torch {t.version}")
+        elif t.status is ProbeStatus.MISSING:
+            parts.append("no torch")
+        return ", ".join(parts)
+
+    def render_text(self) -> str:
+        use_color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+        def paint(sev: Severity, text: str) -> str:
+            return f"\033[{COLOR[sev]}m{text}\033[0m" if use_color else text
+
+        src = "" if self.facts.source == "probed" else f" [facts: {self.facts.source}]"
+        out = [f"torchrig doctor: {self.machine_line()}{src}", ""]
+        for f in self.findings:
+            if f.severity is Severity.OK:
+                continue
+            out.append(paint(f.severity, f"{LABEL[f.severity]:<8}") + f"{f.summary}  [{f.id}]")
+            if f.cause:
+                out += _block("why", [f.cause])
+            if f.fix:
+                out += _block("fix", [_cmd(x) for x in f.fix], wrap=False)  # commands stay copy-pasteable
+            if f.evidence:
+                out += _block("seen", [e for e in f.evidence if e])
+            out.append("")
+        passed = [f for f in self.findings if f.severity is Severity.OK]
+        if passed:
+            out.append(paint(Severity.OK, "passed"))
+            out += [f"  ✓ {f.summary}" for f in passed]
+            out.append("")
+        for note in self.notes:
+            out.append(f"note: {note}")
+        e, w, i = self.count(Severity.ERROR), self.count(Severity.WARNING), self.count(Severity.INFO)
+        if e:
+            tail = "CUDA cannot work here until the errors are fixed"
+        elif w:
+            tail = "CUDA works; the warnings will bite later"
+        else:
+            tail = "healthy"
+        out.append(
+            f"verdict: {e} error(s), {w} warning(s), {i} note(s): {tail} "
+            f"({self.elapsed_ms / 1000:.2f} s, exit {self.exit_code})"
+        )
+        return "\n".join(out)
+
+
+def _cmd(text: str) -> str:
+    """Commands get a '$ ' prompt; prose steps (with a space-separated first word that is not a tool) do not."""
+    first = text.split(" ", 1)[0]
+    prose = first in (
+        "or",
+        "and",
+        "on",
+        "if",
+        "install",
+        "sign",
+        "bare",
+        "VM:",
+        "Kubernetes:",
+        "(commands",
+        "(source:",
+        "long-term,",
+        "restart",
+        "upgrade",
+        "add",
+        "do",
+        "then",
+    )
+    return text if prose else f"$ {text}"
+
+
+def _block(label: str, lines: list[str], wrap: bool = True) -> list[str]:
+    out = []
+    for n, line in enumerate(lines):
+        head = f"  {label:<5} " if n == 0 else " " * 8
+        wrapped = (
+            textwrap.wrap(line, WIDTH - 8, break_long_words=False, break_on_hyphens=False) if wrap else [line]
+        ) or [""]
+        out.append(head + wrapped[0])
+        out += [" " * 10 + more for more in wrapped[1:]]
+    return out
