@@ -1,0 +1,83 @@
+"""Export a torchrig checkpoint to a torch.export program (.pt2) and to ONNX, verified against PyTorch.
+
+CHECKPOINT is a run folder (its latest checkpoint is used), its checkpoints/ folder, or one step-N folder.
+Sharded FSDP checkpoints and checkpoints saved by any number of ranks load in this one process (DCP
+reshards them). Both outputs are run on the same input as the eager model (the .onnx through onnxruntime)
+and the largest absolute difference is reported; above --tolerance the command exits 1.
+
+examples:
+  torchrig export torchrig-run                       # -> torchrig-run/export/model.pt2 and model.onnx
+  torchrig export run1/checkpoints/step-000500 --out exported --format onnx
+  torchrig export run1 --json                        # paths, sizes and max abs differences as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.report import jsonable, table
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="run folder, checkpoints/ folder or step-N folder")
+    parser.add_argument("--out", help="output folder (default: CHECKPOINT's run folder /export)")
+    parser.add_argument("--format", choices=("all", "pt2", "onnx"), default="all", help="what to write (all)")
+    parser.add_argument("--batch", type=int, default=2, help="batch size of the example input (2)")
+    parser.add_argument(
+        "--seq-len", type=int, help="GPT: sequence length of the example input (default: the context)"
+    )
+    parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs difference allowed (1e-3)")
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    result: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.result.ok, **jsonable(self.result)}
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.result.ok else 1
+
+    def render_text(self) -> str:
+        r = self.result
+        rows = [
+            [
+                a.format,
+                a.path,
+                f"{a.size_bytes / 1e6:.2f} MB",
+                f"{a.max_abs_diff:.2e}",
+                a.runtime,
+                "ok" if a.ok else f"FAIL (> {r.tolerance:g})",
+            ]
+            for a in r.artifacts
+        ]
+        head = f"exported {r.model} from {r.checkpoint} (step {r.step}), input {list(r.input_shape)}"
+        return (
+            head
+            + "\n"
+            + table(["format", "file", "size", "max |diff| vs eager", "checked with", "verdict"], rows)
+        )
+
+
+def run(args: argparse.Namespace) -> ExportReport:
+    from torchrig.errors import UsageError
+    from torchrig.export import export_checkpoint
+
+    if args.batch < 1 or (args.seq_len is not None and args.seq_len < 1) or args.tolerance <= 0:
+        raise UsageError("--batch and --seq-len must be at least 1 and --tolerance positive")
+    src = Path(args.checkpoint)
+    run_dir = src
+    while run_dir.name.startswith("step-") or run_dir.name == "checkpoints":
+        run_dir = run_dir.parent
+    out = Path(args.out) if args.out else run_dir / "export"
+    formats = ("pt2", "onnx") if args.format == "all" else (args.format,)
+    return ExportReport(
+        export_checkpoint(
+            src, out, formats=formats, batch=args.batch, seq_len=args.seq_len, tolerance=args.tolerance
+        )
+    )

@@ -1,0 +1,172 @@
+"""Train a GPT language model or a ResNet classifier the right way, on 1..N GPUs (or CPU ranks).
+
+DDP or FSDP2 (fully_shard); bf16 or fp16 autocast (GradScaler for fp16); torch.compile; gradient
+accumulation that synchronises gradients only on the last micro-step; DistributedSampler with DataLoader
+workers and pinned memory; warm-up + cosine learning rate; gradient clipping; atomic DCP checkpoints that
+resume on any number of GPUs with no lost or repeated steps; metrics as JSONL and TensorBoard with
+tokens/s (images/s) and MFU. With --gpus N (N > 1) or --nproc-per-node N, the ranks are started through
+'torchrig launch' (torchrun underneath); under torchrun it trains in place.
+
+examples:
+  torchrig train --model gpt --size tiny --steps 200                 # CPU or one GPU, learnable data
+  torchrig train --gpus 2 --model gpt --size small --data synthetic --micro-batch 16 --compile
+  torchrig train --gpus all --parallel fsdp --size medium --precision bf16 --ckpt-every 500
+  torchrig train --gpus 2 --out run1 --resume                        # continue from run1/checkpoints/latest
+  torchrig train --model resnet --size resnet18 --data ./images --micro-batch 128
+  torchrig train --model gpt --data tokens.bin --size mini           # a uint16 token file (nanoGPT's .bin)
+
+outputs under --out: metrics.jsonl, tensorboard/, checkpoints/step-N/ (+ latest), summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from torchrig.errors import JobFailed
+
+_HELP = {
+    "model": "gpt or resnet (gpt)",
+    "size": "gpt: tiny, mini, small (GPT-2 124M), medium, large, xl; resnet: tiny, resnet18, resnet34 (tiny)",
+    "data": "synthetic, generated (learnable, the default), a token file (.bin/.npy) or an image folder",
+    "seq_len": "GPT context length (default: the size's)",
+    "micro_batch": "samples per rank per micro-step (8)",
+    "grad_accum": "micro-steps per optimizer step (1)",
+    "steps": "optimizer steps in total (100)",
+    "parallel": "auto (ddp with several ranks), ddp, fsdp, none",
+    "precision": "auto (bf16 on GPU), bf16, fp16, fp32",
+    "compile": "torch.compile the model",
+    "device": "auto, cuda or cpu",
+    "out": "run folder (torchrig-run)",
+    "ckpt_every": "checkpoint every N steps (0: only the final one)",
+    "resume": "continue from OUT's latest checkpoint",
+    "log_every": "log (one host sync) every N steps (10)",
+    "peak_tflops": "peak TFLOP/s for MFU (default: from the knowledge base)",
+    "workers": "DataLoader workers per rank (2)",
+    "test_kill_at_step": "TEST HOOK: rank --test-kill-rank SIGKILLs itself at this step (first attempt only)",
+    "test_kill_in_save": "TEST HOOK: rank 0 SIGKILLs itself inside the save of this step (first attempt only)",
+    "test_hang_at_step": "TEST HOOK: rank --test-hang-rank stops joining collectives at this step",
+}
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    from torchrig.train.config import TrainConfig
+
+    g = parser.add_argument_group("training")
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = _HELP.get(f.name, f"(default {f.default})")
+        if f.type in ("bool", bool):
+            g.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
+            continue
+        kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
+        g.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from torchrig.train.config import TrainConfig
+
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_train_options(parser)
+    g = parser.add_argument_group("ranks (started through torchrig launch)")
+    g.add_argument("--gpus", help="all, a count or a list of GPUs; more than one starts one rank per GPU")
+    g.add_argument("--nproc-per-node", type=int, help="CPU ranks (gloo) to start, with --device cpu")
+    g.add_argument(
+        "--max-restarts", type=int, default=0, help="restart the ranks this many times after a failure"
+    )
+    g.add_argument("--log-dir", default=None, help="per-rank logs (default OUT/logs)")
+    g.add_argument(
+        "--collective-timeout", type=int, default=600, metavar="S", help="process-group timeout (600)"
+    )
+    g.add_argument(
+        "--hang-timeout", type=int, default=0, metavar="S", help="no output for S s = hang (0: off)"
+    )
+    g.add_argument("--no-preflight", action="store_true", help="skip the launcher's pre-flight checks")
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    summary: dict[str, Any] | None
+    launch: Any | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"summary": self.summary}
+        if self.launch is not None:
+            out["launch"] = self.launch.to_json()
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        return self.launch.exit_code if self.launch is not None else 0
+
+    def render_text(self) -> str:
+        lines = []
+        if self.launch is not None:
+            lines.append(self.launch.render_text())
+        s = self.summary
+        if s:
+            unit = "tokens" if "tokens_per_s" in s else "images"
+            rate, mfu = s.get(f"{unit}_per_s"), s.get("mfu")
+            lines.append(
+                f"trained {s['steps']} steps on {s['world_size']} rank(s) ({s['parallel']}, {s['precision']}"
+                f"{', compiled' if s['compile'] else ''}): final loss {s['final_loss']:.4f}"
+                + (f", {rate:,.0f} {unit}/s" if rate else "")
+                + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
+            )
+        return "\n".join(lines)
+
+
+def _wants_launch(args: argparse.Namespace) -> bool:
+    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
+        return False  # already one rank of a torchrun job
+    if args.nproc_per_node and args.nproc_per_node > 1:
+        return True
+    if args.gpus is None:
+        return False
+    return args.gpus == "all" or "," in args.gpus or (args.gpus.isdigit() and int(args.gpus) > 1)
+
+
+def run(args: argparse.Namespace) -> TrainReport:
+    import json
+    from pathlib import Path
+
+    cfg = config_from_args(args)
+    if not _wants_launch(args):
+        from torchrig.train.loop import train
+
+        return TrainReport(train(cfg), None)
+    from torchrig.cli.cmd_launch import launch
+    from torchrig.launch.plan import LaunchRequest
+
+    cpu = args.nproc_per_node is not None or cfg.device == "cpu"
+    req = LaunchRequest(
+        script="torchrig.train",
+        module=True,
+        script_args=tuple(cfg.to_argv()),
+        gpus=None if cpu else args.gpus,
+        cpu=cpu,
+        nproc_per_node=args.nproc_per_node if cpu else None,
+        max_restarts=args.max_restarts,
+        log_dir=args.log_dir or str(Path(cfg.out) / "logs"),
+        collective_timeout_s=args.collective_timeout,
+        hang_timeout_s=args.hang_timeout,
+        rdzv_id="torchrig-train",
+    )
+    report = launch(req, dry_run=False, preflight=not args.no_preflight, preflight_timeout_s=60)
+    summary_path = Path(cfg.out) / "summary.json"
+    summary = (
+        json.loads(summary_path.read_text()) if report.exit_code == 0 and summary_path.is_file() else None
+    )
+    if report.exit_code != 0 and report.result is None:
+        raise JobFailed(
+            "pre-flight failed: " + "; ".join(f.summary for f in report.findings if f.severity.value != "ok")
+        )
+    return TrainReport(summary, report)

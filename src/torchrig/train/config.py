@@ -1,0 +1,124 @@
+"""The trainer's configuration: one frozen record, validated on construction, and the model sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from torchrig.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MODELS = ("gpt", "resnet")
+PARALLEL = ("auto", "ddp", "fsdp", "none")
+PRECISION = ("auto", "bf16", "fp16", "fp32")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@cache
+def sizes() -> dict[str, dict[str, dict[str, Any]]]:
+    """``sizes()["gpt"]["small"]`` -> ``{"layers": 12, ...}`` from ``sizes.toml``."""
+    text = resources.files("torchrig.train").joinpath("sizes.toml").read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    return {k: v for k, v in data.items() if k in MODELS}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of ``torchrig train``; the field name is the option (``micro_batch`` -> ``--micro-batch``)."""
+
+    model: str = "gpt"
+    size: str = "tiny"
+    data: str = "generated"  # synthetic | generated | a token file (.bin uint16, .npy) | an image folder
+    seq_len: int | None = None  # GPT context (default: the size's block size)
+    image_size: int = 32
+    num_classes: int = 10
+    micro_batch: int = 8
+    grad_accum: int = 1
+    steps: int = 100
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0  # 0: no clipping
+    parallel: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    device: str = "auto"
+    out: str = "torchrig-run"
+    ckpt_every: int = 0  # steps; 0: only at the end (when --ckpt-final)
+    ckpt_final: bool = True
+    keep_ckpts: int = 2
+    resume: bool = False
+    log_every: int = 10
+    seed: int = 0
+    workers: int = 2
+    peak_tflops: float | None = None
+    tensorboard: bool = True
+    timing_warmup_steps: int = 10  # steps excluded from the steady-state throughput
+    # Test hooks (for fault-tolerance tests and demos); each fires only on the first attempt.
+    test_kill_at_step: int = 0
+    test_kill_rank: int = 1
+    test_kill_in_save: int = 0
+    test_hang_at_step: int = 0
+    test_hang_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise UsageError(f"unknown --model {self.model!r}", hint=f"choose from {', '.join(MODELS)}")
+        if self.size not in sizes()[self.model]:
+            from torchrig.fuzzy import did_you_mean
+
+            names = list(sizes()[self.model])
+            raise UsageError(
+                f"unknown --size {self.size!r} for {self.model}",
+                hint=did_you_mean(self.size, names) or f"choose from {', '.join(names)}",
+            )
+        for name, allowed in (("parallel", PARALLEL), ("precision", PRECISION), ("device", DEVICES)):
+            if getattr(self, name) not in allowed:
+                raise UsageError(
+                    f"unknown --{name} {getattr(self, name)!r}", hint=f"choose from {', '.join(allowed)}"
+                )
+        for name in ("micro_batch", "grad_accum", "steps", "log_every", "image_size", "num_classes"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("ckpt_every", "warmup_steps", "workers", "keep_ckpts", "clip_grad", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise UsageError("--lr must be > 0 and --min-lr-ratio in 0..1")
+        if self.seq_len is not None and not 2 <= self.seq_len <= self.size_info.get("block_size", 1 << 30):
+            raise UsageError(
+                f"--seq-len must be 2..{self.size_info.get('block_size')} for this size, got {self.seq_len}"
+            )
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise UsageError("--peak-tflops must be positive")
+
+    @property
+    def size_info(self) -> dict[str, Any]:
+        return sizes()[self.model][self.size]
+
+    @property
+    def context(self) -> int:
+        return self.seq_len or int(self.size_info.get("block_size", 0))
+
+    def to_argv(self) -> list[str]:
+        """The ``torchrig train`` options that rebuild this config (used to start the ranks)."""
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                out.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            else:
+                out += [flag, str(value)]
+        return out

@@ -1,0 +1,113 @@
+"""Metrics out of the trainer (rank 0 only): JSONL, TensorBoard, a progress line, throughput and MFU."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def peak_tflops(device_name: str | None, precision: str, override: float | None) -> tuple[float | None, str]:
+    """Dense peak TFLOP/s for MFU, and where it came from (``--peak-tflops`` wins over the knowledge base)."""
+    if override:
+        return override, "--peak-tflops"
+    if not device_name:
+        return None, "unknown (CPU; give --peak-tflops)"
+    try:
+        from torchrig.compat import load_kb
+
+        peaks = load_kb().find_gpu(device_name).peaks
+        value = (
+            peaks.fp16_tflops
+            if precision == "fp16"
+            else (peaks.bf16_tflops if precision == "bf16" else getattr(peaks, "tf32_tflops", None))
+        )
+        if value:
+            return float(value), f"knowledge base ({device_name}, dense {precision})"
+    except Exception as err:  # the knowledge base may not know this GPU; MFU is then unknown
+        return None, f"unknown ({type(err).__name__}: {err}; give --peak-tflops)"
+    return None, f"unknown for {device_name} ({precision}); give --peak-tflops"
+
+
+def rewind_jsonl(path: Path, step: int) -> None:
+    """Drop step records after ``step`` (work lost with a crash), so the file shows the committed history."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if "step" in rec and rec.get("event") is None and rec["step"] > step:
+            continue
+        keep.append(line)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(k + "\n" for k in keep))
+    tmp.replace(path)
+
+
+class Metrics:
+    """Writes records to ``metrics.jsonl`` and TensorBoard, and a progress line to stderr."""
+
+    def __init__(self, out: Path, total_steps: int, *, enabled: bool, tensorboard: bool) -> None:
+        self.enabled, self.total = enabled, total_steps
+        self.path = out / "metrics.jsonl"
+        self.tb: Any = None
+        self.intervals: list[tuple[int, float]] = []  # (first step of interval, units per second)
+        self.start = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        if not enabled:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out / "tensorboard"))
+            except Exception as err:  # tensorboard not installed: JSONL still has everything
+                print(f"torchrig train: TensorBoard off ({type(err).__name__}: {err})", file=sys.stderr)
+
+    def event(self, **rec: Any) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    def step(self, rec: dict[str, Any], unit: str, interval_first_step: int) -> None:
+        if not self.enabled:
+            return
+        self.intervals.append((interval_first_step, rec[f"{unit}_per_s"]))
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.tb is not None:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and k != "step" and v is not None:
+                    self.tb.add_scalar(f"train/{k}", v, rec["step"])
+        self._progress(rec, unit)
+
+    def _progress(self, rec: dict[str, Any], unit: str) -> None:
+        s, n = rec["step"], self.total
+        filled = int(24 * s / n)
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / max(s, 1) * (n - s)
+        mfu = f" MFU {rec['mfu'] * 100:.1f}%" if rec.get("mfu") is not None else ""
+        line = (
+            f"[{'#' * filled}{'.' * (24 - filled)}] step {s}/{n} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+            f"{rec[f'{unit}_per_s'] / 1e3:.1f}k {unit}/s{mfu} eta {eta:.0f}s"
+        )
+        end = "\r" if self.tty and s < n else "\n"
+        print(line, end=end, file=sys.stderr, flush=True)
+
+    def steady(self, after_step: int) -> float | None:
+        """Median throughput over the intervals that start after ``after_step`` (compile and warm-up excluded)."""
+        vals = [v for first, v in self.intervals if first > after_step]
+        if not vals and self.intervals:
+            vals = [v for _, v in self.intervals[len(self.intervals) // 2 :]]
+        return statistics.median(vals) if vals else None
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

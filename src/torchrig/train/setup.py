@@ -1,0 +1,109 @@
+"""Init and teardown: process group, device, precision, and wrapping the model (DDP or FSDP2, compile)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchrig.errors import UsageError
+from torchrig.train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Runtime:
+    rank: int
+    local_rank: int
+    world: int
+    device: torch.device
+    precision: str  # "bf16", "fp16" or "fp32"
+    parallel: str  # "ddp", "fsdp" or "none"
+    restart: int  # torchelastic's restart count (0 on the first attempt)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init(cfg: TrainConfig) -> Runtime:
+    """Join the process group when started by torchrun (WORLD_SIZE set), pick the device and precision."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if want_cuda and not torch.cuda.is_available():
+        raise UsageError(
+            "--device cuda but torch sees no GPU", hint="run 'torchrig doctor', or use --device cpu"
+        )
+    device = torch.device("cuda", local) if want_cuda else torch.device("cpu")
+    if want_cuda:
+        torch.cuda.set_device(device)
+        # TF32 for the fp32 matmuls that remain outside autocast (PyTorch's CUDA semantics notes).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if world > 1:
+        timeout = datetime.timedelta(seconds=int(os.environ.get("TORCHRIG_COLLECTIVE_TIMEOUT_S", "600")))
+        dist.init_process_group(
+            "nccl" if want_cuda else "gloo", timeout=timeout, device_id=device if want_cuda else None
+        )
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16" if want_cuda and torch.cuda.is_bf16_supported() else "fp32"
+    if precision == "fp16" and not want_cuda:
+        raise UsageError("--precision fp16 needs a GPU", hint="use bf16 or fp32 on the CPU")
+    parallel = cfg.parallel
+    if parallel == "auto":
+        parallel = "ddp" if world > 1 else "none"
+    if parallel != "none" and world == 1 and not dist.is_initialized():
+        parallel = "none"  # one process: nothing to synchronise
+    if parallel == "none" and world > 1:
+        raise UsageError(
+            "--parallel none with several ranks would train diverging copies", hint="use ddp or fsdp"
+        )
+    return Runtime(
+        rank,
+        local,
+        world,
+        device,
+        precision,
+        parallel,
+        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
+
+
+def wrap(model: nn.Module, rt: Runtime, *, compile: bool) -> nn.Module:
+    """The module the loop calls. DDP: compile, then DDP (buckets as grad views). FSDP2: shard, then compile."""
+    if rt.parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for blk in getattr(model, "blocks", []):
+            fully_shard(blk)
+        fully_shard(model)
+        return torch.compile(model) if compile else model  # type: ignore[return-value]
+    run: nn.Module = torch.compile(model) if compile else model  # type: ignore[assignment]
+    if rt.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [rt.device.index] if rt.device.type == "cuda" else None
+        run = DDP(run, device_ids=ids, gradient_as_bucket_view=True)
+    return run
+
+
+def optimizer(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> torch.optim.Optimizer:
+    """AdamW, weight decay on matrices only (not biases, norms); fused kernel on CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    kw: dict[str, Any] = {"fused": True} if rt.device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), **kw)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
