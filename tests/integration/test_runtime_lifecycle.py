@@ -63,9 +63,18 @@ def _non_loopback_ip() -> str | None:
     return None if ip.startswith("127.") else ip
 
 
-def test_lifecycle(cli, engine, test_image, user_env, tmp_path):
+@pytest.fixture
+def image(request) -> str:
+    """The session's real torchrig image (``test_image``), or ``$TORCHRIG_TEST_IMAGE`` when set (a prebuilt one)."""
+    import os
+
+    return os.environ.get("TORCHRIG_TEST_IMAGE") or request.getfixturevalue("test_image")
+
+
+def test_lifecycle(cli, engine, image, user_env, tmp_path):
     import requests
 
+    test_image = image
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)  # the image's user (UID 1000) writes here; this test runs as root
