@@ -3,6 +3,8 @@ and port bindings in the engine's inspection, exec exit codes, and a volume that
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 BASE = "torchrig-test/debian:bookworm"
@@ -149,3 +151,12 @@ def test_unlimited_memlock_refused_by_engine_is_explained(cli, engine, env):
     r = cli("up", "--image", BASE, "--name", "trt-memlock", "--no-jupyter", "--no-ssh", env=env)
     assert r.code == 2 and "LimitMEMLOCK=infinity" in r.err and r.err.count("\n") == 1
     assert not [c for c in engine.containers.list(all=True) if c.name == "trt-memlock"]
+
+
+def test_spec_runs_the_image_its_lock_names(cli, engine, env, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('schema_version = 1\n[torch]\nversion = "2.13.0"\nvariant = "cpu"\n')
+    (tmp_path / "torchrig.lock.json").write_text(json.dumps({"tags": [BASE]}))
+    r = cli("up", "--spec", str(spec), "--no-ssh", "--dry-run", "--json", env=env)
+    assert r.code == 0, r.err
+    assert r.json()["plan"]["image"] == BASE and r.json()["state"] == "planned"

@@ -84,3 +84,13 @@ def test_gpus_board_from_recorded_inventory_without_engine(cli, env):
 def test_up_dry_run_is_light_on_bad_engine(cli, env):
     # even a dry run needs the image's labels, so no engine is a clear exit 2
     one_line_error(cli("up", "--image", "x:y", "--dry-run", env=env), "Docker engine")
+
+
+def test_up_spec_not_built_yet(cli, env, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('schema_version = 1\n[torch]\nversion = "2.13.0"\nvariant = "cpu"\n')
+    one_line_error(cli("up", "--spec", str(spec), env=env), "has not been built yet", "torchrig image build")
+
+
+def test_up_spec_missing(cli, env, tmp_path):
+    one_line_error(cli("up", "--spec", str(tmp_path / "nope.toml"), env=env), "no such spec file")

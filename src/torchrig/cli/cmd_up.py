@@ -105,13 +105,33 @@ def _image_ref(args: argparse.Namespace) -> str:
         raise UsageError(
             "no image given", hint="pass --image REF (see 'docker images') or --spec torchrig.toml"
         )
+    return image_of_spec(Path(args.spec))
+
+
+def image_of_spec(spec: Path) -> str:
+    """The image a spec built: ``torchrig image build`` writes its tags to the lock file beside the spec."""
+    import json
+
+    from torchrig.errors import InputError, SpecError
+    from torchrig.image.pipeline import LOCK_NAME
     from torchrig.image.spec import load_spec
 
-    spec = load_spec(Path(args.spec))
-    tag = getattr(spec, "tag", None) or getattr(getattr(spec, "image", None), "tag", None)
-    if not tag:
-        raise UsageError(f"{args.spec} names no image tag", hint="pass --image REF")
-    return str(tag)
+    load_spec(spec)  # a broken or missing spec is its own one-line error
+    lock = spec.resolve().parent / LOCK_NAME
+    try:
+        tags = json.loads(lock.read_text(encoding="utf-8")).get("tags") or []
+    except FileNotFoundError:
+        raise InputError(
+            f"{spec} has not been built yet (no {lock.name} beside it)",
+            hint=f"build it: torchrig image build {spec}",
+        ) from None
+    except (OSError, ValueError) as err:
+        raise SpecError(
+            f"{lock}: unreadable lock file ({err})", hint=f"rebuild: torchrig image build {spec}"
+        ) from None
+    if not tags:
+        raise SpecError(f"{lock} records no image tag", hint=f"rebuild: torchrig image build {spec}")
+    return str(tags[0])
 
 
 def request_from(args: argparse.Namespace) -> Any:
