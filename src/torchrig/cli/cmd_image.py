@@ -14,7 +14,8 @@ Air-gapped and proxied builds:
   --wheelhouse DIR     install every wheel from DIR with --no-index (no network needed for pip)
   --ca-cert FILE       trust a TLS-intercepting proxy's CA (PEM) for pip and apt during the build only
   --base IMAGE         another base (pinned tag or digest; it must have pythonX.Y or apt packages for it)
-  --pip-index-url URL  a PyPI mirror for everything but a torch from the PyTorch index
+  --pip-index-url URL  a PyPI mirror for everything but a torch from the PyTorch index; with
+                       --wheelhouse: the wheelhouse first, the index for what it lacks (torch: wheelhouse only)
 
 examples:
   torchrig init && torchrig image render                 # the Dockerfile for ./torchrig.toml

@@ -19,6 +19,8 @@ from typing import IO, Any, Protocol
 from torchrig.errors import EngineUnavailable, JobFailed
 
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_NONZERO_RE = re.compile(r"returned a non-zero code: (\d+)")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 LOG_TAIL_LINES = 25
 
 
@@ -81,27 +83,47 @@ def base_reference(client: Any, image: str) -> str | None:
     return str(digests[0]) if digests else str(attrs.get("Id"))
 
 
+def _error_text(message: str) -> str:
+    """The engine's error without the echoed command (which can be a screenful)."""
+    m = _NONZERO_RE.search(message)
+    return f"the step exited with status {m.group(1)}" if m else " ".join(message.split())
+
+
 def follow(chunks: Iterable[dict[str, Any]], progress: Progress) -> str:
     """Consume the engine's build stream; the built image ID, or BuildFailed with the failing step's log."""
-    step, image_id = "", None
+    step, image_id, pending = "", None, ""
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+
+    def line_done(line: str) -> None:
+        nonlocal step, image_id
+        line = _ANSI_RE.sub("", line).rstrip()
+        m = _STEP_RE.match(line.strip())
+        if m:
+            step = line.strip()
+            tail.clear()
+            progress.step(int(m.group(1)), int(m.group(2)), m.group(3))
+        elif line.strip():
+            tail.append(line)
+            progress.log(line)
+        if line.startswith("Successfully built "):
+            image_id = image_id or line.split()[-1]
+
     for chunk in chunks:
         if "error" in chunk:
-            raise BuildFailed(BuildFailure(step=step, message=str(chunk["error"]), log_tail=list(tail)))
+            if pending:
+                line_done(pending)
+            raise BuildFailed(
+                BuildFailure(step=step, message=_error_text(str(chunk["error"])), log_tail=list(tail))
+            )
         aux = chunk.get("aux")
         if isinstance(aux, dict) and aux.get("ID"):
             image_id = str(aux["ID"])
-        for line in str(chunk.get("stream", "")).splitlines():
-            m = _STEP_RE.match(line.strip())
-            if m:
-                step = line.strip()
-                tail.clear()
-                progress.step(int(m.group(1)), int(m.group(2)), m.group(3))
-            elif line.strip():
-                tail.append(line.rstrip())
-                progress.log(line.rstrip())
-            if line.startswith("Successfully built "):
-                image_id = image_id or line.split()[-1]
+        pending += str(chunk.get("stream", ""))
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            line_done(line)
+    if pending:
+        line_done(pending)
     if not image_id:
         raise BuildFailed(
             BuildFailure(

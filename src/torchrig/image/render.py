@@ -89,8 +89,15 @@ def _apt_block(plan: ImagePlan) -> str:
     want += [p for p in spec.apt if p not in want]
     py_pkgs = f"python{py} python{py}-venv" + (f" python{py}-dev" if spec.variant == "devel" else "")
     ca = f" -o Acquire::https::CAInfo={CA_PATH}" if plan.ca_cert else ""
+    probe = "import ensurepip" + (
+        '; import sysconfig, os; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")'
+        if spec.variant == "devel"
+        else ""
+    )
     lines = [
-        f"if command -v python{py} >/dev/null 2>&1; then py=''; else py='{py_pkgs}'; fi",
+        # the base's pythonX.Y if it is complete (venv; headers for devel), else the OS's packages
+        f"if command -v python{py} >/dev/null 2>&1 && python{py} -c {shlex.quote(probe)} 2>/dev/null; "
+        f"then py=''; else py='{py_pkgs}'; fi",
         f"apt-get{ca} update",
         f"apt-get{ca} install -y --no-install-recommends {' '.join(want)} $py",
         "rm -rf /var/lib/apt/lists/*",
@@ -102,8 +109,13 @@ def _apt_block(plan: ImagePlan) -> str:
 
 
 def _pip_source(plan: ImagePlan, *, torch: bool) -> str:
+    """Where pip looks: the wheelhouse alone (no network), or with --pip-index-url the wheelhouse first and
+    the index for the rest (torch itself always from the wheelhouse when one is given)."""
+    house = f"--find-links /tmp/{CONTEXT_WHEELHOUSE}"
+    if plan.wheelhouse and (torch or not plan.pip_index_url):
+        return f"--no-index {house}"
     if plan.wheelhouse:
-        return f"--no-index --find-links /tmp/{CONTEXT_WHEELHOUSE}"
+        return f"{house} --index-url {plan.pip_index_url}"
     if torch and plan.stack.index_url:
         return f"--index-url {plan.stack.index_url}"
     return f"--index-url {plan.pip_index_url}" if plan.pip_index_url else ""

@@ -193,7 +193,9 @@ def _validated(data: Mapping[str, Any], path: str) -> dict[str, dict[str, Any]]:
                 raise _fail(path, "schema_version", table, str(SPEC_SCHEMA_VERSION))
             continue
         if section not in SCHEMA:
-            hint = did_you_mean(section, SCHEMA) or f"sections: {', '.join(SCHEMA)}"
+            hint = " ".join(
+                filter(None, [did_you_mean(section, SCHEMA), f"allowed sections: {', '.join(SCHEMA)}"])
+            )
             raise SpecError(f"{path}: unknown section [{section}]", hint=hint)
         if not isinstance(table, Mapping):
             raise SpecError(
@@ -202,7 +204,7 @@ def _validated(data: Mapping[str, Any], path: str) -> dict[str, dict[str, Any]]:
         keys = SCHEMA[section]
         for key, value in table.items():
             if key not in keys:
-                hint = did_you_mean(key, keys) or f"keys of [{section}]: {', '.join(keys)}"
+                hint = " ".join(filter(None, [did_you_mean(key, keys), f"allowed keys: {', '.join(keys)}"]))
                 raise SpecError(f"{path}: unknown key '{key}' in [{section}]", hint=hint)
             allowed, check = keys[key]
             try:

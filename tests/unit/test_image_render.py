@@ -1,0 +1,163 @@
+"""The Dockerfile is a pure function of the resolved spec: golden files, one per case.
+
+Regenerate after an intended change with ``TORCHRIG_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_image_render.py``
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from torchrig.image import context, render
+from torchrig.image.spec import load_spec
+from torchrig.image.stack import ImagePlan, ResolvedStack, choose_base, load_bases
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "image"
+STACKS = json.loads((FIX / "stacks.json").read_text())
+
+CASES = {
+    # name: (spec file, stack, options)
+    "runtime-jupyter-ssh-cu128": ("runtime-jupyter-ssh-cu128.toml", "2.8.0+cu128", {}),
+    "devel-cu128": ("devel-cu128.toml", "2.8.0+cu128", {}),
+    "cpu-only": ("cpu-only.toml", "2.8.0+cpu", {}),
+    "wheelhouse-ca": (
+        "wheelhouse-ca.toml",
+        "2.8.0+cu128",
+        {
+            "wheelhouse": True,
+            "ca_cert": True,
+            "base": "torchrig-test/debian:bookworm",
+            "pip_index_url": "https://pypi.org/simple",
+        },
+    ),
+}
+
+
+def stack(key: str, python: str) -> ResolvedStack:
+    row = {k: v for k, v in STACKS[key].items() if k != "source"}
+    row["arch_list"], row["ptx"] = tuple(row["arch_list"]), tuple(row["ptx"])
+    return ResolvedStack(python=python, **row)
+
+
+def plan_for(case: str) -> ImagePlan:
+    spec_file, key, opts = CASES[case]
+    spec = load_spec(FIX / spec_file)
+    spec = type(spec)(
+        **{**spec.__dict__, "path": spec_file}
+    )  # goldens name the file, not this checkout's path
+    st = stack(key, spec.python)
+    rows, components = load_bases()
+    return ImagePlan(
+        spec=spec,
+        stack=st,
+        base=choose_base(spec, st, rows, opts.get("base")),
+        jupyterlab=components["jupyterlab"],
+        wheelhouse=opts.get("wheelhouse", False),
+        ca_cert=opts.get("ca_cert", False),
+        pip_index_url=opts.get("pip_index_url"),
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_dockerfile(case):
+    text = render.render_dockerfile(plan_for(case))
+    golden = FIX / f"{case}.Dockerfile"
+    if os.environ.get("TORCHRIG_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"{case}: rendered Dockerfile differs from {golden.name}"
+
+
+def test_render_is_deterministic():
+    assert render.render_dockerfile(plan_for("devel-cu128")) == render.render_dockerfile(
+        plan_for("devel-cu128")
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_secure_defaults_in_every_case(case):
+    plan = plan_for(case)
+    text = render.render_dockerfile(plan)
+    froms = re.findall(r"^FROM (\S+)", text, re.M)
+    assert ":latest" not in text and all(f in ("os", plan.base.image) for f in froms)
+    assert re.search(r"^USER [1-9]\d*:[1-9]\d*$", text, re.M), "final stage must run as a non-root uid"
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--"]' in text
+    assert "HEALTHCHECK" in text and "PIP_CONSTRAINT=/etc/torchrig/constraints.txt" in text
+    final = text.rsplit("\nFROM os\n", 1)[1]
+    assert "wheelhouse" not in final, "the wheelhouse must stay in the build stage"
+    assert "rm -f /etc/ssh/ssh_host_*" in text or not plan.spec.services.ssh
+
+
+def test_gpu_image_carries_toolkit_env_and_stack_labels():
+    text = render.render_dockerfile(plan_for("runtime-jupyter-ssh-cu128"))
+    assert "NVIDIA_VISIBLE_DEVICES=all" in text and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text
+    for label in (
+        'org.torchrig.torch="2.8.0+cu128"',
+        'org.torchrig.cuda="12.8"',
+        'org.torchrig.min-driver="570.26"',
+        'org.torchrig.cudnn="9.10.2.21"',
+        'org.torchrig.nccl="2.27.3"',
+        'org.torchrig.arch-list="sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"',
+    ):
+        assert label in text
+
+
+def test_cpu_image_has_no_gpu_env_and_torch_from_the_cpu_index():
+    text = render.render_dockerfile(plan_for("cpu-only"))
+    assert "NVIDIA_VISIBLE_DEVICES" not in text
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.8.0+cpu" in text
+    assert "openssh-server" not in text and "EXPOSE 8888\n" in text
+
+
+def test_devel_uses_the_cuda_devel_base_matching_the_wheel():
+    plan = plan_for("devel-cu128")
+    assert plan.base.image.startswith("nvidia/cuda:12.8.") and "devel" in plan.base.image
+    text = render.render_dockerfile(plan)
+    assert "build-essential" in text and "python3.12-dev" in text and "USER 1001:1001" in text
+
+
+def test_wheelhouse_with_index_keeps_torch_offline():
+    text = render.render_dockerfile(plan_for("wheelhouse-ca"))
+    assert "--no-index --find-links /tmp/wheelhouse torch==2.8.0" in text
+    assert (
+        "--find-links /tmp/wheelhouse --index-url https://pypi.org/simple -c /etc/torchrig/constraints.txt"
+        in text
+    )
+    assert "PIP_CERT=/usr/local/share/torchrig/build-ca.crt" in text
+    assert "Acquire::https::CAInfo=/usr/local/share/torchrig/build-ca.crt" in text
+
+
+def test_image_config_names_services_and_user():
+    doc = json.loads(render.image_config(plan_for("cpu-only")))
+    assert doc["services"] == ["jupyter"] and doc["user"] == "torch" and doc["workdir"] == "/workspace"
+
+
+def test_context_tar_is_reproducible(tmp_path):
+    wheel = tmp_path / "torchrig-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"not really a wheel")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    house = tmp_path / "wh"
+    house.mkdir()
+    (house / "torch-2.8.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"x")
+    ctx = context.plan_context(plan_for("wheelhouse-ca"), wheel, house, ca)
+    a, b = io.BytesIO(), io.BytesIO()
+    context.write_context_tar(ctx, a)
+    context.write_context_tar(ctx, b)
+    assert a.getvalue() == b.getvalue() and ctx.digest() == ctx.digest()
+    with tarfile.open(fileobj=io.BytesIO(a.getvalue())) as tar:
+        names = tar.getnames()
+    assert {
+        "Dockerfile",
+        "build-ca.crt",
+        "torchrig-dist/torchrig-0.1.0-py3-none-any.whl",
+        "wheelhouse/torch-2.8.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "torchrig-files/image.json",
+        "torchrig-files/profile.sh",
+    } <= set(names)

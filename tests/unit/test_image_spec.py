@@ -1,0 +1,140 @@
+"""torchrig.toml: defaults, validation, and one-line errors that name the file, the key and the allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchrig.errors import SpecError
+from torchrig.image.spec import load_spec, parse_spec
+from torchrig.image.stack import ResolvedStack, choose_base, load_bases, stack_from_wheelhouse
+
+
+def test_defaults():
+    spec = parse_spec({"torch": {"version": "2.8.0", "variant": "cpu"}})
+    assert spec.python == "3.11" and spec.variant == "runtime" and spec.services.enabled == ("jupyter", "ssh")
+    assert (spec.user.name, spec.user.uid, spec.user.gid) == ("torch", 1000, 1000)
+    assert spec.workdir == "/workspace" and spec.base is None
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"image": {"variant": "dev"}}, "[image] variant = 'dev': allowed: runtime, devel"),
+        ({"torch": {"variant": "cuda12"}}, "[torch] variant = 'cuda12': allowed: 'cpu', a CUDA variant"),
+        ({"user": {"uid": 0}}, "[user] uid = 0: allowed: an integer 1..65535"),
+        ({"user": {"name": "root"}}, "[user] name = 'root'"),
+        ({"services": {"ssh": "yes"}}, "[services] ssh = 'yes': allowed: true or false"),
+        ({"image": {"base": "debian:latest"}}, "[image] base = 'debian:latest'"),
+        ({"image": {"base": "debian"}}, "[image] base = 'debian'"),
+        ({"image": {"workdir": "relative/dir"}}, "[image] workdir"),
+        ({"torch": {"versoin": "2.8.0"}}, "unknown key 'versoin' in [torch]; did you mean: version"),
+        ({"servics": {}}, "unknown section [servics]; did you mean: services"),
+        ({"schema_version": 7}, "schema_version = 7: allowed: 1"),
+        ({"torch": {"version": "auto"}}, "[torch] gpus is empty"),
+    ],
+)
+def test_invalid_values_name_file_key_and_allowed(data, fragment):
+    data = {"torch": {"version": "2.8.0", "variant": "cpu"}, **data} if "torch" not in data else data
+    with pytest.raises(SpecError) as err:
+        parse_spec(data, "my/torchrig.toml")
+    line = err.value.one_line()
+    assert line.startswith("my/torchrig.toml: ") and fragment in line and "\n" not in line
+
+
+def test_auto_needs_gpus_unless_cpu():
+    assert parse_spec({"torch": {"version": "auto", "variant": "cpu"}}).torch.variant == "cpu"
+    spec = parse_spec({"torch": {"gpus": ["H100"], "min_driver": "535.104.05"}})
+    assert spec.torch.version == "auto" and spec.torch.gpus == ("H100",)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_spec(tmp_path / "nope.toml")
+    assert err.value.one_line().endswith("nope.toml: no such spec file; write one with 'torchrig init'")
+    bad = tmp_path / "torchrig.toml"
+    bad.write_text("[torch\nversion=")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(bad)
+
+
+def test_cli_invalid_spec_exit_2_one_line(cli, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('[image]\nvariant = "dev"\n[torch]\nversion = "2.8.0"\nvariant = "cpu"\n')
+    r = cli("image", "render", str(spec))
+    assert r.code == 2 and r.err.count("\n") == 1 and "Traceback" not in r.err
+    assert r.err.startswith(f"torchrig: error: {spec}: [image] variant = 'dev': allowed: runtime, devel")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--wheelhouse", "/nonexistent-wheels"], "--wheelhouse /nonexistent-wheels: not a directory"),
+        (["--ca-cert", "/nonexistent.pem"], "--ca-cert /nonexistent.pem: no such file"),
+    ],
+)
+def test_cli_bad_build_inputs_exit_2(cli, tmp_path, args, fragment):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('[torch]\nversion = "2.8.0"\nvariant = "cpu"\n')
+    r = cli("image", "build", str(spec), *args)
+    assert r.code == 2 and r.err.count("\n") == 1 and fragment in r.err
+
+
+def test_cli_ca_cert_must_be_pem(cli, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('[torch]\nversion = "2.8.0"\nvariant = "cpu"\n')
+    junk = tmp_path / "ca.der"
+    junk.write_bytes(b"\x30\x82binary")
+    r = cli("image", "render", str(spec), "--ca-cert", str(junk))
+    assert r.code == 2 and "not a PEM certificate" in r.err and r.err.count("\n") == 1
+
+
+def test_cli_missing_spec_exit_2(cli, tmp_path):
+    r = cli("image", "render", str(tmp_path / "torchrig.toml"))
+    assert r.code == 2 and "no such spec file" in r.err and r.err.count("\n") == 1
+
+
+def test_init_writes_a_valid_commented_spec(cli, tmp_path):
+    path = tmp_path / "torchrig.toml"
+    r = cli("init", str(path), "--variant", "cpu", "--torch", "2.8.0")
+    assert r.code == 0 and path.exists()
+    text = path.read_text()
+    assert text.count("#") > 15  # commented
+    spec = load_spec(path)
+    assert (spec.torch.version, spec.torch.variant) == ("2.8.0", "cpu")
+    again = cli("init", str(path))
+    assert again.code == 2 and "exists; pass --force" in again.err and again.err.count("\n") == 1
+    assert cli("init", str(path), "--force", "--gpu", "RTX 4090", "--devel").code == 0
+    spec = load_spec(path)
+    assert spec.torch.gpus == ("RTX 4090",) and spec.variant == "devel" and spec.torch.min_driver
+
+
+def test_init_rejects_bad_values(cli, tmp_path):
+    r = cli("init", str(tmp_path / "t.toml"), "--variant", "cuda")
+    assert r.code == 2 and "[torch] variant = 'cuda'" in r.err and not (tmp_path / "t.toml").exists()
+
+
+def test_base_choice_by_variant_and_python():
+    rows, _ = load_bases()
+    cpu = ResolvedStack(torch="2.8.0", variant="cpu", python="3.12")
+    spec = parse_spec({"torch": {"version": "2.8.0", "variant": "cpu"}, "python": {"version": "3.12"}})
+    assert choose_base(spec, cpu, rows, None).image.startswith("python:3.12.")
+    gpu = ResolvedStack(torch="2.8.0", variant="cu128", python="3.11", cuda="12.8")
+    devel = parse_spec({"torch": {"version": "2.8.0", "variant": "cu128"}, "image": {"variant": "devel"}})
+    with pytest.raises(
+        SpecError, match=r"\[python\] version = '3.11': the CUDA 12.8 devel base has Python 3.12"
+    ):
+        choose_base(devel, gpu, rows, None)
+    assert choose_base(devel, gpu, rows, "my/base:1.0").image == "my/base:1.0"
+    for row in rows:
+        assert ":latest" not in row["image"] and row["source"].startswith("https://")
+
+
+def test_wheelhouse_fallback_reads_the_torch_wheel(tmp_path):
+    (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    spec = parse_spec({"torch": {"version": "2.13.0", "variant": "cpu"}})
+    found = stack_from_wheelhouse(spec, Path(tmp_path))
+    assert found is not None and found.label == "2.13.0+cpu" and found.source == "wheelhouse"
+    other = parse_spec({"torch": {"version": "2.13.0", "variant": "cpu"}, "python": {"version": "3.12"}})
+    assert stack_from_wheelhouse(other, Path(tmp_path)) is None
