@@ -13,9 +13,22 @@ pytest.importorskip("torch")
 SCHEMA = Path(__file__).resolve().parents[2] / "src" / "torchrig" / "bench" / "schema.json"
 # busbw factors worked out by hand from nccl-tests doc/PERFORMANCE.md
 FACTORS = {
-    2: {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "broadcast": 1.0, "all_to_all": 0.5, "sendrecv": 1.0},
-    3: {"all_reduce": 4 / 3, "all_gather": 2 / 3, "reduce_scatter": 2 / 3, "broadcast": 1.0, "all_to_all": 2 / 3,
-        "sendrecv": 1.0},
+    2: {
+        "all_reduce": 1.0,
+        "all_gather": 0.5,
+        "reduce_scatter": 0.5,
+        "broadcast": 1.0,
+        "all_to_all": 0.5,
+        "sendrecv": 1.0,
+    },
+    3: {
+        "all_reduce": 4 / 3,
+        "all_gather": 2 / 3,
+        "reduce_scatter": 2 / 3,
+        "broadcast": 1.0,
+        "all_to_all": 2 / 3,
+        "sendrecv": 1.0,
+    },
 }
 
 
@@ -30,7 +43,9 @@ def check_collectives(rows, ranks):
 
 
 def test_two_processes_quick_run(cli, tmp_path):
-    r = cli("bench", "--cpu", "--nproc-per-node", "2", "--quick", "--json", "--out", str(tmp_path), timeout=300)
+    r = cli(
+        "bench", "--cpu", "--nproc-per-node", "2", "--quick", "--json", "--out", str(tmp_path), timeout=300
+    )
     assert r.code == 0, r.err[-3000:]
     data = r.json()
     jsonschema = pytest.importorskip("jsonschema")
@@ -38,7 +53,12 @@ def test_two_processes_quick_run(cli, tmp_path):
     m = data["measurements"]
     assert m["meta"]["backend"] == "gloo" and m["meta"]["world_size"] == 2 and m["meta"]["quick"] is True
     assert [g["rank"] for g in m["gpus"]] == [0, 1]
-    assert {(g["rank"], g["dtype"]) for g in m["gemm"]} == {(0, "fp32"), (0, "bf16"), (1, "fp32"), (1, "bf16")}
+    assert {(g["rank"], g["dtype"]) for g in m["gemm"]} == {
+        (0, "fp32"),
+        (0, "bf16"),
+        (1, "fp32"),
+        (1, "bf16"),
+    }
     assert all(g["check_ok"] for g in m["gemm"]) and all(x["check_ok"] for x in m["memory"])
     check_collectives(m["collectives"], 2)
     assert {c["op"] for c in m["collectives"]} == set(FACTORS[2])
@@ -52,8 +72,20 @@ def test_two_processes_quick_run(cli, tmp_path):
 
 
 def test_three_processes_collectives_only(cli):
-    r = cli("bench", "--cpu", "--nproc-per-node", "3", "--only", "collectives", "--max-size", "64KiB",
-            "--collectives", "all_reduce,reduce_scatter,all_to_all,sendrecv", "--json", timeout=300)
+    r = cli(
+        "bench",
+        "--cpu",
+        "--nproc-per-node",
+        "3",
+        "--only",
+        "collectives",
+        "--max-size",
+        "64KiB",
+        "--collectives",
+        "all_reduce,reduce_scatter,all_to_all,sendrecv",
+        "--json",
+        timeout=300,
+    )
     assert r.code == 0, r.err[-3000:]
     m = r.json()["measurements"]
     assert m["gemm"] == [] and m["p2p"] == [] and m["scaling"] == []

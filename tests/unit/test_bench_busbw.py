@@ -66,7 +66,10 @@ def test_element_counts_follow_nccl_tests_sizes():
     assert effective_size("all_gather", 1000, 4, 3) == 996
 
 
-@pytest.mark.parametrize(("text", "value"), [("1KiB", 1024), ("256MiB", 256 << 20), ("4G", 4 * GiB), ("4096", 4096), ("1.5K", 1536)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1KiB", 1024), ("256MiB", 256 << 20), ("4G", 4 * GiB), ("4096", 4096), ("1.5K", 1536)],
+)
 def test_parse_size(text, value):
     assert parse_size(text) == value
 

@@ -41,6 +41,8 @@ def test_broadcast_on_a_non_root_rank_is_caught():
 
 
 def test_expected_values_are_exact_in_bf16():
-    case = CollectiveCase(torch, DeadDist(rank=0, world=8), torch.device("cpu"), "all_reduce", 1 << 16, "bf16")
+    case = CollectiveCase(
+        torch, DeadDist(rank=0, world=8), torch.device("cpu"), "all_reduce", 1 << 16, "bf16"
+    )
     want = case.expected().float()
     assert float(want.max()) == 8 * 9 / 2 + 8 * 6 and float(want.min()) == 36

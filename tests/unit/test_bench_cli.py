@@ -67,8 +67,15 @@ def test_schema_rejects_a_broken_report():
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(SCHEMA.read_text())
     measurements = json.loads(FIXTURE.read_text())
-    good = {"schema_version": 1, "command": "bench", "summary": {"pass": 0, "warn": 0, "fail": 0, "no GPU": 0, "unknown": 0},
-            "verdict": "", "findings": [], "measurements": measurements, "files": []}
+    good = {
+        "schema_version": 1,
+        "command": "bench",
+        "summary": {"pass": 0, "warn": 0, "fail": 0, "no GPU": 0, "unknown": 0},
+        "verdict": "",
+        "findings": [],
+        "measurements": measurements,
+        "files": [],
+    }
     jsonschema.validate(good, schema)
     broken = json.loads(json.dumps(good))
     broken["measurements"]["collectives"][0]["op"] = "allreduce"
@@ -90,8 +97,15 @@ def test_dry_run_prints_the_torchrun_plan(cli):
 def test_help_is_the_manual_and_imports_nothing_heavy(cli):
     r = cli("bench", "--help")
     assert r.code == 0 and "examples:" in r.out and "torchrig bench --quick" in r.out
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "torchrig", "bench", "--help"],
-                          capture_output=True, text=True, timeout=60)
-    mods = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in proc.stderr.splitlines()
-            if line.startswith("import time:") and "|" in line}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "torchrig", "bench", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    mods = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
     assert "torchrig" in mods and not mods & {"torch", "matplotlib", "numpy", "rich"}

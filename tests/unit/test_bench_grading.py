@@ -35,18 +35,39 @@ class Peaks:  # the fields of torchrig.compat.kb.Peaks; figures of the H200 SXM 
 
 
 def meta(kind: str = "cuda") -> Meta:
-    return Meta(date_utc="2026-11-30T10:00:00Z", hostname="h", command_line="torchrig bench", device_kind=kind,
-                backend="nccl" if kind == "cuda" else "gloo", world_size=2, quick=False, torch_version="2.11.0",
-                cuda_version="13.0", nccl_version="2.27.7", elapsed_s=1.0)
+    return Meta(
+        date_utc="2026-11-30T10:00:00Z",
+        hostname="h",
+        command_line="torchrig bench",
+        device_kind=kind,
+        backend="nccl" if kind == "cuda" else "gloo",
+        world_size=2,
+        quick=False,
+        torch_version="2.11.0",
+        cuda_version="13.0",
+        nccl_version="2.27.7",
+        elapsed_s=1.0,
+    )
 
 
 def gpus(kind: str = "cuda") -> tuple[GpuInfo, ...]:
-    return tuple(GpuInfo(rank=r, device_index=r if kind == "cuda" else None, name="NVIDIA H200", compute_capability="9.0",
-                         memory_mib=143771, l2_cache_bytes=52428800) for r in range(2))
+    return tuple(
+        GpuInfo(
+            rank=r,
+            device_index=r if kind == "cuda" else None,
+            name="NVIDIA H200",
+            compute_capability="9.0",
+            memory_mib=143771,
+            l2_cache_bytes=52428800,
+        )
+        for r in range(2)
+    )
 
 
 def gemm(tflops: float, ok: bool = True, dtype: str = "bf16", n: int = 8192) -> GemmResult:
-    return GemmResult(rank=0, dtype=dtype, n=n, tflops=tflops, median_ms=1.0, repeats=20, check_ok=ok, max_rel_err=1e-3)
+    return GemmResult(
+        rank=0, dtype=dtype, n=n, tflops=tflops, median_ms=1.0, repeats=20, check_ok=ok, max_rel_err=1e-3
+    )
 
 
 def by_id(findings):
@@ -83,12 +104,50 @@ def test_best_size_is_graded_and_wrong_results_fail():
 
 
 def test_memory_and_host_against_datasheet():
-    m = Measurements(meta=meta(), gpus=gpus(), memory=(
-        MemoryResult(rank=0, kind="copy", size_bytes=1 << 32, gbps=4200, median_ms=2, repeats=20, check_ok=True),
-        MemoryResult(rank=0, kind="triad", size_bytes=1 << 32, gbps=2000, median_ms=2, repeats=20, check_ok=True)),
-        host=(HostResult(rank=0, direction="h2d", pinned=True, size_bytes=1 << 30, gbps=55, median_ms=20, repeats=10, check_ok=True),
-              HostResult(rank=0, direction="h2d", pinned=True, size_bytes=1 << 30, gbps=26, median_ms=20, repeats=10, check_ok=True),
-              HostResult(rank=0, direction="d2h", pinned=False, size_bytes=1 << 30, gbps=3, median_ms=20, repeats=10, check_ok=True)))
+    m = Measurements(
+        meta=meta(),
+        gpus=gpus(),
+        memory=(
+            MemoryResult(
+                rank=0, kind="copy", size_bytes=1 << 32, gbps=4200, median_ms=2, repeats=20, check_ok=True
+            ),
+            MemoryResult(
+                rank=0, kind="triad", size_bytes=1 << 32, gbps=2000, median_ms=2, repeats=20, check_ok=True
+            ),
+        ),
+        host=(
+            HostResult(
+                rank=0,
+                direction="h2d",
+                pinned=True,
+                size_bytes=1 << 30,
+                gbps=55,
+                median_ms=20,
+                repeats=10,
+                check_ok=True,
+            ),
+            HostResult(
+                rank=0,
+                direction="h2d",
+                pinned=True,
+                size_bytes=1 << 30,
+                gbps=26,
+                median_ms=20,
+                repeats=10,
+                check_ok=True,
+            ),
+            HostResult(
+                rank=0,
+                direction="d2h",
+                pinned=False,
+                size_bytes=1 << 30,
+                gbps=3,
+                median_ms=20,
+                repeats=10,
+                check_ok=True,
+            ),
+        ),
+    )
     fs = grade(m, PEAKS)
     copy, triad = fs[0], fs[1]
     assert copy.grade is Grade.PASS and copy.fraction == pytest.approx(4200 / 4800)  # 87.5%
@@ -99,8 +158,14 @@ def test_memory_and_host_against_datasheet():
 
 
 def test_p2p_pair_far_below_its_link_fails_and_points_to_doctor():
-    rows = (P2PResult(src=0, dst=1, size_bytes=1 << 28, oneway_gbps=390, bidir_gbps=760, latency_us=12, check_ok=True),
-            P2PResult(src=1, dst=0, size_bytes=1 << 28, oneway_gbps=48, bidir_gbps=760, latency_us=12, check_ok=True))
+    rows = (
+        P2PResult(
+            src=0, dst=1, size_bytes=1 << 28, oneway_gbps=390, bidir_gbps=760, latency_us=12, check_ok=True
+        ),
+        P2PResult(
+            src=1, dst=0, size_bytes=1 << 28, oneway_gbps=48, bidir_gbps=760, latency_us=12, check_ok=True
+        ),
+    )
     f = by_id(grade(Measurements(meta=meta(), gpus=gpus(), p2p=rows), PEAKS))
     assert f["p2p.0-1"].grade is Grade.PASS and f["p2p.0-1"].expected == 450  # NVLink 900 both ways / 2
     assert f["p2p.0-1.bidir"].expected == 900 and f["p2p.0-1.bidir"].grade is Grade.PASS
@@ -110,37 +175,63 @@ def test_p2p_pair_far_below_its_link_fails_and_points_to_doctor():
 
 def test_p2p_without_nvlink_is_graded_against_pcie():
     pcie_only = {0: Peaks(nvlink_bandwidth_gbps=None), 1: Peaks(nvlink_bandwidth_gbps=None)}
-    rows = (P2PResult(src=0, dst=1, size_bytes=1 << 28, oneway_gbps=50, bidir_gbps=90, latency_us=12, check_ok=True),)
+    rows = (
+        P2PResult(
+            src=0, dst=1, size_bytes=1 << 28, oneway_gbps=50, bidir_gbps=90, latency_us=12, check_ok=True
+        ),
+    )
     f = by_id(grade(Measurements(meta=meta(), gpus=gpus(), p2p=rows), pcie_only))["p2p.0-1"]
     assert f.expected == 64 and f.grade is Grade.PASS and "PCIe" in f.expected_what
 
 
 def coll(op: str, size: int, busbw: float, ok: bool = True) -> CollectiveResult:
-    return CollectiveResult(op=op, size_bytes=size, dtype="bf16", ranks=2, time_us=1.0, algbw_gbps=busbw,
-                            busbw_gbps=busbw, iterations=15, check_ok=ok)
+    return CollectiveResult(
+        op=op,
+        size_bytes=size,
+        dtype="bf16",
+        ranks=2,
+        time_us=1.0,
+        algbw_gbps=busbw,
+        busbw_gbps=busbw,
+        iterations=15,
+        check_ok=ok,
+    )
 
 
 def test_collectives_graded_at_large_sizes_only():
-    rows = (coll("all_reduce", 1 << 20, 30), coll("all_reduce", 1 << 30, 327), coll("all_reduce", 4 << 30, 345),
-            coll("broadcast", 1 << 20, 40), coll("all_gather", 1 << 30, 100), coll("sendrecv", 1 << 30, 300, ok=False))
+    rows = (
+        coll("all_reduce", 1 << 20, 30),
+        coll("all_reduce", 1 << 30, 327),
+        coll("all_reduce", 4 << 30, 345),
+        coll("broadcast", 1 << 20, 40),
+        coll("all_gather", 1 << 30, 100),
+        coll("sendrecv", 1 << 30, 300, ok=False),
+    )
     f = by_id(grade(Measurements(meta=meta(), gpus=gpus(), collectives=rows), PEAKS))
     ar = f["collective.all_reduce"]
     assert ar.value == 345 and ar.grade is Grade.PASS and ar.fraction == pytest.approx(345 / 450)
-    assert f["collective.broadcast"].grade is Grade.UNKNOWN and "latency-bound" in f["collective.broadcast"].message
+    assert (
+        f["collective.broadcast"].grade is Grade.UNKNOWN
+        and "latency-bound" in f["collective.broadcast"].message
+    )
     assert f["collective.all_gather"].grade is Grade.FAIL  # 22% of 450
     assert f["collective.sendrecv"].grade is Grade.FAIL and "differs" in f["collective.sendrecv"].message
 
 
 @pytest.mark.parametrize(("eff", "expected"), [(0.96, Grade.PASS), (0.80, Grade.WARN), (0.5, Grade.FAIL)])
 def test_scaling_efficiency(eff, expected):
-    rows = (ScalingResult(gpus=1, tokens_per_s=400e3, step_ms=40, efficiency=1.0),
-            ScalingResult(gpus=2, tokens_per_s=800e3 * eff, step_ms=40, efficiency=eff))
+    rows = (
+        ScalingResult(gpus=1, tokens_per_s=400e3, step_ms=40, efficiency=1.0),
+        ScalingResult(gpus=2, tokens_per_s=800e3 * eff, step_ms=40, efficiency=eff),
+    )
     fs = grade(Measurements(meta=meta(), gpus=gpus(), scaling=rows), PEAKS)
     assert [f.id for f in fs] == ["scaling.2"] and fs[0].grade is expected
 
 
 def test_cpu_path_is_graded_no_gpu():
-    m = Measurements(meta=meta("cpu"), gpus=gpus("cpu"), gemm=(gemm(0.2),), collectives=(coll("all_reduce", 1 << 20, 0.3),))
+    m = Measurements(
+        meta=meta("cpu"), gpus=gpus("cpu"), gemm=(gemm(0.2),), collectives=(coll("all_reduce", 1 << 20, 0.3),)
+    )
     fs = grade(m, {0: None, 1: None})
     assert {f.grade for f in fs} == {Grade.NO_GPU}
     assert all(f.fraction is None and f.expected is None for f in fs)
@@ -152,7 +243,10 @@ def test_unknown_gpu_is_unknown_not_zero():
     f = grade(m, {0: None, 1: None})[0]
     assert f.grade is Grade.UNKNOWN and f.fraction is None and "knowledge base" in f.message
     no_fp8 = {0: Peaks(fp8_tflops=None)}
-    assert grade(Measurements(meta=meta(), gpus=gpus(), gemm=(gemm(900, dtype="fp8"),)), no_fp8)[0].grade is Grade.UNKNOWN
+    assert (
+        grade(Measurements(meta=meta(), gpus=gpus(), gemm=(gemm(900, dtype="fp8"),)), no_fp8)[0].grade
+        is Grade.UNKNOWN
+    )
 
 
 def test_exit_code_and_summary():
@@ -164,6 +258,31 @@ def test_exit_code_and_summary():
 
 def test_thresholds_file_is_consistent():
     th = load_thresholds()
-    assert set(th) == {"gemm", "memory", "host_pinned", "host_pageable", "p2p_oneway", "p2p_bidir", "collective", "scaling"}
+    assert set(th) == {
+        "gemm",
+        "memory",
+        "host_pinned",
+        "host_pageable",
+        "p2p_oneway",
+        "p2p_bidir",
+        "collective",
+        "scaling",
+    }
     for t in th.values():
         assert 0 <= t.warn_at <= t.pass_at <= 1 and t.why
+
+
+def test_a_measurement_that_crashed_is_a_failure():
+    from torchrig.bench.records import Skipped
+
+    m = Measurements(
+        meta=meta(),
+        gpus=gpus(),
+        skipped=(
+            Skipped("gemm fp8 8192 on rank 1", "failed: RuntimeError: boom"),
+            Skipped("host", "no GPU: host<->device transfers need a CUDA device"),
+        ),
+    )
+    fs = grade(m, PEAKS)
+    assert [(f.id, f.grade) for f in fs] == [("gemm.failed.0", Grade.FAIL)]
+    assert "RuntimeError: boom" in fs[0].message

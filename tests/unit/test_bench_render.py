@@ -38,15 +38,33 @@ class Peaks:
 
 
 def gpu_run() -> Measurements:
-    meta = Meta(date_utc="2026-11-30T11:00:00Z", hostname="gpu-host", command_line="torchrig bench", device_kind="cuda",
-                backend="nccl", world_size=2, quick=False, torch_version="2.11.0+cu130", cuda_version="13.0",
-                nccl_version="2.27.7", elapsed_s=90.0, scaling_model="GPT-style decoder", env={"NCCL_NVLS_ENABLE": "0"})
+    meta = Meta(
+        date_utc="2026-11-30T11:00:00Z",
+        hostname="gpu-host",
+        command_line="torchrig bench",
+        device_kind="cuda",
+        backend="nccl",
+        world_size=2,
+        quick=False,
+        torch_version="2.11.0+cu130",
+        cuda_version="13.0",
+        nccl_version="2.27.7",
+        elapsed_s=90.0,
+        scaling_model="GPT-style decoder",
+        env={"NCCL_NVLS_ENABLE": "0"},
+    )
     g = tuple(GpuInfo(r, r, "NVIDIA H200", "9.0", 143771, 52428800) for r in range(2))
-    gemm = tuple(GemmResult(r, d, 8192, t, 1.0, 20, True, 1e-3) for r in range(2)
-                 for d, t in (("bf16", 760.0), ("fp8", 1300.0), ("fp32", 50.0)))
+    gemm = tuple(
+        GemmResult(r, d, 8192, t, 1.0, 20, True, 1e-3)
+        for r in range(2)
+        for d, t in (("bf16", 760.0), ("fp8", 1300.0), ("fp32", 50.0))
+    )
     p2p = (P2PResult(0, 1, 1 << 28, 390, 760, 11, True), P2PResult(1, 0, 1 << 28, 40, 760, 11, True))
-    coll = tuple(CollectiveResult(op, s, "bf16", 2, 1.0, b, b, 15, True)
-                 for op in ("all_reduce", "all_gather") for s, b in ((1 << 20, 30.0), (1 << 30, 330.0), (4 << 30, 345.0)))
+    coll = tuple(
+        CollectiveResult(op, s, "bf16", 2, 1.0, b, b, 15, True)
+        for op in ("all_reduce", "all_gather")
+        for s, b in ((1 << 20, 30.0), (1 << 30, 330.0), (4 << 30, 345.0))
+    )
     scale = (ScalingResult(1, 300e3, 50, 1.0), ScalingResult(2, 580e3, 52, 0.967))
     return Measurements(meta=meta, gpus=g, gemm=gemm, p2p=p2p, collectives=coll, scaling=scale)
 
@@ -70,8 +88,14 @@ def test_markdown_report_has_every_section(tmp_path):
     m = gpu_run()
     report = build_report(m, PEAKS, str(tmp_path), plots=False)
     md = (tmp_path / "bench.md").read_text()
-    for heading in ("## Graded figures", "## GEMM", "## P2P one way, GB/s", "## P2P latency, µs",
-                    "## Collectives: busbw GB/s (bf16, 2 ranks)", "## Training scaling"):
+    for heading in (
+        "## Graded figures",
+        "## GEMM",
+        "## P2P one way, GB/s",
+        "## P2P latency, µs",
+        "## Collectives: busbw GB/s (bf16, 2 ranks)",
+        "## Training scaling",
+    ):
         assert heading in md
     assert "| GPU 1 | 40.0 | - |" in md
     saved = json.loads((tmp_path / "bench.json").read_text())

@@ -100,7 +100,10 @@ def parse_size(text: str) -> int:
     """A size with a binary unit: ``"1KiB"``, ``"256M"``, ``"4GiB"``, ``"4096"`` (bytes). Units are powers of 1024."""
     m = _SIZE_RE.fullmatch(text or "")
     if not m:
-        raise UsageError(f"malformed size {text!r}", hint="expected a number with an optional unit, e.g. 1KiB, 256MiB, 4GiB")
+        raise UsageError(
+            f"malformed size {text!r}",
+            hint="expected a number with an optional unit, e.g. 1KiB, 256MiB, 4GiB",
+        )
     value = float(m.group(1)) * _UNIT[m.group(2).upper()]
     if value < 1:
         raise UsageError(f"size {text!r} is below one byte", hint="use e.g. 1KiB")
@@ -119,8 +122,10 @@ def format_size(size_bytes: int) -> str:
 def size_sweep(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
     """Message sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor`` (nccl-tests ``-b -e -f``)."""
     if min_bytes > max_bytes:
-        raise UsageError(f"--min-size {format_size(min_bytes)} is above --max-size {format_size(max_bytes)}",
-                         hint="swap them")
+        raise UsageError(
+            f"--min-size {format_size(min_bytes)} is above --max-size {format_size(max_bytes)}",
+            hint="swap them",
+        )
     if factor < 2:
         raise UsageError(f"size factor must be >= 2, got {factor}")
     sizes, s = [], min_bytes

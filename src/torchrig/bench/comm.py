@@ -42,8 +42,11 @@ class CollectiveCase:
         self.size = effective_size(op, size_bytes, elem, self.n)
         n_in, n_out = element_counts(op, size_bytes, elem, self.n)
         self.inp = self._pattern(n_in, device)
-        self.out = self.inp if self.op in (Collective.ALL_REDUCE, Collective.BROADCAST) else torch.empty(
-            n_out, dtype=self.dtype, device=device)
+        self.out = (
+            self.inp
+            if self.op in (Collective.ALL_REDUCE, Collective.BROADCAST)
+            else torch.empty(n_out, dtype=self.dtype, device=device)
+        )
         self.fn = self._operation()
 
     def _periodic(self, count: int, offset: int, device: Any) -> Any:
@@ -59,7 +62,9 @@ class CollectiveCase:
         x = self._periodic(count, 0, device).clone()
         if self.op in (Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL):
             chunk = self.torch.arange(self.n, device=device).to(self.dtype)[:, None]
-            self._chunks(x).add_(chunk + (self.rank * self.n if self.op is Collective.ALL_TO_ALL else self.rank))
+            self._chunks(x).add_(
+                chunk + (self.rank * self.n if self.op is Collective.ALL_TO_ALL else self.rank)
+            )
             return x
         return x.add_(self.rank + 1)
 
@@ -99,7 +104,9 @@ class CollectiveCase:
         nxt, prv = (self.rank + 1) % self.n, (self.rank - 1) % self.n
 
         def sendrecv(i: int) -> None:
-            for work in d.batch_isend_irecv([d.P2POp(d.isend, self.inp, nxt), d.P2POp(d.irecv, self.out, prv)]):
+            for work in d.batch_isend_irecv(
+                [d.P2POp(d.isend, self.inp, nxt), d.P2POp(d.irecv, self.out, prv)]
+            ):
                 work.wait()
 
         return sendrecv
@@ -112,12 +119,17 @@ class CollectiveCase:
             return True
         # Reductions over many ranks may round in bf16: compare within a bf16 step, a chunk at a time.
         step = 1 << 24
-        return all(bool(self.torch.allclose(self.out[i : i + step].float(), want[i : i + step].float(), rtol=1 / 128))
-                   for i in range(0, self.out.numel(), step))
+        return all(
+            bool(
+                self.torch.allclose(self.out[i : i + step].float(), want[i : i + step].float(), rtol=1 / 128)
+            )
+            for i in range(0, self.out.numel(), step)
+        )
 
 
-def measure_collective(torch: Any, dist: Any, device: Any, op: str, size_bytes: int, dtype_name: str,
-                       quick: bool) -> CollectiveResult:
+def measure_collective(
+    torch: Any, dist: Any, device: Any, op: str, size_bytes: int, dtype_name: str, quick: bool
+) -> CollectiveResult:
     case = CollectiveCase(torch, dist, device, op, size_bytes, dtype_name)
     ok = case.check()
     warmup, iters, blocks = collective_iterations(case.size, quick)
@@ -130,9 +142,17 @@ def measure_collective(torch: Any, dist: Any, device: Any, op: str, size_bytes: 
     t = mean_across_ranks(torch, dist, device, median(per_block))
     ok_all = mean_across_ranks(torch, dist, device, 1.0 if ok else 0.0) == 1.0
     n = dist.get_world_size()
-    return CollectiveResult(op=case.op.value, size_bytes=case.size, dtype=dtype_name, ranks=n, time_us=t * 1e6,
-                            algbw_gbps=algbw_gbps(case.size, t), busbw_gbps=busbw_gbps(case.op, case.size, t, n),
-                            iterations=iters * blocks, check_ok=ok_all)
+    return CollectiveResult(
+        op=case.op.value,
+        size_bytes=case.size,
+        dtype=dtype_name,
+        ranks=n,
+        time_us=t * 1e6,
+        algbw_gbps=algbw_gbps(case.size, t),
+        busbw_gbps=busbw_gbps(case.op, case.size, t, n),
+        iterations=iters * blocks,
+        check_ok=ok_all,
+    )
 
 
 def _p2p_pattern(torch: Any, count: int, src: int, device: Any) -> Any:
@@ -140,8 +160,9 @@ def _p2p_pattern(torch: Any, count: int, src: int, device: Any) -> Any:
     return base.repeat(-(-count // 251))[:count].contiguous()
 
 
-def _pair_times(torch: Any, dist: Any, device: Any, me: int, peer: int, src: int, size_bytes: int,
-                iterations: int) -> tuple[float, float, float, bool]:
+def _pair_times(
+    torch: Any, dist: Any, device: Any, me: int, peer: int, src: int, size_bytes: int, iterations: int
+) -> tuple[float, float, float, bool]:
     """(one-way s src->other, both-ways s, latency s, check) measured on this rank of the pair."""
     timer = Timer(torch, device)
     buf = _p2p_pattern(torch, size_bytes, me, device)
@@ -154,7 +175,9 @@ def _pair_times(torch: Any, dist: Any, device: Any, me: int, peer: int, src: int
             dist.recv(recv, peer)
 
     def both(i: int) -> None:
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer), dist.P2POp(dist.irecv, recv, peer)]):
+        for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, buf, peer), dist.P2POp(dist.irecv, recv, peer)]
+        ):
             w.wait()
 
     both(0)  # warm-up and the check: each side got the other's pattern
@@ -180,8 +203,9 @@ def _pair_times(torch: Any, dist: Any, device: Any, me: int, peer: int, src: int
     return t_one, t_both, t_lat, ok
 
 
-def measure_p2p(torch: Any, dist: Any, device: Any, size_bytes: int, iterations: int,
-                progress: Callable[[str], None]) -> list[P2PResult]:
+def measure_p2p(
+    torch: Any, dist: Any, device: Any, size_bytes: int, iterations: int, progress: Callable[[str], None]
+) -> list[P2PResult]:
     """Every ordered pair (src, dst): one-way src->dst, both ways, latency. Returns the rows on rank 0."""
     rank, n = dist.get_rank(), dist.get_world_size()
     rows: list[P2PResult] = []
@@ -192,13 +216,23 @@ def measure_p2p(torch: Any, dist: Any, device: Any, size_bytes: int, iterations:
             progress(f"p2p {src}->{dst}")
             mine = None
             if rank in (src, dst):
-                mine = _pair_times(torch, dist, device, rank, dst if rank == src else src, src, size_bytes, iterations)
+                mine = _pair_times(
+                    torch, dist, device, rank, dst if rank == src else src, src, size_bytes, iterations
+                )
             gathered: list[Any] = [None] * n
             dist.all_gather_object(gathered, mine)
             if rank == 0:
                 a, b = gathered[src], gathered[dst]
                 t_one, t_both, t_lat = ((x + y) / 2 for x, y in zip(a[:3], b[:3], strict=True))
-                rows.append(P2PResult(src=src, dst=dst, size_bytes=size_bytes, oneway_gbps=size_bytes / t_one / 1e9,
-                                      bidir_gbps=2 * size_bytes / t_both / 1e9, latency_us=t_lat * 1e6,
-                                      check_ok=bool(a[3] and b[3])))
+                rows.append(
+                    P2PResult(
+                        src=src,
+                        dst=dst,
+                        size_bytes=size_bytes,
+                        oneway_gbps=size_bytes / t_one / 1e9,
+                        bidir_gbps=2 * size_bytes / t_both / 1e9,
+                        latency_us=t_lat * 1e6,
+                        check_ok=bool(a[3] and b[3]),
+                    )
+                )
     return rows

@@ -104,19 +104,46 @@ def make_config(
     cuda = device_kind == "cuda"
     if cuda and not quick:
         lo, hi = 1 * KiB, 4 * GiB
-        preset: dict[str, Any] = dict(gemm_sizes=(8192, 16384), gemm_repeats=20, memory_bytes=4 * GiB,
-                                      memory_repeats=20, host_bytes=1 * GiB, host_repeats=10,
-                                      p2p_bytes=256 * MiB, p2p_iterations=20, scaling_steps=20, scaling_warmup=5)
+        preset: dict[str, Any] = dict(
+            gemm_sizes=(8192, 16384),
+            gemm_repeats=20,
+            memory_bytes=4 * GiB,
+            memory_repeats=20,
+            host_bytes=1 * GiB,
+            host_repeats=10,
+            p2p_bytes=256 * MiB,
+            p2p_iterations=20,
+            scaling_steps=20,
+            scaling_warmup=5,
+        )
     elif cuda:
         lo, hi = 64 * KiB, 256 * MiB
-        preset = dict(gemm_sizes=(8192,), gemm_repeats=10, memory_bytes=1 * GiB, memory_repeats=10,
-                      host_bytes=256 * MiB, host_repeats=5, p2p_bytes=64 * MiB, p2p_iterations=10,
-                      scaling_steps=6, scaling_warmup=3)
+        preset = dict(
+            gemm_sizes=(8192,),
+            gemm_repeats=10,
+            memory_bytes=1 * GiB,
+            memory_repeats=10,
+            host_bytes=256 * MiB,
+            host_repeats=5,
+            p2p_bytes=64 * MiB,
+            p2p_iterations=10,
+            scaling_steps=6,
+            scaling_warmup=3,
+        )
     else:  # the CPU/gloo path: small sizes, the same code
         lo, hi = 1 * KiB, (256 * KiB if quick else 1 * MiB)
-        preset = dict(gemm_sizes=(128,) if quick else (256,), gemm_repeats=5, memory_bytes=4 * MiB,
-                      memory_repeats=5, host_bytes=0, host_repeats=0, p2p_bytes=256 * KiB, p2p_iterations=5,
-                      scaling_steps=3, scaling_warmup=1)
+        preset = dict(
+            gemm_sizes=(128,) if quick else (256,),
+            gemm_repeats=5,
+            memory_bytes=4 * MiB,
+            memory_repeats=5,
+            host_bytes=0,
+            host_repeats=0,
+            p2p_bytes=256 * KiB,
+            p2p_iterations=5,
+            scaling_steps=3,
+            scaling_warmup=1,
+        )
     sizes = size_sweep(min_size or lo, max_size or hi)
     return BenchConfig(
         device_kind=device_kind,

@@ -38,22 +38,35 @@ def _gemm_inputs(torch: Any, device: Any, dtype_name: str, n: int, seed: int) ->
         a = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn)
         b = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn).t()  # column-major
         return a, b
-    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    return (torch.randn(n, n, device=device, dtype=dtype, generator=gen),
-            torch.randn(n, n, device=device, dtype=dtype, generator=gen))
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+        dtype_name
+    ]
+    return (
+        torch.randn(n, n, device=device, dtype=dtype, generator=gen),
+        torch.randn(n, n, device=device, dtype=dtype, generator=gen),
+    )
 
 
 def _gemm_fn(torch: Any, dtype_name: str, device: Any) -> Any:
     if dtype_name == "fp8":
         one = torch.ones((), device=device, dtype=torch.float32)
         # Tensor-wise scales of 1, bf16 output, fast accumulation (as Transformer Engine's forward pass).
-        return lambda a, b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                             use_fast_accum=True)
+        return lambda a, b: torch._scaled_mm(
+            a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
     return lambda a, b: torch.matmul(a, b)
 
 
-def measure_gemm(torch: Any, device: Any, dtype_name: str, n: int, repeats: int, warmup: int,
-                 l2_cache_bytes: int | None, rank: int) -> GemmResult:
+def measure_gemm(
+    torch: Any,
+    device: Any,
+    dtype_name: str,
+    n: int,
+    repeats: int,
+    warmup: int,
+    l2_cache_bytes: int | None,
+    rank: int,
+) -> GemmResult:
     """TFLOP/s of an ``n x n x n`` matrix multiply in ``dtype_name`` (fp32 | tf32 | bf16 | fp16 | fp8)."""
     previous = torch.get_float32_matmul_precision()
     # "highest" keeps fp32 matmuls in IEEE fp32; "high" lets them use TF32 tensor cores.
@@ -61,8 +74,10 @@ def measure_gemm(torch: Any, device: Any, dtype_name: str, n: int, repeats: int,
     try:
         first = _gemm_inputs(torch, device, dtype_name, n, seed=0)
         per_set = 2 * first[0].numel() * first[0].element_size()
-        sets = [first] + [_gemm_inputs(torch, device, dtype_name, n, seed=k)
-                          for k in range(1, rotation_sets(per_set, l2_cache_bytes))]
+        sets = [first] + [
+            _gemm_inputs(torch, device, dtype_name, n, seed=k)
+            for k in range(1, rotation_sets(per_set, l2_cache_bytes))
+        ]
         mm = _gemm_fn(torch, dtype_name, device)
         timer = Timer(torch, device)
         times = timer.time_each(lambda i: mm(*sets[i % len(sets)]), repeats, warmup)
@@ -71,9 +86,17 @@ def measure_gemm(torch: Any, device: Any, dtype_name: str, n: int, repeats: int,
         torch.set_float32_matmul_precision(previous)
     t = median(times)
     ok = err <= GEMM_TOLERANCE[dtype_name]
-    return GemmResult(rank=rank, dtype=dtype_name, n=n, tflops=2.0 * n**3 / t / 1e12, median_ms=t * 1e3,
-                      repeats=repeats, check_ok=ok, max_rel_err=err,
-                      note="e4m3, tensor-wise scale, fast accumulation" if dtype_name == "fp8" else "")
+    return GemmResult(
+        rank=rank,
+        dtype=dtype_name,
+        n=n,
+        tflops=2.0 * n**3 / t / 1e12,
+        median_ms=t * 1e3,
+        repeats=repeats,
+        check_ok=ok,
+        max_rel_err=err,
+        note="e4m3, tensor-wise scale, fast accumulation" if dtype_name == "fp8" else "",
+    )
 
 
 def _gemm_error(torch: Any, mm: Any, a: Any, b: Any) -> float:
@@ -85,21 +108,38 @@ def _gemm_error(torch: Any, mm: Any, a: Any, b: Any) -> float:
     return float(((got - ref).abs().max() / scale).item())
 
 
-def measure_memory(torch: Any, device: Any, kind: str, size_bytes: int, repeats: int, warmup: int,
-                   l2_cache_bytes: int | None, rank: int) -> MemoryResult:
+def measure_memory(
+    torch: Any,
+    device: Any,
+    kind: str,
+    size_bytes: int,
+    repeats: int,
+    warmup: int,
+    l2_cache_bytes: int | None,
+    rank: int,
+) -> MemoryResult:
     """Device memory bandwidth: ``copy`` (y = x, 2 x size bytes) or ``triad`` (a = b + s c, 3 x size bytes)."""
     timer = Timer(torch, device)
     if kind == "copy":
         n = size_bytes
-        sets = [(torch.randint(0, 256, (n,), dtype=torch.uint8, device=device), torch.empty(n, dtype=torch.uint8, device=device))
-                for _ in range(rotation_sets(2 * n, l2_cache_bytes))]
-        times = timer.time_each(lambda i: sets[i % len(sets)][1].copy_(sets[i % len(sets)][0]), repeats, warmup)
+        sets = [
+            (
+                torch.randint(0, 256, (n,), dtype=torch.uint8, device=device),
+                torch.empty(n, dtype=torch.uint8, device=device),
+            )
+            for _ in range(rotation_sets(2 * n, l2_cache_bytes))
+        ]
+        times = timer.time_each(
+            lambda i: sets[i % len(sets)][1].copy_(sets[i % len(sets)][0]), repeats, warmup
+        )
         ok = all(bool(torch.equal(dst, src)) for src, dst in sets)
         moved = 2 * n
     elif kind == "triad":
         n = size_bytes // 4
-        tsets = [(torch.empty(n, device=device), torch.rand(n, device=device), torch.rand(n, device=device))
-                 for _ in range(rotation_sets(3 * 4 * n, l2_cache_bytes))]
+        tsets = [
+            (torch.empty(n, device=device), torch.rand(n, device=device), torch.rand(n, device=device))
+            for _ in range(rotation_sets(3 * 4 * n, l2_cache_bytes))
+        ]
 
         def triad(i: int) -> None:
             a, b, c = tsets[i % len(tsets)]
@@ -113,16 +153,32 @@ def measure_memory(torch: Any, device: Any, kind: str, size_bytes: int, repeats:
     else:
         raise ValueError(f"unknown memory kind {kind!r}")
     t = median(times)
-    return MemoryResult(rank=rank, kind=kind, size_bytes=moved // (2 if kind == "copy" else 3), gbps=moved / t / 1e9,
-                        median_ms=t * 1e3, repeats=repeats, check_ok=ok)
+    return MemoryResult(
+        rank=rank,
+        kind=kind,
+        size_bytes=moved // (2 if kind == "copy" else 3),
+        gbps=moved / t / 1e9,
+        median_ms=t * 1e3,
+        repeats=repeats,
+        check_ok=ok,
+    )
 
 
-def measure_host(torch: Any, device: Any, direction: str, pinned: bool, size_bytes: int, repeats: int,
-                 warmup: int, rank: int) -> HostResult:
+def measure_host(
+    torch: Any,
+    device: Any,
+    direction: str,
+    pinned: bool,
+    size_bytes: int,
+    repeats: int,
+    warmup: int,
+    rank: int,
+) -> HostResult:
     """Host<->device bandwidth of one ``size_bytes`` copy (``non_blocking``, as a data loader copies)."""
-    host = torch.randint(0, 256, (size_bytes,), dtype=torch.uint8)
-    if pinned:
-        host = host.pin_memory()
+    # Allocated pinned directly (no pageable staging copy); zero-filled so every page is resident before
+    # timing, with a random first MiB for the check.
+    host = torch.zeros(size_bytes, dtype=torch.uint8, pin_memory=pinned)
+    host[: 1 << 20].random_(0, 256)
     dev = torch.empty(size_bytes, dtype=torch.uint8, device=device)
     timer = Timer(torch, device)
     if direction == "h2d":
@@ -137,5 +193,13 @@ def measure_host(torch: Any, device: Any, direction: str, pinned: bool, size_byt
     else:
         raise ValueError(f"unknown direction {direction!r}")
     t = median(times)
-    return HostResult(rank=rank, direction=direction, pinned=pinned, size_bytes=size_bytes,
-                      gbps=size_bytes / t / 1e9, median_ms=t * 1e3, repeats=repeats, check_ok=ok)
+    return HostResult(
+        rank=rank,
+        direction=direction,
+        pinned=pinned,
+        size_bytes=size_bytes,
+        gbps=size_bytes / t / 1e9,
+        median_ms=t * 1e3,
+        repeats=repeats,
+        check_ok=ok,
+    )

@@ -82,17 +82,32 @@ def link_per_direction_gbps(peaks: Peaks | None) -> tuple[float | None, str]:
 
 
 class _Grader:
-    def __init__(self, m: Measurements, peaks_by_rank: Mapping[int, Peaks | None],
-                 thresholds: Mapping[str, Threshold]) -> None:
+    def __init__(
+        self, m: Measurements, peaks_by_rank: Mapping[int, Peaks | None], thresholds: Mapping[str, Threshold]
+    ) -> None:
         self.m, self.peaks, self.th = m, peaks_by_rank, thresholds
         self.no_gpu = m.meta.device_kind != "cuda"
         self.findings: list[Finding] = []
 
-    def add(self, id: str, figure: str, value: float, unit: str, expected: float | None, expected_what: str,
-            metric: str, check_ok: bool = True, advice: str = "", unknown: str = "") -> None:
+    def add(
+        self,
+        id: str,
+        figure: str,
+        value: float,
+        unit: str,
+        expected: float | None,
+        expected_what: str,
+        metric: str,
+        check_ok: bool = True,
+        advice: str = "",
+        unknown: str = "",
+    ) -> None:
         fraction = value / expected if expected else None
         if not check_ok:
-            grade, msg = Grade.FAIL, "the result differs from the reference: the hardware or the software stack computes wrong values"
+            grade, msg = (
+                Grade.FAIL,
+                "the result differs from the reference: the hardware or the software stack computes wrong values",
+            )
         elif self.no_gpu:
             grade, msg = Grade.NO_GPU, "no GPU: measured on the CPU with gloo, nothing to grade against"
         elif fraction is None:
@@ -102,9 +117,19 @@ class _Grader:
             msg = f"{fraction:.0%} of {expected_what} ({expected:,.0f} {unit})"
             if grade is not Grade.PASS and advice:
                 msg += f"; {advice}"
-        self.findings.append(Finding(id=id, figure=figure, value=value, unit=unit,
-                                     expected=None if self.no_gpu else expected, expected_what=expected_what,
-                                     fraction=None if self.no_gpu else fraction, grade=grade, message=msg))
+        self.findings.append(
+            Finding(
+                id=id,
+                figure=figure,
+                value=value,
+                unit=unit,
+                expected=None if self.no_gpu else expected,
+                expected_what=expected_what,
+                fraction=None if self.no_gpu else fraction,
+                grade=grade,
+                message=msg,
+            )
+        )
 
     def peak(self, rank: int, attr: str) -> float | None:
         p = self.peaks.get(rank)
@@ -117,55 +142,136 @@ class _Grader:
             if old is None or (old.check_ok and (not g.check_ok or g.tflops > old.tflops)):
                 best[(g.rank, g.dtype)] = g
         for (rank, dtype), g in sorted(best.items()):
-            self.add(f"gemm.{dtype}.gpu{rank}", f"GPU {rank} GEMM {dtype} ({g.n}³)", g.tflops, "TFLOP/s",
-                     self.peak(rank, f"{dtype}_tflops"), f"the {dtype} datasheet peak", "gemm", g.check_ok,
-                     "check clocks, power cap and temperature: " + DOCTOR)
+            self.add(
+                f"gemm.{dtype}.gpu{rank}",
+                f"GPU {rank} GEMM {dtype} ({g.n}³)",
+                g.tflops,
+                "TFLOP/s",
+                self.peak(rank, f"{dtype}_tflops"),
+                f"the {dtype} datasheet peak",
+                "gemm",
+                g.check_ok,
+                "check clocks, power cap and temperature: " + DOCTOR,
+            )
         for r in self.m.memory:
-            self.add(f"memory.{r.kind}.gpu{r.rank}", f"GPU {r.rank} device {r.kind}", r.gbps, "GB/s",
-                     self.peak(r.rank, "memory_bandwidth_gbps"), "the memory datasheet bandwidth", "memory",
-                     r.check_ok, DOCTOR)
+            self.add(
+                f"memory.{r.kind}.gpu{r.rank}",
+                f"GPU {r.rank} device {r.kind}",
+                r.gbps,
+                "GB/s",
+                self.peak(r.rank, "memory_bandwidth_gbps"),
+                "the memory datasheet bandwidth",
+                "memory",
+                r.check_ok,
+                DOCTOR,
+            )
         for h in self.m.host:
             pcie = self.peak(h.rank, "pcie_bandwidth_gbps")
             kind = "pinned" if h.pinned else "pageable"
-            self.add(f"host.{h.direction}.{kind}.gpu{h.rank}", f"GPU {h.rank} {h.direction} {kind}", h.gbps, "GB/s",
-                     pcie / 2 if pcie else None, "PCIe per direction", f"host_{kind}", h.check_ok,
-                     DOCTOR if h.pinned else "use pinned memory (DataLoader(pin_memory=True))")
+            self.add(
+                f"host.{h.direction}.{kind}.gpu{h.rank}",
+                f"GPU {h.rank} {h.direction} {kind}",
+                h.gbps,
+                "GB/s",
+                pcie / 2 if pcie else None,
+                "PCIe per direction",
+                f"host_{kind}",
+                h.check_ok,
+                DOCTOR if h.pinned else "use pinned memory (DataLoader(pin_memory=True))",
+            )
 
     def links(self) -> None:
         for p in self.m.p2p:
             per_dir, name = link_per_direction_gbps(self.peaks.get(p.src))
             advice = f"GPU pair {p.src}↔{p.dst} is far below its {name}: a link may be down or P2P disabled; {DOCTOR}"
-            self.add(f"p2p.{p.src}-{p.dst}", f"P2P {p.src}→{p.dst} one way", p.oneway_gbps, "GB/s", per_dir,
-                     f"{name} per direction", "p2p_oneway", p.check_ok, advice)
+            self.add(
+                f"p2p.{p.src}-{p.dst}",
+                f"P2P {p.src}→{p.dst} one way",
+                p.oneway_gbps,
+                "GB/s",
+                per_dir,
+                f"{name} per direction",
+                "p2p_oneway",
+                p.check_ok,
+                advice,
+            )
             if p.src < p.dst:
-                self.add(f"p2p.{p.src}-{p.dst}.bidir", f"P2P {p.src}↔{p.dst} both ways", p.bidir_gbps, "GB/s",
-                         per_dir * 2 if per_dir else None, f"{name} both directions", "p2p_bidir", p.check_ok, advice)
+                self.add(
+                    f"p2p.{p.src}-{p.dst}.bidir",
+                    f"P2P {p.src}↔{p.dst} both ways",
+                    p.bidir_gbps,
+                    "GB/s",
+                    per_dir * 2 if per_dir else None,
+                    f"{name} both directions",
+                    "p2p_bidir",
+                    p.check_ok,
+                    advice,
+                )
         per_dir, name = link_per_direction_gbps(self.peaks.get(0))
         for op in dict.fromkeys(c.op for c in self.m.collectives):
             rows = [c for c in self.m.collectives if c.op == op]
             bad = [c for c in rows if not c.check_ok]
             big = [c for c in rows if c.size_bytes >= MIN_GRADED_COLLECTIVE_BYTES]
             row = bad[0] if bad else max(big or rows, key=lambda c: c.busbw_gbps)
-            self.add(f"collective.{op}", f"{op} busbw ({format_size(row.size_bytes)}, {row.ranks} ranks)",
-                     row.busbw_gbps, "GB/s", per_dir if big else None, f"{name} per direction", "collective",
-                     not bad, DOCTOR, unknown="" if big else
-                     f"not graded: messages below {format_size(MIN_GRADED_COLLECTIVE_BYTES)} are latency-bound")
+            self.add(
+                f"collective.{op}",
+                f"{op} busbw ({format_size(row.size_bytes)}, {row.ranks} ranks)",
+                row.busbw_gbps,
+                "GB/s",
+                per_dir if big else None,
+                f"{name} per direction",
+                "collective",
+                not bad,
+                DOCTOR,
+                unknown=""
+                if big
+                else f"not graded: messages below {format_size(MIN_GRADED_COLLECTIVE_BYTES)} are latency-bound",
+            )
+
+    def failures(self) -> None:
+        for i, s in enumerate(self.m.skipped):
+            if s.reason.startswith("failed"):
+                self.findings.append(
+                    Finding(
+                        id=f"{s.part.split()[0]}.failed.{i}",
+                        figure=s.part,
+                        value=0.0,
+                        unit="",
+                        expected=None,
+                        expected_what="",
+                        fraction=None,
+                        grade=Grade.FAIL,
+                        message=f"the measurement {s.reason}",
+                    )
+                )
 
     def scaling(self) -> None:
         for s in self.m.scaling:
             if s.gpus > 1 and s.efficiency is not None:
-                self.add(f"scaling.{s.gpus}", f"training scaling on {s.gpus} GPUs", s.efficiency * 100, "%",
-                         100.0, "linear scaling", "scaling", True,
-                         "check the collectives above and the input pipeline; " + DOCTOR)
+                self.add(
+                    f"scaling.{s.gpus}",
+                    f"training scaling on {s.gpus} GPUs",
+                    s.efficiency * 100,
+                    "%",
+                    100.0,
+                    "linear scaling",
+                    "scaling",
+                    True,
+                    "check the collectives above and the input pipeline; " + DOCTOR,
+                )
 
 
-def grade(m: Measurements, peaks_by_rank: Mapping[int, Peaks | None],
-          thresholds: Mapping[str, Threshold] | None = None) -> list[Finding]:
+def grade(
+    m: Measurements,
+    peaks_by_rank: Mapping[int, Peaks | None],
+    thresholds: Mapping[str, Threshold] | None = None,
+) -> list[Finding]:
     """Every graded figure of ``m``, in report order."""
     g = _Grader(m, peaks_by_rank, thresholds or load_thresholds())
     g.device()
     g.links()
     g.scaling()
+    g.failures()
     return g.findings
 
 

@@ -44,10 +44,27 @@ def plan_launch(cfg: BenchConfig, nproc: int, workdir: str, python: str = sys.ex
     out_path = str(pathlib.Path(workdir) / "measurements.json")
     src = str(pathlib.Path(torchrig.__file__).resolve().parents[1])
     pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
-    argv = (python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "torchrig.bench.worker", "--config", config_path, "--out", out_path)
-    return LaunchPlan(argv=argv, env_additions={"PYTHONPATH": pythonpath}, nproc=nproc,
-                      config_path=config_path, out_path=out_path)
+    argv = (
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "torchrig.bench.worker",
+        "--config",
+        config_path,
+        "--out",
+        out_path,
+    )
+    return LaunchPlan(
+        argv=argv,
+        env_additions={"PYTHONPATH": pythonpath},
+        nproc=nproc,
+        config_path=config_path,
+        out_path=out_path,
+    )
 
 
 def _failure_line(tail: collections.deque[str]) -> str:
@@ -55,22 +72,27 @@ def _failure_line(tail: collections.deque[str]) -> str:
         text = line.strip()
         if text and ("Error" in text or "error:" in text) and not text.startswith(("File ", "raise ")):
             return text[:300]
-    return (tail[-1].strip()[:300] if tail else "no output")
+    return tail[-1].strip()[:300] if tail else "no output"
 
 
-def execute(plan: LaunchPlan, cfg: BenchConfig, on_progress: Callable[[int, int, str], None],
-            on_line: Callable[[str], None] | None = None) -> Measurements:
+def execute(
+    plan: LaunchPlan,
+    cfg: BenchConfig,
+    on_progress: Callable[[int, int, str], None],
+    on_line: Callable[[str], None] | None = None,
+) -> Measurements:
     """Run the plan; ``on_progress(done, total, label)`` for each step, ``on_line`` for other output."""
     pathlib.Path(plan.config_path).write_text(cfg.to_json())
     env = dict(os.environ)
     env.update(plan.env_additions)
     tail: collections.deque[str] = collections.deque(maxlen=60)
-    proc = subprocess.Popen(plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1)
+    proc = subprocess.Popen(
+        plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith(PROGRESS_TAG):
-            event = json.loads(line[len(PROGRESS_TAG):])
+            event = json.loads(line[len(PROGRESS_TAG) :])
             on_progress(int(event["done"]), int(event["total"]), str(event["label"]))
             continue
         tail.append(line)
@@ -78,6 +100,8 @@ def execute(plan: LaunchPlan, cfg: BenchConfig, on_progress: Callable[[int, int,
             on_line(line.rstrip("\n"))
     code = proc.wait()
     if code != 0 or not pathlib.Path(plan.out_path).exists():
-        raise JobFailed(f"bench workers failed (exit {code}): {_failure_line(tail)}",
-                        hint="rerun with --debug to see the workers' output")
+        raise JobFailed(
+            f"bench workers failed (exit {code}): {_failure_line(tail)}",
+            hint="rerun with --debug to see the workers' output",
+        )
     return measurements_from_json(json.loads(pathlib.Path(plan.out_path).read_text()))

@@ -23,7 +23,9 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
-        raise EngineUnavailable("matplotlib is not installed", hint="pip install 'torchrig[plots]' or pass --no-plots") from err
+        raise EngineUnavailable(
+            "matplotlib is not installed", hint="pip install 'torchrig[plots]' or pass --no-plots"
+        ) from err
     return plt
 
 
@@ -42,7 +44,9 @@ def _collectives(ax: Any, m: Measurements) -> None:
         ax.plot([c.size_bytes for c in rows], [c.busbw_gbps for c in rows], marker="o", ms=3, label=op)
     sizes = sorted({c.size_bytes for c in m.collectives})
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes[:: max(1, len(sizes) // 6)], [format_size(s) for s in sizes[:: max(1, len(sizes) // 6)]])
+    ax.set_xticks(
+        sizes[:: max(1, len(sizes) // 6)], [format_size(s) for s in sizes[:: max(1, len(sizes) // 6)]]
+    )
     ax.set_xlabel("message size (nccl-tests S)")
     ax.set_ylabel("busbw GB/s")
     ax.set_title(f"collectives, {m.collectives[0].ranks} ranks ({m.collectives[0].dtype})")
@@ -58,7 +62,9 @@ def _gemm(ax: Any, m: Measurements, peaks: Mapping[int, Peaks | None]) -> None:
     ranks = sorted({g.rank for g in m.gemm})
     width = 0.8 / len(ranks)
     for j, r in enumerate(ranks):
-        best = {d: max((g.tflops for g in m.gemm if g.rank == r and g.dtype == d), default=0.0) for d in dtypes}
+        best = {
+            d: max((g.tflops for g in m.gemm if g.rank == r and g.dtype == d), default=0.0) for d in dtypes
+        }
         xs = [i + j * width for i in range(len(dtypes))]
         bars = ax.bar(xs, [best[d] for d in dtypes], width, label=f"GPU {r}")
         ax.bar_label(bars, fmt="%.3g", fontsize=7)

@@ -26,9 +26,13 @@ class BenchReport:
         return grading.summary(list(self.findings))
 
     def to_json(self) -> dict[str, Any]:
-        return {"summary": self.counts, "verdict": render.verdict(self.counts, self.measurements),
-                "findings": [dataclasses.asdict(f) | {"grade": f.grade.value} for f in self.findings],
-                "measurements": dataclasses.asdict(self.measurements), "files": list(self.files)}
+        return {
+            "summary": self.counts,
+            "verdict": render.verdict(self.counts, self.measurements),
+            "findings": [dataclasses.asdict(f) | {"grade": f.grade.value} for f in self.findings],
+            "measurements": dataclasses.asdict(self.measurements),
+            "files": list(self.files),
+        }
 
     def render_text(self) -> str:
         return render.render_text(self.measurements, self.findings, self.counts, self.files)
@@ -38,8 +42,9 @@ class BenchReport:
         return 1 if any(f.grade is Grade.FAIL for f in self.findings) else 0
 
 
-def build_report(m: Measurements, peaks: Mapping[int, grading.Peaks | None], out_dir: str | None,
-                 plots: bool) -> BenchReport:
+def build_report(
+    m: Measurements, peaks: Mapping[int, grading.Peaks | None], out_dir: str | None, plots: bool
+) -> BenchReport:
     findings = tuple(grading.grade(m, peaks))
     report = BenchReport(m, findings)
     if not out_dir:
@@ -72,8 +77,14 @@ class ProgressDisplay:
             try:
                 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-                self._bar = Progress(TextColumn("bench"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                     TimeElapsedColumn(), TextColumn("{task.description}"), transient=True)
+                self._bar = Progress(
+                    TextColumn("bench"),
+                    BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(),
+                    TextColumn("{task.description}"),
+                    transient=True,
+                )
             except ImportError:
                 self._bar = None
 
@@ -103,12 +114,18 @@ def load_measurements(path: str) -> Measurements:
     try:
         data = json.loads(pathlib.Path(path).read_text())
     except FileNotFoundError:
-        raise InputError(f"no such file: {path}", hint="pass the bench.json that 'torchrig bench --out DIR' wrote") from None
+        raise InputError(
+            f"no such file: {path}", hint="pass the bench.json that 'torchrig bench --out DIR' wrote"
+        ) from None
     except (OSError, ValueError) as err:
-        raise InputError(f"cannot read {path} as JSON: {err}", hint="pass a bench.json written by torchrig bench") from None
+        raise InputError(
+            f"cannot read {path} as JSON: {err}", hint="pass a bench.json written by torchrig bench"
+        ) from None
     data = data.get("measurements", data) if isinstance(data, dict) else data
     try:
         return measurements_from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise InputError(f"{path} is not a torchrig bench result ({type(err).__name__}: {err})",
-                         hint="pass a bench.json written by torchrig bench") from None
+        raise InputError(
+            f"{path} is not a torchrig bench result ({type(err).__name__}: {err})",
+            hint="pass a bench.json written by torchrig bench",
+        ) from None

@@ -28,8 +28,10 @@ class ModelShape:
     micro_batch: int
 
     def describe(self) -> str:
-        return (f"GPT-style decoder, {self.layers} layers x {self.width} wide, {self.heads} heads, "
-                f"seq {self.seq_len}, vocab {self.vocab}, micro-batch {self.micro_batch} per GPU")
+        return (
+            f"GPT-style decoder, {self.layers} layers x {self.width} wide, {self.heads} heads, "
+            f"seq {self.seq_len}, vocab {self.vocab}, micro-batch {self.micro_batch} per GPU"
+        )
 
 
 GPU_SHAPE = ModelShape(layers=12, width=768, heads=12, seq_len=1024, vocab=50304, micro_batch=16)
@@ -56,12 +58,17 @@ def build_model(torch: Any, shape: ModelShape) -> Any:
             self.ln1, self.ln2 = nn.LayerNorm(shape.width), nn.LayerNorm(shape.width)
             self.qkv = nn.Linear(shape.width, 3 * shape.width)
             self.proj = nn.Linear(shape.width, shape.width)
-            self.fc, self.out = nn.Linear(shape.width, 4 * shape.width), nn.Linear(4 * shape.width, shape.width)
+            self.fc, self.out = (
+                nn.Linear(shape.width, 4 * shape.width),
+                nn.Linear(4 * shape.width, shape.width),
+            )
 
         def forward(self, x: Any) -> Any:
             b, s, w = x.shape
             q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, shape.heads, w // shape.heads).unbind(2)
-            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            a = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
             x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
             return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
@@ -82,8 +89,9 @@ def build_model(torch: Any, shape: ModelShape) -> Any:
     return Decoder()
 
 
-def _throughput(torch: Any, dist: Any, device: Any, shape: ModelShape, group: Any, k: int, steps: int,
-                warmup: int) -> tuple[float, float]:
+def _throughput(
+    torch: Any, dist: Any, device: Any, shape: ModelShape, group: Any, k: int, steps: int, warmup: int
+) -> tuple[float, float]:
     """(tokens/s over the group, ms per step) for DDP on ``k`` ranks (plain training when k == 1)."""
     torch.manual_seed(0)
     model = build_model(torch, shape).to(device)
@@ -117,8 +125,9 @@ def _throughput(torch: Any, dist: Any, device: Any, shape: ModelShape, group: An
     return k * shape.micro_batch * shape.seq_len * steps / elapsed, elapsed / steps * 1e3
 
 
-def measure_scaling(torch: Any, dist: Any, device: Any, steps: int, warmup: int,
-                    progress: Callable[[str], None]) -> tuple[list[ScalingResult], str]:
+def measure_scaling(
+    torch: Any, dist: Any, device: Any, steps: int, warmup: int, progress: Callable[[str], None]
+) -> tuple[list[ScalingResult], str]:
     """Throughput for each group size; rows on rank 0 (every rank returns them)."""
     shape = GPU_SHAPE if device.type == "cuda" else CPU_SHAPE
     rank, world = dist.get_rank(), dist.get_world_size()

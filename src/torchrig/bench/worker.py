@@ -24,8 +24,17 @@ from torchrig.bench.scaling import group_sizes
 
 PROGRESS_TAG = "@torchrig-bench-progress "
 # NCCL/torch settings worth recording with the figures: they change what the links deliver.
-RECORDED_ENV = ("NCCL_NVLS_ENABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_ALGO",
-                "NCCL_PROTO", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "CUDA_VISIBLE_DEVICES")
+RECORDED_ENV = (
+    "NCCL_NVLS_ENABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 class Progress:
@@ -34,30 +43,60 @@ class Progress:
 
     def __call__(self, label: str) -> None:
         if self.rank == 0:
-            print(PROGRESS_TAG + json.dumps({"done": self.done, "total": self.total, "label": label}),
-                  file=sys.stderr, flush=True)
+            print(
+                PROGRESS_TAG + json.dumps({"done": self.done, "total": self.total, "label": label}),
+                file=sys.stderr,
+                flush=True,
+            )
         self.done += 1
 
 
 def _steps(cfg: BenchConfig, world: int) -> int:
-    per = {Part.GEMM.value: len(cfg.gemm_dtypes) * len(cfg.gemm_sizes), Part.MEMORY.value: 2,
-           Part.HOST.value: 4 * world if cfg.device_kind == "cuda" else 0, Part.P2P.value: world * (world - 1),
-           Part.COLLECTIVES.value: len(cfg.collectives) * len(cfg.collective_sizes),
-           Part.SCALING.value: len(group_sizes(world))}
+    per = {
+        Part.GEMM.value: len(cfg.gemm_dtypes) * len(cfg.gemm_sizes),
+        Part.MEMORY.value: 2,
+        Part.HOST.value: 4 * world if cfg.device_kind == "cuda" else 0,
+        Part.P2P.value: world * (world - 1),
+        Part.COLLECTIVES.value: len(cfg.collectives) * len(cfg.collective_sizes),
+        Part.SCALING.value: len(group_sizes(world)),
+    }
     return sum(per[p] for p in cfg.parts)
 
 
 def _gpu_info(torch: Any, device: Any, rank: int) -> GpuInfo:
     if device.type != "cuda":
-        return GpuInfo(rank=rank, device_index=None, name="cpu", compute_capability=None, memory_mib=None,
-                       l2_cache_bytes=None)
+        return GpuInfo(
+            rank=rank,
+            device_index=None,
+            name="cpu",
+            compute_capability=None,
+            memory_mib=None,
+            l2_cache_bytes=None,
+        )
     p = torch.cuda.get_device_properties(device)
-    return GpuInfo(rank=rank, device_index=device.index, name=p.name, compute_capability=f"{p.major}.{p.minor}",
-                   memory_mib=p.total_memory // (1 << 20), l2_cache_bytes=getattr(p, "L2_cache_size", None))
+    return GpuInfo(
+        rank=rank,
+        device_index=device.index,
+        name=p.name,
+        compute_capability=f"{p.major}.{p.minor}",
+        memory_mib=p.total_memory // (1 << 20),
+        l2_cache_bytes=getattr(p, "L2_cache_size", None),
+    )
 
 
-def _device_parts(torch: Any, dist: Any, device: Any, cfg: BenchConfig, info: GpuInfo,
-                  progress: Progress) -> dict[str, list[Any]]:
+def _local(out: dict[str, list[Any]], what: str, fn: Any, *args: Any, into: str) -> None:
+    """Run a measurement that involves this rank alone; a failure is recorded, not fatal (no other rank waits on it)."""
+    try:
+        out[into].append(fn(*args))
+    except Exception as err:  # e.g. out of memory, or a dtype this torch build cannot multiply
+        out["skipped"].append(
+            Skipped(what, f"failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        )
+
+
+def _device_parts(
+    torch: Any, dist: Any, device: Any, cfg: BenchConfig, info: GpuInfo, progress: Progress
+) -> dict[str, list[Any]]:
     """GEMM and device memory on every GPU at once; host transfers one GPU at a time (they share the host)."""
     from torchrig.bench import device as dev
 
@@ -71,15 +110,39 @@ def _device_parts(torch: Any, dist: Any, device: Any, cfg: BenchConfig, info: Gp
             for n in cfg.gemm_sizes:
                 progress(f"GEMM {dtype} {n}x{n}x{n}")
                 if why is None:
-                    out["gemm"].append(dev.measure_gemm(torch, device, dtype, n, cfg.gemm_repeats, cfg.warmup,
-                                                        info.l2_cache_bytes, rank))
+                    _local(
+                        out,
+                        f"gemm {dtype} {n} on rank {rank}",
+                        dev.measure_gemm,
+                        torch,
+                        device,
+                        dtype,
+                        n,
+                        cfg.gemm_repeats,
+                        cfg.warmup,
+                        info.l2_cache_bytes,
+                        rank,
+                        into="gemm",
+                    )
             if why is not None and rank == 0:
                 out["skipped"].append(Skipped(f"gemm {dtype}", why))
     if Part.MEMORY.value in cfg.parts:
         for kind in ("copy", "triad"):
             progress(f"device memory {kind}")
-            out["memory"].append(dev.measure_memory(torch, device, kind, cfg.memory_bytes, cfg.memory_repeats,
-                                                    cfg.warmup, info.l2_cache_bytes, rank))
+            _local(
+                out,
+                f"memory {kind} on rank {rank}",
+                dev.measure_memory,
+                torch,
+                device,
+                kind,
+                cfg.memory_bytes,
+                cfg.memory_repeats,
+                cfg.warmup,
+                info.l2_cache_bytes,
+                rank,
+                into="memory",
+            )
     if Part.HOST.value in cfg.parts:
         if device.type != "cuda":
             if rank == 0:
@@ -90,13 +153,27 @@ def _device_parts(torch: Any, dist: Any, device: Any, cfg: BenchConfig, info: Gp
                     for direction in ("h2d", "d2h"):
                         progress(f"host {direction} {'pinned' if pinned else 'pageable'} (rank {turn})")
                         if turn == rank:
-                            out["host"].append(dev.measure_host(torch, device, direction, pinned, cfg.host_bytes,
-                                                                cfg.host_repeats, cfg.warmup, rank))
+                            _local(
+                                out,
+                                f"host {direction} on rank {rank}",
+                                dev.measure_host,
+                                torch,
+                                device,
+                                direction,
+                                pinned,
+                                cfg.host_bytes,
+                                cfg.host_repeats,
+                                cfg.warmup,
+                                rank,
+                                into="host",
+                            )
                 dist.barrier()
     return out
 
 
-def _link_parts(torch: Any, dist: Any, device: Any, cfg: BenchConfig, progress: Progress) -> dict[str, list[Any]]:
+def _link_parts(
+    torch: Any, dist: Any, device: Any, cfg: BenchConfig, progress: Progress
+) -> dict[str, list[Any]]:
     from torchrig.bench import comm
     from torchrig.bench.scaling import measure_scaling
 
@@ -115,12 +192,17 @@ def _link_parts(torch: Any, dist: Any, device: Any, cfg: BenchConfig, progress: 
             for op in cfg.collectives:
                 for size in cfg.collective_sizes:
                     progress(f"{op} {size} B")
-                    out["collectives"].append(comm.measure_collective(torch, dist, device, op, size,
-                                                                      cfg.collective_dtype, cfg.quick))
+                    out["collectives"].append(
+                        comm.measure_collective(
+                            torch, dist, device, op, size, cfg.collective_dtype, cfg.quick
+                        )
+                    )
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     if Part.SCALING.value in cfg.parts:
-        out["scaling"], model = measure_scaling(torch, dist, device, cfg.scaling_steps, cfg.scaling_warmup, progress)
+        out["scaling"], model = measure_scaling(
+            torch, dist, device, cfg.scaling_steps, cfg.scaling_warmup, progress
+        )
         out["model"] = [model]
     return out
 
@@ -154,23 +236,41 @@ def run(cfg: BenchConfig, out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _write(torch: Any, cfg: BenchConfig, out_path: str, gathered: list[Any], links: dict[str, list[Any]],
-           world: int, elapsed_s: float) -> None:
+def _write(
+    torch: Any,
+    cfg: BenchConfig,
+    out_path: str,
+    gathered: list[Any],
+    links: dict[str, list[Any]],
+    world: int,
+    elapsed_s: float,
+) -> None:
     cuda = cfg.device_kind == "cuda"
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
-    meta = Meta(date_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                hostname=socket.gethostname(), command_line=cfg.command_line, device_kind=cfg.device_kind,
-                backend="nccl" if cuda else "gloo", world_size=world, quick=cfg.quick,
-                torch_version=torch.__version__, cuda_version=torch.version.cuda, nccl_version=nccl,
-                elapsed_s=round(elapsed_s, 1), scaling_model=(links["model"] or [""])[0],
-                env={k: os.environ[k] for k in RECORDED_ENV if k in os.environ})
+    meta = Meta(
+        date_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        hostname=socket.gethostname(),
+        command_line=cfg.command_line,
+        device_kind=cfg.device_kind,
+        backend="nccl" if cuda else "gloo",
+        world_size=world,
+        quick=cfg.quick,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        nccl_version=nccl,
+        elapsed_s=round(elapsed_s, 1),
+        scaling_model=(links["model"] or [""])[0],
+        env={k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+    )
     m = Measurements(
         meta=meta,
         gpus=tuple(info for info, _ in gathered),
         gemm=tuple(r for _, loc in gathered for r in loc["gemm"]),
         memory=tuple(r for _, loc in gathered for r in loc["memory"]),
         host=tuple(r for _, loc in gathered for r in loc["host"]),
-        p2p=tuple(links["p2p"]), collectives=tuple(links["collectives"]), scaling=tuple(links["scaling"]),
+        p2p=tuple(links["p2p"]),
+        collectives=tuple(links["collectives"]),
+        scaling=tuple(links["scaling"]),
         skipped=tuple(s for _, loc in gathered for s in loc["skipped"]) + tuple(links["skipped"]),
     )
     tmp = out_path + ".tmp"

@@ -36,21 +36,50 @@ from torchrig.fuzzy import did_you_mean
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (under a minute on one GPU)")
-    parser.add_argument("--nproc-per-node", "--gpus", dest="nproc", type=int, default=None, metavar="N",
-                        help="worker processes, one per GPU (default: every visible GPU; 2 on the CPU path)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes and few repeats (under a minute on one GPU)"
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        "--gpus",
+        dest="nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes, one per GPU (default: every visible GPU; 2 on the CPU path)",
+    )
     parser.add_argument("--cpu", action="store_true", help="run the CPU/gloo path even if GPUs are present")
-    parser.add_argument("--only", default=None, metavar="PARTS",
-                        help="comma list of parts: gemm, memory, host, p2p, collectives, scaling (default: all)")
-    parser.add_argument("--collectives", default=None, metavar="OPS",
-                        help="comma list: all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv")
-    parser.add_argument("--dtypes", default=None, metavar="DTYPES", help="GEMM dtypes: fp32, tf32, bf16, fp16, fp8")
-    parser.add_argument("--min-size", default=None, metavar="SIZE", help="smallest collective message, e.g. 1KiB")
-    parser.add_argument("--max-size", default=None, metavar="SIZE", help="largest collective message, e.g. 4GiB")
-    parser.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.md and bench.png here")
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="PARTS",
+        help="comma list of parts: gemm, memory, host, p2p, collectives, scaling (default: all)",
+    )
+    parser.add_argument(
+        "--collectives",
+        default=None,
+        metavar="OPS",
+        help="comma list: all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv",
+    )
+    parser.add_argument(
+        "--dtypes", default=None, metavar="DTYPES", help="GEMM dtypes: fp32, tf32, bf16, fp16, fp8"
+    )
+    parser.add_argument(
+        "--min-size", default=None, metavar="SIZE", help="smallest collective message, e.g. 1KiB"
+    )
+    parser.add_argument(
+        "--max-size", default=None, metavar="SIZE", help="largest collective message, e.g. 4GiB"
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="write bench.json, bench.md and bench.png here"
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG (no matplotlib needed)")
-    parser.add_argument("--from-json", default=None, metavar="FILE",
-                        help="grade and render a saved bench.json instead of measuring")
+    parser.add_argument(
+        "--from-json",
+        default=None,
+        metavar="FILE",
+        help="grade and render a saved bench.json instead of measuring",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun plan and exit")
 
 
@@ -72,7 +101,9 @@ def _device(args: argparse.Namespace) -> tuple[str, int]:
     try:
         import torch
     except ImportError:
-        raise EngineUnavailable("PyTorch is not installed", hint="install the build 'torchrig resolve' names") from None
+        raise EngineUnavailable(
+            "PyTorch is not installed", hint="install the build 'torchrig resolve' names"
+        ) from None
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return ("cpu" if args.cpu or count == 0 else "cuda"), count
 
@@ -111,12 +142,16 @@ def run(args: argparse.Namespace) -> Any:
     kind, count = _device(args)
     from torchrig.bench.config import make_config
 
-    command_line = shlex.join(["torchrig", *sys.argv[1:]]) if sys.argv[0].endswith(("torchrig", "__main__.py")) else ""
+    command_line = (
+        shlex.join(["torchrig", *sys.argv[1:]]) if sys.argv[0].endswith(("torchrig", "__main__.py")) else ""
+    )
     cfg = make_config(device_kind=kind, quick=args.quick, command_line=command_line, **chosen)
     nproc = args.nproc or (count if kind == "cuda" else 2)
     if kind == "cuda" and nproc > count:
-        raise UsageError(f"--nproc-per-node {nproc} but only {count} GPU(s) are visible",
-                         hint=f"use --nproc-per-node {count} or fewer")
+        raise UsageError(
+            f"--nproc-per-node {nproc} but only {count} GPU(s) are visible",
+            hint=f"use --nproc-per-node {count} or fewer",
+        )
     from torchrig.bench.launch import execute, plan_launch
 
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
@@ -124,8 +159,13 @@ def run(args: argparse.Namespace) -> Any:
         if args.dry_run:
             from torchrig.report import SimpleReport
 
-            return SimpleReport({"plan": {"argv": list(plan.argv), "env": plan.env_additions, "nproc": nproc},
-                                 "config": __import__("json").loads(cfg.to_json())}, plan.shell())
+            return SimpleReport(
+                {
+                    "plan": {"argv": list(plan.argv), "env": plan.env_additions, "nproc": nproc},
+                    "config": __import__("json").loads(cfg.to_json()),
+                },
+                plan.shell(),
+            )
         if kind == "cpu":
             print("torchrig: no GPU in use: running the CPU/gloo path at small sizes", file=sys.stderr)
         on_line = (lambda line: print(line, file=sys.stderr)) if args.debug else None

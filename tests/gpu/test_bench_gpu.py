@@ -1,0 +1,91 @@
+"""torchrig bench on a real GPU: the measuring code, its checks, and the graded CLI run (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torchrig.bench import device as dev  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cuda0():
+    d = torch.device("cuda", 0)
+    torch.cuda.set_device(d)
+    return d
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "tf32", "bf16", "fp16"])
+def test_gemm_is_checked_and_fast(cuda0, dtype):
+    l2 = torch.cuda.get_device_properties(cuda0).L2_cache_size
+    r = dev.measure_gemm(torch, cuda0, dtype, 4096, repeats=5, warmup=2, l2_cache_bytes=l2, rank=0)
+    assert r.check_ok, r
+    assert r.tflops > 5 and r.median_ms > 0
+
+
+def test_fp8_gemm_where_supported(cuda0):
+    why = dev.fp8_supported(torch, cuda0)
+    if why:
+        pytest.skip(why)
+    r = dev.measure_gemm(torch, cuda0, "fp8", 4096, repeats=5, warmup=2, l2_cache_bytes=None, rank=0)
+    assert r.check_ok and r.max_rel_err is not None and r.tflops > 50, r
+
+
+@pytest.mark.parametrize("kind", ["copy", "triad"])
+def test_device_memory(cuda0, kind):
+    r = dev.measure_memory(torch, cuda0, kind, 256 << 20, repeats=5, warmup=2, l2_cache_bytes=None, rank=0)
+    assert r.check_ok and r.gbps > 100, r
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_host_transfers(cuda0, direction, pinned):
+    r = dev.measure_host(torch, cuda0, direction, pinned, 64 << 20, repeats=3, warmup=1, rank=0)
+    assert r.check_ok and r.gbps > 0.5, r
+
+
+def test_one_gpu_run_is_graded_against_the_datasheet(cli):
+    r = cli(
+        "bench",
+        "--quick",
+        "--nproc-per-node",
+        "1",
+        "--only",
+        "gemm,memory,host",
+        "--dtypes",
+        "bf16",
+        "--json",
+        timeout=300,
+    )
+    assert r.code in (0, 1), r.err[-3000:]
+    data = r.json()
+    assert data["measurements"]["meta"]["device_kind"] == "cuda"
+    grades = {f["id"]: f for f in data["findings"]}
+    bf16 = grades["gemm.bf16.gpu0"]
+    assert bf16["grade"] in ("pass", "warn", "fail", "unknown")
+    if bf16["grade"] != "unknown":  # the knowledge base knows this GPU
+        assert bf16["fraction"] == pytest.approx(bf16["value"] / bf16["expected"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpu_links_and_collectives_are_checked(cli):
+    r = cli(
+        "bench",
+        "--nproc-per-node",
+        "2",
+        "--only",
+        "p2p,collectives",
+        "--min-size",
+        "1MiB",
+        "--max-size",
+        "64MiB",
+        "--json",
+        timeout=300,
+    )
+    assert r.code in (0, 1), r.err[-3000:]
+    m = r.json()["measurements"]
+    assert m["meta"]["backend"] == "nccl"
+    assert all(c["check_ok"] for c in m["collectives"]) and {c["ranks"] for c in m["collectives"]} == {2}
+    assert sorted((p["src"], p["dst"]) for p in m["p2p"]) == [(0, 1), (1, 0)]
+    assert all(p["check_ok"] and p["oneway_gbps"] > 1 for p in m["p2p"])

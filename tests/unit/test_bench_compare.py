@@ -1,0 +1,90 @@
+"""tools/gpu/bench_compare.py: the side-by-side table against the plain-PyTorch anchor (pure parts)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "bench_compare.py"
+spec = importlib.util.spec_from_file_location("bench_compare", TOOL)
+assert spec and spec.loader
+compare = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compare)
+
+GiB = 1 << 30
+# The anchor's output format (anchor_probe.py), with the figures its README reports for these machines.
+SINGLE = {
+    "gemm_bf16_tflops": 760.0,
+    "gemm_fp16_tflops": 700.0,
+    "d2d_copy_GBps_rw": 4200.0,
+    "h2d_pinned_GBps": 55.0,
+}
+COLL = {
+    "world": 2,
+    "collectives": [
+        {"bytes": GiB, "allreduce_busbw": 327.0, "allgather_busbw": 300.0},
+        {"bytes": 4 * GiB, "allreduce_busbw": 345.0, "allgather_busbw": 320.0},
+    ],
+}
+
+
+def report(bf16=770.0, copy=4150.0, ar_4g=350.0):
+    return {
+        "measurements": {
+            "gemm": [
+                {"rank": 0, "dtype": "bf16", "n": 8192, "tflops": bf16},
+                {"rank": 0, "dtype": "bf16", "n": 16384, "tflops": 1.0},
+            ],
+            "memory": [{"rank": 0, "kind": "copy", "gbps": copy}],
+            "host": [{"rank": 0, "direction": "h2d", "pinned": True, "gbps": 54.0}],
+            "collectives": [
+                {"op": "all_reduce", "size_bytes": GiB, "busbw_gbps": 330.0},
+                {"op": "all_reduce", "size_bytes": 4 * GiB, "busbw_gbps": ar_4g},
+                {"op": "all_gather", "size_bytes": GiB, "busbw_gbps": 290.0},
+            ],
+        }
+    }
+
+
+def rows_by_figure(rows):
+    return {r["figure"]: r for r in rows}
+
+
+def test_ratios_and_the_five_percent_rule():
+    rows = rows_by_figure(compare.comparison(report(), SINGLE, COLL))
+    bf16 = rows["GEMM bf16 8192³ (GPU 0)"]
+    assert (
+        bf16["torchrig"] == 770.0
+        and bf16["ratio"] == pytest.approx(770 / 760)
+        and bf16["ok"]
+        and bf16["required"]
+    )
+    copy = rows["device copy, read+write (GPU 0)"]
+    assert copy["ratio"] == pytest.approx(4150 / 4200) and copy["ok"]  # 98.8%: within 5%
+    h2d = rows["h2d pinned 1 GiB (GPU 0)"]
+    assert h2d["ratio"] == pytest.approx(54 / 55) and h2d["ok"]
+    assert rows["all_reduce busbw 4 GiB (2 GPUs)"]["ok"]
+    ag = rows["all_gather busbw 1 GiB (2 GPUs)"]
+    assert ag["ratio"] == pytest.approx(290 / 300) and ag["ok"]  # 96.7%
+    missing = rows["all_gather busbw 4 GiB (2 GPUs)"]
+    assert missing["torchrig"] is None and missing["ratio"] is None and not missing["ok"]
+    assert not rows["GEMM fp16 8192³ (GPU 0)"]["required"]
+
+
+def test_a_figure_more_than_five_percent_low_is_flagged():
+    rows = rows_by_figure(compare.comparison(report(bf16=700.0, ar_4g=320.0), SINGLE, COLL))
+    assert not rows["GEMM bf16 8192³ (GPU 0)"]["ok"]  # 92.1%
+    assert not rows["all_reduce busbw 4 GiB (2 GPUs)"]["ok"]  # 92.8%
+    assert any("LOW" in line for line in compare.table(list(rows.values())))
+
+
+def test_read_json_takes_the_last_json_line(tmp_path):
+    p = tmp_path / "out"
+    p.write_text("W1130 some torchrun warning\n" + json.dumps(COLL) + "\n")
+    assert compare.read_json(p) == COLL
+    p.write_text(json.dumps(COLL, indent=1))
+    assert compare.read_json(p) == COLL
+    assert compare.read_json(tmp_path / "missing") is None

@@ -1,0 +1,224 @@
+"""Side by side: torchrig bench against the plain-PyTorch anchors (anchor_probe.py) measured in the same call.
+
+Usage (from tools/gpu/bench.sh): python3 tools/gpu/bench_compare.py --work DIR --dest DIR --ngpu N
+Reads DIR/anchor_single.out, DIR/anchor_coll.out (JSON lines the anchor printed), DIR/full/bench.json and
+DIR/quick.json (torchrig bench --json), DIR/steps.tsv (step, exit code, seconds, command); writes
+DEST/bench-<N>gpu.json (everything together), DEST/bench-<N>gpu.md (the report with the comparison and the
+commands) and copies the full run's PNG to DEST/bench-<N>gpu.png; prints the comparison table last.
+A figure passes when torchrig's is at least 95% of the anchor's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+MiB, GiB = 1 << 20, 1 << 30
+RATIO_OK = 0.95
+COLLECTIVE_SIZES = (256 * MiB, GiB, 4 * GiB)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The file as one JSON document, else its last line that parses as JSON (torchrun may add lines)."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+        return data if isinstance(data, dict) else None
+    except ValueError:
+        pass
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def _pick(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def comparison(
+    report: dict[str, Any] | None, single: dict[str, Any] | None, coll: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Rows (figure, unit, torchrig, anchor, ratio, ok, required) for every figure both sides measured."""
+    m = (report or {}).get("measurements", {})
+    rows: list[dict[str, Any]] = []
+
+    def add(figure: str, unit: str, ours: float | None, anchor: float | None, required: bool) -> None:
+        ratio = ours / anchor if ours is not None and anchor else None
+        rows.append(
+            {
+                "figure": figure,
+                "unit": unit,
+                "torchrig": ours,
+                "anchor": anchor,
+                "ratio": ratio,
+                "ok": ratio is not None and ratio >= RATIO_OK,
+                "required": required,
+            }
+        )
+
+    single = single or {}
+    for dtype in ("bf16", "fp16", "tf32", "fp32"):
+        g = _pick(m.get("gemm", []), rank=0, dtype=dtype, n=8192)
+        add(
+            f"GEMM {dtype} 8192³ (GPU 0)",
+            "TFLOP/s",
+            g and g["tflops"],
+            single.get(f"gemm_{dtype}_tflops"),
+            dtype == "bf16",
+        )
+    c = _pick(m.get("memory", []), rank=0, kind="copy")
+    add("device copy, read+write (GPU 0)", "GB/s", c and c["gbps"], single.get("d2d_copy_GBps_rw"), True)
+    for direction in ("h2d", "d2h"):
+        for pinned in (True, False):
+            h = _pick(m.get("host", []), rank=0, direction=direction, pinned=pinned)
+            tag = "pinned" if pinned else "pageable"
+            add(
+                f"{direction} {tag} 1 GiB (GPU 0)",
+                "GB/s",
+                h and h["gbps"],
+                single.get(f"{direction}_{tag}_GBps"),
+                direction == "h2d" and pinned,
+            )
+    anchor_rows = (coll or {}).get("collectives", [])
+    for op, key in (("all_reduce", "allreduce_busbw"), ("all_gather", "allgather_busbw")):
+        for size in COLLECTIVE_SIZES:
+            ours = _pick(m.get("collectives", []), op=op, size_bytes=size)
+            base = _pick(anchor_rows, bytes=size)
+            if ours is None and base is None:
+                continue
+            label = f"{size // GiB} GiB" if size >= GiB else f"{size // MiB} MiB"
+            add(
+                f"{op} busbw {label} ({(coll or {}).get('world', '?')} GPUs)",
+                "GB/s",
+                ours and ours["busbw_gbps"],
+                base and base[key],
+                True,
+            )
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.1f}"
+
+    out = [f"{'figure':<40} {'torchrig':>10} {'anchor':>10} {'ratio':>7}  verdict"]
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        verdict = "ok" if r["ok"] else ("LOW" if r["ratio"] is not None else "missing")
+        out.append(
+            f"{r['figure']:<40} {num(r['torchrig']):>10} {num(r['anchor']):>10} {ratio:>7}  {verdict}"
+            + ("" if r["required"] else " (info)")
+        )
+    return out
+
+
+def markdown(
+    rows: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    quick_s: float | None,
+    full_md: str,
+    quick: dict[str, Any] | None,
+    ngpu: int,
+) -> str:
+    lines = [
+        f"## {ngpu}x GPU: torchrig bench vs. the plain-PyTorch anchor (same call)",
+        "",
+        "| figure | torchrig | anchor | ratio | |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        t = "-" if r["torchrig"] is None else f"{r['torchrig']:,.1f} {r['unit']}"
+        a = "-" if r["anchor"] is None else f"{r['anchor']:,.1f} {r['unit']}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        lines.append(
+            f"| {r['figure']} | {t} | {a} | {ratio} | {'ok' if r['ok'] else 'LOW'}{'' if r['required'] else ' (info)'} |"
+        )
+    lines += [
+        "",
+        f"`torchrig bench --quick` took {quick_s:.1f} s end to end." if quick_s is not None else "",
+        "",
+        "Commands, in the order they ran (exit status, seconds):",
+        "",
+        "```",
+    ]
+    lines += [f"{s['command']}    # rc={s['rc']} {s['seconds']}s" for s in steps]
+    lines += ["```", ""]
+    if quick:
+        lines += ["Quick run verdict: " + str(quick.get("verdict")), ""]
+    return "\n".join(lines) + "\n" + full_md
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    steps = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            name, rc, secs, cmd = line.split("\t", 3)
+            steps.append({"step": name, "rc": int(rc), "seconds": float(secs), "command": cmd})
+    return steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--dest", required=True)
+    ap.add_argument("--ngpu", type=int, required=True)
+    args = ap.parse_args()
+    work, dest = Path(args.work), Path(args.dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    single, coll = read_json(work / "anchor_single.out"), read_json(work / "anchor_coll.out")
+    full, quick = read_json(work / "full" / "bench.json"), read_json(work / "quick.json")
+    steps = read_steps(work / "steps.tsv")
+    quick_s = next((s["seconds"] for s in steps if s["step"] == "quick"), None)
+    rows = comparison(full, single, coll)
+    full_md = (
+        (work / "full" / "bench.md").read_text()
+        if (work / "full" / "bench.md").exists()
+        else "(full run wrote no report)\n"
+    )
+    logs = {p.name: p.read_text(errors="replace")[-4000:] for p in sorted(work.glob("*.err"))}
+    stem = f"bench-{args.ngpu}gpu"
+    (dest / f"{stem}.md").write_text(markdown(rows, steps, quick_s, full_md, quick, args.ngpu))
+    (dest / f"{stem}.json").write_text(
+        json.dumps(
+            {
+                "comparison": rows,
+                "steps": steps,
+                "quick_seconds": quick_s,
+                "anchor_single": single,
+                "anchor_collectives": coll,
+                "full": full,
+                "quick": quick,
+                "stderr_tails": logs,
+            },
+            indent=1,
+        )
+    )
+    if (work / "full" / "bench.png").exists():
+        shutil.copy(work / "full" / "bench.png", dest / f"{stem}.png")
+    for s in steps:
+        print(f"step {s['step']}: rc={s['rc']} {s['seconds']}s")
+    if full:
+        print(f"torchrig verdict: {full.get('verdict')}")
+    if quick_s is not None:
+        print(f"quick run: {quick_s:.1f} s ({'under' if quick_s < 60 else 'OVER'} a minute)")
+    print("\n".join(table(rows)))
+    required = [r for r in rows if r["required"]]
+    bad = [r for r in required if not r["ok"]]
+    print(f"required figures within 5% of the anchor or above: {len(required) - len(bad)}/{len(required)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
