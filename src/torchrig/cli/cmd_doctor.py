@@ -115,8 +115,10 @@ def run(args: argparse.Namespace):  # -> DoctorReport
         python = str(Path(args.python).expanduser()) if args.python else None
         facts = collect(ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout))
         if args.record:
+            data = facts_to_json(facts)
+            data["source"] = f"recorded by torchrig doctor --record at {facts.recorded_at}"
             try:
-                Path(args.record).expanduser().write_text(json.dumps(facts_to_json(facts), indent=2) + "\n")
+                Path(args.record).expanduser().write_text(json.dumps(data, indent=2) + "\n")
             except OSError as err:
                 raise InputError(f"cannot write --record {args.record!r}: {err.strerror}") from None
     return diagnose(facts, areas or None, started=t0)

@@ -86,7 +86,7 @@ class DoctorReport:
         def paint(sev: Severity, text: str) -> str:
             return f"\033[{COLOR[sev]}m{text}\033[0m" if use_color else text
 
-        src = "" if self.facts.source == "probed" else f" [facts: {self.facts.source}]"
+        src = "" if self.facts.source == "probed" else f"\n  facts: {self.facts.source}"
         out = [f"torchrig doctor: {self.machine_line()}{src}", ""]
         for f in self.findings:
             if f.severity is Severity.OK:

@@ -46,10 +46,8 @@ def no_gpu_access(ctx: Context) -> Iterator[Finding]:
         if c.runtime == "kubernetes":
             fix.insert(0, fix.pop())
         steps, _src = fixes.steps("container_toolkit_install", **ctx.os_args())
-        fix.append(
-            "if the host lacks the NVIDIA Container Toolkit, on the host: "
-            + " && ".join(s.split("   #")[0] for s in steps)
-        )
+        fix.append("if the host lacks the NVIDIA Container Toolkit, install it there:")
+        fix.extend(steps)
         yield Finding(
             "container.no_gpu_access",
             Severity.ERROR,

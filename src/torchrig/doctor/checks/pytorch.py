@@ -19,7 +19,11 @@ def _python(ctx: Context) -> str:
 def _suggestion(ctx: Context, *, with_driver: bool = True) -> tuple[str, ...]:
     """The pip command for the build `torchrig resolve` picks here, or how to ask for it."""
     t = ctx.facts.torch
-    s = kbmod.suggest(ctx.kb, ctx.gpu_names, ctx.driver_version if with_driver else None, t.python_version)
+    s = None
+    if ctx.gpu_names:  # the knowledge base is loaded only when there is a GPU to resolve for
+        s = kbmod.suggest(
+            ctx.kb, ctx.gpu_names, ctx.driver_version if with_driver else None, t.python_version
+        )
     if s is not None:
         return (f"{_python(ctx)} -m {s.pip_command}   # {s.why}",)
     gpu = f' --gpu "{ctx.gpu_names[0]}"' if ctx.gpu_names else ' --gpu "<your GPU>"'

@@ -70,7 +70,13 @@ def err_text(e):
 def probe_devices(torch, out, count):
     devices = []
     for i in range(count):
-        dev: dict = {"index": i, "name": None, "compute_capability": None, "kernel_ok": None, "kernel_error": None}
+        dev: dict = {
+            "index": i,
+            "name": None,
+            "compute_capability": None,
+            "kernel_ok": None,
+            "kernel_error": None,
+        }
         try:
             dev["name"] = torch.cuda.get_device_name(i)
             major, minor = torch.cuda.get_device_capability(i)

@@ -1,0 +1,162 @@
+"""Every cause doctor knows, reproduced from a fixture named after the case: the root cause comes first, with
+its severity and a fix. Fixtures are recorded snapshots (``no-driver-debian12-cpu-torch``: this machine;
+``h200x*``: the GPU machines) and faults planted into them by ``tests/fixtures/doctor/derive.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchrig.doctor import diagnose
+from torchrig.doctor.facts import load_facts
+from torchrig.doctor.findings import Severity
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
+
+# fixture -> (the first finding's id, its severity)
+ROOT_CAUSES = {
+    "no-driver-debian12-cpu-torch": ("driver.missing", "error"),
+    "driver-module-not-loaded-h200": ("driver.module_not_loaded", "error"),
+    "driver-module-not-built-for-kernel-h200": ("driver.module_not_loaded", "error"),
+    "driver-nouveau-loaded-h200": ("driver.module_not_loaded", "error"),
+    "driver-device-nodes-missing-h200": ("driver.device_nodes_missing", "error"),
+    "driver-uvm-not-loaded-h200": ("driver.uvm", "error"),
+    "driver-uvm-wedged-after-suspend-h200": ("driver.uvm", "error"),
+    "driver-nvml-mismatch-570-580-h200": ("driver.version_mismatch", "error"),
+    "driver-535-h200-cu130": ("torch.driver_too_old", "error"),
+    "torch-cpu-build-h200": ("torch.cpu_build", "error"),
+    "torch-cu126-rtx5090-sm120": ("torch.arch_not_covered", "error"),
+    "cuda-visible-devices-7-h200x2": ("env.cuda_visible_devices", "error"),
+    "cuda-visible-devices-empty-h200x2": ("env.cuda_visible_devices", "error"),
+    "cuda-visible-devices-minus1-h200x2": ("env.cuda_visible_devices", "error"),
+    "container-without-gpus-h200": ("container.no_gpu_access", "error"),
+    "container-nvidia-runtime-not-used-h200": ("container.no_gpu_access", "error"),
+    "mig-enabled-no-instances-h200": ("gpu.mig_no_instances", "error"),
+    "fabric-manager-stopped-h200x2": ("driver.fabric_manager", "error"),
+    "ld-library-path-shadows-cudnn-h200": ("env.shadowed_libraries", "error"),
+    "torch-hangs-h200": ("torch.hangs", "error"),
+    "torch-unexplained-cuda-error-h200": ("torch.cuda_unavailable", "error"),
+    "wsl-no-windows-driver": ("driver.missing", "error"),
+    "shm-64m-container-h200": ("limits.shm", "warning"),
+    "p2p-blocked-by-acs-h200x2": ("gpu.p2p_unavailable", "warning"),
+    "mixed-architectures-h200-a100": ("gpu.mixed_architectures", "warning"),
+    "persistence-off-h200": ("gpu.persistence_off", "warning"),
+    "ecc-pending-remap-h200": ("gpu.ecc", "warning"),
+    "throttled-at-idle-h200": ("gpu.throttling", "warning"),
+    "memlock-limited-rdma-h200": ("limits.memlock", "warning"),
+}
+HEALTHY = ["h200x1-driver580-cu130", "h200x2-driver580-cu130"]
+
+
+def report(name: str):
+    return diagnose(load_facts(FIX / f"{name}.json"))
+
+
+def test_every_fixture_is_covered():
+    names = {p.stem for p in FIX.glob("*.json")}
+    assert names == set(ROOT_CAUSES) | set(HEALTHY), names ^ (set(ROOT_CAUSES) | set(HEALTHY))
+
+
+@pytest.mark.parametrize("name", sorted(ROOT_CAUSES))
+def test_root_cause_comes_first(name):
+    r = report(name)
+    first = r.findings[0]
+    want_id, want_sev = ROOT_CAUSES[name]
+    assert (first.id, first.severity.value) == (want_id, want_sev), [
+        (f.id, f.severity.value) for f in r.findings
+    ]
+    assert first.fix, "every problem carries a fix"
+    assert first.cause and first.evidence
+    assert r.exit_code == 1
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (_i, s) in ROOT_CAUSES.items() if s == "error"))
+def test_one_root_cause_per_broken_machine(name):
+    """Derived faults plant one cause: doctor names it once, not a cascade of symptoms."""
+    errors = [f.id for f in report(name).findings if f.severity is Severity.ERROR]
+    if name == "no-driver-debian12-cpu-torch":  # this machine really has two: no driver, and a CPU-only torch
+        assert errors == ["driver.missing"], errors
+        return
+    assert errors == [ROOT_CAUSES[name][0]], errors
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_h200_machines(name):
+    r = report(name)
+    assert r.exit_code == 0 and r.status == "healthy", [(f.id, f.summary) for f in r.findings]
+    ids = {f.id for f in r.findings if f.severity is Severity.OK}
+    assert {"driver.ok", "torch.ok", "limits.shm"} <= ids
+    if name.startswith("h200x2"):
+        assert "gpu.p2p" in ids
+
+
+def test_no_driver_fix_is_for_this_distribution():
+    f = report("no-driver-debian12-cpu-torch").findings[0]
+    assert f.summary == "no NVIDIA driver"
+    assert any("apt-get install" in step and "nvidia-driver" in step for step in f.fix)
+    assert any("no NVIDIA device" in e for e in f.evidence)
+
+
+def test_cpu_build_is_a_warning_without_gpu_and_an_error_with_one():
+    assert any(
+        f.id == "torch.cpu_build" and f.severity is Severity.WARNING
+        for f in report("no-driver-debian12-cpu-torch").findings
+    )
+    assert report("torch-cpu-build-h200").findings[0].severity is Severity.ERROR
+
+
+def test_visible_devices_7_names_the_valid_indices():
+    f = report("cuda-visible-devices-7-h200x2").findings[0]
+    assert "CUDA_VISIBLE_DEVICES=7" in f.summary
+    assert "export CUDA_VISIBLE_DEVICES=0,1   # or a subset of these" in f.fix
+
+
+def test_container_fix_names_gpus_flag_cdi_and_toolkit():
+    f = report("container-without-gpus-h200").findings[0]
+    text = "\n".join(f.fix)
+    assert (
+        "--gpus all" in text and "--device nvidia.com/gpu=all" in text and "nvidia-container-toolkit" in text
+    )
+    assert "NVIDIA_VISIBLE_DEVICES is unset" in f.cause
+    g = report("container-nvidia-runtime-not-used-h200").findings[0]
+    assert "NVIDIA_VISIBLE_DEVICES=all" in g.cause
+
+
+def test_driver_too_old_offers_a_build_or_a_driver():
+    f = report("driver-535-h200-cu130").findings[0]
+    assert "535.247.01" in f.summary and "13.0" in f.summary
+    assert any("upgrade the driver" in x for x in f.fix)
+
+
+def test_shadowing_names_files_and_gives_a_clean_path():
+    f = report("ld-library-path-shadows-cudnn-h200").findings[0]
+    assert any("/usr/local/cuda/lib64/libcudnn.so.9 shadows" in e for e in f.evidence)
+    assert "export LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu" in f.fix
+
+
+def test_fabric_manager_fix_matches_the_driver_branch():
+    f = report("fabric-manager-stopped-h200x2").findings[0]
+    assert "802" in " ".join(f.evidence) and "nvidia-fabricmanager" in " ".join(f.fix)
+
+
+def test_only_filters_areas_but_keeps_root_cause_logic():
+    facts = load_facts(FIX / "cuda-visible-devices-7-h200x2.json")
+    r = diagnose(facts, ["torch"])
+    assert not any(f.id.startswith("env.") for f in r.findings)
+    assert not any(f.id == "torch.cuda_unavailable" for f in r.findings)  # explained by CUDA_VISIBLE_DEVICES
+
+
+def test_report_json_round_trips_findings():
+    r = report("persistence-off-h200")
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["verdict"] == {
+        "status": "problems",
+        "exit_code": 1,
+        "error": 0,
+        "warning": 1,
+        "info": 0,
+        "ok": data["verdict"]["ok"],
+    }
+    assert data["findings"][0]["id"] == "gpu.persistence_off"

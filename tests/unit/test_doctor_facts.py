@@ -1,0 +1,75 @@
+"""The facts record: JSON round trip (the fixture and --record format), and clear errors for bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchrig.doctor.checks.visibility import visible_prefix
+from torchrig.doctor.facts import FACTS_SCHEMA_VERSION, Facts, facts_from_json, facts_to_json, load_facts
+from torchrig.errors import InputError
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
+
+
+@pytest.mark.parametrize("path", sorted(FIX.glob("*.json")), ids=lambda p: p.stem)
+def test_fixtures_round_trip(path):
+    facts = load_facts(path)
+    assert isinstance(facts, Facts) and facts.schema_version == FACTS_SCHEMA_VERSION
+    again = facts_from_json(json.loads(json.dumps(facts_to_json(facts))))
+    assert again == facts
+
+
+def test_unknown_keys_are_ignored_and_missing_ones_default():
+    data = json.loads((FIX / "h200x1-driver580-cu130.json").read_text())
+    data["nvml"]["gpus"][0]["future_field"] = 1
+    del data["nvml"]["gpus"][0]["temperature_c"]
+    facts = facts_from_json(data)
+    assert facts.nvml.gpus[0].temperature_c is None and facts.nvml.gpus[0].name == "NVIDIA H200"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("torch"), "missing 'torch'"),
+        (lambda d: d["nvml"].update(status="bogus"), "is not a valid ProbeStatus"),
+        (lambda d: d["nvml"]["gpus"][0].update(index="zero"), "nvml.gpus[0].index: expected int"),
+        (lambda d: d.update(schema_version=99), "schema_version 99"),
+    ],
+)
+def test_malformed_facts_name_the_key(tmp_path, mutate, message):
+    data = json.loads((FIX / "h200x1-driver580-cu130.json").read_text())
+    mutate(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(InputError) as err:
+        load_facts(bad)
+    assert message in err.value.one_line() and "\n" not in err.value.one_line()
+
+
+def test_missing_and_non_json_files(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        load_facts(tmp_path / "nope.json")
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(InputError, match="is not JSON"):
+        load_facts(tmp_path / "x.json")
+
+
+@pytest.mark.parametrize(
+    ("value", "count", "seen", "bad"),
+    [
+        ("0,1", 2, ["0", "1"], None),
+        ("7", 2, [], "7"),
+        ("-1", 2, [], "-1"),
+        ("0,7,1", 2, ["0"], "7"),  # CUDA stops at the first invalid entry
+        ("1", None, ["1"], None),  # unknown GPU count: indices cannot be judged
+        ("GPU-3f1c", 2, ["GPU-3f1c"], None),
+        ("GPU-ffff", 2, [], "GPU-ffff"),
+        ("abc", 2, [], "abc"),
+    ],
+)
+def test_visible_prefix_follows_cuda(value, count, seen, bad):
+    uuids = ["GPU-3f1c2a9e-5b7d-4e10-9c2f-7a8b6d5e4c3b", "GPU-b2e4d6f8-1a3c-4e5f-8a9b-0c1d2e3f4a5b"]
+    assert visible_prefix(value, count, uuids) == (seen, bad)
