@@ -443,3 +443,185 @@ def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
         if gpu["arch"] == "Kepler" and gpu["compute_capability"] in {"3.0", "3.2"}:
             continue  # last built by CUDA 10.2, older than this file
         assert gpu["compute_capability"] in buildable, gpu["id"]
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.toml
+# --------------------------------------------------------------------------------------------------
+
+TORCH_VARIANT_NAME = re.compile(r"^(cpu|cu(\d{2})(\d))$")
+TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page"}
+TORCH_INDEX = "https://download.pytorch.org/whl/"
+
+
+def _torch_releases() -> list[dict[str, Any]]:
+    return list(load("torch")["release"])
+
+
+def _torch_variants() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for release in _torch_releases():
+        for variant in release["variant"]:
+            yield release, variant
+
+
+def _torch_release(version: str) -> dict[str, Any]:
+    matches = [r for r in _torch_releases() if r["version"] == version]
+    assert len(matches) == 1, version
+    return matches[0]
+
+
+def _torch_variant(version: str, name: str) -> dict[str, Any]:
+    matches = [v for v in _torch_release(version)["variant"] if v["name"] == name]
+    assert len(matches) == 1, f"{version}+{name}"
+    return matches[0]
+
+
+def test_torch_file_loads_with_schema_version_and_sourced_rows():
+    data = load("torch")
+    assert data["schema_version"] == 1
+    for release in data["release"]:
+        _check_row(release, f"torch {release['version']}")
+        for variant in release["variant"]:
+            where = f"torch {release['version']}+{variant['name']}"
+            _check_row(variant, where)
+            if "pins_source" in variant:
+                assert variant["pins_source"].startswith("https://"), where
+
+
+def test_torch_releases_have_the_schema_fields():
+    versions = [r["version"] for r in _torch_releases()]
+    assert len(versions) == len(set(versions)), "duplicate releases"
+    for release in _torch_releases():
+        where = f"torch {release['version']}"
+        assert re.match(r"^2\.\d+\.\d+$", release["version"]), where
+        datetime.date.fromisoformat(release["released"])
+        python = release["python"]
+        assert python and all(re.match(r"^3\.\d+$", p) for p in python), where
+        assert python == sorted(python, key=_version), where
+        for companion in ("torchvision", "torchaudio"):
+            if companion in release:
+                _version(release[companion])
+        assert release["variant"], where
+
+
+def test_torch_variants_have_the_schema_fields():
+    for release, variant in _torch_variants():
+        where = f"torch {release['version']}+{variant['name']}"
+        match = TORCH_VARIANT_NAME.match(variant["name"])
+        assert match, where
+        assert variant["index_url"] == TORCH_INDEX + variant["name"], where
+        assert variant.get("evidence") in TORCH_EVIDENCE, where
+        if variant["name"] == "cpu":
+            assert not {"cuda", "arch_list", "ptx", "cudnn", "nccl"} & set(variant), where
+            continue
+        assert variant["cuda"] == f"{match.group(2)}.{match.group(3)}", where
+        arch_list = variant["arch_list"]
+        assert arch_list and all(re.match(r"^sm_\d{2,3}$", a) for a in arch_list), where
+        assert arch_list == sorted(arch_list, key=lambda a: int(a[3:])), where
+        assert all(re.match(r"^compute_\d{2,3}$", p) for p in variant.get("ptx", [])), where
+        for pin in ("cudnn", "nccl"):
+            if pin in variant:
+                _version(variant[pin])
+    for release in _torch_releases():
+        names = [v["name"] for v in release["variant"]]
+        assert len(names) == len(set(names)), f"torch {release['version']}: {names}"
+
+
+def test_torch_pypi_variant_is_a_published_variant_read_from_the_wheel():
+    for release in _torch_releases():
+        pypi = _torch_variant(release["version"], release["pypi_variant"])
+        # The PyPI build is the one a plain `pip install torch==X` gets: its facts come from that wheel.
+        assert pypi["evidence"] == "wheel", release["version"]
+        assert pypi["source"].startswith("https://files.pythonhosted.org/"), release["version"]
+        assert {"arch_list", "ptx", "cudnn", "nccl"} <= set(pypi), release["version"]
+
+
+def test_torch_cross_variant_cuda_is_a_toolkit_that_builds_its_archs():
+    toolkits = {t["version"]: set(t["compute_capabilities"]) for t in _toolkits()}
+    for release, variant in _torch_variants():
+        if variant["name"] == "cpu":
+            continue
+        where = f"torch {release['version']}+{variant['name']}"
+        assert variant["cuda"] in toolkits, f"{where}: CUDA {variant['cuda']} not in cuda.toml"
+        buildable = toolkits[variant["cuda"]]
+        for entry in [*variant["arch_list"], *variant.get("ptx", [])]:
+            digits = entry.split("_")[1]
+            cc = f"{digits[:-1]}.{digits[-1]}"
+            assert cc in buildable, f"{where}: {entry} is not a target of CUDA {variant['cuda']}"
+
+
+def test_torch_covers_2_0_through_the_newest_with_patch_releases():
+    versions = {r["version"] for r in _torch_releases()}
+    for required in (
+        "2.0.0", "2.0.1", "2.1.0", "2.1.2", "2.2.2", "2.3.1", "2.4.1", "2.5.1", "2.6.0",
+        "2.7.0", "2.7.1", "2.8.0", "2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1",
+    ):  # fmt: skip
+        assert required in versions, required
+    assert _version(max(versions, key=_version)) >= (2, 14)
+    newest = max(_torch_releases(), key=lambda r: _version(r["version"]))
+    dates = [r["released"] for r in sorted(_torch_releases(), key=lambda r: _version(r["version"]))]
+    assert dates == sorted(dates), "release dates must grow with the version"
+    assert newest["released"] == dates[-1]
+
+
+@pytest.mark.parametrize(
+    ("series", "variant"),
+    [
+        ("2.0", "cu117"),
+        ("2.1", "cu121"),
+        ("2.2", "cu121"),
+        ("2.3", "cu121"),
+        ("2.4", "cu121"),
+        ("2.5", "cu124"),
+        ("2.6", "cu124"),
+        ("2.7", "cu126"),
+        ("2.8", "cu128"),
+        ("2.9", "cu128"),
+        ("2.10", "cu128"),
+        ("2.11", "cu130"),
+        ("2.12", "cu130"),
+        ("2.13", "cu130"),
+        ("2.14", "cu130"),
+    ],
+)
+def test_torch_pypi_default_matches_the_wheels_cuda_runtime_pin(series: str, variant: str):
+    # Read from each release's Requires-Dist on PyPI (nvidia-cuda-runtime-cuXX / cuda-toolkit pins).
+    releases = [r for r in _torch_releases() if r["version"].startswith(series + ".")]
+    assert releases, series
+    for release in releases:
+        assert release["pypi_variant"] == variant, release["version"]
+
+
+def test_torch_arch_list_changes_read_from_the_wheels():
+    # Pascal/Maxwell/Volta dropped from 2.7's cu128; Volta back in 2.8's cu128 (pytorch/pytorch#157517);
+    # cu13x builds start at Turing; Kepler (sm_37) only in the CUDA 11 builds.
+    cu128_27 = _torch_variant("2.7.0", "cu128")["arch_list"]
+    assert "sm_120" in cu128_27 and not {"sm_50", "sm_60", "sm_70"} & set(cu128_27)
+    cu128_28 = _torch_variant("2.8.0", "cu128")["arch_list"]
+    assert {"sm_70", "sm_100", "sm_120"} <= set(cu128_28) and "sm_60" not in cu128_28
+    assert _torch_variant("2.7.1", "cu126")["arch_list"][0] == "sm_50"
+    assert _torch_variant("2.0.0", "cu117")["arch_list"][0] == "sm_37"
+    for release, variant in _torch_variants():
+        if variant.get("cuda", "").startswith("13."):
+            assert variant["arch_list"][0] == "sm_75", f"{release['version']}+{variant['name']}"
+        if variant.get("cuda", "").startswith("12."):
+            assert "sm_37" not in variant["arch_list"], f"{release['version']}+{variant['name']}"
+
+
+def test_torch_cudnn_and_nccl_pins_read_from_pypi():
+    expected = {
+        "2.0.1": ("8.5.0.96", "2.14.3"),
+        "2.1.2": ("8.9.2.26", "2.18.1"),
+        "2.3.1": ("8.9.2.26", "2.20.5"),
+        "2.4.1": ("9.1.0.70", "2.20.5"),
+        "2.5.1": ("9.1.0.70", "2.21.5"),
+        "2.7.1": ("9.5.1.17", "2.26.2"),
+        "2.8.0": ("9.10.2.21", "2.27.3"),
+        "2.9.1": ("9.10.2.21", "2.27.5"),
+        "2.11.0": ("9.19.0.56", "2.28.9"),
+        "2.14.1": ("9.24.0.43", "2.30.7"),
+    }
+    for version, (cudnn, nccl) in expected.items():
+        release = _torch_release(version)
+        pypi = _torch_variant(version, release["pypi_variant"])
+        assert (pypi["cudnn"], pypi["nccl"]) == (cudnn, nccl), version
