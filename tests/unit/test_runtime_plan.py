@@ -72,3 +72,13 @@ def test_shm_follows_memory_limit_and_bounds():
 def test_uid_mismatch_with_volume_is_explained():
     p = plan(volumes=(Volume("/data", "/home/torch/data"),), host=HostFacts(1001, 1001, 2**36, "box", False))
     assert any("UID 1000" in n and "uid = 1001" in n for n in p.notes)
+
+
+def test_services_the_image_lacks_are_dropped_with_a_note():
+    from torchrig.runtime.up import services_of_image
+
+    req = UpRequest(image="i", name="n", user="u", gpus=NO_GPUS)
+    got, notes = services_of_image(req, {"org.torchrig.services": "jupyter"})
+    assert (got.jupyter, got.ssh) == (True, False) and "no ssh" in notes[0]
+    got, notes = services_of_image(req, {})
+    assert (got.jupyter, got.ssh, notes) == (True, True, [])

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 LABEL_USER = "org.torchrig.user"
+LABEL_SERVICES = "org.torchrig.services"  # "jupyter ssh", "jupyter", "none"
 
 
 @dataclass(frozen=True)

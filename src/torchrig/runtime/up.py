@@ -18,12 +18,12 @@ from typing import Any
 from torchrig.errors import InputError, JobFailed
 from torchrig.runtime.engine import Engine
 from torchrig.runtime.inventory import Inventory, current
-from torchrig.runtime.lease import acquire
+from torchrig.runtime.lease import NoFreeGpu, acquire
 from torchrig.runtime.ledger import Ledger
 from torchrig.runtime.placement import pick, resolve_named
 from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, make_plan
 from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight
-from torchrig.runtime.serve_contract import SERVE
+from torchrig.runtime.serve_contract import LABEL_SERVICES, SERVE
 
 SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
 
@@ -88,8 +88,29 @@ def _preview_units(ledger: Ledger, inv: Inventory, req: UpRequest) -> tuple[Any,
         return ()
     held = {lease.unit_uuid for lease in ledger.leases()}
     if req.gpus.kind == "count":
-        return pick([u for u in inv.units() if u.uuid not in held], req.gpus.count) or ()
+        free = [u for u in inv.units() if u.uuid not in held]
+        got = pick(free, req.gpus.count)
+        if got is None:
+            raise NoFreeGpu(
+                f"--gpus {req.gpus.count}: {len(free)} GPU(s) free on this host ({inv.source})",
+                hint="see 'torchrig gpus'",
+            )
+        return got
     return resolve_named(req.gpus, inv)
+
+
+def services_of_image(req: UpRequest, labels: dict[str, str]) -> tuple[UpRequest, list[str]]:
+    """Drop the services an image was built without (its ``org.torchrig.services`` label), with a note."""
+    raw = labels.get(LABEL_SERVICES)
+    if raw is None:
+        return req, []
+    have = set(raw.split())
+    notes = [
+        f"the image has no {s} (built without it): not started"
+        for s, on in (("jupyter", req.jupyter), ("ssh", req.ssh))
+        if on and s not in have
+    ]
+    return replace(req, jupyter=req.jupyter and "jupyter" in have, ssh=req.ssh and "ssh" in have), notes
 
 
 def _check(pf: Preflight) -> None:
@@ -166,13 +187,15 @@ def run_up(
         resolve_named(req.gpus, inv)  # unknown indices/UUIDs fail before the engine is asked
     engine = Engine.connect()
     image = engine.image(req.image)
+    req, service_notes = services_of_image(req, image.labels)
     host = host_facts(engine)
     kb = load_host_kb
     ledger = Ledger.open()
     if dry_run:
         units = _preview_units(ledger, inv, req)
         pf = preflight(image.labels, inv, units, kb)
-        return UpResult(make_plan(req, image, host, units), "planned", pf.findings)
+        plan = make_plan(req, image, host, units)
+        return UpResult(replace(plan, notes=plan.notes + tuple(service_notes)), "planned", pf.findings)
     if engine.exists(req.name):
         raise InputError(
             f"a container named {req.name!r} already exists",
@@ -194,6 +217,7 @@ def run_up(
         pf = preflight(image.labels, inv, units, kb)
         _check(pf)
         plan = make_plan(req, image, host, units)
+        plan = replace(plan, notes=plan.notes + tuple(service_notes))
         cid = engine.create(plan)
         ledger.bind(plan.name, cid)
         token = secrets.token_hex(24) if req.jupyter else None
