@@ -87,6 +87,7 @@ class _Grader:
     ) -> None:
         self.m, self.peaks, self.th = m, peaks_by_rank, thresholds
         self.no_gpu = m.meta.device_kind != "cuda"
+        self.who = "rank" if self.no_gpu else "GPU"  # the CPU path has processes, not GPUs
         self.findings: list[Finding] = []
 
     def add(
@@ -144,7 +145,7 @@ class _Grader:
         for (rank, dtype), g in sorted(best.items()):
             self.add(
                 f"gemm.{dtype}.gpu{rank}",
-                f"GPU {rank} GEMM {dtype} ({g.n}³)",
+                f"{self.who} {rank} GEMM {dtype} ({g.n}³)",
                 g.tflops,
                 "TFLOP/s",
                 self.peak(rank, f"{dtype}_tflops"),
@@ -156,7 +157,7 @@ class _Grader:
         for r in self.m.memory:
             self.add(
                 f"memory.{r.kind}.gpu{r.rank}",
-                f"GPU {r.rank} device {r.kind}",
+                f"{self.who} {r.rank} device {r.kind}",
                 r.gbps,
                 "GB/s",
                 self.peak(r.rank, "memory_bandwidth_gbps"),
@@ -170,7 +171,7 @@ class _Grader:
             kind = "pinned" if h.pinned else "pageable"
             self.add(
                 f"host.{h.direction}.{kind}.gpu{h.rank}",
-                f"GPU {h.rank} {h.direction} {kind}",
+                f"{self.who} {h.rank} {h.direction} {kind}",
                 h.gbps,
                 "GB/s",
                 pcie / 2 if pcie else None,
@@ -250,7 +251,7 @@ class _Grader:
             if s.gpus > 1 and s.efficiency is not None:
                 self.add(
                     f"scaling.{s.gpus}",
-                    f"training scaling on {s.gpus} GPUs",
+                    f"training scaling on {s.gpus} {self.who}s",
                     s.efficiency * 100,
                     "%",
                     100.0,

@@ -24,6 +24,8 @@ MARK = {
 def _num(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "-"
+    if 0 < abs(value) < 1:
+        return f"{value:.3g}"  # the CPU path's small figures keep three significant digits
     return f"{value:,.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
 
 
@@ -87,8 +89,9 @@ def collective_rows(m: Measurements) -> tuple[list[str], list[list[Any]]]:
 def p2p_rows(m: Measurements, attr: str = "oneway_gbps") -> tuple[list[str], list[list[Any]]]:
     ranks = sorted({p.src for p in m.p2p} | {p.dst for p in m.p2p})
     cell = {(p.src, p.dst): getattr(p, attr) for p in m.p2p}
-    rows = [[f"GPU {s}"] + [("-" if s == d else _num(cell.get((s, d)))) for d in ranks] for s in ranks]
-    return ["src \\ dst"] + [f"GPU {d}" for d in ranks], rows
+    who = "GPU" if m.meta.device_kind == "cuda" else "rank"
+    rows = [[f"{who} {s}"] + [("-" if s == d else _num(cell.get((s, d)))) for d in ranks] for s in ranks]
+    return ["src \\ dst"] + [f"{who} {d}" for d in ranks], rows
 
 
 def scaling_rows(m: Measurements) -> list[list[Any]]:
