@@ -106,11 +106,13 @@ def test_resolve_found(cli):
 
 
 def test_resolve_nothing_exit_1_with_reason_per_gpu(cli):
-    r = cli("resolve", "--gpu", "RTX 5090", "--driver", "550.54.14")
-    assert r.code == 1
-    assert "no build found" in r.out and "what would change it" in r.out
-    j = cli("resolve", "--gpu", "RTX 5090", "--driver", "550.54.14", "--json").json()
-    assert j["found"] is False and j["blockers"] and j["suggestions"]
+    # R590 dropped Pascal (https://github.com/NixOS/nixos-hardware/pull/1843): no torch helps, a driver does
+    r = cli("resolve", "--gpu", "GTX 1080 Ti", "--driver", "590.48.01")
+    assert r.code == 1, r.out
+    assert "no build found" in r.out and "what would change it" in r.out and "R580" in r.out
+    j = cli("resolve", "--gpu", "GTX 1080 Ti", "--driver", "590.48.01", "--json").json()
+    assert j["found"] is False and j["blockers"][0]["code"] == "driver_branch_drops_arch"
+    assert j["suggestions"] and "cu126" in j["suggestions"][0]["pip_command"]
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown", "html"])

@@ -194,24 +194,11 @@ def _no_build(
     reasons, _ = evaluate(kb, gpus, driver, pypi)
     blockers = [r for r in reasons if r.severity is Severity.FAIL]
     suggestions: list[Fix] = []
-    if driver is not None:  # would a driver change help?
-        for release in releases:
-            found = candidates(kb, gpus, None, release)
-            if found:
-                b = found[0].build
-                tk = kb.toolkit(b.cuda) if b.cuda else None
-                floor = tk.min_driver if tk else None
-                suggestions.append(
-                    Fix(
-                        "driver",
-                        b.pip_command,
-                        f"with a driver ≥ {floor} (R{V.driver_branch(floor)}) torch {b.label} would work"
-                        if floor
-                        else f"with another driver torch {b.label} would work",
-                    )
-                )
-                break
-    if torch_spec or python:  # would a wider range help?
+    if driver is not None:  # what would change it: a driver branch, another release, or both
+        from torchrig.compat.fixes import nearest_fixes
+
+        suggestions = nearest_fixes(kb, gpus, driver, pypi, reasons)
+    if not suggestions and (torch_spec or python):  # would a wider range help?
         try:
             wider = resolve(kb, gpus, driver)
             suggestions.append(

@@ -97,18 +97,16 @@ def arch_coverage(cc: str, arch_list: Sequence[str], ptx: Sequence[str] = ()) ->
                 str(a),
                 f"no cubin runs on {cc} (build has {have}); the driver JIT-compiles the {a} PTX at first use",
             )
-    cross = ""
-    same_or_lower = [a for a in cubins if a.cc <= target]
-    if same_or_lower:
-        cross = f"; cubins never run across majors ({same_or_lower[0]} cannot run on {cc})"
+    if any(a.cc <= target for a in cubins):
+        below = max(a for a in cubins if a.cc <= target)
+        why = f"cubins never run across majors ({below} cannot run on {cc})"
     elif cubins:
-        cross = f"; the GPU is older than the oldest cubin ({min(cubins)})"
-    return Coverage(
-        CoverageKind.NOT_COVERED,
-        cc,
-        None,
-        f"{sm} is not compatible with this build: it has {have} and {ptx_text} for {cc}{cross}",
-    )
+        why = f"the GPU is older than the oldest cubin ({min(cubins)})"
+    else:
+        why = "the build carries no cubins"
+    if ptxs:
+        why += f", and its PTX ({' '.join(str(a) for a in sorted(ptxs))}) cannot be JIT-compiled for {cc}"
+    return Coverage(CoverageKind.NOT_COVERED, cc, None, f"the build has {have} and {ptx_text}; {why}")
 
 
 class DriverSupportKind(str, enum.Enum):
@@ -166,7 +164,8 @@ def driver_cuda_support(kb: KnowledgeBase, driver: str, cuda: str) -> DriverSupp
             f"driver {driver} supports CUDA {tk.version} natively (needs ≥ {floor})",
         )
     if _ge(driver, compat):
-        native = max_native_cuda(kb, driver) or f"{tk.major}.x"
+        branch = kb.branch_of(driver)
+        native = (branch.max_cuda if branch else max_native_cuda(kb, driver)) or f"{tk.major}.x"
         caveat = MINOR_COMPAT_CAVEAT.format(cuda=tk.version, driver=driver, max_cuda=native)
         return DriverSupport(
             DriverSupportKind.MINOR_COMPAT,
