@@ -3,6 +3,7 @@ ssh command are used with real clients (HTTP, OpenSSH); a volume's data survives
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import subprocess
@@ -169,3 +170,41 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
         assert r.out == "from-ssh\n"
     finally:
         assert cli("down", name, env=user_env).code == 0
+
+
+def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_path):
+    """As 'sudo torchrig up' by UID 4321: the image's user runs as 4321:4322; SSH and Jupyter still work."""
+    import requests
+
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chown(work, 4321, 4322)
+    env = {**user_env, "SUDO_UID": "4321", "SUDO_GID": "4322", "SUDO_USER": "carol"}
+    name = "trt-uid"
+    r = cli(
+        "up",
+        "--image",
+        image,
+        "--name",
+        name,
+        "--volume",
+        f"{work}:/home/torch/work",
+        "--json",
+        *memlock_override(engine),
+        env=env,
+        timeout=300,
+    )
+    try:
+        assert r.code == 0, r.err
+        res = r.json()
+        assert engine.api.inspect_container(name)["Config"]["User"] == "4321:4322"
+        ssh = _ssh(res["ssh_command"], user_env["HOME"], "id -u; id -un; touch ~/work/mine && touch ~/.probe")
+        assert ssh.returncode == 0, ssh.stderr
+        assert ssh.stdout.split() == ["4321", "torch"]
+        base, token = res["jupyter_url"].split("/lab?token=")
+        assert requests.get(f"{base}/api/status", params={"token": token}, timeout=10).status_code == 200
+        st = (work / "mine").stat()
+        assert (st.st_uid, st.st_gid) == (4321, 4322)
+        assert [e["user"] for e in cli("ps", "--json", env=env).json()["environments"]] == ["carol"]
+    finally:
+        assert cli("down", name, env=env).code == 0

@@ -69,9 +69,14 @@ def test_shm_follows_memory_limit_and_bounds():
     assert plan(memory_bytes=8 * 2**30).shm_size_bytes == 4 * 2**30
 
 
-def test_uid_mismatch_with_volume_is_explained():
-    p = plan(volumes=(Volume("/data", "/home/torch/data"),), host=HostFacts(1001, 1001, 2**36, "box", False))
-    assert any("UID 1000" in n and "uid = 1001" in n for n in p.notes)
+def test_image_user_runs_as_the_host_uid():
+    p = plan(volumes=(Volume("/data", "/home/torch/data"),), host=HostFacts(1001, 1002, 2**36, "box", False))
+    assert p.run_as == (1001, 1002) and p.container_uid == 1001 and p.image_gid == 1000
+    assert any("runs as your UID 1001:1002" in n for n in p.notes)
+    assert plan().run_as is None  # same UID: nothing to do
+    assert (
+        plan(host=HostFacts(None, None, 2**36, "box", False)).run_as is None
+    )  # plain root: the image's user
 
 
 def test_services_the_image_lacks_are_dropped_with_a_note():

@@ -92,7 +92,11 @@ class Engine:
             raise InputError(f"image {ref!r}: {err.explanation or err}") from None
         config = img.attrs.get("Config") or {}
         return ImageFacts(
-            ref=ref, id=img.id, labels=dict(config.get("Labels") or {}), user=config.get("User") or None
+            ref=ref,
+            id=img.id,
+            labels=dict(config.get("Labels") or {}),
+            user=config.get("User") or None,
+            workdir=config.get("WorkingDir") or None,
         )
 
     def cdi_available(self) -> bool:
@@ -212,6 +216,8 @@ class Engine:
         }
         if plan.command:
             kwargs["command"] = list(plan.command)
+        if plan.run_as:
+            kwargs["user"] = f"{plan.run_as[0]}:{plan.run_as[1]}"
         if plan.memory_bytes:
             kwargs["mem_limit"] = plan.memory_bytes
         if plan.nano_cpus:
@@ -232,20 +238,47 @@ class Engine:
             ) from None
         return str(c.id)
 
-    def put_files(self, container_id: str, files: dict[str, bytes], uid: int, mode: int) -> None:
-        """Copy files into a created container (before start): secrets never touch the host disk."""
+    def put_files(
+        self,
+        container_id: str,
+        files: dict[str, bytes],
+        uid: int,
+        mode: int,
+        gid: int = 0,
+        parents: bool = False,
+    ) -> None:
+        """Copy files into a created container (before start): secrets never touch the host disk.
+
+        ``parents`` creates their directories (root, 0755), e.g. ``/run/secrets``."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            dirs = sorted({str(Path(p).parent).lstrip("/") for p in files})
-            for d in dirs:
+            for d in sorted({str(Path(p).parent).lstrip("/") for p in files}) if parents else ():
                 info = tarfile.TarInfo(d)
                 info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, 0, 0
                 tar.addfile(info)
             for path, data in files.items():
                 info = tarfile.TarInfo(path.lstrip("/"))
-                info.size, info.mode, info.uid, info.gid = len(data), mode, uid, 0
+                info.size, info.mode, info.uid, info.gid = len(data), mode, uid, gid
                 tar.addfile(info, io.BytesIO(data))
         self.client.api.put_archive(container_id, "/", buf.getvalue())
+
+    def own_dirs(self, container_id: str, dirs: list[str], uid: int, gid: int) -> None:
+        """Hand existing directories (not their contents) to ``uid:gid``, before start."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for d in dirs:
+                info = tarfile.TarInfo(d.strip("/"))
+                info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                tar.addfile(info)
+        self.client.api.put_archive(container_id, "/", buf.getvalue())
+
+    def get_file(self, container_id: str, path: str) -> bytes:
+        """One file of a (created) container, as ``docker cp`` reads it."""
+        stream, _ = self.client.api.get_archive(container_id, path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member else None
+            return f.read() if f else b""
 
     def start(self, container_id: str) -> None:
         try:

@@ -43,6 +43,7 @@ class ImageFacts:
     id: str
     labels: dict[str, str]
     user: str | None  # the image's USER (the account JupyterLab and sshd serve)
+    workdir: str | None = None  # the image's WORKDIR
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class UpPlan:
     secret_files: tuple[str, ...]  # copied into the container before it starts (contents never in the plan)
     container_user: str | None  # the image's user name (ssh logs in as it)
     container_uid: int | None
+    run_as: tuple[int, int] | None  # the host UID:GID the image's user is remapped to (None: the image's own)
+    image_workdir: str | None
+    image_gid: int | None  # the image user's own GID (its group moves with it)
     command: tuple[str, ...] | None  # None: the image's CMD (torchrig serve)
     notes: tuple[str, ...] = field(default=())
 
@@ -198,10 +202,17 @@ def make_plan(
         notes.append(
             "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules"
         )
-    if req.volumes and who.uid is not None and host.uid is not None and who.uid != host.uid:
+    run_as = None
+    if (
+        who.name
+        and who.uid is not None
+        and host.uid is not None
+        and host.gid is not None
+        and host.uid != who.uid
+    ):
+        run_as = (host.uid, host.gid)  # files written to volumes belong to the user
         notes.append(
-            f"files written to volumes will belong to UID {who.uid} (the image's user), not to you "
-            f"(UID {host.uid}): build the image with [user] uid = {host.uid} gid = {host.gid}"
+            f"the image's user {who.name} runs as your UID {host.uid}:{host.gid} (the image has {who.uid})"
         )
     elif req.volumes and host.uid is None:
         notes.append(f"running as root: files written to volumes belong to the image's user (UID {who.uid})")
@@ -223,7 +234,10 @@ def make_plan(
         labels=labels,
         secret_files=contract.secret_files(req.jupyter, req.ssh),
         container_user=who.name,
-        container_uid=who.uid,
+        container_uid=run_as[0] if run_as else who.uid,
+        run_as=run_as,
+        image_workdir=image.workdir,
+        image_gid=who.gid,
         command=contract.command(jupyter=req.jupyter, ssh=req.ssh),
         notes=tuple(notes),
     )

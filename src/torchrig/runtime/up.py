@@ -159,6 +159,26 @@ def _answers(service: str, port: int) -> bool:
         return False
 
 
+def remap_user(engine: Engine, cid: str, plan: UpPlan) -> None:
+    """Give the image's user the host UID/GID inside the created container (see torchrig.runtime.identity)."""
+    from torchrig.runtime.identity import RemapConflict, remap_group, remap_passwd
+
+    assert plan.run_as is not None and plan.container_user is not None
+    uid, gid = plan.run_as
+    try:
+        passwd, home = remap_passwd(
+            engine.get_file(cid, "/etc/passwd").decode(), plan.container_user, uid, gid
+        )
+    except RemapConflict as err:
+        raise InputError(
+            f"cannot run the image's user as your UID {uid}: {err}",
+            hint=f"build the image with [user] uid = {uid} gid = {gid}",
+        ) from None
+    group = remap_group(engine.get_file(cid, "/etc/group").decode(), plan.container_user, plan.image_gid, gid)
+    engine.put_files(cid, {"/etc/passwd": passwd.encode(), "/etc/group": group.encode()}, uid=0, mode=0o644)
+    engine.own_dirs(cid, [d for d in dict.fromkeys((home, plan.image_workdir)) if d and d != "/"], uid, gid)
+
+
 def urls(
     plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None
 ) -> tuple[str | None, str | None]:
@@ -229,7 +249,11 @@ def run_up(
         if files:
             # readable by the image's user only (serve reads them as that user)
             owner = plan.container_uid
-            engine.put_files(cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444)
+            engine.put_files(
+                cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444, parents=True
+            )
+        if plan.run_as:
+            remap_user(engine, cid, plan)
         if create_only:
             return UpResult(plan, "created", pf.findings)
         engine.start(cid)
