@@ -7,7 +7,9 @@
 #   3. torchrig bench (full), every GPU                          -> bench.json, bench.md, bench.png
 #   4. torchrig bench --quick, timed
 #   5. the bench GPU tests                                        tests/gpu/test_bench_*.py
-# then writes $OUT/bench/bench-<N>gpu.{json,md,png} and prints the comparison table last.
+# then writes $OUT/bench/bench-<N>gpu.{json,md,png} (everything; the report; the plots) and
+# bench-<N>gpu-full.json (torchrig's own bench.json: 'torchrig bench --from-json' re-renders it, plots too)
+# and prints the comparison table last.
 # Usage (repository root, .baselines/ holding the anchors): OUT=/tmp/out bash tools/gpu/bench.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -20,7 +22,9 @@ BUDGET=${BENCH_BUDGET_S:-440}
 START=$(date +%s)
 mkdir -p "$DEST"
 NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-echo "bench.sh: $NGPU GPU(s), budget ${BUDGET}s, work $WORK"
+PLOTS=""
+$PY -c 'import matplotlib' 2>/dev/null || PLOTS="--no-plots"  # then render the PNG later: --from-json
+echo "bench.sh: $NGPU GPU(s), budget ${BUDGET}s, work $WORK${PLOTS:+ (no matplotlib: $PLOTS)}"
 
 # step NAME MAX_SECONDS STDOUT_FILE CMD...: run with a timeout of min(MAX, what the budget has left - 20 s)
 step() {
@@ -48,9 +52,9 @@ if [ -f "$ANCHOR" ]; then
 else
   echo "bench.sh: no $ANCHOR: copy /work/shared/baselines to .baselines/ for the side-by-side"
 fi
-step full 300 "$WORK/full.json" $PY -m torchrig bench --out "$WORK/full" --json
+step full 300 "$WORK/full.json" $PY -m torchrig bench --out "$WORK/full" --json $PLOTS
 step quick 120 "$WORK/quick.json" $PY -m torchrig bench --quick --no-plots --json
 step tests 150 "$WORK/tests.txt" $PY -m pytest -q -p no:cacheprovider tests/gpu -k bench
 tail -n 3 "$WORK/tests.txt"
 $PY tools/gpu/bench_compare.py --work "$WORK" --dest "$DEST" --ngpu "$NGPU"
-ls -la "$DEST"
+echo "bench.sh: wrote $(ls "$DEST" | tr "\n" " ")"

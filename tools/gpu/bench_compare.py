@@ -182,13 +182,16 @@ def main() -> int:
     steps = read_steps(work / "steps.tsv")
     quick_s = next((s["seconds"] for s in steps if s["step"] == "quick"), None)
     rows = comparison(full, single, coll)
-    full_md = (
+    full_md_raw = (
         (work / "full" / "bench.md").read_text()
         if (work / "full" / "bench.md").exists()
         else "(full run wrote no report)\n"
     )
     logs = {p.name: p.read_text(errors="replace")[-4000:] for p in sorted(work.glob("*.err"))}
     stem = f"bench-{args.ngpu}gpu"
+    full_md = full_md_raw.replace("](bench.png)", f"]({stem}.png)").replace(
+        "# torchrig bench:", "### torchrig bench:", 1
+    )
     (dest / f"{stem}.md").write_text(markdown(rows, steps, quick_s, full_md, quick, args.ngpu))
     (dest / f"{stem}.json").write_text(
         json.dumps(
@@ -205,6 +208,8 @@ def main() -> int:
             indent=1,
         )
     )
+    if (work / "full" / "bench.json").exists():
+        shutil.copy(work / "full" / "bench.json", dest / f"{stem}-full.json")
     if (work / "full" / "bench.png").exists():
         shutil.copy(work / "full" / "bench.png", dest / f"{stem}.png")
     for s in steps:

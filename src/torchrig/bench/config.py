@@ -49,7 +49,7 @@ class BenchConfig:
     collective_dtype: str  # "bf16" on CUDA (as the baseline), "fp32" on the CPU path
     scaling_steps: int
     scaling_warmup: int
-    warmup: int = 3
+    warmup: int = 5  # as the anchor and nccl-tests (-w 5)
     command_line: str = ""
 
     def __post_init__(self) -> None:
