@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # torchrig bench on the GPU machine, side by side with the plain-PyTorch anchor in the same call.
 #
-# Runs, in order, each bounded by what is left of BENCH_BUDGET_S (default 440 s):
+# Runs, in order, each bounded by what is left of BENCH_BUDGET_S (default 400 s, inside tools/gpu/all.sh's 420 s):
 #   1. the anchor alone (GEMM, device copy, host<->device)       .baselines/anchor_probe.py
 #   2. the anchor under torchrun, 2 processes (when >= 2 GPUs)     all_reduce / all_gather busbw
 #   3. torchrig bench (full), every GPU                          -> bench.json, bench.md, bench.png
@@ -18,7 +18,7 @@ PY=${PYTHON:-python3}
 DEST="${OUT:-/tmp/out}/bench"
 WORK=$(mktemp -d /tmp/torchrig-bench.XXXXXX)
 ANCHOR=${ANCHOR:-.baselines/anchor_probe.py}
-BUDGET=${BENCH_BUDGET_S:-440}
+BUDGET=${BENCH_BUDGET_S:-400}
 START=$(date +%s)
 mkdir -p "$DEST"
 NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
