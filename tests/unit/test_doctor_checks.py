@@ -5,6 +5,7 @@ its severity and a fix. Fixtures are recorded snapshots (``no-driver-debian12-cp
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,16 @@ ROOT_CAUSES = {
     "throttled-at-idle-h200": ("gpu.throttling", "warning"),
     "memlock-limited-rdma-h200": ("limits.memlock", "warning"),
 }
-HEALTHY = ["h200x1-driver580-cu130", "h200x2-driver580-cu130"]
+# Snapshots recorded on healthy GPU machines by tools/gpu/doctor.sh (h200x<N>-driver<branch>-cu<cuda>.json),
+# and its planted fault recorded there (<same>-cuda-visible-devices-7.json).
+HEALTHY_RE = re.compile(r"h200x\d-driver\d+-cu\d+")
+PLANTED = {"-cuda-visible-devices-7": ("env.cuda_visible_devices", "error")}
+NAMES = sorted(p.stem for p in FIX.glob("*.json"))
+HEALTHY = [n for n in NAMES if HEALTHY_RE.fullmatch(n)]
+for _name in NAMES:
+    for _suffix, _want in PLANTED.items():
+        if _name.endswith(_suffix) and HEALTHY_RE.fullmatch(_name.removesuffix(_suffix)):
+            ROOT_CAUSES[_name] = _want
 
 
 def report(name: str):
@@ -55,8 +65,8 @@ def report(name: str):
 
 
 def test_every_fixture_is_covered():
-    names = {p.stem for p in FIX.glob("*.json")}
-    assert names == set(ROOT_CAUSES) | set(HEALTHY), names ^ (set(ROOT_CAUSES) | set(HEALTHY))
+    assert set(NAMES) == set(ROOT_CAUSES) | set(HEALTHY), set(NAMES) ^ (set(ROOT_CAUSES) | set(HEALTHY))
+    assert {"h200x1-driver580-cu130", "h200x2-driver580-cu130"} <= set(HEALTHY)
 
 
 @pytest.mark.parametrize("name", sorted(ROOT_CAUSES))
@@ -151,12 +161,6 @@ def test_only_filters_areas_but_keeps_root_cause_logic():
 def test_report_json_round_trips_findings():
     r = report("persistence-off-h200")
     data = json.loads(json.dumps(r.to_json()))
-    assert data["verdict"] == {
-        "status": "problems",
-        "exit_code": 1,
-        "error": 0,
-        "warning": 1,
-        "info": 0,
-        "ok": data["verdict"]["ok"],
-    }
+    assert data["verdict"]["status"] == "problems" and data["verdict"]["exit_code"] == 1
+    assert (data["verdict"]["error"], data["verdict"]["warning"]) == (0, 1)
     assert data["findings"][0]["id"] == "gpu.persistence_off"

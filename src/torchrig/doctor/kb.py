@@ -14,6 +14,7 @@ class Suggestion:
     label: str  # "2.9.1+cu128"
     pip_command: str
     why: str
+    verdict: str  # "works" | "works_with_caveats"
 
 
 def load() -> Any | None:
@@ -74,10 +75,10 @@ def suggest(
         except Exception:
             continue
         label = getattr(res.build, "label", str(res.build))
-        return Suggestion(
-            label,
-            res.pip_command,
-            f"torchrig resolve picks {label} for "
-            f"{', '.join(sorted({g.name for g in gpus}))}" + (f" with driver {driver}" if driver else ""),
-        )
+        verdict = getattr(res.verdict, "value", str(res.verdict))
+        names = ", ".join(sorted({g.name for g in gpus}))
+        why = f"torchrig resolve picks {label} for {names}" + (f" with driver {driver}" if driver else "")
+        if verdict != "works":
+            why += " (with caveats: run torchrig resolve for them)"
+        return Suggestion(label, res.pip_command, why, verdict)
     return None

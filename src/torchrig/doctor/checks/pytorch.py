@@ -140,7 +140,8 @@ def driver_too_old(ctx: Context) -> Iterator[Finding]:
         "torch.driver_too_old",
         Severity.ERROR,
         f"driver {driver or '?'} is too old for PyTorch's CUDA {t.cuda_version} runtime",
-        f"the installed build bundles CUDA {t.cuda_version}, which needs a newer driver than {driver or 'this one'}",
+        f"the installed build bundles CUDA {t.cuda_version}, which needs a newer driver than {driver or 'this one'}"
+        + (f" ({support.message})" if support is not None else ""),
         fix,
         tuple(evidence),
     )
@@ -274,12 +275,22 @@ def nvcc_mismatch(ctx: Context) -> Iterator[Finding]:
     )
 
 
+def _newer(candidate: str, installed: str) -> bool:
+    from torchrig.compat.versions import parse_release
+
+    try:
+        return parse_release(candidate.split("+")[0]) > parse_release(installed.split("+")[0])
+    except Exception:  # an unparseable local version: no claim
+        return False
+
+
 def newer_build(ctx: Context) -> Iterator[Finding]:
     t = ctx.facts.torch
     if not ctx.torch_cuda_build or ctx.blocking() or not t.is_available:
         return
     s = kbmod.suggest(ctx.kb, ctx.gpu_names, ctx.driver_version, t.python_version)
-    if s is None or s.label == t.version:
+    # Only a newer release that runs natively on this driver: never trade a working build for caveats.
+    if s is None or s.verdict != "works" or not _newer(s.label, t.version or ""):
         return
     yield Finding(
         "torch.newer_build",

@@ -1,0 +1,73 @@
+"""The checks that consult the compatibility knowledge base: which build to install instead, builds that run
+only through PTX JIT or CUDA minor-version compatibility, and a newer build for a working machine."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from torchrig.doctor import diagnose
+from torchrig.doctor.facts import Facts, load_facts
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
+
+
+def h200(**torch_changes) -> Facts:
+    facts = load_facts(FIX / "h200x1-driver580-cu130.json")
+    return dataclasses.replace(facts, torch=dataclasses.replace(facts.torch, **torch_changes))
+
+
+def ids(facts: Facts, **kw) -> dict[str, str]:
+    return {f.id: f.severity.value for f in diagnose(facts, **kw).findings}
+
+
+@pytest.fixture(autouse=True)
+def needs_kb():
+    from torchrig.doctor import kb
+
+    if kb.load() is None:
+        pytest.skip("the compatibility knowledge base does not load")
+
+
+def test_ptx_only_coverage_is_a_warning():
+    facts = h200(arch_list=("sm_80", "compute_80"))
+    assert ids(facts)["torch.arch_ptx_jit"] == "warning"
+
+
+def test_minor_version_compatibility_is_a_note():
+    facts = h200(version="2.15.0+cu132", cuda_version="13.2")
+    found = ids(facts)
+    assert found.get("torch.driver_minor_compat") == "info"
+    assert "torch.driver_too_old" not in found
+
+
+def test_driver_too_old_from_the_kb_alone():
+    """No CUDA error text (e.g. the probe ran under CUDA_VISIBLE_DEVICES=''): the KB still knows the floor."""
+    facts = load_facts(FIX / "driver-535-h200-cu130.json")
+    facts = dataclasses.replace(facts, torch=dataclasses.replace(facts.torch, init_error=None, warnings=()))
+    r = diagnose(facts)
+    f = next(f for f in r.findings if f.id == "torch.driver_too_old")
+    assert "needs ≥" in f.cause
+    assert f.fix[0].startswith("/usr/bin/python3 -m pip install torch==")
+
+
+def test_a_newer_build_is_only_a_note_and_only_when_it_runs_natively():
+    older = h200(version="2.6.0+cu126", cuda_version="12.6")
+    newer_driver = dataclasses.replace(
+        older, nvml=dataclasses.replace(older.nvml, driver_version="595.45.04")
+    )
+    r = diagnose(newer_driver)
+    f = next(f for f in r.findings if f.id == "torch.newer_build")
+    assert f.severity.value == "info" and "(installed 2.6.0+cu126)" in f.summary
+    assert r.exit_code == 0  # a suggestion is not a problem
+    # On driver 580 the newest release needs CUDA 13.2 (minor-version compatibility only): no suggestion.
+    assert "torch.newer_build" not in ids(older)
+    assert "torch.newer_build" not in ids(h200())
+
+
+def test_without_the_kb_the_fix_points_to_resolve():
+    facts = load_facts(FIX / "torch-cpu-build-h200.json")
+    f = next(f for f in diagnose(facts, use_kb=False).findings if f.id == "torch.cpu_build")
+    assert f.fix[1].startswith('torchrig resolve --gpu "NVIDIA H200" --driver 580.95.05')
