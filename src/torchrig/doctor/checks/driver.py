@@ -288,6 +288,18 @@ def fabric_manager(ctx: Context) -> Iterator[Finding]:
     err802 = "802" in (t.init_error or "") or "system not yet initialized" in (t.init_error or "").lower()
     if not (unready or fm_down or err802):
         return
+    cuda_runs = bool(t.is_available and t.devices and all(d.kernel_ok for d in t.devices))
+    if cuda_runs:  # CUDA ran kernels, so the fabric state does not block it (e.g. a VM's partition)
+        yield Finding(
+            "driver.fabric_state",
+            Severity.INFO,
+            "NVSwitch fabric registration is not complete, but CUDA runs",
+            "NVML reports the GPU fabric as not (yet) set up by Fabric Manager; peer traffic over NVSwitch may "
+            "be unavailable until it is",
+            ("nvidia-smi -q | grep -A3 -i fabric",),
+            tuple(f"GPU {g.index}: fabric state {g.fabric_state}" for g in unready),
+        )
+        return
     drv = ctx.driver_version
     if k.fabric_manager == "not_installed" or (not k.fabric_manager and not ctx.in_container):
         fix: tuple[str, ...] = (

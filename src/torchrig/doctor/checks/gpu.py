@@ -33,9 +33,10 @@ def p2p(ctx: Context) -> Iterator[Finding]:
         ok = p.read == "ok" and p.write == "ok"
         via = "NVLink" if nvlink else TOPO_NAME.get(p.topology or "", p.topology or "?")
         line = f"GPU {p.a} <-> GPU {p.b}: read {p.read}, write {p.write}, via {via}"
-        if torch_peer.get((p.a, p.b)) is False:
-            ok = False
-            line += "; torch.cuda.can_device_access_peer: False"
+        cuda_says = torch_peer.get((p.a, p.b))
+        if cuda_says is not None:  # CUDA's own answer wins over NVML's
+            ok = cuda_says
+            line += f"; torch.cuda.can_device_access_peer: {cuda_says}"
         if ok:
             good.append(line)
         elif nvlink or p.topology in NEAR:
@@ -115,29 +116,43 @@ def persistence(ctx: Context) -> Iterator[Finding]:
 
 def ecc(ctx: Context) -> Iterator[Finding]:
     for g in ctx.facts.nvml.gpus:
-        ev = []
+        now, past = [], []
         if g.ecc_uncorrected_volatile:
-            ev.append(f"{g.ecc_uncorrected_volatile} uncorrected ECC error(s) since the driver loaded")
-        if g.ecc_uncorrected_aggregate:
-            ev.append(f"{g.ecc_uncorrected_aggregate} uncorrected ECC error(s) over the GPU's life")
-        if g.retired_pages:
-            ev.append(f"{g.retired_pages} page(s) retired for double-bit errors")
+            now.append(f"{g.ecc_uncorrected_volatile} uncorrected ECC error(s) since the driver loaded")
         if g.retired_pages_pending or g.remapped_rows_pending:
-            ev.append("a page retirement / row remap is pending until the GPU is reset")
+            now.append("a page retirement / row remap is pending until the GPU is reset")
         if g.remapped_rows_failed:
-            ev.append("row remapping FAILED (no spare rows left)")
-        if ev:
+            now.append("row remapping FAILED (no spare rows left)")
+        if g.ecc_uncorrected_aggregate:
+            past.append(f"{g.ecc_uncorrected_aggregate} uncorrected ECC error(s) over the GPU's life")
+        if g.retired_pages:
+            past.append(f"{g.retired_pages} page(s) retired for double-bit errors")
+        if g.remapped_rows_uncorrectable:
+            past.append(f"{g.remapped_rows_uncorrectable} row(s) remapped for uncorrectable errors")
+        if not now and not past:
+            continue
+        fix = (
+            f"sudo nvidia-smi -r -i {g.index}   # reset (no process may use it), or reboot",
+            f"nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT -i {g.index}   # details for an RMA",
+        )
+        if now:
             yield Finding(
                 "gpu.ecc",
                 Severity.WARNING,
                 f"GPU {g.index} ({g.name}) has memory errors",
                 "uncorrected ECC errors kill the process that hits them; a pending remap takes effect at "
                 "the next reset; a failed remap means the GPU should be replaced",
-                (
-                    f"sudo nvidia-smi -r -i {g.index}   # reset (no process may use it), or reboot",
-                    f"nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT -i {g.index}   # details for an RMA",
-                ),
-                tuple(ev),
+                fix,
+                tuple(now + past),
+            )
+        else:
+            yield Finding(
+                "gpu.ecc_history",
+                Severity.INFO,
+                f"GPU {g.index} ({g.name}) had memory errors in the past (already remapped/retired)",
+                "repaired history; a count that keeps growing means the GPU is failing",
+                fix[1:],
+                tuple(past),
             )
 
 

@@ -34,7 +34,9 @@ def wheel_libraries():
     for base in sys.path:
         root = os.path.join(base or ".", "nvidia")
         if os.path.isdir(root):
-            found.update(glob.glob(os.path.join(root, "*", "lib", "*.so*")))
+            for path in glob.glob(os.path.join(root, "*", "lib", "*.so*")):
+                found.add(path)
+                found.add(os.path.realpath(path))  # /proc/self/maps shows real paths
     return sorted(found)
 
 
