@@ -13,7 +13,7 @@ from torchrig.data import load
 from torchrig.runtime.inventory import Unit
 from torchrig.runtime.options import Volume
 from torchrig.runtime.placement import GpuRequest
-from torchrig.runtime.serve_contract import SERVE, ServeContract, image_user
+from torchrig.runtime.serve_contract import SERVE, ImageUser, ServeContract, image_user
 
 LABEL_PREFIX = "torchrig."
 LOCALHOST = "127.0.0.1"
@@ -169,6 +169,43 @@ def device_requests(units: tuple[Unit, ...], cdi: bool) -> tuple[DeviceRequest, 
     return (DeviceRequest("nvidia", ids, (("gpu", "compute", "utility"),)),)
 
 
+def _labels(req: UpRequest, units: tuple[Unit, ...], container_user: str | None) -> dict[str, str]:
+    """The container's ``torchrig.*`` labels: who holds it and which GPUs (never a secret)."""
+    flags = {"share": req.share, "jupyter": req.jupyter, "ssh": req.ssh, "public": req.public}
+    return {
+        f"{LABEL_PREFIX}managed": "1",
+        f"{LABEL_PREFIX}user": req.user,
+        f"{LABEL_PREFIX}image": req.image,
+        f"{LABEL_PREFIX}gpus": ",".join(u.uuid for u in units),
+        f"{LABEL_PREFIX}gpu_labels": ",".join(u.label for u in units),
+        **{f"{LABEL_PREFIX}{k}": "1" if v else "0" for k, v in flags.items()},
+        f"{LABEL_PREFIX}container_user": container_user or "",
+    }
+
+
+def _identity(req: UpRequest, host: HostFacts, who: ImageUser) -> tuple[tuple[int, int] | None, list[str]]:
+    """Whether the image's user runs as the host user's UID:GID (files on volumes are theirs), and notes."""
+    notes = []
+    if req.public:
+        notes.append(
+            "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules"
+        )
+    if (
+        who.name
+        and who.uid is not None
+        and host.uid is not None
+        and host.gid is not None
+        and host.uid != who.uid
+    ):
+        notes.append(
+            f"the image's user {who.name} runs as your UID {host.uid}:{host.gid} (the image has {who.uid})"
+        )
+        return (host.uid, host.gid), notes
+    if req.volumes and host.uid is None:
+        notes.append(f"running as root: files written to volumes belong to the image's user (UID {who.uid})")
+    return None, notes
+
+
 def make_plan(
     req: UpRequest,
     image: ImageFacts,
@@ -185,37 +222,8 @@ def make_plan(
     mounts = [Mount(v.host_path, v.container_path, v.read_only, "volume") for v in req.volumes]
     env = contract.env(jupyter=req.jupyter, ssh=req.ssh)
     who = image_user(image.labels, image.user)
-    labels = {
-        f"{LABEL_PREFIX}managed": "1",
-        f"{LABEL_PREFIX}user": req.user,
-        f"{LABEL_PREFIX}image": req.image,
-        f"{LABEL_PREFIX}gpus": ",".join(u.uuid for u in units),
-        f"{LABEL_PREFIX}gpu_labels": ",".join(u.label for u in units),
-        f"{LABEL_PREFIX}share": "1" if req.share else "0",
-        f"{LABEL_PREFIX}jupyter": "1" if req.jupyter else "0",
-        f"{LABEL_PREFIX}ssh": "1" if req.ssh else "0",
-        f"{LABEL_PREFIX}public": "1" if req.public else "0",
-        f"{LABEL_PREFIX}container_user": who.name or "",
-    }
-    notes = []
-    if req.public:
-        notes.append(
-            "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules"
-        )
-    run_as = None
-    if (
-        who.name
-        and who.uid is not None
-        and host.uid is not None
-        and host.gid is not None
-        and host.uid != who.uid
-    ):
-        run_as = (host.uid, host.gid)  # files written to volumes belong to the user
-        notes.append(
-            f"the image's user {who.name} runs as your UID {host.uid}:{host.gid} (the image has {who.uid})"
-        )
-    elif req.volumes and host.uid is None:
-        notes.append(f"running as root: files written to volumes belong to the image's user (UID {who.uid})")
+    labels = _labels(req, units, who.name)
+    run_as, notes = _identity(req, host, who)
     return UpPlan(
         name=req.name,
         image=req.image,

@@ -192,6 +192,34 @@ def urls(
     return jupyter, ssh
 
 
+def _provision(engine: Engine, cid: str, plan: UpPlan, token: str | None, key: str | None) -> None:
+    """Before start: the secrets into /run/secrets (readable by the image's user only), the UID remap."""
+    files = {}
+    if token:
+        files[f"{SERVE.secrets_dir}/{SERVE.token_file}"] = token.encode()
+    if key:
+        files[f"{SERVE.secrets_dir}/{SERVE.authorized_keys_file}"] = key.encode()
+    if files:
+        owner = plan.container_uid
+        engine.put_files(cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444, parents=True)
+    if plan.run_as:
+        remap_user(engine, cid, plan)
+
+
+def _start(engine: Engine, cid: str, plan: UpPlan, wait_s: float | None) -> dict[str, int]:
+    """Start, read the host ports the engine picked, and wait until the services answer."""
+    engine.start(cid)
+    bindings = engine.inspect(cid)["NetworkSettings"]["Ports"] or {}
+    ports = {
+        p.service: int(bindings[f"{p.container_port}/tcp"][0]["HostPort"])
+        for p in plan.ports
+        if bindings.get(f"{p.container_port}/tcp")
+    }
+    if wait_s:
+        _wait_ready(engine, cid, ports, wait_s)
+    return ports
+
+
 def run_up(
     req: UpRequest,
     *,
@@ -241,30 +269,10 @@ def run_up(
         cid = engine.create(plan)
         ledger.bind(plan.name, cid)
         token = secrets.token_hex(24) if req.jupyter else None
-        files = {}
-        if token:
-            files[f"{SERVE.secrets_dir}/{SERVE.token_file}"] = token.encode()
-        if key:
-            files[f"{SERVE.secrets_dir}/{SERVE.authorized_keys_file}"] = key.encode()
-        if files:
-            # readable by the image's user only (serve reads them as that user)
-            owner = plan.container_uid
-            engine.put_files(
-                cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444, parents=True
-            )
-        if plan.run_as:
-            remap_user(engine, cid, plan)
+        _provision(engine, cid, plan, token, key if req.ssh else None)
         if create_only:
             return UpResult(plan, "created", pf.findings)
-        engine.start(cid)
-        bindings = engine.inspect(cid)["NetworkSettings"]["Ports"] or {}
-        ports = {
-            p.service: int(bindings[f"{p.container_port}/tcp"][0]["HostPort"])
-            for p in plan.ports
-            if bindings.get(f"{p.container_port}/tcp")
-        }
-        if wait_s:
-            _wait_ready(engine, cid, ports, wait_s)
+        ports = _start(engine, cid, plan, wait_s)
         jupyter, ssh = urls(plan, ports, host.hostname, token)
         return UpResult(plan, "running", pf.findings, jupyter, ssh, ports)
     except BaseException:
@@ -272,7 +280,3 @@ def run_up(
             engine.remove(cid, stop_timeout_s=2)
         ledger.release(req.name)
         raise
-
-
-def with_name(req: UpRequest, name: str) -> UpRequest:
-    return replace(req, name=name)
