@@ -169,7 +169,8 @@ def linux_wheel(files: Sequence[WheelFile], prefer: str = "cp311") -> WheelFile 
         (f for f in files if LINUX_X86_64.search(f.filename)), key=lambda f: f.filename, reverse=True
     )
     preferred = [f for f in linux if f"-{prefer}-{prefer}-" in f.filename]
-    return (preferred or linux or [None])[0]
+    candidates = preferred or linux
+    return candidates[0] if candidates else None
 
 
 def requirements(metadata: str) -> dict[str, str]:
