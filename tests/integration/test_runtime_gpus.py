@@ -215,3 +215,26 @@ def test_preflight_refuses_cuda_newer_than_driver(cli, engine, cu130_image, tmp_
         env={**env, "TORCHRIG_GPU_INVENTORY": str(FIX / "inventory-8xh200.json")},
     )
     assert ok.code == 0 and {f["code"] for f in ok.json()["preflight"]} >= {"driver_native"}
+
+
+def test_mig_instance_and_deliberate_sharing(cli, engine, tmp_path, cleanup):
+    env = {
+        "TORCHRIG_STATE_DIR": str(tmp_path / "s"),
+        "HOME": str(tmp_path),
+        "TORCHRIG_GPU_INVENTORY": str(FIX / "mig-1xh100-3-instances.json"),
+    }
+    common = ["--image", BASE, "--create-only", "--no-jupyter", "--no-ssh"]
+    mig = "MIG-0b1c2d3e-0001-5f6a-8b9c-0d1e2f3a4b01"
+    cleanup.extend(["trt-mig", "trt-sh1", "trt-sh2", "trt-excl"])
+    assert cli("up", *common, "--gpus", mig, "--name", "trt-mig", env=env).code == 0
+    reqs = engine.api.inspect_container("trt-mig")["HostConfig"]["DeviceRequests"]
+    assert reqs[0]["DeviceIDs"] == [mig]
+    r = cli("up", *common, "--gpus", "device=0", "--name", "trt-x", env=env)
+    assert r.code == 2 and "MIG mode" in r.err
+    # GPU 1 shared by two --share environments; an exclusive request then finds no free GPU
+    assert cli("up", *common, "--gpus", "1", "--share", "--name", "trt-sh1", env=env).code == 0
+    assert cli("up", *common, "--gpus", "1", "--share", "--name", "trt-sh2", env=env).code == 0
+    r = cli("up", *common, "--gpus", "1", "--name", "trt-excl", env=env)
+    assert r.code == 1 and "trt-sh1 (shared)" in r.err and "trt-sh2 (shared)" in r.err
+    board = {g["gpu"]: g for g in cli("gpus", "--json", env=env).json()["gpus"]}
+    assert sorted(h["container"] for h in board["1"]["holders"]) == ["trt-sh1", "trt-sh2"]

@@ -94,3 +94,23 @@ def test_up_spec_not_built_yet(cli, env, tmp_path):
 
 def test_up_spec_missing(cli, env, tmp_path):
     one_line_error(cli("up", "--spec", str(tmp_path / "nope.toml"), env=env), "no such spec file")
+
+
+@pytest.mark.parametrize("name", ["up", "ps", "logs", "exec", "down", "gpus"])
+def test_help_is_light_and_has_examples(cli, name):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "torchrig", name, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "examples:" in proc.stdout
+    mods = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert not mods & {"docker", "pynvml", "torch", "sqlite3"}
