@@ -89,6 +89,10 @@ class ResolveReport:
         ]
         if r.alternatives:
             rows.append(("also works", ", ".join(b.label for b in r.alternatives)))
+        if r.native_alternative:
+            rows.append(
+                ("native", f"{r.native_alternative.label} is the newest build this driver runs natively")
+            )
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v if v is not None else 'unknown'}" for k, v in rows]
         lines += ["", r.pip_command_full]

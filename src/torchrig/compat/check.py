@@ -55,7 +55,7 @@ class Reason:
 
 @dataclass(frozen=True)
 class Fix:
-    kind: str  # "variant" (same release, other CUDA) | "release" (another release) | "driver"
+    kind: str  # "variant" (same release, other CUDA) | "release" (another release) | "driver" | "platform"
     pip_command: str | None
     summary: str
 
@@ -222,6 +222,20 @@ def evaluate(
             )
         )
     for gpu in gpus:
+        if gpu.segment == "embedded":
+            # Jetson modules are aarch64 systems with an integrated GPU: PyTorch for them comes from NVIDIA's
+            # JetPack wheels (https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/),
+            # not from these Linux x86_64 builds.
+            reasons.append(
+                Reason(
+                    "embedded_platform",
+                    Severity.FAIL,
+                    f"{gpu.name} is a Jetson (aarch64, JetPack) module: torch {build.label} is a Linux "
+                    f"x86_64 wheel; install NVIDIA's JetPack build of PyTorch instead",
+                    gpu.name,
+                )
+            )
+            continue
         if build.variant.is_cpu:
             reasons.append(
                 Reason(

@@ -120,6 +120,15 @@ def nearest_fixes(
     kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build, reasons: Sequence[Reason]
 ) -> list[Fix]:
     codes = {r.code for r in reasons if r.severity is Severity.FAIL}
+    if "embedded_platform" in codes:
+        return [
+            Fix(
+                "platform",
+                None,
+                "Jetson: install NVIDIA's JetPack build of PyTorch "
+                "(https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/)",
+            )
+        ]
     torch_fix: Fix | None = None
     same = [c for c in candidates(kb, gpus, driver, build.release) if c.build != build]
     if same:

@@ -13,7 +13,7 @@ choices; malformed text raises :class:`~torchrig.errors.UsageError` (``torchrig.
 from __future__ import annotations
 
 import functools
-import json
+import marshal
 import os
 import re
 import sys
@@ -24,7 +24,13 @@ from typing import Any
 
 from torchrig.compat import versions as V
 from torchrig.errors import InputError
-from torchrig.fuzzy import closest
+
+
+def closest(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
+    from torchrig.fuzzy import closest as _closest  # difflib only on the error path
+
+    return _closest(word, choices, n=n, cutoff=cutoff)
+
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 _PREFIXES = ("nvidia", "geforce", "tesla", "quadro")
@@ -483,6 +489,19 @@ def build_kb(
 _KB_FILES = ("gpus", "cuda", "drivers", "torch")
 
 
+def _plain(value: Any) -> Any:
+    """TOML dates and times as ISO strings (what the loaders read anyway), so the parse can be marshalled."""
+    import datetime
+
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return value
+
+
 def _cache_dir() -> str:
     base = os.environ.get("TORCHRIG_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchrig"
@@ -491,20 +510,22 @@ def _cache_dir() -> str:
 
 
 def _load_docs() -> dict[str, Any]:
-    """The four data files, parsed. tomllib is pure Python (~60 ms for these files), so the parse is cached as
-    JSON (C-parsed, ~2 ms) under ~/.cache/torchrig, keyed by the files' checksum; any change re-parses."""
+    """The four data files, parsed. tomllib is pure Python (~60 ms for these files), so the parse is cached with
+    marshal (C, a few ms) under ~/.cache/torchrig, keyed by the files' checksums and the Python version; any
+    change re-parses."""
     data_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
     raws = []
     for name in _KB_FILES:
         with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:
             raws.append(fh.read())
     key = "-".join(f"{zlib.crc32(r):08x}" for r in raws)
-    cache = os.path.join(_cache_dir(), f"kb-{key}.json")
+    cache = os.path.join(_cache_dir(), f"kb-py{sys.version_info[0]}{sys.version_info[1]}-{key}.marshal")
     try:
-        with open(cache, encoding="utf-8") as fh:
-            cached: dict[str, Any] = json.load(fh)
-        return cached
-    except (OSError, ValueError):
+        with open(cache, "rb") as fh:
+            cached = marshal.load(fh)
+        if isinstance(cached, dict) and set(cached) == set(_KB_FILES):
+            return cached
+    except (OSError, ValueError, EOFError, TypeError):
         pass
     if sys.version_info >= (3, 11):
         import tomllib
@@ -514,10 +535,10 @@ def _load_docs() -> dict[str, Any]:
     try:  # best effort: a read-only home only costs the parse
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         tmp = f"{cache}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(docs, fh, default=str)
+        with open(tmp, "wb") as fh:
+            marshal.dump(_plain(docs), fh)
         os.replace(tmp, cache)
-    except OSError:
+    except (OSError, ValueError):
         pass
     return docs
 

@@ -1,5 +1,7 @@
 """The support matrix: GPU families (one row per family and compute capability) x PyTorch builds.
 
+Jetson modules (segment "embedded") are left out: they run NVIDIA's aarch64 JetPack builds, not these wheels.
+
 Each cell is the :func:`~torchrig.compat.check.evaluate` verdict of the row's representative GPU on the
 column's build (with ``driver`` if given, else the architecture alone). Rendered as a plain table,
 Markdown, or a standalone HTML page.
@@ -77,6 +79,10 @@ class Matrix:
 def family_rows(kb: KnowledgeBase) -> list[tuple[Row, Gpu]]:
     groups: dict[tuple[str, str], list[Gpu]] = {}
     for g in kb.gpus:
+        if (
+            g.segment == "embedded"
+        ):  # Jetson: aarch64 JetPack builds, not the x86_64 wheels the columns describe
+            continue
         groups.setdefault((g.family, g.compute_capability), []).append(g)
     rows = [
         (Row(fam, gpus[0].arch, cc, tuple(g.name for g in gpus)), gpus[0])

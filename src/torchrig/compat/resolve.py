@@ -9,6 +9,7 @@ driver: kernels without JIT, then the PyPI default, then the newest CUDA (the dr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,9 @@ class Resolution:
     alternatives: list[Build] = field(
         default_factory=list
     )  # the release's other working variants, best first
+    native_alternative: Build | None = (
+        None  # when the pick needs minor-version compatibility: the newest native one
+    )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,7 @@ class Resolution:
                 for r in self.reasons
             ],
             "alternatives": [b.label for b in self.alternatives],
+            "native_alternative": self.native_alternative.label if self.native_alternative else None,
         }
 
 
@@ -146,11 +151,25 @@ def resolve(
     if driver is not None:
         V.parse_driver(driver)
     releases = _releases_in_range(kb, torch_spec, python)
-    for release in releases:
+    for i, release in enumerate(releases):
         found = candidates(kb, gpus, driver, release)
         if found:
-            return _resolution(kb, found, gpus, driver, python)
+            res = _resolution(kb, found, gpus, driver, python)
+            if driver is not None and found[0].driver_kind is DriverSupportKind.MINOR_COMPAT:
+                native = _newest_native(kb, gpus, driver, releases[i:])
+                res = dataclasses.replace(res, native_alternative=native)
+            return res
     raise _no_build(kb, gpus, driver, releases, torch_spec, python)
+
+
+def _newest_native(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str, releases: list[Release]
+) -> Build | None:
+    for release in releases:
+        for c in candidates(kb, gpus, driver, release):
+            if c.driver_kind is DriverSupportKind.NATIVE:
+                return c.build
+    return None
 
 
 def _resolution(

@@ -121,9 +121,8 @@ class DriverSupportKind(str, enum.Enum):
 # (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), and features that need the newer driver are unavailable. PyTorch
 # wheels bundle their CUDA runtime (the nvidia-* wheels), which is what lets a cu128 wheel run on a 535 driver.
 MINOR_COMPAT_CAVEAT = (
-    "runs under CUDA minor-version compatibility: the wheel bundles its CUDA {cuda} runtime, but driver {driver} "
-    "natively supports only up to CUDA {max_cuda}; JIT compilation of newer PTX fails "
-    "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION), which hits PTX-only GPUs and kernels compiled at run time "
+    "the wheel bundles its CUDA {cuda} runtime, but the driver natively supports CUDA {max_cuda}: JIT of newer PTX "
+    "fails (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), which hits PTX-only GPUs and kernels compiled at run time "
     "(torch.compile/Triton, nvrtc), and features that need a newer driver are unavailable"
 )
 
@@ -173,8 +172,8 @@ def driver_cuda_support(kb: KnowledgeBase, driver: str, cuda: str) -> DriverSupp
             tk.version,
             floor,
             compat,
-            f"driver {driver} is below CUDA {tk.version}'s native floor {floor} but ≥ {compat}, "
-            f"the CUDA {tk.major}.x minor-compatibility floor",
+            f"driver {driver} runs CUDA {tk.version} under minor-version compatibility (native needs ≥ {floor}; "
+            f"CUDA {tk.major}.x minor compatibility needs ≥ {compat})",
             caveat,
         )
     why = f"CUDA {tk.version} needs ≥ {floor}" if floor else f"CUDA {tk.version} has no known driver floor"
