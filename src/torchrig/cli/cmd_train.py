@@ -139,6 +139,8 @@ def run(args: argparse.Namespace) -> TrainReport:
     from pathlib import Path
 
     cfg = config_from_args(args)
+    if args.gpus is not None and cfg.device == "auto":
+        cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
     if not _wants_launch(args):
         from torchrig.train.loop import train
 

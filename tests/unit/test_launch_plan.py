@@ -1,0 +1,134 @@
+"""The launch plan is a pure function: argv, environment and per-rank devices from a request and host facts."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchrig.errors import UsageError
+from torchrig.launch.plan import HostFacts, LaunchRequest, build_plan, parse_endpoint, select_gpus
+
+H8 = HostFacts(visible_gpus=tuple(range(8)), cpu_count=64, python="python3", env={})
+
+
+def arg(plan, name):
+    return next(a.split("=", 1)[1] for a in plan.argv if a.startswith(f"--{name}="))
+
+
+def test_gpu_list_sets_visible_devices_and_local_devices():
+    plan = build_plan(LaunchRequest(script="t.py", gpus="2,5", script_args=("--lr", "1")), H8, free_port=4321)
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,5"
+    assert [(r.local_rank, r.device, r.physical_gpu) for r in plan.ranks] == [
+        (0, "cuda:0", 2),
+        (1, "cuda:1", 5),
+    ]
+    assert plan.backend == "nccl" and plan.world_size == 2
+    assert plan.argv[:3] == ("python3", "-m", "torch.distributed.run")
+    assert arg(plan, "nproc-per-node") == "2" and arg(plan, "rdzv-endpoint") == "localhost:4321"
+    assert plan.argv[-3:] == ("t.py", "--lr", "1")
+    assert "torchrig.launch.worker" in plan.argv
+    assert plan.env["OMP_NUM_THREADS"] == "32"
+
+
+def test_count_and_all():
+    assert select_gpus("3", tuple(range(8))) == (0, 1, 2)
+    assert select_gpus("all", (4, 6)) == (4, 6)
+    assert select_gpus(None, (1,)) == (1,)
+
+
+@pytest.mark.parametrize(
+    "spec, msg",
+    [
+        ("9", "more GPUs than"),
+        ("0,9", "not visible"),
+        ("0,0", "twice"),
+        ("two", "malformed"),
+        ("0", "at least 1"),
+    ],
+)
+def test_bad_gpu_specs(spec, msg):
+    with pytest.raises(UsageError, match=msg):
+        select_gpus(spec, tuple(range(8)))
+
+
+def test_multi_node_is_c10d_with_node0_hosting():
+    req = LaunchRequest(
+        script="t.py",
+        gpus="8",
+        nnodes=2,
+        node_rank=1,
+        rdzv_endpoint="10.0.0.1:29400",
+        rdzv_id="job7",
+        max_restarts=3,
+    )
+    plan = build_plan(req, H8)
+    assert arg(plan, "nnodes") == "2" and arg(plan, "node-rank") == "1"
+    assert arg(plan, "rdzv-backend") == "c10d" and arg(plan, "rdzv-endpoint") == "10.0.0.1:29400"
+    assert arg(plan, "rdzv-id") == "job7" and arg(plan, "max-restarts") == "3"
+    assert "is_host=false" in arg(plan, "rdzv-conf")
+    assert [r.global_rank for r in plan.ranks] == list(range(8, 16))
+    assert plan.world_size == 16
+    assert (
+        "--rdzv-id=job7-preflight" in plan.preflight_argv
+        and plan.preflight_argv[-1] == "torchrig.launch.pgprobe"
+    )
+
+
+def test_user_env_wins_and_nccl_defaults_have_reasons():
+    host = HostFacts(visible_gpus=(0, 1), cpu_count=8, python="py", env={"NCCL_DEBUG": "INFO"})
+    plan = build_plan(LaunchRequest(script="t.py", extra_env=(("FOO", "1"),)), host)
+    assert "NCCL_DEBUG" not in plan.env  # the user's INFO is kept
+    debug = next(e for e in plan.env_settings if e.name == "NCCL_DEBUG")
+    assert debug.overridden_by_user
+    assert plan.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and plan.env["FOO"] == "1"
+    assert all(e.reason for e in plan.env_settings)
+    assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_cpu_plan_has_no_nccl_settings():
+    plan = build_plan(LaunchRequest(script="t.py", cpu=True, nproc_per_node=3), H8)
+    assert plan.backend == "gloo" and plan.nproc_per_node == 3
+    assert (
+        not any(k.startswith(("NCCL", "TORCH_NCCL")) for k in plan.env)
+        and "CUDA_VISIBLE_DEVICES" not in plan.env
+    )
+
+
+def test_missing_p2p_disables_it_with_a_reason():
+    host = HostFacts(visible_gpus=(0, 1, 2, 3), cpu_count=8, python="py", env={}, no_p2p=((2, 3), (3, 2)))
+    assert "NCCL_P2P_DISABLE" not in build_plan(LaunchRequest(script="t", gpus="0,1"), host).env
+    plan = build_plan(LaunchRequest(script="t", gpus="1,2,3"), host)
+    assert plan.env["NCCL_P2P_DISABLE"] == "1"
+
+
+def test_module_script():
+    plan = build_plan(LaunchRequest(script="torchrig.train", module=True, cpu=True), H8)
+    assert plan.argv[-2:] == ("--module", "torchrig.train")
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"nnodes": 2}, "needs --rdzv-endpoint"),
+        ({"node_rank": 1}, "--node-rank"),
+        ({"max_restarts": -1}, "max-restarts"),
+        ({"rdzv_endpoint": "a:b:c"}, "malformed"),
+        ({"cpu": True, "gpus": "1"}, "exclude"),
+        ({"rdzv_id": "a b"}, "rdzv-id"),
+    ],
+)
+def test_bad_requests(kw, msg):
+    with pytest.raises(UsageError, match=msg):
+        LaunchRequest(script="t.py", **kw)
+
+
+def test_endpoint():
+    assert parse_endpoint("node0:29500") == ("node0", 29500)
+    assert parse_endpoint("[fe80::1]:1") == ("[fe80::1]", 1)
+    with pytest.raises(UsageError):
+        parse_endpoint("h:70000")
+
+
+def test_no_gpu_visible():
+    host = HostFacts(visible_gpus=(), cpu_count=2, python="py")
+    with pytest.raises(UsageError, match="no GPU is visible"):
+        build_plan(LaunchRequest(script="t", gpus="1"), host)

@@ -1,0 +1,122 @@
+"""Failure and hang summaries from real torchrun logs (recorded from gloo runs, tests/fixtures/launch/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchrig.launch import logs
+from torchrig.launch.summary import (
+    Frame,
+    RankLog,
+    in_collective,
+    parse_stack,
+    render,
+    summarize_failure,
+    summarize_hang,
+    user_frame,
+)
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
+
+
+def read(case):
+    d = FIX / case
+    codes = logs.exit_codes_by_pid((d / "torchrun.txt").read_text())
+    return logs.read_attempt(d / "attempt_0", codes)
+
+
+def by_rank(summary):
+    return {v.rank: v for v in summary.ranks}
+
+
+def test_exception_names_the_rank_and_its_error():
+    s = summarize_failure(read("gloo-2rank-rank1-raises"), 0)
+    v = by_rank(s)
+    assert v[1].role == "culprit" and v[1].status == "exit 1"
+    assert "ValueError: planted failure" in s.likely_cause
+    assert any("planted failure" in ln for ln in v[1].last_lines)
+    assert "rank 1" in s.headline
+    text = render(s)
+    assert "rank 1" in text and "culprit" in text
+
+
+def test_collective_timeout_blames_the_rank_that_never_joined():
+    ranks = read("gloo-2rank-rank1-sleeps-collective-timeout")
+    assert {r.global_rank: r.exit_code for r in ranks} == {0: 1, 1: -15}
+    s = summarize_failure(ranks, 0)
+    v = by_rank(s)
+    assert v[0].role == "victim" and "timed out" in v[0].cause
+    assert v[1].role == "culprit" and v[1].where and v[1].where.endswith("ok.py:6 in <module>")
+    assert s.headline == "rank 0 timed out in a collective that rank 1 never joined"
+
+
+def test_hang_watchdog_stacks():
+    ranks = read("gloo-2rank-rank1-sleeps-hang-watchdog")
+    assert in_collective(ranks[0].stack) and not in_collective(ranks[1].stack)
+    s = summarize_hang(ranks, 0, 4)
+    assert s.kind == "hang"
+    assert s.headline == "hang: rank 1 never joined the collective that rank 0 wait(s) in"
+    assert by_rank(s)[1].where.endswith("ok.py:6 in <module>")
+
+
+def test_sigkill_is_named():
+    log = RankLog(global_rank=3, local_rank=1, host="n1", pid=9, attempt=0, text="step 5\n", exit_code=-9)
+    s = summarize_failure([log], 0)
+    assert s.ranks[0].status == "killed by SIGKILL" and "OOM killer" in s.likely_cause
+
+
+def test_oom_and_nccl_watchdog_patterns():
+    oom = RankLog(
+        0,
+        0,
+        None,
+        1,
+        0,
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        exit_code=1,
+    )
+    assert "out of memory" in summarize_failure([oom], 0).likely_cause
+    wd = RankLog(
+        0,
+        0,
+        None,
+        1,
+        0,
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+        "OpType=ALLREDUCE, Timeout(ms)=20000) ran for 20001 milliseconds",
+        exit_code=-6,
+    )
+    other = RankLog(
+        1,
+        1,
+        None,
+        2,
+        0,
+        "",
+        exit_code=-15,
+        stack=(Frame("/job/train.py", 40, "step"), Frame("/x/torchrig/launch/worker.py", 50, "run")),
+    )
+    s = summarize_failure([wd, other], 0)
+    assert by_rank(s)[1].role == "culprit" and by_rank(s)[0].role == "victim"
+
+
+def test_parse_stack_picks_the_main_thread_of_the_last_dump():
+    text = """noise
+Thread 0x00007f01 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f00 (most recent call first):
+  File "/job/a.py", line 3 in old
+  File "/src/torchrig/launch/worker.py", line 50 in run
+later output
+Thread 0x00007f01 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f00 (most recent call first):
+  File "/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/job/a.py", line 9 in new
+  File "/src/torchrig/launch/worker.py", line 50 in run
+"""
+    stack = parse_stack(text)
+    assert stack[0].func == "all_reduce" and in_collective(stack)
+    assert str(user_frame(stack)) == "/job/a.py:9 in new"

@@ -1,0 +1,148 @@
+"""Trainer pieces that need no process group: config, schedule, sampler order, metrics rewind, CLI errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torchrig.errors import UsageError
+from torchrig.train.config import TrainConfig, sizes
+
+
+def test_sizes_have_sources_and_gpt2_small_is_124m_shape():
+    s = sizes()
+    assert s["gpt"]["small"]["layers"] == 12 and s["gpt"]["small"]["width"] == 768
+    assert all(v.get("source") for model in s.values() for v in model.values())
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"size": "smal"}, "did you mean: small"),
+        ({"model": "vit"}, "--model"),
+        ({"micro_batch": 0}, "micro-batch"),
+        ({"precision": "fp8"}, "precision"),
+        ({"seq_len": 5000}, "seq-len"),
+    ],
+)
+def test_config_errors(kw, msg):
+    with pytest.raises(UsageError) as err:
+        TrainConfig(**kw)
+    assert msg in err.value.one_line()
+
+
+def test_to_argv_round_trips():
+    cfg = TrainConfig(size="mini", compile=True, tensorboard=False, lr=1e-3, steps=7)
+    assert cfg.to_argv() == [
+        "--size",
+        "mini",
+        "--steps",
+        "7",
+        "--lr",
+        "0.001",
+        "--compile",
+        "--no-tensorboard",
+    ]
+
+
+def test_lr_warmup_then_cosine_to_floor():
+    from torchrig.train.loop import lr_at
+
+    cfg = TrainConfig(lr=1.0, warmup_steps=10, steps=110, min_lr_ratio=0.1)
+    assert lr_at(5, cfg) == pytest.approx(0.5)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.55)
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+
+
+def test_sampler_steps_see_the_same_samples_on_any_world_size():
+    """Step s consumes global samples [s*G, (s+1)*G) of the epoch's permutation, whatever the rank count."""
+    import torch
+
+    from torchrig.train.data import ResumableSampler
+
+    ds = list(range(100))
+    G = 8
+
+    def step_sets(world, start_step):
+        per_rank = []
+        for r in range(world):
+            s = ResumableSampler(ds, world, r, seed=3, global_batch=G)
+            s.set_position(0, start_step * G)
+            per_rank.append(list(s))
+        per_step = G // world
+        steps = len(per_rank[0]) // per_step
+        return [
+            sorted(i for lst in per_rank for i in lst[k * per_step : (k + 1) * per_step])
+            for k in range(steps)
+        ]
+
+    one, two, four = step_sets(1, 0), step_sets(2, 0), step_sets(4, 0)
+    assert one == two == four and len(one) == 12  # 96 usable samples of 100
+    assert step_sets(2, 5) == one[5:]  # resuming mid-epoch continues exactly
+    assert sorted(i for st in one for i in st) == sorted(
+        torch.randperm(100, generator=torch.Generator().manual_seed(3))[:96].tolist()
+    )
+
+
+def test_rewind_jsonl_drops_steps_after_the_checkpoint(tmp_path):
+    from torchrig.train.metrics import rewind_jsonl
+
+    p = tmp_path / "metrics.jsonl"
+    recs = [{"event": "start", "step": 0}] + [{"step": i, "loss": 1.0} for i in range(1, 8)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"step": 8, "lo')  # a line cut by a crash
+    rewind_jsonl(p, 4)
+    kept = [json.loads(x) for x in p.read_text().splitlines()]
+    assert [r["step"] for r in kept] == [0, 1, 2, 3, 4]
+
+
+def test_gpt_flops_formula_matches_the_baseline_count():
+    from torchrig.train.models import build_model
+
+    m = build_model("gpt", sizes()["gpt"]["small"], context=1024)
+    n = sum(p.numel() for p in m.parameters()) - m.wpe.weight.numel()
+    assert (
+        round(n / 1e6, 1) == 123.7
+    )  # what the baseline prints as params_M; tied embeddings counted once, positions excluded
+    assert m.flops_per_token(1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
+
+
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["train", "--size", "huge"], "unknown --size 'huge'"),
+        (["train", "--data", "/nonexistent/tokens.bin"], "no such file"),
+        (["train", "--micro-batch", "0"], "--micro-batch must be at least 1"),
+        (["launch", "--gpus", "x", "--cpu", "t.py"], "exclude"),
+        (["launch", "--nnodes", "2", "t.py"], "--rdzv-endpoint"),
+        (["launch", "--cpu", "--env", "NOEQUALS", "t.py"], "malformed --env"),
+        (["export", "/nonexistent/run"], "no checkpoint at"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(cli, args, msg):
+    r = cli(*args)
+    assert r.code == 2, r.err
+    assert r.err.count("\n") == 1 and r.err.startswith("torchrig: error:") and msg in r.err
+    assert "Traceback" not in r.err
+
+
+def test_launch_dry_run_json_is_light_and_complete(cli):
+    r = cli(
+        "launch",
+        "--cpu",
+        "--nproc-per-node",
+        "2",
+        "--dry-run",
+        "--json",
+        "-m",
+        "torchrig.train",
+        "--steps",
+        "3",
+    )
+    assert r.code == 0, r.err
+    plan = r.json()["plan"]
+    assert plan["world_size"] == 2 and plan["backend"] == "gloo"
+    assert plan["argv"][-4:] == ["--module", "torchrig.train", "--steps", "3"]
+    assert {e["name"] for e in plan["env_settings"]} >= {"PYTHONUNBUFFERED", "TORCHRIG_COLLECTIVE_TIMEOUT_S"}
+    assert [r["device"] for r in plan["ranks"]] == ["cpu", "cpu"]
