@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any, Protocol
 
 from torchrig.bench.busbw import format_size
+from torchrig.bench.config import GEMM_DTYPES
 from torchrig.bench.records import Finding, Grade, Measurements
 
 if sys.version_info >= (3, 11):
@@ -142,7 +143,7 @@ class _Grader:
             old = best.get((g.rank, g.dtype))
             if old is None or (old.check_ok and (not g.check_ok or g.tflops > old.tflops)):
                 best[(g.rank, g.dtype)] = g
-        for (rank, dtype), g in sorted(best.items()):
+        for (rank, dtype), g in sorted(best.items(), key=lambda kv: (kv[0][0], GEMM_DTYPES.index(kv[0][1]))):
             self.add(
                 f"gemm.{dtype}.gpu{rank}",
                 f"{self.who} {rank} GEMM {dtype} ({g.n}³)",

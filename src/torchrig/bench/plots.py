@@ -66,14 +66,15 @@ def _gemm(ax: Any, m: Measurements, peaks: Mapping[int, Peaks | None]) -> None:
             d: max((g.tflops for g in m.gemm if g.rank == r and g.dtype == d), default=0.0) for d in dtypes
         }
         xs = [i + j * width for i in range(len(dtypes))]
-        bars = ax.bar(xs, [best[d] for d in dtypes], width, label=f"GPU {r}")
-        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+        values = [best[d] for d in dtypes]
+        bars = ax.bar(xs, values, width, label=f"GPU {r}")
+        ax.bar_label(bars, labels=[f"{v:.0f}" if v >= 10 else f"{v:.3g}" for v in values], fontsize=7)
     p = peaks.get(ranks[0])
     if p is not None:
         for i, d in enumerate(dtypes):
             peak = getattr(p, f"{d}_tflops", None)
             if peak:
-                ax.hlines(peak, i - 0.4, i + 0.8, colors="k", linestyles="dashed", lw=1)
+                ax.hlines(peak, i - width / 2, i + 0.8 - width / 2, colors="k", linestyles="dashed", lw=1)
         ax.plot([], [], "k--", lw=1, label="datasheet peak")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(dtypes))], dtypes)
     ax.set_ylabel("TFLOP/s")
