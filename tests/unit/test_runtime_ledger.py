@@ -133,3 +133,12 @@ def test_same_name_twice_is_refused(tmp_path, inv):
     with pytest.raises(InputError, match="being started or holds GPUs"):
         take(led, inv, "1", "same")
     assert len(led.leases()) == 1
+
+
+def test_no_gpu_host_says_so(tmp_path):
+    from torchrig.runtime.inventory import Inventory
+
+    with pytest.raises(NoFreeGpu, match="no NVIDIA GPU on this host"):
+        take(
+            Ledger.open(tmp_path), Inventory("nvml (NVML Shared Library Not Found)", None, None, ()), "1", "a"
+        )

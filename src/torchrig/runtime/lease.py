@@ -15,6 +15,17 @@ class NoFreeGpu(JobFailed):
     """The request is valid but the GPUs it needs are held by others (exit 1)."""
 
 
+def too_few(wanted: int, have: int, source: str) -> NoFreeGpu:
+    if have == 0:
+        return NoFreeGpu(
+            f"--gpus {wanted}: no NVIDIA GPU on this host ({source})",
+            hint="check the driver with 'torchrig doctor', or leave --gpus out",
+        )
+    return NoFreeGpu(
+        f"--gpus {wanted}: this host has only {have} whole GPU(s) ({source})", hint="ask for fewer"
+    )
+
+
 def describe_holders(units: tuple[Unit, ...] | list[Unit], held: dict[str, list[Lease]]) -> str:
     parts = []
     for u in units:
@@ -63,10 +74,7 @@ def acquire(
             chosen = pick([u for u in whole if available(u)], req.count, {k: len(v) for k, v in held.items()})
             if chosen is None:
                 if len(whole) < req.count:
-                    raise NoFreeGpu(
-                        f"--gpus {req.count}: this host has only {len(whole)} whole GPU(s) ({inv.source})",
-                        hint="ask for fewer",
-                    )
+                    raise too_few(req.count, len(whole), inv.source)
                 free = sum(1 for u in whole if available(u))
                 raise NoFreeGpu(
                     f"no free GPU: {req.count} wanted, {free} of {len(whole)} free; "

@@ -18,7 +18,7 @@ from typing import Any
 from torchrig.errors import InputError, JobFailed
 from torchrig.runtime.engine import Engine
 from torchrig.runtime.inventory import Inventory, current
-from torchrig.runtime.lease import NoFreeGpu, acquire
+from torchrig.runtime.lease import NoFreeGpu, acquire, too_few
 from torchrig.runtime.ledger import Ledger
 from torchrig.runtime.placement import pick, resolve_named
 from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, make_plan
@@ -90,6 +90,9 @@ def _preview_units(ledger: Ledger, inv: Inventory, req: UpRequest) -> tuple[Any,
     if req.gpus.kind == "count":
         free = [u for u in inv.units() if u.uuid not in held]
         got = pick(free, req.gpus.count)
+        whole = [u for u in inv.units() if not u.is_mig]
+        if got is None and len(whole) < req.gpus.count:
+            raise too_few(req.gpus.count, len(whole), inv.source)
         if got is None:
             raise NoFreeGpu(
                 f"--gpus {req.gpus.count}: {len(free)} GPU(s) free on this host ({inv.source})",
