@@ -450,7 +450,7 @@ def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
 # --------------------------------------------------------------------------------------------------
 
 TORCH_VARIANT_NAME = re.compile(r"^(cpu|cu(\d{2})(\d))$")
-TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page"}
+TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page", "torch-output"}
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 
 
