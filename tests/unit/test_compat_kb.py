@@ -45,14 +45,17 @@ def test_nvml_names(name):
     assert load_kb().find_gpu(name).name == name
 
 
-def test_parse_cache_is_written_reused_and_survives_corruption(tmp_path, monkeypatch):
+def test_cache_is_written_reused_and_survives_corruption(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHRIG_CACHE_DIR", str(tmp_path))
-    first = kbmod._load_docs()
-    files = list(tmp_path.glob("kb-*.marshal"))
+    build = kbmod.load_kb.__wrapped__  # past the per-process lru_cache
+    first = build()
+    files = list(tmp_path.glob("kb-*.pickle"))
     assert len(files) == 1
-    assert kbmod._load_docs() == first
-    files[0].write_bytes(b"not marshal")
-    assert kbmod._load_docs() == first  # re-parsed from the TOML files
+    again = build()
+    assert again == first and again is not first  # read back from the file
+    files[0].write_bytes(b"not a pickle")
+    assert build() == first  # rebuilt from the TOML files
+    assert kbmod.build_kb(*(kbmod._load_docs()[n] for n in ("gpus", "cuda", "drivers", "torch"))) == first
 
 
 def test_jetson_is_not_an_x86_wheel_target():

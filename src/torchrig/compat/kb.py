@@ -13,7 +13,6 @@ choices; malformed text raises :class:`~torchrig.errors.UsageError` (``torchrig.
 from __future__ import annotations
 
 import functools
-import marshal
 import os
 import re
 import sys
@@ -489,62 +488,63 @@ def build_kb(
 _KB_FILES = ("gpus", "cuda", "drivers", "torch")
 
 
-def _plain(value: Any) -> Any:
-    """TOML dates and times as ISO strings (what the loaders read anyway), so the parse can be marshalled."""
-    import datetime
-
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, (datetime.date, datetime.time)):
-        return value.isoformat()
-    return value
-
-
 def _cache_dir() -> str:
-    base = os.environ.get("TORCHRIG_CACHE_DIR") or os.path.join(
+    return os.environ.get("TORCHRIG_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchrig"
     )
-    return base
 
 
-def _load_docs() -> dict[str, Any]:
-    """The four data files, parsed. tomllib is pure Python (~60 ms for these files), so the parse is cached with
-    marshal (C, a few ms) under ~/.cache/torchrig, keyed by the files' checksums and the Python version; any
-    change re-parses."""
-    data_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+def _sources() -> tuple[list[bytes], str]:
+    """The four data files' bytes, and a cache key: their checksums, this module's and the Python version."""
+    here = os.path.abspath(__file__)
+    data_dir = os.path.join(os.path.dirname(os.path.dirname(here)), "data")
     raws = []
     for name in _KB_FILES:
         with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:
             raws.append(fh.read())
-    key = "-".join(f"{zlib.crc32(r):08x}" for r in raws)
-    cache = os.path.join(_cache_dir(), f"kb-py{sys.version_info[0]}{sys.version_info[1]}-{key}.marshal")
-    try:
-        with open(cache, "rb") as fh:
-            cached = marshal.load(fh)
-        if isinstance(cached, dict) and set(cached) == set(_KB_FILES):
-            return cached
-    except (OSError, ValueError, EOFError, TypeError):
-        pass
+    with open(here, "rb") as fh:
+        code = fh.read()
+    key = "-".join(f"{zlib.crc32(r):08x}" for r in (*raws, code))
+    return raws, f"kb-py{sys.version_info[0]}{sys.version_info[1]}-{key}.pickle"
+
+
+def _load_docs() -> dict[str, Any]:
+    """The four data files, parsed (tomllib)."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
-    docs = {name: tomllib.loads(raw.decode("utf-8")) for name, raw in zip(_KB_FILES, raws, strict=True)}
-    try:  # best effort: a read-only home only costs the parse
-        os.makedirs(os.path.dirname(cache), exist_ok=True)
-        tmp = f"{cache}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            marshal.dump(_plain(docs), fh)
-        os.replace(tmp, cache)
-    except (OSError, ValueError):
-        pass
-    return docs
+    raws, _ = _sources()
+    return {name: tomllib.loads(raw.decode("utf-8")) for name, raw in zip(_KB_FILES, raws, strict=True)}
 
 
 @functools.lru_cache(maxsize=1)
 def load_kb() -> KnowledgeBase:
-    """The knowledge base from the package's data files (loaded once per process)."""
+    """The knowledge base from the package's data files (loaded once per process).
+
+    Parsing the TOML (tomllib is pure Python) and building the records takes ~70 ms, a third of `torchrig check`'s
+    budget, so the built knowledge base is cached with pickle under ~/.cache/torchrig (or $TORCHRIG_CACHE_DIR),
+    keyed by the data files' and this module's checksums: any change to either rebuilds it.
+    """
+    import pickle
+
+    raws, name = _sources()
+    cache = os.path.join(_cache_dir(), name)
+    try:
+        with open(cache, "rb") as fh:
+            cached = pickle.load(fh)
+        if isinstance(cached, KnowledgeBase):
+            return cached
+    except Exception:  # a missing, partial or stale cache only costs the parse
+        pass
     docs = _load_docs()
-    return build_kb(docs["gpus"], docs["cuda"], docs["drivers"], docs["torch"])
+    kb = build_kb(docs["gpus"], docs["cuda"], docs["drivers"], docs["torch"])
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            pickle.dump(kb, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return kb
