@@ -46,6 +46,20 @@ CASES = {
             use_torchrig_launch=False,
         )
     ),
+    "slurm-2x2-cpu-trainer.sbatch": lambda: slurm.render_sbatch(
+        ClusterJob(
+            script="torchrig.train",
+            module=True,
+            script_args=("--model", "gpt", "--size", "tiny", "--steps", "100", "--resume"),
+            nodes=2,
+            gpus_per_node=0,
+            cpu_procs_per_node=2,
+            rdzv_timeout_s=120,
+            collective_timeout_s=60,
+            hang_timeout_s=300,
+            max_restarts=1,
+        )
+    ),
     "k8s-pytorchjob-2x8.yaml": lambda: k8s.to_yaml(
         k8s.render(
             ClusterJob(
@@ -143,7 +157,7 @@ def test_gpu_and_shm_in_pod():
         ({"name": "Bad_Name"}, "DNS label"),
         ({"time_limit": "soon"}, "Slurm time"),
         ({"rdzv_port": 80}, "rdzv-port"),
-        ({"container_runtime": ContainerRuntime.PYXIS}, "needs --container"),
+        ({"container_runtime": ContainerRuntime.PYXIS}, "needs an image"),
     ],
 )
 def test_job_validation(kwargs, match):
@@ -160,6 +174,12 @@ def test_job_validation(kwargs, match):
         (["cluster", "slurm", "--submit", "--", "t.py"], "--submit needs --output"),
         (["cluster", "slurm", "--env", "NOEQUALS", "--", "t.py"], "KEY=VALUE"),
         (["cluster", "mesos"], "invalid choice"),
+        (["cluster", "k8s", "--spec", "x.toml", "--image", "i:1", "--", "t.py"], "both name the image"),
+        (["cluster", "k8s", "--spec", "/nonexistent/torchrig.toml", "--", "t.py"], "torchrig.toml"),
+        (["cluster", "slurm", "--nproc-per-node", "2", "--", "t.py"], "--nproc-per-node is for CPU jobs"),
+        (["cluster", "slurm", "--rdzv-timeout", "0", "--", "t.py"], "--rdzv-timeout must be at least 1"),
+        (["cluster", "slurm", "--container-runtime", "apptainer", "--", "t.py"], "needs an image"),
+        (["cluster", "slurm", "--env", "1BAD=x", "--", "t.py"], "not an environment variable name"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(cli, argv, needle):
@@ -191,3 +211,207 @@ def test_cli_json(cli):
     assert r.code == 0, r.err
     data = r.json()
     assert data["schema_version"] == 1 and data["target"] == "k8s" and "PyTorchJob" in data["render"]
+
+
+# ---- the renders speak `torchrig launch`'s and torchrun's real command lines
+
+
+def _node_argv(job: ClusterJob) -> list[str]:
+    """The per-node command with the shell variables a node would expand filled in."""
+    from torchrig.cluster.job import launcher_argv
+
+    return launcher_argv(job, nnodes="2", node_rank="1", endpoint="head:29500", rdzv_id="42", log_dir="lg/42")
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        ClusterJob(script="train.py", script_args=("--lr", "3e-4"), nodes=2, gpus_per_node=8, max_restarts=2),
+        ClusterJob(
+            script="torchrig.train",
+            module=True,
+            script_args=("--size", "tiny", "--resume"),
+            nodes=2,
+            gpus_per_node=0,
+            cpu_procs_per_node=3,
+            rdzv_timeout_s=60,
+            collective_timeout_s=30,
+            hang_timeout_s=120,
+            preflight=False,
+        ),
+    ],
+    ids=["gpu-script", "cpu-module"],
+)
+def test_launcher_command_is_what_torchrig_launch_parses(job):
+    import argparse
+
+    from torchrig.cli import cmd_launch
+
+    argv = _node_argv(job)
+    assert argv[:2] == ["torchrig", "launch"]
+    parser = argparse.ArgumentParser()
+    cmd_launch.configure(parser)
+    args = parser.parse_args(argv[2:])
+    req = cmd_launch.request_from_args(args)  # LaunchRequest validates as it would on the node
+    assert (req.nnodes, req.node_rank, req.rdzv_endpoint, req.rdzv_id) == (2, 1, "head:29500", "42")
+    assert (req.max_restarts, req.log_dir, req.module) == (job.max_restarts, "lg/42", job.module)
+    assert (req.script, req.script_args) == (job.script, job.script_args)
+    if job.gpus_per_node:
+        assert (req.gpus, req.cpu) == ("8", False)
+    else:
+        assert (req.cpu, req.nproc_per_node) == (True, 3)
+        assert (req.rdzv_timeout_s, req.collective_timeout_s, req.hang_timeout_s) == (60, 30, 120)
+        assert args.no_preflight
+
+
+def test_launcher_left_out_options_are_launchs_defaults():
+    import argparse
+
+    from torchrig.cli import cmd_launch
+    from torchrig.launch.plan import LaunchRequest
+
+    argv = _node_argv(ClusterJob(script="t.py", nodes=2, gpus_per_node=0))
+    parser = argparse.ArgumentParser()
+    cmd_launch.configure(parser)
+    req = cmd_launch.request_from_args(parser.parse_args(argv[2:]))
+    default = LaunchRequest(script="t.py")
+    assert req.rdzv_timeout_s == default.rdzv_timeout_s
+    assert req.collective_timeout_s == default.collective_timeout_s
+    assert req.hang_timeout_s == default.hang_timeout_s
+
+
+def test_plain_torchrun_command_is_what_torchrun_parses():
+    run = pytest.importorskip("torch.distributed.run")
+    job = ClusterJob(
+        script="torchrig.train",
+        module=True,
+        script_args=("--size", "tiny"),
+        nodes=2,
+        gpus_per_node=4,
+        rdzv_timeout_s=90,
+        max_restarts=1,
+        use_torchrig_launch=False,
+    )
+    argv = _node_argv(job)
+    assert argv[:3] == ["python3", "-m", "torch.distributed.run"]
+    args = run.get_args_parser().parse_args(argv[3:])
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint) == (
+        "2",
+        "4",
+        "c10d",
+        "head:29500",
+    )
+    assert (args.rdzv_id, args.rdzv_conf, args.max_restarts, args.log_dir) == (
+        "42",
+        "join_timeout=90",
+        1,
+        "lg/42",
+    )
+    assert (args.redirects, args.tee, args.module) == ("3", "3", True)
+    assert (args.training_script, args.training_script_args) == ("torchrig.train", ["--size", "tiny"])
+
+
+def test_environment_is_launchs_defaults():
+    from torchrig.launch.envdefaults import defaults_for
+
+    gpu = {
+        v.name: v.value for v in ClusterJob(script="t.py", env={"NCCL_DEBUG": "INFO", "X": "1"}).environment()
+    }
+    launch = {d.name: d.value for d in defaults_for(uses_nccl=True, omp_threads=1)}
+    assert gpu.pop("NCCL_DEBUG") == "INFO" and gpu.pop("X") == "1"  # the user's --env wins
+    launch.pop("NCCL_DEBUG")
+    assert gpu == {k: v for k, v in launch.items() if k != "OMP_NUM_THREADS"}  # OMP: per node, by launch
+    cpu = {v.name for v in ClusterJob(script="t.py", gpus_per_node=0).environment()}
+    assert not any(n.startswith(("NCCL_", "TORCH_NCCL_")) for n in cpu)
+    # NCCL picks the interface itself (InfiniBand first, never lo/docker*); a filter would bypass that.
+    assert "NCCL_SOCKET_IFNAME" not in gpu
+
+
+@pytest.mark.parametrize(
+    "ref, pyxis, apptainer",
+    [
+        ("registry.example/team/torchrig:2.8.0-cu128", "registry.example#team/torchrig:2.8.0-cu128",
+         "docker://registry.example/team/torchrig:2.8.0-cu128"),
+        ("localhost:5000/torchrig:1", "localhost:5000#torchrig:1", "docker://localhost:5000/torchrig:1"),
+        ("torchrig/pytorch:2.8.0-cu128-py3.11-runtime", "torchrig/pytorch:2.8.0-cu128-py3.11-runtime",
+         "docker://torchrig/pytorch:2.8.0-cu128-py3.11-runtime"),
+        ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3", "docker://nvcr.io#nvidia/pytorch:25.01-py3"),
+        ("/images/torchrig.sqsh", "/images/torchrig.sqsh", "/images/torchrig.sqsh"),
+        ("/images/torchrig.sif", "/images/torchrig.sif", "/images/torchrig.sif"),
+        ("oras://ghcr.io/org/img:1", "oras://ghcr.io/org/img:1", "oras://ghcr.io/org/img:1"),
+    ],
+)  # fmt: skip
+def test_image_references_per_runtime(ref, pyxis, apptainer):
+    assert slurm.pyxis_image(ref) == pyxis
+    if not ref.startswith("nvcr.io#"):
+        assert slurm.apptainer_image(ref) == apptainer
+
+
+def test_cpu_apptainer_has_no_nv_flag():
+    text = slurm.render_sbatch(
+        ClusterJob(
+            script="t.py",
+            nodes=2,
+            gpus_per_node=0,
+            image="img:1",
+            container_runtime=ContainerRuntime.APPTAINER,
+        )
+    )
+    assert "apptainer exec --bind" in text and "--nv" not in text and "docker://img:1" in text
+    assert "#SBATCH --gpus-per-node" not in text
+
+
+SPEC = """\
+schema_version = 1
+[torch]
+version = "2.8.0"
+variant = "cu128"
+[image]
+name = "registry.example/team/torchrig"
+"""
+
+
+def test_cli_spec_gives_the_image_name(cli, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text(SPEC)
+    r = cli("image", "render", str(spec), "--json")
+    assert r.code == 0, r.err
+    tag = r.json()["tag"]
+    assert tag.startswith("registry.example/team/torchrig:2.8.0-cu128-py")
+    r = cli("cluster", "k8s", "--json", "--nodes", "2", "--spec", str(spec), "--", "train.py")
+    assert r.code == 0, r.err
+    assert f"image: {tag}\n" in r.json()["render"]
+    r = cli("cluster", "slurm", "--json", "--nodes", "2", "--spec", str(spec), "--", "train.py")
+    assert r.code == 0, r.err
+    assert "--container-image=registry.example#team/torchrig:2.8.0-cu128-py" in r.json()["render"]
+
+
+def test_cli_module_forms_are_the_same(cli):
+    a = cli("cluster", "slurm", "--json", "--nodes", "2", "-m", "--", "torchrig.train", "--size", "tiny")
+    b = cli("cluster", "slurm", "--json", "--nodes", "2", "--", "-m", "torchrig.train", "--size", "tiny")
+    assert a.code == b.code == 0, a.err + b.err
+    assert a.json()["render"] == b.json()["render"]
+    assert "-m -- torchrig.train --size tiny'" in a.json()["render"]
+
+
+def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path):
+    """The rendered pod command, expanded as the pod's shell would, is accepted by `torchrig launch` itself."""
+    import shlex
+
+    import yaml
+
+    r = cli("cluster", "k8s", "--json", "--kind", "job", "--nodes", "2", "--gpus-per-node", "0",
+            "--image", "img:1", "--rdzv-timeout", "60", "-m", "--", "torchrig.train", "--size", "tiny")  # fmt: skip
+    assert r.code == 0, r.err
+    job = list(yaml.safe_load_all(r.json()["render"]))[1]
+    shell = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert shell.startswith("exec torchrig launch ")
+    words = shlex.split(shell.replace("$JOB_COMPLETION_INDEX", "0"))[3:]
+    words = [w.replace("torchrig-train-0.torchrig-train:29500", "127.0.0.1:29577") for w in words]
+    d = cli("launch", "--dry-run", "--json", *words, cwd=str(tmp_path))
+    assert d.code == 0, d.err
+    plan = d.json()["plan"]
+    assert (plan["nnodes"], plan["node_rank"], plan["world_size"], plan["backend"]) == (2, 0, 2, "gloo")
+    assert plan["log_dir"] == "torchrig-logs/torchrig-train/node0"
+    assert plan["argv"][-4:] == ["--module", "torchrig.train", "--size", "tiny"]
+    assert "--rdzv-conf=join_timeout=60,is_host=true" in plan["argv"]

@@ -3,19 +3,27 @@
 torchrig does not run a cluster manager: it writes what the existing engines take.
 
   slurm   an sbatch script: one task per node, srun starting `torchrig launch` (torchrun underneath)
-          with the c10d rendezvous on the first node, NCCL settings, per-rank logs, and optionally a
-          container through pyxis/enroot (--container-runtime pyxis) or Apptainer.
+          with the c10d rendezvous on the first node, launch's environment defaults and pre-flight,
+          per-rank logs, and optionally a container through pyxis/enroot (--container, the default
+          runtime) or Apptainer (--container-runtime apptainer).
   k8s     Kubernetes manifests: a Kubeflow PyTorchJob (--kind pytorchjob, default) or a plain indexed
-          Job with a headless Service (--kind job); nvidia.com/gpu resources, a memory-backed /dev/shm.
+          Job with a headless Service (--kind job, no operator needed); nvidia.com/gpu resources, a
+          memory-backed /dev/shm, the same environment.
+
+The command after `--` is what `torchrig launch` runs on every node: a script with its arguments, or a
+module with -m (torchrig's own trainer: -m torchrig.train ...). --spec torchrig.toml takes the image
+name from the spec `torchrig image build` builds (push it where the cluster can pull it).
 
 Every render is validated before it is printed: sbatch scripts by `bash -n` and by parsing their
 #SBATCH lines; manifests against Kubernetes' JSON schemas and the PyTorchJob CRD (no network needed).
 
 examples:
   torchrig cluster slurm --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00 -- train.py --lr 3e-4
-  torchrig cluster slurm --nodes 4 --container nvcr.io#org/img:tag --container-runtime pyxis -o job.sbatch -- train.py
+  torchrig cluster slurm --nodes 2 -m -o job.sbatch -- torchrig.train --model gpt --size small --resume
+  torchrig cluster slurm --nodes 4 --container nvcr.io#org/img:tag -o job.sbatch --submit -- train.py
+  torchrig cluster slurm --nodes 2 --spec torchrig.toml --container-runtime apptainer -- train.py
   torchrig cluster k8s --nodes 2 --gpus-per-node 8 --image registry.example/team/torchrig:2.8.0-cu128 -- train.py
-  torchrig cluster k8s --kind job --nodes 2 --image IMG -o job.yaml --apply -- train.py
+  torchrig cluster k8s --kind job --nodes 2 --spec torchrig.toml -o job.yaml --apply -- train.py
 """
 
 from __future__ import annotations
@@ -29,20 +37,34 @@ from torchrig.errors import UsageError
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
-    p.add_argument(
+    g = p.add_argument_group("what runs on each node (the options of `torchrig launch`)")
+    g.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    g.add_argument(
         "--gpus-per-node", type=int, default=8, help="GPUs per node, one process each; 0 = CPU (default 8)"
     )
-    p.add_argument("--name", default="torchrig-train", help="job name, a DNS label (default torchrig-train)")
-    p.add_argument("--rdzv-port", type=int, default=29500, help="c10d rendezvous port on the first node")
-    p.add_argument("--max-restarts", type=int, default=0, help="restarts of the whole job on a failure")
-    p.add_argument("--log-dir", default="logs", help="where per-rank logs go (default logs/)")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment")
-    p.add_argument(
+    g.add_argument(
+        "--nproc-per-node", type=int, default=1, help="processes per node of a CPU job (default 1)"
+    )
+    g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, run as python -m")
+    g.add_argument("--rdzv-port", type=int, default=29500, help="c10d rendezvous port on the first node")
+    g.add_argument(
+        "--rdzv-timeout", type=int, metavar="S", help="seconds to wait for all nodes (launch: 300)"
+    )
+    g.add_argument("--max-restarts", type=int, default=0, help="restarts of the worker group on a failure")
+    g.add_argument("--collective-timeout", type=int, metavar="S", help="process-group timeout (launch: 600)")
+    g.add_argument(
+        "--hang-timeout", type=int, metavar="S", help="no rank output for S s = hang (launch: off)"
+    )
+    g.add_argument("--no-preflight", action="store_true", help="skip launch's pre-flight checks")
+    g.add_argument("--log-dir", default="torchrig-logs", help="per-rank logs go under here (torchrig-logs)")
+    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment")
+    g.add_argument(
         "--plain-torchrun",
         action="store_true",
         help="start torchrun directly instead of `torchrig launch` (no torchrig needed on nodes)",
     )
+    p.add_argument("--name", default="torchrig-train", help="job name, a DNS label (default torchrig-train)")
+    p.add_argument("--spec", metavar="TOML", help="take the image from this torchrig.toml (`torchrig image`)")
     p.add_argument("-o", "--output", help="write the render to this file instead of stdout")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py [args]")
 
@@ -55,7 +77,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--account")
     s.add_argument("--time", dest="time_limit", help="wall-time limit (MINUTES, HH:MM:SS, D-HH:MM:SS)")
     s.add_argument("--cpus-per-task", type=int)
-    s.add_argument("--container", help="container image to run in (with --container-runtime)")
+    s.add_argument("--container", help="container image to run in (pyxis unless --container-runtime)")
     s.add_argument("--container-runtime", choices=["none", "pyxis", "apptainer"], default=None)
     s.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="container bind mount")
     s.add_argument(
@@ -74,6 +96,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
+def image_from_spec(path: str) -> str:
+    """The tag `torchrig image build` gives the spec's image (resolved offline with the knowledge base)."""
+    from pathlib import Path
+
+    from torchrig.image.pipeline import ImageOptions, make_plan
+
+    return str(make_plan(ImageOptions(spec=Path(path))).stack_tag)
+
+
 def _env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -90,35 +121,49 @@ def _job(args: argparse.Namespace) -> Any:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    module = args.module
+    if command and command[0] == "-m":  # `-- -m torchrig.train ...`, as python -m reads
+        module, command = True, command[1:]
     if not command:
         raise UsageError("no training script given", hint="end the command with: -- train.py [args]")
+    image = args.container if args.target == "slurm" else args.image
+    if args.spec:
+        if image:
+            flag = "--container" if args.target == "slurm" else "--image"
+            raise UsageError(f"--spec and {flag} both name the image", hint="give one of them")
+        image = image_from_spec(args.spec)
     common: dict[str, Any] = dict(
         script=command[0],
         script_args=tuple(command[1:]),
+        module=module,
         name=args.name,
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
+        cpu_procs_per_node=args.nproc_per_node,
         rdzv_port=args.rdzv_port,
+        rdzv_timeout_s=args.rdzv_timeout,
         max_restarts=args.max_restarts,
+        collective_timeout_s=args.collective_timeout,
+        hang_timeout_s=args.hang_timeout,
+        preflight=not args.no_preflight,
         log_dir=args.log_dir,
         env=_env(args.env),
         use_torchrig_launch=not args.plain_torchrun,
+        image=image,
     )
     if args.target == "slurm":
-        runtime = args.container_runtime or ("pyxis" if args.container else "none")
+        runtime = args.container_runtime or ("pyxis" if image else "none")
         return ClusterJob(
             **common,
             partition=args.partition,
             account=args.account,
             time_limit=args.time_limit,
             cpus_per_task=args.cpus_per_task,
-            image=args.container,
             container_runtime=ContainerRuntime(runtime),
             container_mounts=tuple(args.mount),
         )
     return ClusterJob(
         **common,
-        image=args.image,
         namespace=args.namespace,
         shm_size=args.shm_size,
         k8s_kind=K8sKind(args.kind),

@@ -11,7 +11,8 @@ Two kinds, chosen with ``--kind``:
     Pod *i* gets the stable name ``<job>-<i>.<service>``, so node 0 hosts the c10d rendezvous.
 
 Both request ``nvidia.com/gpu`` (the NVIDIA device plugin's resource), mount a memory-backed ``/dev/shm``
-(the default 64 MiB breaks DataLoader workers and NCCL), and carry the NCCL environment `launch` uses.
+(the default 64 MiB breaks DataLoader workers and NCCL), and carry the environment `torchrig launch` sets
+(its defaults from ``torchrig.launch.envdefaults``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from torchrig.cluster.job import ClusterJob, K8sKind
-from torchrig.cluster.slurm import launcher_argv
+from torchrig.cluster.job import ClusterJob, K8sKind, launcher_argv
 from torchrig.errors import EngineUnavailable, JobFailed, UsageError
 
 CONTAINER = "pytorch"  # the container name the Training Operator looks for
@@ -31,16 +31,21 @@ CONTAINER = "pytorch"  # the container name the Training Operator looks for
 def _container(job: ClusterJob, node_rank: str, master: str, port: str, port_name: str) -> dict[str, Any]:
     if not job.image:
         raise UsageError(
-            "Kubernetes needs an image", hint="pass --image REF (e.g. one built by `torchrig image build`)"
+            "Kubernetes needs an image",
+            hint="pass --image REF, or --spec torchrig.toml for the image `torchrig image build` makes",
         )
     argv = launcher_argv(
-        job, nnodes=str(job.nodes), node_rank=node_rank, endpoint=f"{master}:{port}", rdzv_id=job.name
+        job,
+        nnodes=str(job.nodes),
+        node_rank=node_rank,
+        endpoint=f"{master}:{port}",
+        rdzv_id=job.name,
+        log_dir=f"{job.log_dir}/{job.name}/node{node_rank}",
     )
-    argv = [w.replace(f"{job.log_dir}/$SLURM_JOB_ID", f"{job.log_dir}/{job.name}") for w in argv]
     limits: dict[str, Any] = {}
     if job.gpus_per_node:
         limits["nvidia.com/gpu"] = job.gpus_per_node
-    env = [{"name": k, "value": v} for k, v in sorted(job.environment().items())]
+    env = [{"name": v.name, "value": v.value} for v in job.environment()]
     return {
         "name": CONTAINER,
         "image": job.image,

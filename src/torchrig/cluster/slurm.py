@@ -16,7 +16,7 @@ import shlex
 import shutil
 import subprocess
 
-from torchrig.cluster.job import ClusterJob, ContainerRuntime
+from torchrig.cluster.job import ClusterJob, ContainerRuntime, launcher_argv
 from torchrig.errors import EngineUnavailable, JobFailed, UsageError
 
 
@@ -37,51 +37,12 @@ def _sbatch_options(job: ClusterJob) -> list[tuple[str, str | None]]:
         opts.append(("account", job.account))
     if job.time_limit:
         opts.append(("time", job.time_limit))
-    opts.append(("output", f"{job.log_dir}/%x-%j.out"))
+    # In the submit directory: sbatch does not create a missing directory for --output, and the job would
+    # fail before its first line runs. Per-rank logs go under the log dir, which the launcher creates.
+    opts.append(("output", "%x-%j.out"))
     # Whole nodes: a shared node would let another job take the NICs and GPUs NCCL expects.
     opts.append(("exclusive", None))
     return opts
-
-
-def launcher_argv(job: ClusterJob, *, nnodes: str, node_rank: str, endpoint: str, rdzv_id: str) -> list[str]:
-    """The per-node launcher command, with shell words (``$VAR``) left for the node's shell to expand."""
-    if job.use_torchrig_launch:
-        argv = [
-            "torchrig",
-            "launch",
-            "--nnodes",
-            nnodes,
-            "--node-rank",
-            node_rank,
-            "--rdzv-endpoint",
-            endpoint,
-            "--rdzv-id",
-            rdzv_id,
-            "--max-restarts",
-            str(job.max_restarts),
-            "--log-dir",
-            f"{job.log_dir}/$SLURM_JOB_ID",
-        ]
-        argv += (
-            ["--gpus", str(job.gpus_per_node)] if job.gpus_per_node else ["--cpu", "--nproc-per-node", "1"]
-        )
-    else:
-        argv = [
-            "python3",
-            "-m",
-            "torch.distributed.run",
-            f"--nnodes={nnodes}",
-            f"--nproc-per-node={job.nproc_per_node}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={rdzv_id}",
-            f"--max-restarts={job.max_restarts}",
-        ]
-    return (
-        [*argv, "--", job.script, *job.script_args]
-        if job.use_torchrig_launch
-        else [*argv, job.script, *job.script_args]
-    )
 
 
 def _quote(word: str) -> str:
@@ -89,6 +50,28 @@ def _quote(word: str) -> str:
     if "$" in word:
         return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
     return shlex.quote(word)
+
+
+def pyxis_image(ref: str) -> str:
+    """An image reference as enroot/pyxis read it: ``[REGISTRY#]IMAGE[:TAG]`` or a squashfs path.
+
+    ``registry.example/team/img:tag`` -> ``registry.example#team/img:tag``: enroot separates the registry
+    with ``#`` (pyxis' ``--container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH``); without it the first
+    component would be read as a Docker Hub namespace.
+    """
+    if "#" in ref or "://" in ref or ref.startswith(("/", "./", "../")):
+        return ref
+    first, sep, rest = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return ref
+
+
+def apptainer_image(ref: str) -> str:
+    """A SIF path stays a path; a registry reference gets Apptainer's ``docker://`` scheme."""
+    if "://" in ref or ref.startswith(("/", "./", "../")) or ref.endswith((".sif", ".simg")):
+        return ref
+    return f"docker://{ref}"
 
 
 def render_sbatch(job: ClusterJob) -> str:
@@ -107,14 +90,14 @@ def render_sbatch(job: ClusterJob) -> str:
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f'export RDZV_ENDPOINT="$head_node:{job.rdzv_port}"',
         "",
-        "# NCCL and torch settings (the same defaults as `torchrig launch`; reasons in torchrig.cluster.job).",
+        "# Environment of every rank: the defaults `torchrig launch` sets (torchrig.launch.envdefaults).",
     ]
-    for key, value in sorted(job.environment().items()):
-        lines.append(f"export {key}={shlex.quote(value)}")
+    for var in job.environment():
+        lines += [f"# {var.reason}", f"export {var.name}={shlex.quote(var.value)}"]
     srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--nodes={job.nodes}"]
     if job.container_runtime is ContainerRuntime.PYXIS:
         srun += [
-            f"--container-image={job.image}",
+            f"--container-image={pyxis_image(str(job.image))}",
             "--container-workdir=$PWD",
             "--container-mounts=" + ",".join(("$PWD:$PWD", *job.container_mounts)),
         ]
@@ -124,16 +107,21 @@ def render_sbatch(job: ClusterJob) -> str:
         node_rank="$SLURM_NODEID",
         endpoint="$RDZV_ENDPOINT",
         rdzv_id="$SLURM_JOB_ID",
+        # One folder per node: `torchrig launch` reads back the newest run folder of its log dir, which on
+        # a shared filesystem could be another node's.
+        log_dir=f"{job.log_dir}/$SLURM_JOB_ID/node$SLURM_NODEID",
     )
     if job.container_runtime is ContainerRuntime.APPTAINER:
         binds = ",".join(("$PWD", *job.container_mounts))
-        inner = ["apptainer", "exec", "--nv", "--bind", binds, str(job.image), *inner]
+        gpu = ["--nv"] if job.gpus_per_node else []
+        inner = ["apptainer", "exec", *gpu, "--bind", binds, apptainer_image(str(job.image)), *inner]
     # srun runs the command once per node; SLURM_NODEID differs per node, so it must be expanded there,
     # not in this batch shell: hand the launcher line to bash -c on each node.
     node_cmd = " ".join(_quote(w) for w in inner)
     lines += [
         "",
         "# One launcher per node; node rank and rendezvous come from Slurm's variables on each node.",
+        f"# Per-rank logs: {job.log_dir}/$SLURM_JOB_ID/node<N>/; this script's output: <job-name>-<job-id>.out.",
         " ".join(_quote(w) for w in srun) + " \\",
         f"    bash -c {shlex.quote(node_cmd)}",
         "",
