@@ -528,7 +528,7 @@ def load_kb() -> KnowledgeBase:
     """
     import pickle
 
-    raws, name = _sources()
+    _raws, name = _sources()
     cache = os.path.join(_cache_dir(), name)
     try:
         with open(cache, "rb") as fh:
