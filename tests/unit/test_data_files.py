@@ -558,10 +558,15 @@ def test_torch_covers_2_0_through_the_newest_with_patch_releases():
     ):  # fmt: skip
         assert required in versions, required
     assert _version(max(versions, key=_version)) >= (2, 14)
-    newest = max(_torch_releases(), key=lambda r: _version(r["version"]))
-    dates = [r["released"] for r in sorted(_torch_releases(), key=lambda r: _version(r["version"]))]
-    assert dates == sorted(dates), "release dates must grow with the version"
-    assert newest["released"] == dates[-1]
+    # Release dates grow within a minor series, and from one minor's .0 to the next.
+    ordered = sorted(_torch_releases(), key=lambda r: _version(r["version"]))
+    series: dict[tuple[int, ...], list[str]] = defaultdict(list)
+    for release in ordered:
+        series[_version(release["version"])[:2]].append(release["released"])
+    for minor, dates in series.items():
+        assert dates == sorted(dates), f"torch {minor}: release dates must grow with the patch version"
+    firsts = [dates[0] for dates in series.values()]
+    assert firsts == sorted(firsts), "each minor series starts after the previous one"
 
 
 @pytest.mark.parametrize(
