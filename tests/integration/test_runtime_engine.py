@@ -160,3 +160,40 @@ def test_spec_runs_the_image_its_lock_names(cli, engine, env, tmp_path):
     r = cli("up", "--spec", str(spec), "--no-ssh", "--dry-run", "--json", env=env)
     assert r.code == 0, r.err
     assert r.json()["plan"]["image"] == BASE and r.json()["state"] == "planned"
+
+
+def test_environment_dying_at_start_leaves_nothing(cli, engine, env):
+    """The base image's CMD (bash) exits at once: up reports it (exit 1) and removes container and lease."""
+    try:
+        r = cli(
+            "up",
+            "--image",
+            BASE,
+            "--name",
+            "trt-dies",
+            "--no-ssh",
+            "--wait",
+            "30",
+            *memlock_override(engine),
+            env=env,
+        )
+        assert r.code == 1 and "exited during start" in r.err and r.err.count("\n") == 1, r.err
+        assert not [c for c in engine.containers.list(all=True) if c.name == "trt-dies"]
+    finally:
+        for c in engine.containers.list(all=True, filters={"name": "^trt-dies$"}):
+            c.remove(force=True)
+
+
+def test_down_of_another_users_environment_needs_force(cli, engine, env):
+    extra = memlock_override(engine)
+    assert (
+        cli("up", "--image", BASE, "--name", "trt-own", "--no-jupyter", "--no-ssh", *extra, env=env).code == 0
+    )
+    try:
+        other = {**env, "SUDO_USER": "mallory"}
+        r = cli("down", "trt-own", env=other)
+        assert r.code == 2 and "belongs to" in r.err and "--force" in r.err
+        assert engine.containers.get("trt-own").status == "running"
+        assert cli("down", "trt-own", "--force", env=other).code == 0
+    finally:
+        cli("down", "trt-own", "--force", env=env)

@@ -130,15 +130,10 @@ def _wait_ready(engine: Engine, cid: str, ports: dict[str, int], timeout_s: floa
     """Until JupyterLab answers /api and sshd sends its banner; a container that exits is a failure."""
     deadline = time.monotonic() + timeout_s
     pending = dict(ports)
-    while pending:
-        state = engine.inspect(cid)["State"]
-        if state["Status"] != "running":
-            tail = b"".join(engine.logs(cid, tail=8, follow=False, timestamps=False)).decode(errors="replace")
-            last = " | ".join(line for line in tail.strip().splitlines()[-3:])
-            raise JobFailed(
-                f"the environment exited during start (exit code {state.get('ExitCode')}): {last}",
-                hint="see the image's entrypoint ('torchrig serve') output above",
-            )
+    while True:
+        _check_running(engine, cid)
+        if not pending:
+            return
         for service, port in list(pending.items()):
             if _answers(service, port):
                 del pending[service]
@@ -149,6 +144,19 @@ def _wait_ready(engine: Engine, cid: str, ports: dict[str, int], timeout_s: floa
             )
         if pending:
             time.sleep(0.3)
+
+
+def _check_running(engine: Engine, cid: str) -> None:
+    """A container that is not running (its entrypoint exited) is a failed start, with its last log lines."""
+    state = engine.inspect(cid)["State"]
+    if state["Status"] == "running":
+        return
+    tail = b"".join(engine.logs(cid, tail=8, follow=False, timestamps=False)).decode(errors="replace")
+    last = " | ".join(line for line in tail.strip().splitlines()[-3:]) or "no output"
+    raise JobFailed(
+        f"the environment exited during start (exit code {state.get('ExitCode')}): {last}",
+        hint="check the image's entrypoint ('torchrig serve'); 'docker run IMAGE' shows the same",
+    )
 
 
 def _answers(service: str, port: int) -> bool:
@@ -220,6 +228,13 @@ def _start(engine: Engine, cid: str, plan: UpPlan, wait_s: float | None) -> dict
     }
     if wait_s:
         _wait_ready(engine, cid, ports, wait_s)
+    else:
+        _check_running(engine, cid)
+    missing = [p.service for p in plan.ports if p.service not in ports]
+    if missing:
+        raise JobFailed(
+            f"the engine published no host port for {', '.join(missing)}", hint="see 'docker port NAME'"
+        )
     return ports
 
 
