@@ -62,6 +62,7 @@ def plan_for(case: str) -> ImagePlan:
         wheelhouse=opts.get("wheelhouse", False),
         ca_cert=opts.get("ca_cert", False),
         pip_index_url=opts.get("pip_index_url"),
+        torchrig_requires=('tomli>=2.0; python_version < "3.11"',),
     )
 
 

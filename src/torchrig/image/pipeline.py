@@ -71,7 +71,14 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
     if kb is None:
         from torchrig.compat.kb import load_kb
 
-        kb = load_kb()
+        try:
+            kb = load_kb()
+        except (
+            FileNotFoundError
+        ):  # a data file missing: only a wheelhouse's torch wheel can say what to build
+            if opts.wheelhouse is None:
+                raise
+            kb = None
     stack = resolve_stack(spec, kb, opts.wheelhouse)
     rows, components = load_bases()
     base = choose_base(spec, stack, rows, opts.base)

@@ -149,17 +149,9 @@ def _build_stage(plan: ImagePlan) -> list[str]:
     extras = []
     if spec.services.jupyter:
         extras.append(f"jupyterlab=={plan.jupyterlab}")
-    extras += list(spec.pip)
+    extras += list(spec.pip) + list(plan.torchrig_requires)
     if extras:
-        out.append(_run(_pip(plan, " ".join(shlex.quote(e) for e in extras))))
-    out.append(f"COPY {CONTEXT_TORCHRIG}/ /tmp/{CONTEXT_TORCHRIG}/")
-    out.append(
-        _run(
-            _pip(plan, f"/tmp/{CONTEXT_TORCHRIG}/*.whl"),
-            f"{VENV}/bin/pip check",
-            f"{VENV}/bin/pip freeze --all > {ETC}/pip-freeze.txt",
-        )
-    )
+        out.append(_run(_pip(plan, " ".join(shlex.quote(e) for e in extras)), f"{VENV}/bin/pip check"))
     return out
 
 
@@ -172,9 +164,16 @@ def _final_stage(plan: ImagePlan) -> list[str]:
         f"COPY --from=build {ETC}/ {ETC}/",
         f"COPY {CONTEXT_FILES}/image.json {ETC}/image.json",
         f"COPY {CONTEXT_FILES}/profile.sh /etc/profile.d/torchrig.sh",
+        # torchrig last and alone (its dependencies came with the build stage): a new torchrig rebuilds
+        # this small layer, not the venv
+        f"COPY {CONTEXT_TORCHRIG}/ /tmp/{CONTEXT_TORCHRIG}/",
     ]
     out.append(
         _run(
+            f"{VENV}/bin/pip install --no-cache-dir --no-index --no-deps /tmp/{CONTEXT_TORCHRIG}/*.whl",
+            f"rm -rf /tmp/{CONTEXT_TORCHRIG}",
+            f"{VENV}/bin/pip check",
+            f"{VENV}/bin/pip freeze --all > {ETC}/pip-freeze.txt",
             # a base may ship a user or group with our ids (ubuntu:24.04 has 'ubuntu', 1000:1000): replace it
             f'old=$(getent passwd {u.uid} | cut -d: -f1); if [ -n "$old" ]; then userdel -r "$old" 2>/dev/null || userdel "$old"; fi',
             f'old=$(getent group {u.gid} | cut -d: -f1); if [ -n "$old" ]; then groupdel "$old"; fi',

@@ -69,6 +69,9 @@ class ImagePlan:
     wheelhouse: bool = False  # install from the context's wheelhouse/ with --no-index
     ca_cert: bool = False  # trust the context's build-ca.crt during the build
     pip_index_url: str | None = None  # overrides PyPI for everything but a torch from the PyTorch index
+    torchrig_requires: tuple[
+        str, ...
+    ] = ()  # torchrig's own run-time requirements (installed with the extras)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -168,10 +171,12 @@ def stack_from_wheelhouse(spec: ImageSpec, wheelhouse: Path) -> ResolvedStack | 
     return None
 
 
-def resolve_stack(spec: ImageSpec, kb: KnowledgeBase, wheelhouse: Path | None = None) -> ResolvedStack:
+def resolve_stack(spec: ImageSpec, kb: KnowledgeBase | None, wheelhouse: Path | None = None) -> ResolvedStack:
     """The pinned stack for ``spec``; with a wheelhouse, a torch wheel the knowledge base does not know yet
     is accepted (its cuDNN/NCCL/arch facts are then recorded as unknown)."""
     try:
+        if kb is None:
+            raise InputError("torchrig's knowledge base is not available", hint="reinstall torchrig")
         build = _pick_build(spec, kb)
     except InputError:
         found = stack_from_wheelhouse(spec, wheelhouse) if wheelhouse else None
