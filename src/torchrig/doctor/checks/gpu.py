@@ -22,11 +22,20 @@ TOPO_NAME = {
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
 
 
-def p2p(ctx: Context) -> Iterator[Finding]:
+def classify_pairs(ctx: Context) -> tuple[list[str], list[str], list[str]]:
+    """GPU pairs as (broken: should have P2P but do not, far: across sockets without it, good), as lines."""
     pairs = ctx.facts.nvml.p2p
     torch_peer = {(p.a, p.b): p.can_access for p in ctx.facts.torch.peer_access}
-    if not pairs and not torch_peer:
-        return
+    if not pairs:  # no NVML: judge from CUDA alone
+        return (
+            [
+                f"GPU {a} <-> GPU {b}: torch.cuda.can_device_access_peer: False"
+                for (a, b), v in torch_peer.items()
+                if not v
+            ],
+            [],
+            [f"GPU {a} <-> GPU {b}: peer access OK (CUDA)" for (a, b), v in torch_peer.items() if v],
+        )
     broken, far, good = [], [], []
     for p in pairs:
         nvlink = p.nvlink == "ok"
@@ -43,13 +52,11 @@ def p2p(ctx: Context) -> Iterator[Finding]:
             broken.append(line)
         else:
             far.append(line)
-    if not pairs:  # no NVML: judge from CUDA alone
-        broken = [
-            f"GPU {a} <-> GPU {b}: torch.cuda.can_device_access_peer: False"
-            for (a, b), v in torch_peer.items()
-            if not v
-        ]
-        good = [f"GPU {a} <-> GPU {b}: peer access OK (CUDA)" for (a, b), v in torch_peer.items() if v]
+    return broken, far, good
+
+
+def p2p(ctx: Context) -> Iterator[Finding]:
+    broken, far, good = classify_pairs(ctx)
     if broken:
         yield Finding(
             "gpu.p2p_unavailable",

@@ -63,6 +63,33 @@ def _run_all(jobs: dict[str, tuple[Callable[[], Any], float]]) -> tuple[dict[str
     return results, elapsed
 
 
+def _assemble(results: dict[str, Any], deadlines_s: dict[str, float], torch: bool) -> dict[str, Any]:
+    """Each area's record: the probe's own, or one saying it was skipped, timed out or crashed."""
+    kinds = {
+        "nvml": NvmlFacts,
+        "kernel": KernelFacts,
+        "env": EnvFacts,
+        "container": ContainerFacts,
+        "docker": DockerFacts,
+        "torch": TorchFacts,
+    }
+    parts: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        value = results.get(name)
+        has_error = "error" in {f.name for f in dataclasses.fields(kind)}
+        if name == "torch" and not torch:
+            parts[name] = kind(ProbeStatus.SKIPPED)
+        elif value is None:
+            msg = f"the {name} probe did not finish in {deadlines_s[name]:g} s"
+            parts[name] = kind(ProbeStatus.TIMEOUT, **({"error": msg} if has_error else {}))
+        elif isinstance(value, BaseException):
+            msg = f"{type(value).__name__}: {value}"
+            parts[name] = kind(ProbeStatus.FAILED, **({"error": msg} if has_error else {}))
+        else:
+            parts[name] = value
+    return parts
+
+
 def collect(options: ProbeOptions | None = None) -> Facts:
     from torchrig import __version__
     from torchrig.doctor.probes.container import probe_container, probe_docker
@@ -84,37 +111,7 @@ def collect(options: ProbeOptions | None = None) -> Facts:
         # The child has its own timeout; the thread's deadline is a little later so the child's wins.
         jobs["torch"] = (lambda: probe_torch(opts.python, opts.timeout_s), opts.timeout_s + 5)
     results, elapsed = _run_all(jobs)
-    kinds = {
-        "nvml": NvmlFacts,
-        "kernel": KernelFacts,
-        "env": EnvFacts,
-        "container": ContainerFacts,
-        "docker": DockerFacts,
-        "torch": TorchFacts,
-    }
-    parts: dict[str, Any] = {}
-    for name, kind in kinds.items():
-        value = results.get(name)
-        if name == "torch" and not opts.torch:
-            parts[name] = kind(ProbeStatus.SKIPPED)
-        elif value is None:
-            parts[name] = kind(
-                ProbeStatus.TIMEOUT,
-                **(
-                    {"error": f"the {name} probe did not finish in {jobs[name][1]:g} s"}
-                    if "error" in {f.name for f in dataclasses.fields(kind)}
-                    else {}
-                ),
-            )
-        elif isinstance(value, BaseException):
-            extra = (
-                {"error": f"{type(value).__name__}: {value}"}
-                if "error" in {f.name for f in dataclasses.fields(kind)}
-                else {}
-            )
-            parts[name] = kind(ProbeStatus.FAILED, **extra)
-        else:
-            parts[name] = value
+    parts = _assemble(results, {n: t for n, (_fn, t) in jobs.items()}, opts.torch)
     return Facts(
         **parts,
         recorded_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -1,0 +1,79 @@
+"""The probe frame and the pieces of probes that do not need a GPU: a hung or crashing probe becomes a record
+(never a hang or a traceback), the torch probe's child script, /etc/os-release, and distribution fixes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from torchrig.doctor import fixes
+from torchrig.doctor.facts import ProbeStatus
+from torchrig.doctor.probes import _assemble, _run_all
+from torchrig.doctor.probes.kernel import os_release
+from torchrig.doctor.probes.pytorch import SCRIPT, probe_torch
+
+
+def test_hung_and_crashing_probes_become_records():
+    def hang():
+        time.sleep(30)
+
+    def crash():
+        raise RuntimeError("boom")
+
+    t0 = time.perf_counter()
+    results, _ms = _run_all({"nvml": (hang, 0.3), "kernel": (crash, 5), "env": (lambda: None, 5)})
+    assert time.perf_counter() - t0 < 5
+    parts = _assemble(
+        results, {"nvml": 0.3, "kernel": 5, "env": 5, "container": 5, "docker": 5, "torch": 5}, torch=False
+    )
+    assert parts["nvml"].status is ProbeStatus.TIMEOUT and "0.3 s" in parts["nvml"].error
+    assert parts["kernel"].status is ProbeStatus.FAILED
+    assert parts["torch"].status is ProbeStatus.SKIPPED
+
+
+def test_torch_script_runs_without_torchrig_and_prints_json():
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", SCRIPT.read_text()], capture_output=True, text=True, timeout=120
+    )
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["status"] in ("ok", "missing") and data["python_executable"] == sys.executable
+
+
+def test_torch_probe_of_a_missing_interpreter(tmp_path):
+    facts = probe_torch(str(tmp_path / "nope"), timeout_s=5)
+    assert facts.status is ProbeStatus.MISSING and "cannot run" in (facts.error or "")
+
+
+def test_torch_probe_of_a_crashing_interpreter(tmp_path):
+    exe = tmp_path / "python"
+    exe.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
+    exe.chmod(0o755)
+    facts = probe_torch(str(exe), timeout_s=5)
+    assert facts.status is ProbeStatus.FAILED and "status 139: Segmentation fault" in (facts.error or "")
+
+
+def test_os_release(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "os-release").write_text(
+        'PRETTY_NAME="Ubuntu 24.04.2 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n'
+    )
+    rel = os_release(str(tmp_path))
+    assert (rel["ID"], rel["VERSION_ID"], rel["ID_LIKE"]) == ("ubuntu", "24.04", "debian")
+
+
+def test_driver_install_steps_per_distribution():
+    debian, src = fixes.steps("driver_install", "debian", (), "12")
+    assert any("nvidia-driver firmware-misc-nonfree" in s for s in debian) and "wiki.debian.org" in src
+    assert any("repos/debian12/" in s for s in debian)
+    ubuntu, _ = fixes.steps("driver_install", "ubuntu", ("debian",), "24.04", branch="580")
+    assert "sudo ubuntu-drivers install --gpgpu" in ubuntu
+    assert any("nvidia-driver-580-server-open" in s for s in ubuntu)
+    rocky, _ = fixes.steps("driver_install", "rocky", ("rhel", "centos", "fedora"), "9.4")
+    assert any("repos/rhel9/" in s for s in rocky)
+    other, src = fixes.steps("driver_install", "gentoo", (), None)
+    assert "driver-installation-guide" in src and other
+    # a derivative falls back to its parent (ID_LIKE)
+    mint, _ = fixes.steps("driver_install", "linuxmint", ("ubuntu", "debian"), "22")
+    assert "sudo ubuntu-drivers install --gpgpu" in mint
