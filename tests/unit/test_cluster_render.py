@@ -70,6 +70,7 @@ CASES = {
                 image="registry.example/team/torchrig:2.8.0-cu128",
                 namespace="ml",
                 max_restarts=3,
+                pvc_mounts=("shared-runs:/shared",),
             )
         )
     ),
@@ -142,6 +143,16 @@ def test_schema_catches_bad_replica_type_and_bad_container_field():
         validate.validate_manifest(job)
 
 
+def test_pvc_volume_in_every_pod():
+    docs = k8s.render(
+        ClusterJob(script="t.py", nodes=2, image="img:1", pvc_mounts=("runs:/shared",), k8s_kind=K8sKind.JOB)
+    )
+    assert validate.validate_all(docs) == 2
+    pod = docs[1]["spec"]["template"]["spec"]
+    assert {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "runs"}} in pod["volumes"]
+    assert {"name": "pvc-0", "mountPath": "/shared"} in pod["containers"][0]["volumeMounts"]
+
+
 def test_gpu_and_shm_in_pod():
     doc = k8s.render(ClusterJob(script="t.py", nodes=2, gpus_per_node=4, image="img:1", shm_size="32Gi"))[0]
     pod = doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -180,6 +191,7 @@ def test_job_validation(kwargs, match):
         (["cluster", "slurm", "--rdzv-timeout", "0", "--", "t.py"], "--rdzv-timeout must be at least 1"),
         (["cluster", "slurm", "--container-runtime", "apptainer", "--", "t.py"], "needs an image"),
         (["cluster", "slurm", "--env", "1BAD=x", "--", "t.py"], "not an environment variable name"),
+        (["cluster", "k8s", "--image", "i:1", "--volume", "runs", "--", "t.py"], "is not CLAIM:/path"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(cli, argv, needle):

@@ -89,6 +89,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     k.add_argument("--kind", choices=["pytorchjob", "job"], default="pytorchjob")
     k.add_argument("--namespace", default="default")
     k.add_argument("--shm-size", default="16Gi", help="memory-backed /dev/shm size (default 16Gi)")
+    k.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        metavar="CLAIM:PATH",
+        help="mount a PersistentVolumeClaim in every pod (shared checkpoints and data)",
+    )
     k.add_argument("--apply", action="store_true", help="kubectl apply the manifests (needs --output)")
     _add_common(k)
     for p in (s, k):  # subparsers do not inherit the frame's common options
@@ -166,6 +173,7 @@ def _job(args: argparse.Namespace) -> Any:
         **common,
         namespace=args.namespace,
         shm_size=args.shm_size,
+        pvc_mounts=tuple(args.volume),
         k8s_kind=K8sKind(args.kind),
     )
 

@@ -18,6 +18,7 @@ from torchrig.launch.envdefaults import defaults_for
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+_CLAIM_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by `torchrig launch` on each node from that node's core count (and by torchrun to 1 when unset), so
 # a render, which does not know the nodes' cores, leaves it to them.
@@ -73,6 +74,7 @@ class ClusterJob:
     namespace: str = "default"
     k8s_kind: K8sKind = K8sKind.PYTORCHJOB
     shm_size: str = "16Gi"
+    pvc_mounts: tuple[str, ...] = ()  # "CLAIM:/path": a PersistentVolumeClaim every pod mounts (checkpoints)
     env: dict[str, str] = field(default_factory=dict)
     use_torchrig_launch: bool = True
 
@@ -118,6 +120,12 @@ class ClusterJob:
                 f"--container-runtime {self.container_runtime.value} needs an image",
                 hint="pass --container IMAGE, or --spec torchrig.toml for the image `torchrig image build` makes",
             )
+        for mount in self.pvc_mounts:
+            claim, _, path = mount.partition(":")
+            if not _CLAIM_RE.match(claim) or not path.startswith("/"):
+                raise UsageError(
+                    f"--volume {mount!r} is not CLAIM:/path", hint="e.g. --volume shared-runs:/shared"
+                )
         for key in self.env:
             if not _ENV_NAME_RE.match(key):
                 raise UsageError(f"--env {key!r} is not an environment variable name")

@@ -55,7 +55,8 @@ def _container(job: ClusterJob, node_rank: str, master: str, port: str, port_nam
         "env": env,
         "ports": [{"name": port_name, "containerPort": job.rdzv_port}],
         "resources": {"limits": limits} if limits else {},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]
+        + [{"name": f"pvc-{i}", "mountPath": m.partition(":")[2]} for i, m in enumerate(job.pvc_mounts)],
     }
 
 
@@ -67,7 +68,11 @@ def _pod_spec(job: ClusterJob, container: dict[str, Any], restart: str) -> dict[
     return {
         "restartPolicy": restart,
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}}],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}}]
+        + [
+            {"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": m.partition(":")[0]}}
+            for i, m in enumerate(job.pvc_mounts)
+        ],
     }
 
 
