@@ -163,10 +163,19 @@ def python_versions(files: Iterable[WheelFile]) -> tuple[str, ...]:
     return tuple(sorted(found, key=version_key))
 
 
+def _build_tag(filename: str) -> int:
+    """A wheel's optional build tag (``torch-2.10.0-3-cp311-...`` -> 3), 0 when absent."""
+    parts = filename[: -len(".whl")].split("-")
+    match = re.match(r"\d+", parts[2]) if len(parts) == 6 else None
+    return int(match.group(0)) if match else 0
+
+
 def linux_wheel(files: Sequence[WheelFile], prefer: str = "cp311") -> WheelFile | None:
-    """The Linux x86_64 wheel to read METADATA from: ``prefer``'s tag if present, newest build tag first."""
+    """The Linux x86_64 wheel to read METADATA from: ``prefer``'s tag if present, highest build tag first."""
     linux = sorted(
-        (f for f in files if LINUX_X86_64.search(f.filename)), key=lambda f: f.filename, reverse=True
+        (f for f in files if LINUX_X86_64.search(f.filename)),
+        key=lambda f: (_build_tag(f.filename), f.filename),
+        reverse=True,
     )
     preferred = [f for f in linux if f"-{prefer}-{prefer}-" in f.filename]
     candidates = preferred or linux

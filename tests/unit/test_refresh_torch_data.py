@@ -167,6 +167,11 @@ def test_index_grouping_keeps_final_releases_and_linux_python_tags():
     assert R.python_versions(grouped["2.15.0"]) == ("3.11", "3.12", "3.13", "3.14", "3.15")
     wheel = R.linux_wheel(grouped["2.8.0"])
     assert wheel is not None and wheel.filename == "torch-2.8.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    rebuilt = [
+        R.WheelFile(f"torch-2.10.0-{tag}cp311-cp311-manylinux_2_28_x86_64.whl", "u", 1, "")
+        for tag in ("", "3-")
+    ]
+    assert R.linux_wheel(rebuilt) == rebuilt[1]  # the re-uploaded build (build tag 3) wins
     pre = {"files": [{"filename": "torch-2.16.0rc1-cp311-cp311-manylinux_2_28_x86_64.whl", "url": "u"}]}
     assert R.releases_in_index(pre, "torch") == {}
 
