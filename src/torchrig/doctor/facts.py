@@ -218,7 +218,7 @@ class ContainerFacts:
     cgroup_memory_limit_bytes: int | None = None
     cpu_count: int | None = None
     memory_total_bytes: int | None = None
-    rdma_devices: tuple[str, ...] = ()  # /sys/class/infiniband
+    rdma_devices: tuple[str, ...] = ()  # /dev/infiniband/uverbs*
 
 
 @dataclass(frozen=True)

@@ -217,7 +217,8 @@ def uvm(ctx: Context) -> Iterator[Finding]:
     if k.wsl or k.module_version is None or ctx.has("driver.device_nodes_missing", "container.no_gpu_access"):
         return
     node = "/dev/nvidia-uvm" in ctx.node_paths
-    loaded = "nvidia_uvm" in k.modules_loaded
+    # /proc/modules may be unreadable (then it lists no nvidia at all): judge by the device node alone
+    loaded = "nvidia_uvm" in k.modules_loaded or "nvidia" not in k.modules_loaded
     err = t.init_error or ""
     unknown = "unknown error" in err.lower() or "error 999" in err.lower()
     if loaded and node and not unknown:

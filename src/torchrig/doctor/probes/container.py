@@ -149,10 +149,9 @@ def probe_container(env: Mapping[str, str] | None = None) -> ContainerFacts:
     memlock, memlock_unlimited = _limit(resource.RLIMIT_MEMLOCK)
     stack, stack_unlimited = _limit(resource.RLIMIT_STACK)
     version, cores, mem = cgroup_limits()
-    try:
-        rdma = tuple(sorted(os.listdir("/sys/class/infiniband")))
-    except OSError:
-        rdma = ()
+    # RDMA verbs devices this process can use (what NCCL's IB transport opens); /sys/class/infiniband would
+    # also list a host's adapters inside a container that was given none.
+    rdma = tuple(sorted(glob.glob("/dev/infiniband/uverbs*")))
     return ContainerFacts(
         ProbeStatus.OK,
         in_container=inside,
