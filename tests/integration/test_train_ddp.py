@@ -1,0 +1,125 @@
+"""The trainer through real torchrun + gloo (2 CPU ranks): loss falls, DDP == one process with the same global
+batch, accumulation of K micro-steps == one step of K x the batch, FSDP2 agrees with DDP, a checkpoint saved
+by 2 ranks resumes on 1 with the same losses, and export round-trips from the sharded FSDP checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = [
+    "--model",
+    "gpt",
+    "--size",
+    "tiny",
+    "--steps",
+    "16",
+    "--log-every",
+    "1",
+    "--lr",
+    "1e-2",
+    "--warmup-steps",
+    "2",
+    "--workers",
+    "0",
+    "--no-tensorboard",
+    "--device",
+    "cpu",
+    "--ckpt-every",
+    "4",
+    "--keep-ckpts",
+    "3",
+]
+RTOL = 2e-4
+
+
+def torchrig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID")}
+    env["OMP_NUM_THREADS"] = "1"  # the same thread count in and out of torchrun, for equal arithmetic
+    return subprocess.run(
+        [sys.executable, "-m", "torchrig", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records(out) if "loss" in r and r.get("event") is None}
+
+
+def train(out: Path, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    args = ["train", *TINY, "--out", str(out), *extra]
+    if nproc > 1:
+        args += ["--nproc-per-node", str(nproc), "--no-preflight"]
+    r = torchrig(*args)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    train(root / "single", "--micro-batch", "8")
+    train(root / "ddp", "--micro-batch", "4", nproc=2)
+    train(root / "accum", "--micro-batch", "2", "--grad-accum", "2", nproc=2)
+    return root
+
+
+def close(a: dict[int, float], b: dict[int, float]) -> None:
+    assert a.keys() == b.keys() == set(range(1, 17))
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=RTOL), (k, a[k], b[k])
+
+
+def test_loss_falls(runs):
+    ls = losses(runs / "ddp")
+    assert ls[16] < ls[1] - 0.4, ls  # ln(512) = 6.24 at the start
+
+
+def test_ddp_equals_single_process_with_the_same_global_batch(runs):
+    close(losses(runs / "single"), losses(runs / "ddp"))
+    start = next(r for r in records(runs / "ddp") if r.get("event") == "start")
+    assert start["world_size"] == 2 and start["parallel"] == "ddp" and start["global_batch"] == 8
+
+
+def test_accumulation_equals_one_step_of_k_times_the_batch(runs):
+    close(losses(runs / "accum"), losses(runs / "ddp"))
+
+
+def test_resume_on_one_rank_from_a_two_rank_checkpoint(runs, tmp_path):
+    """DCP reshards: the 2-rank step-4 checkpoint continues on 1 process with the same losses."""
+    out = tmp_path / "one"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(runs / "ddp" / "checkpoints" / "step-000008", out / "checkpoints" / "step-000008")
+    (out / "checkpoints" / "latest").write_text("step-000008\n")
+    train(out, "--micro-batch", "8", "--resume")
+    resumed = losses(out)
+    assert sorted(resumed) == list(range(9, 17))
+    for k in resumed:
+        assert resumed[k] == pytest.approx(losses(runs / "ddp")[k], rel=RTOL)
+    ev = next(r for r in records(out) if r.get("event") == "resume")
+    assert ev["step"] == 8 and ev["saved_world_size"] == 2 and ev["world_size"] == 1
+
+
+def test_fsdp_matches_ddp_and_its_sharded_checkpoint_exports(runs, tmp_path):
+    out = tmp_path / "fsdp"
+    train(out, "--micro-batch", "4", "--parallel", "fsdp", nproc=2)
+    close(losses(out), losses(runs / "ddp"))
+    meta = json.loads((out / "checkpoints" / "step-000016" / "meta.json").read_text())
+    assert meta["parallel"] == "fsdp" and meta["world_size"] == 2
+    r = torchrig("--json", "export", str(out), "--out", str(tmp_path / "exp"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert rep["ok"] and rep["step"] == 16
+    arts = {a["format"]: a for a in rep["artifacts"]}
+    assert arts.keys() == {"pt2", "onnx"}
+    assert arts["onnx"]["max_abs_diff"] < 1e-4 and arts["pt2"]["max_abs_diff"] < 1e-5
+    assert (tmp_path / "exp" / "model.pt2").is_file() and (tmp_path / "exp" / "model.onnx").is_file()
