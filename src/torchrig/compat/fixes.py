@@ -68,7 +68,9 @@ def _driver_fix(kb: KnowledgeBase, gpus: Sequence[Gpu], build: Build, codes: set
         if ceiling is None or target <= ceiling:
             also = (
                 f"; ≥ {tk.min_driver_minor_compat} suffices under minor-version compatibility"
-                if tk.min_driver_minor_compat and "arch_ptx_jit_driver_too_old" not in codes
+                if tk.min_driver_minor_compat
+                and "arch_ptx_jit_driver_too_old" not in codes
+                and V.parse_driver(tk.min_driver_minor_compat)[0] < need  # another branch, worth naming
                 else ""
             )
             return Fix(
