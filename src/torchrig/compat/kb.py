@@ -22,187 +22,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchrig.compat import versions as V
+from torchrig.compat.records import (
+    PYTORCH_INDEX,
+    Branch,
+    Build,
+    Gpu,
+    GpuArch,
+    Peaks,
+    Release,
+    Toolkit,
+    Variant,
+    _closest_versions,
+    closest,
+)
 from torchrig.errors import InputError
 
+__all__ = [
+    "PYTORCH_INDEX",
+    "Branch",
+    "Build",
+    "Gpu",
+    "GpuArch",
+    "KnowledgeBase",
+    "Peaks",
+    "Release",
+    "Toolkit",
+    "Variant",
+    "build_kb",
+    "load_kb",
+]
 
-def closest(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
-    from torchrig.fuzzy import closest as _closest  # difflib only on the error path
 
-    return _closest(word, choices, n=n, cutoff=cutoff)
-
-
-PYTORCH_INDEX = "https://download.pytorch.org/whl"
 _PREFIXES = ("nvidia", "geforce", "tesla", "quadro")
 # NVML names carry the board's form factor and memory ("Tesla V100-SXM2-32GB", "NVIDIA H100 80GB HBM3");
 # when the exact spelling is not listed, these tokens are dropped and the name is looked up again.
 _BOARD_TOKENS = re.compile(r"[\s_-]+(sxm\d?|pcie|\d+gb|hbm\d?e?|nvl|mig|\d+g)\b", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class GpuArch:
-    name: str
-    compute_capabilities: tuple[str, ...]
-    last_driver_branch: str | None = None
-    min_driver_branch: str | None = None
-    source: str = ""
-    verified: str = ""
-
-
-@dataclass(frozen=True)
-class Peaks:
-    """Datasheet peaks, dense; ``None`` where the datasheet does not state the figure."""
-
-    fp32_tflops: float | None = None
-    tf32_tflops: float | None = None
-    bf16_tflops: float | None = None
-    fp16_tflops: float | None = None
-    fp8_tflops: float | None = None
-    memory_bandwidth_gbps: float | None = None
-    nvlink_bandwidth_gbps: float | None = None
-    pcie_gen: int | None = None
-    pcie_bandwidth_gbps: float | None = None
-    source: str | None = None
-
-
-@dataclass(frozen=True)
-class Gpu:
-    id: str
-    name: str
-    arch: str
-    compute_capability: str
-    segment: str
-    family: str
-    memory_gb: float | None
-    memory_type: str | None
-    aliases: tuple[str, ...]
-    peaks: Peaks
-    source: str = ""
-    verified: str = ""
-
-    @property
-    def cc(self) -> tuple[int, int]:
-        return V.parse_cc(self.compute_capability)
-
-    @property
-    def sm(self) -> str:
-        return V.sm_str(self.cc)
-
-
-@dataclass(frozen=True)
-class Toolkit:
-    version: str
-    min_driver: str | None
-    min_driver_minor_compat: str | None
-    compute_capabilities: tuple[str, ...]
-    released: str | None = None
-    source: str = ""
-    verified: str = ""
-
-    @property
-    def major(self) -> int:
-        return V.parse_cuda(self.version)[0]
-
-
-@dataclass(frozen=True)
-class Branch:
-    branch: str
-    max_cuda: str
-    first_release: str | None = None
-    released: str | None = None
-    lts: bool = False
-    source: str = ""
-    verified: str = ""
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    cuda: str | None
-    index_url: str
-    arch_list: tuple[str, ...]
-    ptx: tuple[str, ...]
-    cudnn: str | None = None
-    nccl: str | None = None
-    source: str = ""
-    verified: str = ""
-
-    @property
-    def is_cpu(self) -> bool:
-        return self.cuda is None
-
-
-@dataclass(frozen=True)
-class Release:
-    version: str
-    released: str | None
-    python: tuple[str, ...]
-    torchvision: str | None
-    torchaudio: str | None
-    pypi_variant: str
-    variants: tuple[Variant, ...]
-    source: str = ""
-    verified: str = ""
-
-    def variant(self, name: str) -> Variant:
-        for v in self.variants:
-            if v.name == name:
-                return v
-        raise InputError(
-            f"torch {self.version} has no {name} build",
-            hint=f"published: {', '.join(_closest_versions(name, [v.name for v in self.variants], n=8))}",
-        )
-
-
-@dataclass(frozen=True)
-class Build:
-    """One installable wheel: a release and one of its variants."""
-
-    release: Release
-    variant: Variant
-
-    @property
-    def label(self) -> str:
-        return f"{self.release.version}+{self.variant.name}"
-
-    @property
-    def is_pypi_default(self) -> bool:
-        return self.variant.name == self.release.pypi_variant
-
-    @property
-    def cuda(self) -> str | None:
-        return self.variant.cuda
-
-    @property
-    def pip_command(self) -> str:
-        """``pip install torch==X``: plain for the PyPI build, else from the variant's index."""
-        return self.pip_command_for(("torch",))
-
-    def pip_command_for(self, packages: Iterable[str]) -> str:
-        pins = {
-            "torch": self.release.version,
-            "torchvision": self.release.torchvision,
-            "torchaudio": self.release.torchaudio,
-        }
-        reqs = " ".join(f"{p}=={pins[p]}" for p in packages if pins.get(p))
-        if self.is_pypi_default:
-            return f"pip install {reqs}"
-        return f"pip install {reqs} --index-url {self.variant.index_url}"
-
-    def to_json(self) -> dict[str, Any]:
-        v = self.variant
-        return {
-            "label": self.label,
-            "release": self.release.version,
-            "variant": v.name,
-            "cuda": v.cuda,
-            "pypi_default": self.is_pypi_default,
-            "index_url": v.index_url,
-            "arch_list": list(v.arch_list),
-            "ptx": list(v.ptx),
-            "cudnn": v.cudnn,
-            "nccl": v.nccl,
-            "pip_command": self.pip_command,
-        }
 
 
 def _norm(name: str) -> str:
@@ -214,26 +68,6 @@ def _strip_prefixes(name: str) -> str:
     while words and words[0] in _PREFIXES:
         words.pop(0)
     return "".join(words)
-
-
-def _numbers(text: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", text))
-
-
-def _closest_versions(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
-    """Closest versions by number (2.9.5 -> 2.9.1, 2.9.0), falling back to spelling for non-numeric words."""
-    pool = list(dict.fromkeys(choices))
-    target = _numbers(word)
-    if not target:
-        return closest(word, pool, n=n) or pool[:n]
-
-    def distance(choice: str) -> tuple[int, ...]:
-        got = _numbers(choice) or (10**6,)
-        width = max(len(got), len(target))
-        a, b = target + (0,) * (width - len(target)), got + (0,) * (width - len(got))
-        return tuple(abs(x - y) for x, y in zip(a, b, strict=True))
-
-    return sorted(pool, key=distance)[:n]
 
 
 @dataclass(frozen=True)
@@ -502,8 +336,10 @@ def _sources() -> tuple[list[bytes], str]:
     for name in _KB_FILES:
         with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:
             raws.append(fh.read())
-    with open(here, "rb") as fh:
-        code = fh.read()
+    code = b""
+    for module in (here, os.path.join(os.path.dirname(here), "records.py")):  # the pickled classes' code
+        with open(module, "rb") as fh:
+            code += fh.read()
     key = "-".join(f"{zlib.crc32(r):08x}" for r in (*raws, code))
     return raws, f"kb-py{sys.version_info[0]}{sys.version_info[1]}-{key}.pickle"
 
