@@ -49,7 +49,7 @@ for ext in json report.json report.txt stderr exit; do mv "$D/probe.$ext" "$D/$N
 echo "doctor.sh: $NAME (exit $(cat "$D/$NAME.exit"))"
 run "$NAME-cuda-visible-devices-7" CUDA_VISIBLE_DEVICES=7
 
-if [ "$SECONDS" -gt 40 ]; then echo "doctor.sh: ${SECONDS} s used; skipping timings and unit tests to stay under 60 s"; else
+if [ "$SECONDS" -gt 30 ]; then echo "doctor.sh: ${SECONDS} s used; skipping timings and unit tests to stay under 60 s"; else
 {
     echo "# wall time of 'python -m torchrig doctor' on $NAME (seconds, 3 runs each)"
     for label in "with-torch:" "without-torch:--only driver,gpu,container"; do
