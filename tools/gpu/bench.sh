@@ -4,6 +4,8 @@
 # Runs, in order, each bounded by what is left of BENCH_BUDGET_S (default 400 s, inside tools/gpu/all.sh's 420 s):
 #   1. the anchor alone (GEMM, device copy, host<->device)       .baselines/anchor_probe.py
 #   2. the anchor under torchrun, 2 processes (when >= 2 GPUs)     all_reduce / all_gather busbw
+#   2b. tools/gpu/bench_probe.py: plain-PyTorch diagnostics (GEMM after a long run; pageable h2d of a
+#       never-written vs. a written buffer; the host's one-thread memcpy), ~15 s
 #   3. torchrig bench (full), every GPU                          -> bench.json, bench.md, bench.png
 #   4. torchrig bench --quick, timed
 #   5. the bench GPU tests                                        tests/gpu/test_bench_*.py
@@ -52,6 +54,7 @@ if [ -f "$ANCHOR" ]; then
 else
   echo "bench.sh: no $ANCHOR: copy /work/shared/baselines to .baselines/ for the side-by-side"
 fi
+step probe 60 "$WORK/probe.out" $PY tools/gpu/bench_probe.py
 step full 300 "$WORK/full.json" $PY -m torchrig bench --out "$WORK/full" --json $PLOTS
 step quick 120 "$WORK/quick.json" $PY -m torchrig bench --quick --no-plots --json
 step tests 150 "$WORK/tests.txt" $PY -m pytest -q -p no:cacheprovider tests/gpu -k bench

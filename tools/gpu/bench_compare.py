@@ -1,7 +1,8 @@
 """Side by side: torchrig bench against the plain-PyTorch anchors (anchor_probe.py) measured in the same call.
 
 Usage (from tools/gpu/bench.sh): python3 tools/gpu/bench_compare.py --work DIR --dest DIR --ngpu N
-Reads DIR/anchor_single.out, DIR/anchor_coll.out (JSON lines the anchor printed), DIR/full/bench.json and
+Reads DIR/anchor_single.out, DIR/anchor_coll.out (JSON lines the anchor printed), DIR/probe.out
+(tools/gpu/bench_probe.py's diagnostics), DIR/full/bench.json and
 DIR/quick.json (torchrig bench --json), DIR/steps.tsv (step, exit code, seconds, command); writes
 DEST/bench-<N>gpu.json (everything together), DEST/bench-<N>gpu.md (the report with the comparison and the
 commands) and copies the full run's PNG to DEST/bench-<N>gpu.png; prints the comparison table last.
@@ -131,6 +132,7 @@ def markdown(
     full_md: str,
     quick: dict[str, Any] | None,
     ngpu: int,
+    probe: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         f"## {ngpu}x GPU: torchrig bench vs. the plain-PyTorch anchor (same call)",
@@ -157,7 +159,42 @@ def markdown(
     lines += ["```", ""]
     if quick:
         lines += ["Quick run verdict: " + str(quick.get("verdict")), ""]
+    lines += probe_lines(probe)
     return "\n".join(lines) + "\n" + full_md
+
+
+PROBE_ROWS = (
+    ("tf32_allow_tf32_idle", "GEMM tf32 8192³, allow_tf32 = True, after 1 s idle", "TFLOP/s"),
+    (
+        "tf32_precision_high_idle",
+        "GEMM tf32 8192³, set_float32_matmul_precision('high'), after 1 s idle",
+        "TFLOP/s",
+    ),
+    ("tf32_right_after_fp32_16384", "GEMM tf32 8192³ right after 25 fp32 16384³ GEMMs", "TFLOP/s"),
+    ("tf32_after_fp32_16384_and_1s_idle", "GEMM tf32 8192³ after those and 1 s idle", "TFLOP/s"),
+    ("h2d_pageable_never_written", "h2d pageable 1 GiB, never-written torch.empty (as the anchor)", "GB/s"),
+    ("h2d_pageable_written", "h2d pageable 1 GiB, the same buffer once written", "GB/s"),
+    ("host_memcpy_1thread", "host memcpy 1 GiB, one thread (bounds pageable staging)", "GB/s"),
+)
+
+
+def probe_lines(probe: dict[str, Any] | None) -> list[str]:
+    """The diagnostics of tools/gpu/bench_probe.py as a Markdown table (empty without them)."""
+    if not probe:
+        return []
+    lines = [
+        "Diagnostics (plain PyTorch, `tools/gpu/bench_probe.py`, same call):",
+        "",
+        "| probe | figure | SM clock at end |",
+        "|---|---:|---:|",
+    ]
+    for key, label, unit in PROBE_ROWS:
+        value = probe.get(f"{key}_tflops" if unit == "TFLOP/s" else f"{key}_GBps")
+        if value is None:
+            continue
+        mhz = probe.get(f"{key}_sm_mhz")
+        lines.append(f"| {label} | {value:,.1f} {unit} | {f'{mhz} MHz' if mhz else '-'} |")
+    return [*lines, ""]
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
@@ -179,6 +216,7 @@ def main() -> int:
     dest.mkdir(parents=True, exist_ok=True)
     single, coll = read_json(work / "anchor_single.out"), read_json(work / "anchor_coll.out")
     full, quick = read_json(work / "full" / "bench.json"), read_json(work / "quick.json")
+    probe = read_json(work / "probe.out")
     steps = read_steps(work / "steps.tsv")
     quick_s = next((s["seconds"] for s in steps if s["step"] == "quick"), None)
     rows = comparison(full, single, coll)
@@ -192,7 +230,7 @@ def main() -> int:
     full_md = full_md_raw.replace("](bench.png)", f"]({stem}.png)").replace(
         "# torchrig bench:", "### torchrig bench:", 1
     )
-    (dest / f"{stem}.md").write_text(markdown(rows, steps, quick_s, full_md, quick, args.ngpu))
+    (dest / f"{stem}.md").write_text(markdown(rows, steps, quick_s, full_md, quick, args.ngpu, probe))
     (dest / f"{stem}.json").write_text(
         json.dumps(
             {
@@ -201,6 +239,7 @@ def main() -> int:
                 "quick_seconds": quick_s,
                 "anchor_single": single,
                 "anchor_collectives": coll,
+                "probe": probe,
                 "full": full,
                 "quick": quick,
                 "stderr_tails": logs,
@@ -219,6 +258,8 @@ def main() -> int:
     if quick_s is not None:
         print(f"quick run: {quick_s:.1f} s ({'under' if quick_s < 60 else 'OVER'} a minute)")
     print("\n".join(table(rows)))
+    if probe:
+        print("probe: " + json.dumps(probe))
     required = [r for r in rows if r["required"]]
     bad = [r for r in required if not r["ok"]]
     print(f"required figures within 5% of the anchor or above: {len(required) - len(bad)}/{len(required)}")

@@ -50,6 +50,9 @@ class BenchConfig:
     scaling_steps: int
     scaling_warmup: int
     warmup: int = 5  # as the anchor and nccl-tests (-w 5)
+    # Seconds the GPU idles before each GEMM's timed repeats, so each starts in the same clock and power
+    # state (a burst after idle, as a single-figure benchmark measures it) whatever ran before it.
+    gemm_settle_s: float = 1.0
     command_line: str = ""
 
     def __post_init__(self) -> None:

@@ -9,6 +9,8 @@ inputs rotated so the L2 cache cannot flatter them, and every result is checked 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from torchrig.bench.records import GemmResult, HostResult, MemoryResult
@@ -18,6 +20,43 @@ from torchrig.bench.timing import Timer, median, rotation_sets
 # inputs); tf32 keeps a 10-bit mantissa, bf16/fp16/fp8 outputs are rounded to bf16/fp16.
 GEMM_TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 2e-2, "fp16": 1e-2, "fp8": 2e-2}
 CHECK_BLOCK = 256
+# GEMMs run smallest size first and, within a size, in this order (the anchor's, fp8 before the slow fp32):
+# a long fp32 run at 16384 (seconds at full power) right before another dtype lowered that one's figure.
+GEMM_RUN_ORDER = ("bf16", "fp16", "tf32", "fp8", "fp32")
+
+# (SM clock MHz, temperature C, power W) of the GPU now, any of them None when unknown.
+GpuState = tuple[int | None, int | None, float | None]
+
+
+def gpu_state_reader(torch: Any, device: Any) -> Callable[[], GpuState] | None:
+    """A callable that reads the GPU's SM clock, temperature and power through NVML; None without NVML.
+
+    The GPU is found by its UUID, so ``CUDA_VISIBLE_DEVICES`` renumbering does not matter.
+    """
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
+    except Exception:  # no pynvml, no driver library, or an older torch without the UUID
+        return None
+
+    def read() -> GpuState:
+        def get(fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except Exception:  # a field this GPU or driver does not report
+                return None
+
+        clock = get(lambda: int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)))
+        temp = get(lambda: int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)))
+        power = get(lambda: round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, 1))
+        return clock, temp, power
+
+    return read
 
 
 def fp8_supported(torch: Any, device: Any) -> str | None:
@@ -66,8 +105,14 @@ def measure_gemm(
     warmup: int,
     l2_cache_bytes: int | None,
     rank: int,
+    settle_s: float = 0.0,
+    state: Callable[[], GpuState] | None = None,
 ) -> GemmResult:
-    """TFLOP/s of an ``n x n x n`` matrix multiply in ``dtype_name`` (fp32 | tf32 | bf16 | fp16 | fp8)."""
+    """TFLOP/s of an ``n x n x n`` matrix multiply in ``dtype_name`` (fp32 | tf32 | bf16 | fp16 | fp8).
+
+    The GPU idles ``settle_s`` seconds after the inputs are made and before the warm-up; ``state`` (see
+    :func:`gpu_state_reader`) is read as the last timed repeat ends.
+    """
     previous = torch.get_float32_matmul_precision()
     # "highest" keeps fp32 matmuls in IEEE fp32; "high" lets them use TF32 tensor cores.
     torch.set_float32_matmul_precision("high" if dtype_name == "tf32" else "highest")
@@ -80,7 +125,11 @@ def measure_gemm(
         ]
         mm = _gemm_fn(torch, dtype_name, device)
         timer = Timer(torch, device)
+        timer.sync()
+        if settle_s > 0:
+            time.sleep(settle_s)
         times = timer.time_each(lambda i: mm(*sets[i % len(sets)]), repeats, warmup)
+        clock, temp, power = state() if state is not None else (None, None, None)
         err = _gemm_error(torch, mm, *first)
     finally:
         torch.set_float32_matmul_precision(previous)
@@ -96,6 +145,9 @@ def measure_gemm(
         check_ok=ok,
         max_rel_err=err,
         note="e4m3, tensor-wise scale, fast accumulation" if dtype_name == "fp8" else "",
+        sm_clock_mhz=clock,
+        temperature_c=temp,
+        power_w=power,
     )
 
 
@@ -164,6 +216,17 @@ def measure_memory(
     )
 
 
+def _fill_random(torch: Any, buf: Any, block_bytes: int = 1 << 20) -> None:
+    """Write every byte of a 1-D uint8 CPU tensor: one random block, repeated (memcpy speed, not RNG speed)."""
+    block = torch.randint(0, 256, (min(block_bytes, buf.numel()),), dtype=torch.uint8)
+    whole = buf.numel() // block.numel() * block.numel()
+    if whole:
+        buf[:whole].view(-1, block.numel()).copy_(block.expand(whole // block.numel(), -1))
+    rest = buf.numel() - whole
+    if rest:
+        buf[whole:].copy_(block[:rest])
+
+
 def measure_host(
     torch: Any,
     device: Any,
@@ -174,11 +237,15 @@ def measure_host(
     warmup: int,
     rank: int,
 ) -> HostResult:
-    """Host<->device bandwidth of one ``size_bytes`` copy (``non_blocking``, as a data loader copies)."""
-    # Allocated pinned directly (no pageable staging copy); zero-filled so every page is resident before
-    # timing, with a random first MiB for the check.
-    host = torch.zeros(size_bytes, dtype=torch.uint8, pin_memory=pinned)
-    host[: 1 << 20].random_(0, 256)
+    """Host<->device bandwidth of one ``size_bytes`` copy (``non_blocking``, as a data loader copies).
+
+    The host buffer holds data in every page, as a batch a program made does: random bytes, written
+    before timing. A pageable buffer that was never written would read the kernel's shared zero page and
+    flatter the copy (the driver's staging memcpy then reads one cached page instead of memory).
+    """
+    # Allocated pinned directly (no pageable staging copy).
+    host = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=pinned)
+    _fill_random(torch, host)
     dev = torch.empty(size_bytes, dtype=torch.uint8, device=device)
     timer = Timer(torch, device)
     if direction == "h2d":

@@ -25,6 +25,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as _toml
 
 DOCTOR = "run 'torchrig doctor' to check links, clocks and the PCIe width"
+PAGEABLE_NOTE = (
+    "not graded: the driver copies pageable memory through its pinned staging buffers with a host memcpy, "
+    "so the host's memory copy speed bounds it, not PCIe; use pinned memory (DataLoader(pin_memory=True))"
+)
 MIN_GRADED_COLLECTIVE_BYTES = 64 << 20  # below this, collectives are latency-bound: their busbw says little
 
 
@@ -168,19 +172,55 @@ class _Grader:
                 DOCTOR,
             )
         for h in self.m.host:
-            pcie = self.peak(h.rank, "pcie_bandwidth_gbps")
-            kind = "pinned" if h.pinned else "pageable"
+            if h.pinned:
+                pcie = self.peak(h.rank, "pcie_bandwidth_gbps")
+                self.add(
+                    f"host.{h.direction}.pinned.gpu{h.rank}",
+                    f"{self.who} {h.rank} {h.direction} pinned",
+                    h.gbps,
+                    "GB/s",
+                    pcie / 2 if pcie else None,
+                    "PCIe per direction",
+                    "host_pinned",
+                    h.check_ok,
+                    DOCTOR,
+                )
+            else:
+                self.pageable(h)
+
+    def pageable(self, h: Any) -> None:
+        """Informational: a pageable copy is a host memcpy into the driver's staging buffers, then DMA."""
+        pinned = next(
+            (p for p in self.m.host if p.rank == h.rank and p.direction == h.direction and p.pinned), None
+        )
+        expected = pinned.gbps if pinned is not None else None
+        fraction = h.gbps / expected if expected else None
+        if not h.check_ok or self.no_gpu:
             self.add(
-                f"host.{h.direction}.{kind}.gpu{h.rank}",
-                f"{self.who} {h.rank} {h.direction} {kind}",
+                f"host.{h.direction}.pageable.gpu{h.rank}",
+                f"{self.who} {h.rank} {h.direction} pageable",
                 h.gbps,
                 "GB/s",
-                pcie / 2 if pcie else None,
-                "PCIe per direction",
-                f"host_{kind}",
+                None,
+                "",
+                "host_pinned",
                 h.check_ok,
-                DOCTOR if h.pinned else "use pinned memory (DataLoader(pin_memory=True))",
             )
+            return
+        share = f"{fraction:.0%} of the pinned copy ({expected:,.1f} GB/s); " if fraction is not None else ""
+        self.findings.append(
+            Finding(
+                id=f"host.{h.direction}.pageable.gpu{h.rank}",
+                figure=f"{self.who} {h.rank} {h.direction} pageable",
+                value=h.gbps,
+                unit="GB/s",
+                expected=expected,
+                expected_what="pinned copy, measured",
+                fraction=fraction,
+                grade=Grade.INFO,
+                message=share + PAGEABLE_NOTE,
+            )
+        )
 
     def links(self) -> None:
         for p in self.m.p2p:

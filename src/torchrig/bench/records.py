@@ -35,6 +35,10 @@ class GemmResult:
     check_ok: bool
     max_rel_err: float | None
     note: str = ""
+    # The GPU's state as the timed repeats ended (NVML; None without it): it tells a slow figure's cause.
+    sm_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +141,7 @@ class Grade(str, enum.Enum):
     FAIL = "fail"
     NO_GPU = "no GPU"  # measured on the CPU path: nothing to grade against
     UNKNOWN = "unknown"  # no datasheet figure for this GPU
+    INFO = "info"  # shown against a reference, never graded (pageable host copies: bounded by the host)
 
 
 @dataclasses.dataclass(frozen=True)

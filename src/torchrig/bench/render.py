@@ -18,6 +18,7 @@ MARK = {
     Grade.FAIL: "FAIL",
     Grade.NO_GPU: "no GPU",
     Grade.UNKNOWN: "unknown",
+    Grade.INFO: "info",
 }
 
 
@@ -31,6 +32,16 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def _pct(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:.0%}"
+
+
+def _state(clock_mhz: int | None, temperature_c: int | None, power_w: float | None) -> str:
+    """The GPU's SM clock, temperature and power as a GEMM's timed repeats ended ("-" without NVML)."""
+    parts = [
+        f"{clock_mhz} MHz" if clock_mhz is not None else "",
+        f"{temperature_c} °C" if temperature_c is not None else "",
+        f"{power_w:.0f} W" if power_w is not None else "",
+    ]
+    return ", ".join(p for p in parts if p) or "-"
 
 
 def header_lines(m: Measurements) -> list[str]:
@@ -109,7 +120,7 @@ def verdict(counts: dict[str, int], m: Measurements) -> str:
         return "no GPU: the CPU/gloo path ran; nothing is graded against a datasheet"
     parts = [
         f"{counts[g.value]} {g.value}"
-        for g in (Grade.PASS, Grade.WARN, Grade.FAIL, Grade.UNKNOWN)
+        for g in (Grade.PASS, Grade.WARN, Grade.FAIL, Grade.UNKNOWN, Grade.INFO)
         if counts.get(g.value)
     ]
     return ", ".join(parts) or "nothing graded"
@@ -182,16 +193,13 @@ def render_markdown(
             g.repeats,
             "ok" if g.check_ok else "WRONG",
             f"{g.max_rel_err:.1e}" if g.max_rel_err is not None else "-",
+            _state(g.sm_clock_mhz, g.temperature_c, g.power_w),
         ]
         for g in m.gemm
     ]
     if gemm:
-        out += [
-            "",
-            "## GEMM",
-            "",
-            md_table(["GPU", "dtype", "n", "TFLOP/s", "median ms", "repeats", "check", "max rel err"], gemm),
-        ]
+        heads = ["GPU", "dtype", "n", "TFLOP/s", "median ms", "repeats", "check", "max rel err", "GPU at end"]
+        out += ["", "## GEMM", "", md_table(heads, gemm)]
     mem = [
         [r.rank, r.kind, format_size(r.size_bytes), _num(r.gbps), "ok" if r.check_ok else "WRONG"]
         for r in m.memory

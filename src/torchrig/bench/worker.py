@@ -103,29 +103,7 @@ def _device_parts(
     out: dict[str, list[Any]] = {"gemm": [], "memory": [], "host": [], "skipped": []}
     rank = dist.get_rank()
     if Part.GEMM.value in cfg.parts:
-        for dtype in cfg.gemm_dtypes:
-            why = dev.fp8_supported(torch, device) if dtype == "fp8" else None
-            if why is None and dtype in ("tf32", "fp16") and device.type != "cuda":
-                why = f"{dtype} tensor-core GEMM needs a CUDA GPU"
-            for n in cfg.gemm_sizes:
-                progress(f"GEMM {dtype} {n}x{n}x{n}")
-                if why is None:
-                    _local(
-                        out,
-                        f"gemm {dtype} {n} on rank {rank}",
-                        dev.measure_gemm,
-                        torch,
-                        device,
-                        dtype,
-                        n,
-                        cfg.gemm_repeats,
-                        cfg.warmup,
-                        info.l2_cache_bytes,
-                        rank,
-                        into="gemm",
-                    )
-            if why is not None and rank == 0:
-                out["skipped"].append(Skipped(f"gemm {dtype}", why))
+        _gemm_part(torch, device, cfg, info, rank, out, progress)
     if Part.MEMORY.value in cfg.parts:
         for kind in ("copy", "triad"):
             progress(f"device memory {kind}")
@@ -169,6 +147,56 @@ def _device_parts(
                             )
                 dist.barrier()
     return out
+
+
+def gemm_repeats(repeats: int, n: int) -> int:
+    """Timed repeats at size ``n``: half above 8192 (an fp32 16384³ call alone takes ~0.17 s on an H200)."""
+    return repeats if n <= 8192 else max(5, repeats // 2)
+
+
+def _gemm_part(
+    torch: Any,
+    device: Any,
+    cfg: BenchConfig,
+    info: GpuInfo,
+    rank: int,
+    out: dict[str, list[Any]],
+    progress: Progress,
+) -> None:
+    """Every size for every dtype, smallest size first and in ``GEMM_RUN_ORDER``, each after an idle settle."""
+    from torchrig.bench import device as dev
+
+    dtypes = sorted(cfg.gemm_dtypes, key=dev.GEMM_RUN_ORDER.index)
+    why: dict[str, str | None] = {}
+    for dtype in dtypes:
+        why[dtype] = dev.fp8_supported(torch, device) if dtype == "fp8" else None
+        if why[dtype] is None and dtype in ("tf32", "fp16") and device.type != "cuda":
+            why[dtype] = f"{dtype} tensor-core GEMM needs a CUDA GPU"
+        reason = why[dtype]
+        if reason is not None and rank == 0:
+            out["skipped"].append(Skipped(f"gemm {dtype}", reason))
+    state = dev.gpu_state_reader(torch, device)
+    settle = cfg.gemm_settle_s if device.type == "cuda" else 0.0
+    for n in sorted(cfg.gemm_sizes):
+        for dtype in dtypes:
+            progress(f"GEMM {dtype} {n}x{n}x{n}")
+            if why[dtype] is None:
+                _local(
+                    out,
+                    f"gemm {dtype} {n} on rank {rank}",
+                    dev.measure_gemm,
+                    torch,
+                    device,
+                    dtype,
+                    n,
+                    gemm_repeats(cfg.gemm_repeats, n),
+                    cfg.warmup,
+                    info.l2_cache_bytes,
+                    rank,
+                    settle,
+                    state,
+                    into="gemm",
+                )
 
 
 def _link_parts(
