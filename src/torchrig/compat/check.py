@@ -15,6 +15,7 @@ from typing import Any
 from torchrig.compat import versions as V
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase
 from torchrig.compat.rules import (
+    Coverage,
     CoverageKind,
     DriverSupportKind,
     arch_coverage,
@@ -104,85 +105,82 @@ def verdict_of(reasons: Sequence[Reason]) -> Verdict:
     return _VERDICT_OF[worst]
 
 
-def _arch_reasons(
-    kb: KnowledgeBase, gpu: Gpu, build: Build, driver_kind: DriverSupportKind | None
-) -> list[Reason]:
-    v = build.variant
-    cov = arch_coverage(gpu.compute_capability, v.arch_list, v.ptx)
+def _forward_reason(kb: KnowledgeBase, gpu: Gpu, build: Build, cov: Coverage) -> Reason:
     label = f"torch {build.label}"
-    if cov.kind is CoverageKind.CUBIN_EXACT:
-        return [
-            Reason(
-                "arch_native", Severity.INFO, f"{label} has native {cov.via} kernels for {gpu.name}", gpu.name
-            )
-        ]
-    if cov.kind is CoverageKind.CUBIN_FORWARD:
-        better = kb.other_builds_with_native_cubin(build, gpu)
-        if better:
-            return [
-                Reason(
-                    "arch_forward_cubin",
-                    Severity.CAVEAT,
-                    f"{gpu.name} ({gpu.compute_capability}) runs {label}'s {cov.via} kernels (binary compatible, "
-                    f"not tuned for {gpu.sm}); {', '.join(b.label for b in better)} has native {gpu.sm} kernels",
-                    gpu.name,
-                )
-            ]
-        return [
-            Reason(
-                "arch_forward_cubin",
-                Severity.INFO,
-                f"{gpu.name} ({gpu.compute_capability}) runs {label}'s {cov.via} kernels: {cov.why}",
-                gpu.name,
-            )
-        ]
-    if cov.kind is CoverageKind.PTX_JIT:
-        known = kb.toolkit(v.cuda).compute_capabilities if v.cuda else ()
-        if known and gpu.compute_capability not in known:
-            # PTX JIT covers torch's own kernels only; the CUDA libraries in the wheel (cuBLAS, cuDNN) come from
-            # a toolkit that predates the GPU. Maintainers: A100 needs binaries "built with CUDA > 11.0"
-            # (https://github.com/pytorch/pytorch/issues/57922), H100 "CUDA11.8 or newer"
-            # (https://github.com/pytorch/pytorch/issues/110153).
-            return [
-                Reason(
-                    "toolkit_predates_gpu",
-                    Severity.FAIL,
-                    f"{gpu.name} ({gpu.compute_capability}) has no cubin in {label}, and CUDA {v.cuda} predates "
-                    f"compute capability {gpu.compute_capability}: its PTX ({cov.via}) would JIT, but the "
-                    f"bundled CUDA libraries (cuBLAS, cuDNN) have no kernels for it",
-                    gpu.name,
-                )
-            ]
-        if driver_kind is DriverSupportKind.MINOR_COMPAT:
-            return [
-                Reason(
-                    "arch_ptx_jit_driver_too_old",
-                    Severity.FAIL,
-                    f"{gpu.name} ({gpu.compute_capability}) has no cubin in {label}; its {cov.via} PTX was "
-                    f"built with CUDA {v.cuda}, newer than the driver supports natively, so JIT fails "
-                    f"(CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
-                    gpu.name,
-                )
-            ]
-        extra = "" if driver_kind else f" (the driver must support CUDA {v.cuda} natively)"
-        return [
-            Reason(
-                "arch_ptx_jit",
-                Severity.CAVEAT,
-                f"{gpu.name} ({gpu.compute_capability}): {cov.why}{extra}: slow first start (minutes), "
-                f"cached in ~/.nv/ComputeCache (CUDA_CACHE_MAXSIZE)",
-                gpu.name,
-            )
-        ]
-    return [
-        Reason(
-            "arch_not_covered",
-            Severity.FAIL,
-            f"{gpu.name} with CUDA capability {gpu.sm} is not compatible with {label}: {cov.why} "
-            f'("no kernel image is available for execution on the device")',
+    better = kb.other_builds_with_native_cubin(build, gpu)
+    if better:
+        return Reason(
+            "arch_forward_cubin",
+            Severity.CAVEAT,
+            f"{gpu.name} ({gpu.compute_capability}) runs {label}'s {cov.via} kernels (binary compatible, "
+            f"not tuned for {gpu.sm}); {', '.join(b.label for b in better)} has native {gpu.sm} kernels",
             gpu.name,
         )
-    ]
+    return Reason(
+        "arch_forward_cubin",
+        Severity.INFO,
+        f"{gpu.name} ({gpu.compute_capability}) runs {label}'s {cov.via} kernels: {cov.why}",
+        gpu.name,
+    )
+
+
+def _ptx_reason(
+    kb: KnowledgeBase, gpu: Gpu, build: Build, cov: Coverage, driver_kind: DriverSupportKind | None
+) -> Reason:
+    v, label, cc = build.variant, f"torch {build.label}", gpu.compute_capability
+    known = kb.toolkit(v.cuda).compute_capabilities if v.cuda else ()
+    if known and cc not in known:
+        # PTX JIT covers torch's own kernels only; the CUDA libraries in the wheel (cuBLAS, cuDNN) come from a
+        # toolkit that predates the GPU. Maintainers: A100 needs binaries "built with CUDA > 11.0"
+        # (https://github.com/pytorch/pytorch/issues/57922), H100 "CUDA11.8 or newer"
+        # (https://github.com/pytorch/pytorch/issues/110153).
+        return Reason(
+            "toolkit_predates_gpu",
+            Severity.FAIL,
+            f"{gpu.name} ({cc}) has no cubin in {label}, and CUDA {v.cuda} predates compute capability "
+            f"{cc}: its PTX ({cov.via}) would JIT, but the bundled CUDA libraries (cuBLAS, cuDNN) have "
+            f"no kernels for it",
+            gpu.name,
+        )
+    if driver_kind is DriverSupportKind.MINOR_COMPAT:
+        return Reason(
+            "arch_ptx_jit_driver_too_old",
+            Severity.FAIL,
+            f"{gpu.name} ({cc}) has no cubin in {label}; its {cov.via} PTX was built with CUDA {v.cuda}, "
+            f"newer than the driver supports natively, so JIT fails (CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
+            gpu.name,
+        )
+    extra = "" if driver_kind else f" (the driver must support CUDA {v.cuda} natively)"
+    return Reason(
+        "arch_ptx_jit",
+        Severity.CAVEAT,
+        f"{gpu.name} ({cc}): {cov.why}{extra}: slow first start (minutes), cached in ~/.nv/ComputeCache "
+        f"(CUDA_CACHE_MAXSIZE)",
+        gpu.name,
+    )
+
+
+def _arch_reason(kb: KnowledgeBase, gpu: Gpu, build: Build, driver_kind: DriverSupportKind | None) -> Reason:
+    v = build.variant
+    cov = arch_coverage(gpu.compute_capability, v.arch_list, v.ptx)
+    if cov.kind is CoverageKind.CUBIN_EXACT:
+        return Reason(
+            "arch_native",
+            Severity.INFO,
+            f"torch {build.label} has native {cov.via} kernels for {gpu.name}",
+            gpu.name,
+        )
+    if cov.kind is CoverageKind.CUBIN_FORWARD:
+        return _forward_reason(kb, gpu, build, cov)
+    if cov.kind is CoverageKind.PTX_JIT:
+        return _ptx_reason(kb, gpu, build, cov, driver_kind)
+    return Reason(
+        "arch_not_covered",
+        Severity.FAIL,
+        f"{gpu.name} with CUDA capability {gpu.sm} is not compatible with torch {build.label}: {cov.why} "
+        f'("no kernel image is available for execution on the device")',
+        gpu.name,
+    )
 
 
 def _driver_reasons(
@@ -247,7 +245,7 @@ def evaluate(
                 )
             )
         else:
-            reasons.extend(_arch_reasons(kb, gpu, build, driver_kind))
+            reasons.append(_arch_reason(kb, gpu, build, driver_kind))
     return reasons, driver_kind
 
 

@@ -247,6 +247,46 @@ def _index_gpus(gpus: Iterable[Gpu]) -> dict[str, Gpu]:
     return index
 
 
+def _sourced(r: Mapping[str, Any]) -> dict[str, str]:
+    return {"source": r.get("source", ""), "verified": str(r.get("verified", ""))}
+
+
+def _date(r: Mapping[str, Any]) -> str | None:
+    return str(r["released"]) if r.get("released") else None
+
+
+def _arch(r: Mapping[str, Any]) -> GpuArch:
+    return GpuArch(
+        name=r["name"],
+        compute_capabilities=_tuple(r, "compute_capabilities"),
+        last_driver_branch=_opt(r, "last_driver_branch"),
+        min_driver_branch=_opt(r, "min_driver_branch"),
+        **_sourced(r),
+    )
+
+
+def _toolkit(r: Mapping[str, Any]) -> Toolkit:
+    return Toolkit(
+        version=r["version"],
+        min_driver=_opt(r, "min_driver"),
+        min_driver_minor_compat=_opt(r, "min_driver_minor_compat"),
+        compute_capabilities=_tuple(r, "compute_capabilities"),
+        released=_date(r),
+        **_sourced(r),
+    )
+
+
+def _branch(r: Mapping[str, Any]) -> Branch:
+    return Branch(
+        branch=str(r["branch"]),
+        max_cuda=r["max_cuda"],
+        first_release=_opt(r, "first_release"),
+        released=_date(r),
+        lts=bool(r.get("lts", False)),
+        **_sourced(r),
+    )
+
+
 def build_kb(
     gpus: Mapping[str, Any], cuda: Mapping[str, Any], drivers: Mapping[str, Any], torch: Mapping[str, Any]
 ) -> KnowledgeBase:
@@ -257,53 +297,6 @@ def build_kb(
                 f"knowledge base: {name}.toml has schema_version {doc.get('schema_version')!r}, expected 1"
             )
     gpu_rows = tuple(_row("gpu", r, _gpu) for r in gpus.get("gpu", ()))
-    archs = tuple(
-        _row(
-            "arch",
-            r,
-            lambda r: GpuArch(
-                name=r["name"],
-                compute_capabilities=_tuple(r, "compute_capabilities"),
-                last_driver_branch=_opt(r, "last_driver_branch"),
-                min_driver_branch=_opt(r, "min_driver_branch"),
-                source=r.get("source", ""),
-                verified=str(r.get("verified", "")),
-            ),
-        )
-        for r in gpus.get("arch", ())
-    )
-    toolkits = tuple(
-        _row(
-            "toolkit",
-            r,
-            lambda r: Toolkit(
-                version=r["version"],
-                min_driver=_opt(r, "min_driver"),
-                min_driver_minor_compat=_opt(r, "min_driver_minor_compat"),
-                compute_capabilities=_tuple(r, "compute_capabilities"),
-                released=str(r["released"]) if r.get("released") else None,
-                source=r.get("source", ""),
-                verified=str(r.get("verified", "")),
-            ),
-        )
-        for r in cuda.get("toolkit", ())
-    )
-    branches = tuple(
-        _row(
-            "branch",
-            r,
-            lambda r: Branch(
-                branch=str(r["branch"]),
-                max_cuda=r["max_cuda"],
-                first_release=_opt(r, "first_release"),
-                released=str(r["released"]) if r.get("released") else None,
-                lts=bool(r.get("lts", False)),
-                source=r.get("source", ""),
-                verified=str(r.get("verified", "")),
-            ),
-        )
-        for r in drivers.get("branch", ())
-    )
     releases = sorted(
         (_row("release", r, _release) for r in torch.get("release", ())),
         key=lambda r: V.parse_release(r.version),
@@ -311,9 +304,9 @@ def build_kb(
     )
     return KnowledgeBase(
         gpus=gpu_rows,
-        archs=archs,
-        toolkits=toolkits,
-        branches=branches,
+        archs=tuple(_row("arch", r, _arch) for r in gpus.get("arch", ())),
+        toolkits=tuple(_row("toolkit", r, _toolkit) for r in cuda.get("toolkit", ())),
+        branches=tuple(_row("branch", r, _branch) for r in drivers.get("branch", ())),
         releases=tuple(releases),
         _gpu_index=_index_gpus(gpu_rows),
     )
