@@ -88,3 +88,19 @@ def test_read_json_takes_the_last_json_line(tmp_path):
     p.write_text(json.dumps(COLL, indent=1))
     assert compare.read_json(p) == COLL
     assert compare.read_json(tmp_path / "missing") is None
+
+
+def test_probe_lines_show_the_diagnostics_with_the_sm_clock():
+    probe = {
+        "tf32_allow_tf32_idle_tflops": 398.0,
+        "tf32_allow_tf32_idle_sm_mhz": 1980,
+        "tf32_right_after_fp32_16384_tflops": 351.0,
+        "h2d_pageable_never_written_GBps": 20.5,
+        "h2d_pageable_written_GBps": 8.5,
+    }
+    lines = compare.probe_lines(probe)
+    assert "| GEMM tf32 8192³, allow_tf32 = True, after 1 s idle | 398.0 TFLOP/s | 1980 MHz |" in lines
+    assert "| GEMM tf32 8192³ right after 25 fp32 16384³ GEMMs | 351.0 TFLOP/s | - |" in lines
+    assert any("never-written" in line and "20.5 GB/s" in line for line in lines)
+    assert not any("host memcpy" in line for line in lines)  # absent figures are left out
+    assert compare.probe_lines(None) == []

@@ -34,7 +34,7 @@ def _pct(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:.0%}"
 
 
-def _state(clock_mhz: int | None, temperature_c: int | None, power_w: float | None) -> str:
+def gpu_state_text(clock_mhz: int | None, temperature_c: int | None, power_w: float | None) -> str:
     """The GPU's SM clock, temperature and power as a GEMM's timed repeats ended ("-" without NVML)."""
     parts = [
         f"{clock_mhz} MHz" if clock_mhz is not None else "",
@@ -193,7 +193,7 @@ def render_markdown(
             g.repeats,
             "ok" if g.check_ok else "WRONG",
             f"{g.max_rel_err:.1e}" if g.max_rel_err is not None else "-",
-            _state(g.sm_clock_mhz, g.temperature_c, g.power_w),
+            gpu_state_text(g.sm_clock_mhz, g.temperature_c, g.power_w),
         ]
         for g in m.gemm
     ]
