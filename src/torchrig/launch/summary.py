@@ -63,6 +63,10 @@ SIGNAL_CAUSES = {
         "give the container a bigger --shm-size",
     ),
 }
+VANISHED = (
+    "the process vanished without an exit status or error report: killed by a signal such as SIGKILL "
+    "(the kernel's OOM killer, a scheduler, a user) or a native crash"
+)
 _FRAME_RE = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _HEADER_RE = re.compile(
@@ -223,7 +227,7 @@ def _status(log: RankLog) -> str:
         return "stopped by the launcher (SIGTERM)"
     if sig:
         return f"killed by {sig}"
-    return f"exit {log.exit_code}" if log.exit_code is not None else "no exit status"
+    return f"exit {log.exit_code}" if log.exit_code is not None else "vanished without an exit status"
 
 
 def _own_cause(log: RankLog) -> tuple[str, str]:
@@ -292,6 +296,13 @@ def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
     causes = {id(r): _own_cause(r) for r in failed}
     victims = [r for r in failed if causes[id(r)][0].startswith(_VICTIM_CAUSES)]
     culprits = [r for r in failed if r not in victims]
+    if not culprits:
+        # torchrun reports only the first exit it observes; a rank that vanished (SIGKILL, native crash) while
+        # the survivors were being stopped has no exit status and no error file of its own.
+        vanished = [r for r in logs if r.exit_code is None and not r.error_message]
+        for r in vanished:
+            causes[id(r)] = (VANISHED, SIGNAL_CAUSES["SIGKILL"][1])
+        culprits = vanished
     verdicts = [_verdict(r, "culprit", _status(r), causes[id(r)][0]) for r in culprits]
     verdicts += [_verdict(r, "victim", _status(r), causes[id(r)][0]) for r in victims]
     if culprits:
