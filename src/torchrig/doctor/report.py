@@ -102,7 +102,9 @@ class DoctorReport:
         passed = [f for f in self.findings if f.severity is Severity.OK]
         if passed:
             out.append(paint(Severity.OK, "passed"))
-            out += [f"  ✓ {f.summary}" for f in passed]
+            for f in passed:
+                out.append(f"  ✓ {f.summary}")
+                out += [f"      {e}" for e in f.evidence[:8] if e]
             out.append("")
         for note in self.notes:
             out.append(f"note: {note}")
