@@ -24,6 +24,26 @@ def test_gemm_is_checked_and_fast(cuda0, dtype):
     assert r.tflops > 5 and r.median_ms > 0
 
 
+def test_gemm_records_the_gpu_state_where_nvml_answers(cuda0):
+    state = dev.gpu_state_reader(torch, cuda0)
+    if state is None:
+        pytest.skip("no NVML (pynvml) here")
+    r = dev.measure_gemm(
+        torch,
+        cuda0,
+        "bf16",
+        4096,
+        repeats=5,
+        warmup=2,
+        l2_cache_bytes=None,
+        rank=0,
+        settle_s=0.2,
+        state=state,
+    )
+    assert r.check_ok and r.sm_clock_mhz and r.sm_clock_mhz > 100, r
+    assert r.temperature_c is not None and 0 < r.temperature_c < 120, r
+
+
 def test_fp8_gemm_where_supported(cuda0):
     why = dev.fp8_supported(torch, cuda0)
     if why:
@@ -66,6 +86,10 @@ def test_one_gpu_run_is_graded_against_the_datasheet(cli):
     assert bf16["grade"] in ("pass", "warn", "fail", "unknown")
     if bf16["grade"] != "unknown":  # the knowledge base knows this GPU
         assert bf16["fraction"] == pytest.approx(bf16["value"] / bf16["expected"])
+    for direction in ("h2d", "d2h"):  # pageable: shown against the pinned copy, never graded
+        page = grades[f"host.{direction}.pageable.gpu0"]
+        assert page["grade"] == "info"
+        assert page["expected"] == pytest.approx(grades[f"host.{direction}.pinned.gpu0"]["value"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")

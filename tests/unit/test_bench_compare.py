@@ -104,3 +104,21 @@ def test_probe_lines_show_the_diagnostics_with_the_sm_clock():
     assert any("never-written" in line and "20.5 GB/s" in line for line in lines)
     assert not any("host memcpy" in line for line in lines)  # absent figures are left out
     assert compare.probe_lines(None) == []
+
+
+def test_probe_rows_compare_against_plain_pytorch_measured_the_same_way():
+    full = {
+        "measurements": {
+            "gemm": [{"rank": 0, "dtype": "tf32", "n": 8192, "tflops": 400.0}],
+            "host": [{"rank": 0, "direction": "h2d", "pinned": False, "gbps": 8.5}],
+        }
+    }
+    probe = {"tf32_allow_tf32_idle_tflops": 398.0, "h2d_pageable_written_GBps": 8.6}
+    rows = {r["figure"]: r for r in compare.comparison(full, {}, None, probe)}
+    tf32 = rows["GEMM tf32 8192³ vs. probe after 1 s idle"]
+    assert tf32["ratio"] == pytest.approx(400 / 398) and tf32["ok"] and not tf32["required"]
+    page = rows["h2d pageable 1 GiB vs. probe, written buffer"]
+    assert page["ratio"] == pytest.approx(8.5 / 8.6) and page["ok"]
+    assert "GEMM tf32 8192³ vs. probe after 1 s idle" not in {
+        r["figure"] for r in compare.comparison(full, {}, None)
+    }

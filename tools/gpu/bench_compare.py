@@ -49,9 +49,17 @@ def _pick(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 
 def comparison(
-    report: dict[str, Any] | None, single: dict[str, Any] | None, coll: dict[str, Any] | None
+    report: dict[str, Any] | None,
+    single: dict[str, Any] | None,
+    coll: dict[str, Any] | None,
+    probe: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows (figure, unit, torchrig, anchor, ratio, ok, required) for every figure both sides measured."""
+    """Rows (figure, unit, torchrig, anchor, ratio, ok, required) for every figure both sides measured.
+
+    With the probe's diagnostics, two more rows compare against plain PyTorch measured the way torchrig
+    measures: tf32 after 1 s idle, and pageable h2d from a buffer that holds data (the anchor's is never
+    written, so its pages read the shared zero page).
+    """
     m = (report or {}).get("measurements", {})
     rows: list[dict[str, Any]] = []
 
@@ -92,6 +100,24 @@ def comparison(
                 single.get(f"{direction}_{tag}_GBps"),
                 direction == "h2d" and pinned,
             )
+    probe = probe or {}
+    if probe:
+        g = _pick(m.get("gemm", []), rank=0, dtype="tf32", n=8192)
+        add(
+            "GEMM tf32 8192³ vs. probe after 1 s idle",
+            "TFLOP/s",
+            g and g["tflops"],
+            probe.get("tf32_allow_tf32_idle_tflops"),
+            False,
+        )
+        h = _pick(m.get("host", []), rank=0, direction="h2d", pinned=False)
+        add(
+            "h2d pageable 1 GiB vs. probe, written buffer",
+            "GB/s",
+            h and h["gbps"],
+            probe.get("h2d_pageable_written_GBps"),
+            False,
+        )
     anchor_rows = (coll or {}).get("collectives", [])
     for op, key in (("all_reduce", "allreduce_busbw"), ("all_gather", "allgather_busbw")):
         for size in COLLECTIVE_SIZES:
@@ -114,12 +140,12 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     def num(v: float | None) -> str:
         return "-" if v is None else f"{v:,.1f}"
 
-    out = [f"{'figure':<40} {'torchrig':>10} {'anchor':>10} {'ratio':>7}  verdict"]
+    out = [f"{'figure':<46} {'torchrig':>10} {'anchor':>10} {'ratio':>7}  verdict"]
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         verdict = "ok" if r["ok"] else ("LOW" if r["ratio"] is not None else "missing")
         out.append(
-            f"{r['figure']:<40} {num(r['torchrig']):>10} {num(r['anchor']):>10} {ratio:>7}  {verdict}"
+            f"{r['figure']:<46} {num(r['torchrig']):>10} {num(r['anchor']):>10} {ratio:>7}  {verdict}"
             + ("" if r["required"] else " (info)")
         )
     return out
@@ -219,7 +245,7 @@ def main() -> int:
     probe = read_json(work / "probe.out")
     steps = read_steps(work / "steps.tsv")
     quick_s = next((s["seconds"] for s in steps if s["step"] == "quick"), None)
-    rows = comparison(full, single, coll)
+    rows = comparison(full, single, coll, probe)
     full_md_raw = (
         (work / "full" / "bench.md").read_text()
         if (work / "full" / "bench.md").exists()
