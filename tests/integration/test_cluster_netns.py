@@ -7,8 +7,9 @@ would have. The c10d rendezvous is hosted by node 0's launcher; the ranks train 
 GPT with gloo on the CPU, on synthetic data with a fixed seed, and share the run folder as a cluster's
 shared filesystem would be shared.
 
-- the two-node run reaches the same losses, step by step, as a single-node run with 2 processes (the same
-  global batch);
+- the node command of the sbatch script ``torchrig cluster slurm`` renders, run on each node with the
+  variables srun sets there, reaches the same losses, step by step, as a single-node run with 2 processes
+  (the same global batch);
 - killing node 1 (every process in its namespace, SIGKILL: a node lost) after a checkpoint exists, then
   starting its launcher again: the job re-rendezvous, resumes from the last checkpoint and finishes, with
   no lost or repeated steps and the same final loss;
@@ -24,6 +25,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -126,14 +128,25 @@ def nodes():
 class Launcher:
     """One ``torchrig launch`` on one node, its stdout (the report) and stderr (progress, rank output) in files."""
 
-    def __init__(self, node: Node, launch_args: list[str], out: Path, work: Path, name: str) -> None:
+    def __init__(
+        self,
+        node: Node,
+        launch_args: list[str],
+        out: Path,
+        work: Path,
+        name: str,
+        *,
+        argv: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.node, self.name, self.work = node, name, work
         self.stdout_path, self.stderr_path = work / f"{name}.out", work / f"{name}.err"
-        argv = [sys.executable, "-m", "torchrig", "launch", *launch_args, *TRAIN, "--out", str(out)]
+        if argv is None:
+            argv = [sys.executable, "-m", "torchrig", "launch", *launch_args, *TRAIN, "--out", str(out)]
         # One OpenMP thread per rank in every run, so the single- and two-node runs do the same arithmetic.
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
         with open(self.stdout_path, "w") as so, open(self.stderr_path, "w") as se:
-            self.proc = subprocess.Popen(node.command(argv), stdout=so, stderr=se, cwd=work, env=env)
+            self.proc = subprocess.Popen(node.command(argv), stdout=so, stderr=se, cwd=work, env=full_env)
 
     def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
         try:
@@ -150,6 +163,26 @@ class Launcher:
     def tail(self, n: int = 4000) -> str:
         err = self.stderr_path.read_text(errors="replace")
         return f"--- {self.name} stdout\n{self.stdout[-n:]}\n--- {self.name} stderr\n{err[-n:]}"
+
+
+def rendered_slurm_node(work: Path, out: Path, port: int) -> tuple[str, dict[str, str]]:
+    """`torchrig cluster slurm` for this job: the command srun runs on each node, and the script's exports."""
+    script = work / "job.sbatch"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrig", "cluster", "slurm", "--nodes", "2", "--gpus-per-node", "0",
+         "--rdzv-port", str(port), "-o", str(script), "--", *TRAIN, "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = script.read_text()
+    exports = {}
+    for line in text.splitlines():
+        if line.startswith("export ") and not line.startswith("export RDZV_ENDPOINT="):
+            key, _, value = line.removeprefix("export ").partition("=")
+            exports[key] = shlex.split(value)[0]
+    srun_body = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("bash -c ")]
+    assert len(srun_body) == 1, text
+    return shlex.split(srun_body[0])[2], exports
 
 
 def node_args(node_rank: int, endpoint: str, rdzv_id: str, *extra: str) -> list[str]:
@@ -201,18 +234,30 @@ def single_node(nodes, tmp_path_factory):
     return read_metrics(out)
 
 
-def test_two_nodes_reach_the_single_node_losses(nodes, single_node, tmp_path):
+def test_rendered_slurm_job_on_two_nodes_reaches_the_single_node_losses(nodes, single_node, tmp_path):
+    """The node command of the rendered sbatch script, run on each node with the variables srun sets there."""
     out = tmp_path / "run"
-    endpoint = f"{nodes[0].addr}:29401"
-    launchers = [
-        Launcher(n, node_args(i, endpoint, "twonode"), out, tmp_path, n.hostname) for i, n in enumerate(nodes)
-    ]
+    port = 29401
+    node_cmd, exports = rendered_slurm_node(tmp_path, out, port)
+    launchers = []
+    for i, node in enumerate(nodes):
+        slurm_env = {
+            **exports,
+            "SLURM_NNODES": "2",
+            "SLURM_NODEID": str(i),
+            "SLURM_JOB_ID": "4242",
+            # What the script computes from `scontrol show hostnames`: the first node's hostname.
+            "RDZV_ENDPOINT": f"{nodes[0].hostname}:{port}",
+        }
+        launchers.append(
+            Launcher(node, [], out, tmp_path, node.hostname, argv=["bash", "-c", node_cmd], env=slurm_env)
+        )
     codes = [la.wait() for la in launchers]
     assert codes == [0, 0], "\n".join(la.tail() for la in launchers)
     # Pre-flight ran across the two namespaces before training, and each rank ran on its own node.
-    for la in launchers:
+    for i, la in enumerate(launchers):
         assert "pre-flight process-group: ok: 2 rank(s) created a gloo process group" in la.stdout, la.tail()
-        assert "job finished" in la.stdout
+        assert "job finished" in la.stdout and f"logs: torchrig-logs/4242/node{i}/" in la.stdout, la.tail()
     assert "host=node0" in launchers[0].stderr_path.read_text()
     assert "host=node1" in launchers[1].stderr_path.read_text()
     losses, _, end = read_metrics(out)
