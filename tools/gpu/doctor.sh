@@ -8,6 +8,7 @@
 #   NAME.json                         facts (--record): copy to tests/fixtures/doctor/ to replace the derived base
 #   NAME.report.txt / .report.json    the report on the healthy machine
 #   NAME-cuda-visible-devices-7.{json,report.txt,report.json}   the planted fault
+#   NAME-shm-64m.report.json          /dev/shm remounted at 64 MB in a private mount namespace (if permitted)
 #   timings.txt                       wall time of doctor with and without the torch probe
 # NVML is read through nvidia-ml-py; if the machine lacks it, put pynvml.py into .gpu-deps/ (carried).
 set -uo pipefail
@@ -49,6 +50,18 @@ for ext in json report.json report.txt stderr exit; do mv "$D/probe.$ext" "$D/$N
 echo "doctor.sh: $NAME (exit $(cat "$D/$NAME.exit"))"
 run "$NAME-cuda-visible-devices-7" CUDA_VISIBLE_DEVICES=7
 
+# Planted fault 2 (needs root and mount rights; skipped otherwise): Docker's default 64 MB /dev/shm, in a
+# private mount namespace so the machine's own /dev/shm is untouched.
+SHM="$NAME-shm-64m"
+if unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm' 2>/dev/null; then
+    unshare -m sh -c "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec \"$PY\" -m torchrig doctor --only container,gpu --json" \
+        > "$D/$SHM.report.json" 2> "$D/$SHM.stderr"
+    echo "$?" > "$D/$SHM.exit"
+else
+    echo "doctor.sh: no mount rights here; skipping the /dev/shm fault"
+    SHM=""
+fi
+
 if [ "$SECONDS" -gt 30 ]; then echo "doctor.sh: ${SECONDS} s used; skipping timings and unit tests to stay under 60 s"; else
 {
     echo "# wall time of 'python -m torchrig doctor' on $NAME (seconds, 3 runs each)"
@@ -74,7 +87,7 @@ fi
 
 echo
 echo "== summary"
-for tag in "$NAME" "$NAME-cuda-visible-devices-7"; do
+for tag in "$NAME" "$NAME-cuda-visible-devices-7" $SHM; do
     "$PY" - "$D/$tag.report.json" "$(cat "$D/$tag.exit")" <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
