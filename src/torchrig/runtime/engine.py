@@ -66,7 +66,12 @@ class Engine:
 
     @classmethod
     def connect(cls, timeout_s: float = 30) -> Engine:
-        import docker
+        try:
+            import docker
+        except ImportError:  # the SDK is an extra: say how to get it, never a traceback
+            raise EngineUnavailable(
+                "the Docker SDK for Python is not installed", hint="pip install 'torchrig[docker]'"
+            ) from None
 
         where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         try:
