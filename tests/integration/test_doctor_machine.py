@@ -55,6 +55,12 @@ def cli():  # module-scoped twin of the conftest fixture (pytest's `cli` is func
 
 
 def test_no_driver_is_the_root_cause(machine):
+    import json
+
+    import jsonschema
+
+    schema = json.loads((ROOT / "src" / "torchrig" / "doctor" / "schema" / "report.schema.json").read_text())
+    jsonschema.validate(machine, schema)
     first = machine["findings"][0]
     assert first["id"] == "driver.missing" and first["severity"] == "error"
     assert machine["verdict"]["status"] == "broken"
