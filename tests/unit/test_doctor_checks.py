@@ -4,6 +4,7 @@ its severity and a fix. Fixtures are recorded snapshots (``no-driver-debian12-cp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -47,6 +48,7 @@ ROOT_CAUSES = {
     "ecc-pending-remap-h200": ("gpu.ecc", "warning"),
     "throttled-at-idle-h200": ("gpu.throttling", "warning"),
     "memlock-limited-rdma-h200": ("limits.memlock", "warning"),
+    "docker-without-nvidia-toolkit-h200": ("docker.no_nvidia_toolkit", "warning"),
 }
 # Snapshots recorded on healthy GPU machines by tools/gpu/doctor.sh (h200x<N>-driver<branch>-cu<cuda>.json),
 # and its planted fault recorded there (<same>-cuda-visible-devices-7.json).
@@ -164,3 +166,17 @@ def test_report_json_round_trips_findings():
     assert data["verdict"]["status"] == "problems" and data["verdict"]["exit_code"] == 1
     assert (data["verdict"]["error"], data["verdict"]["warning"]) == (0, 1)
     assert data["findings"][0]["id"] == "gpu.persistence_off"
+
+
+def test_docker_with_the_toolkit_is_ready():
+    facts = load_facts(FIX / "docker-without-nvidia-toolkit-h200.json")
+    ready = dataclasses.replace(
+        facts,
+        docker=dataclasses.replace(
+            facts.docker,
+            runtimes=("nvidia", "runc"),
+            toolkit_binaries=("nvidia-ctk", "nvidia-container-runtime-hook"),
+        ),
+    )
+    found = {f.id: f.severity.value for f in diagnose(ready).findings}
+    assert found.get("docker.gpu_ready") == "ok" and "docker.no_nvidia_toolkit" not in found
