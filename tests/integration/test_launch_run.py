@@ -1,0 +1,91 @@
+"""torchrig launch end to end with real torchrun and gloo: pre-flight, per-rank logs, and the failure and
+planted-hang summaries within the configured timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = str(
+    Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "ok.py"
+)  # MODE=fail|hang plants faults
+
+
+def launch(*args: str, mode: str = "", timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID")}
+    env["MODE"] = mode
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "torchrig", "--json", "launch", "--cpu", "--nproc-per-node", "2", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    return r, time.monotonic() - t0
+
+
+def test_preflight_then_run_with_per_rank_logs(tmp_path):
+    r, _ = launch("--log-dir", str(tmp_path), SCRIPT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert [f["id"] for f in rep["preflight"]] == ["gpus", "port", "p2p", "process-group"]
+    assert all(f["severity"] == "ok" for f in rep["preflight"])
+    run_dir = Path(rep["result"]["run_dir"])
+    for rank in (0, 1):
+        text = (run_dir / "attempt_0" / str(rank) / "stdout.log").read_text()
+        assert "sum [2.0, 2.0, 2.0]" in text
+        assert (
+            f"torchrig-worker: rank={rank}" in (run_dir / "attempt_0" / str(rank) / "stderr.log").read_text()
+        )
+
+
+def test_failure_summary_names_the_rank_and_its_error(tmp_path):
+    r, _ = launch("--no-preflight", "--log-dir", str(tmp_path), SCRIPT, mode="fail")
+    assert r.returncode == 1
+    s = json.loads(r.stdout)["result"]["summary"]
+    assert s["kind"] == "failed" and s["headline"].startswith("rank 1 failed")
+    assert "ValueError: planted failure" in s["likely_cause"]
+    culprit = next(v for v in s["ranks"] if v["role"] == "culprit")
+    assert culprit["rank"] == 1 and any("planted failure" in ln for ln in culprit["last_lines"])
+
+
+def test_planted_hang_is_summarised_within_the_collective_timeout(tmp_path):
+    r, took = launch(
+        "--no-preflight", "--collective-timeout", "10", "--log-dir", str(tmp_path), SCRIPT, mode="hang"
+    )
+    assert r.returncode == 1
+    s = json.loads(r.stdout)["result"]["summary"]
+    assert s["headline"] == "rank 0 timed out in a collective that rank 1 never joined"
+    culprit = next(v for v in s["ranks"] if v["role"] == "culprit")
+    assert culprit["rank"] == 1 and culprit["where"].endswith("ok.py:6 in <module>")
+    assert took < 10 + 60  # the timeout plus start-up and teardown on a loaded 2-core machine
+
+
+def test_hang_watchdog_dumps_stacks_and_stops_the_job(tmp_path):
+    r, took = launch(
+        "--no-preflight", "--hang-timeout", "15", "--log-dir", str(tmp_path), SCRIPT, mode="hang"
+    )
+    assert r.returncode == 1
+    res = json.loads(r.stdout)["result"]
+    assert res["hung"] and res["summary"]["kind"] == "hang"
+    assert res["summary"]["headline"] == "hang: rank 1 never joined the collective that rank 0 wait(s) in"
+    assert took < 15 + 60
+
+
+def test_port_in_use_stops_before_the_script_runs(tmp_path):
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r, _ = launch("--rdzv-endpoint", f"localhost:{port}", "--log-dir", str(tmp_path), SCRIPT)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    rep = json.loads(r.stdout)
+    port_check = next(f for f in rep["preflight"] if f["id"] == "port")
+    assert port_check["severity"] == "error" and str(port) in port_check["summary"]
+    assert rep["result"] is None and not list(tmp_path.iterdir())  # nothing was started
