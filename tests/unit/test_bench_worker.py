@@ -33,3 +33,22 @@ def test_big_gemms_get_half_the_repeats():
     assert worker.gemm_repeats(20, 8192) == 20
     assert worker.gemm_repeats(20, 16384) == 10
     assert worker.gemm_repeats(6, 16384) == 5  # never fewer than 5
+
+
+def test_warm_up_lasts_at_least_min_warmup_s():
+    import time
+
+    from torchrig.bench.timing import Timer
+
+    calls: list[int] = []
+
+    def fn(i: int) -> None:
+        calls.append(i)
+        time.sleep(0.002)
+
+    times = Timer(torch, torch.device("cpu")).time_each(fn, repeats=3, warmup=2, min_warmup_s=0.03)
+    assert len(times) == 3
+    assert len(calls) - 3 >= 10  # 2 warm-up calls were not enough for 30 ms at 2 ms each
+    calls.clear()
+    Timer(torch, torch.device("cpu")).time_each(fn, repeats=3, warmup=2)
+    assert len(calls) == 5  # without it, exactly the warm-up calls

@@ -23,6 +23,9 @@ CHECK_BLOCK = 256
 # GEMMs run smallest size first and, within a size, in this order (the anchor's, fp8 before the slow fp32):
 # a long fp32 run at 16384 (seconds at full power) right before another dtype lowered that one's figure.
 GEMM_RUN_ORDER = ("bf16", "fp16", "tf32", "fp8", "fp32")
+# Warm-up lasts at least this long (and at least ``warmup`` calls): after the idle settle the GPU's clocks
+# must be back up before the first timed call.
+GEMM_MIN_WARMUP_S = 0.05
 
 # (SM clock MHz, temperature C, power W) of the GPU now, any of them None when unknown.
 GpuState = tuple[int | None, int | None, float | None]
@@ -128,7 +131,7 @@ def measure_gemm(
         timer.sync()
         if settle_s > 0:
             time.sleep(settle_s)
-        times = timer.time_each(lambda i: mm(*sets[i % len(sets)]), repeats, warmup)
+        times = timer.time_each(lambda i: mm(*sets[i % len(sets)]), repeats, warmup, GEMM_MIN_WARMUP_S)
         clock, temp, power = state() if state is not None else (None, None, None)
         err = _gemm_error(torch, mm, *first)
     finally:

@@ -25,11 +25,23 @@ class Timer:
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
 
-    def time_each(self, fn: Callable[[int], Any], repeats: int, warmup: int) -> list[float]:
-        """Seconds of each of ``repeats`` calls ``fn(i)`` (``i`` picks the rotated inputs), after ``warmup`` calls."""
+    def time_each(
+        self, fn: Callable[[int], Any], repeats: int, warmup: int, min_warmup_s: float = 0.0
+    ) -> list[float]:
+        """Seconds of each of ``repeats`` calls ``fn(i)`` (``i`` picks the rotated inputs), after ``warmup`` calls.
+
+        With ``min_warmup_s``, warm-up goes on (up to 200 calls) until that long has passed, so a GPU that
+        idled has raised its clocks before the first timed call.
+        """
+        t0 = time.perf_counter()
         for i in range(warmup):
             fn(i)
         self.sync()
+        extra = 0
+        while time.perf_counter() - t0 < min_warmup_s and extra < 200:
+            fn(warmup + extra)
+            extra += 1
+            self.sync()
         times = []
         for i in range(repeats):
             if self.cuda:
