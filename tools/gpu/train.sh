@@ -34,7 +34,7 @@ torchrig_train() {  # $1 = number of GPUs
   local n=$1
   timeout 300 python3 -m torchrig --json train --gpus "$n" --model gpt --size small --data synthetic \
     --micro-batch "$MB" --steps "$STEPS" --precision bf16 --compile --log-every 5 --warmup-steps 5 \
-    --no-ckpt-final --no-tensorboard --workers 2 --out "$R/run-${n}gpu" \
+    --no-ckpt-final --no-tensorboard --workers 2 --out "$R/run-${n}gpu" ${PEAK_TFLOPS:+--peak-tflops "$PEAK_TFLOPS"} \
     >"$R/torchrig-${n}gpu.json" 2>"$R/torchrig-${n}gpu.log"
   echo "torchrig train ${n} GPU rc=$?"
   tail -n 3 "$R/torchrig-${n}gpu.log"
@@ -56,9 +56,13 @@ timeout 180 python3 -m torchrig --json launch "${DEV[@]}" --no-preflight --log-d
 echo "failure demo rc=$? (1 expected)"
 start=$(date +%s)
 timeout 180 python3 -m torchrig --json launch "${DEV[@]}" --log-dir "$R/demo-logs" --rdzv-id demo-hang \
-  --collective-timeout 20 --hang-timeout 45 "${TINY[@]}" --out "$R/demo-hang" --test-hang-at-step 5 \
+  --collective-timeout 15 --hang-timeout 40 "${TINY[@]}" --out "$R/demo-hang" --test-hang-at-step 5 \
   >"$R/demo-hang.json" 2>"$R/demo-hang.log"
-echo "hang demo rc=$? (1 expected) in $(( $(date +%s) - start ))s (collective timeout 20s, hang timeout 45s)"
+echo "hang demo rc=$? (1 expected) in $(( $(date +%s) - start ))s (collective timeout 15s, hang timeout 40s)"
+if [ "${RUN_GPU_TESTS:-0}" = 1 ]; then
+  timeout 400 python3 -m pytest -q tests/gpu/test_train_gpu.py >"$R/gpu-tests.log" 2>&1
+  echo "tests/gpu/test_train_gpu.py rc=$?"; tail -n 3 "$R/gpu-tests.log"
+fi
 
 python3 - "$R" <<'EOF'
 import json, sys

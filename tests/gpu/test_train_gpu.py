@@ -1,0 +1,75 @@
+"""The trainer on a real GPU: bf16 + compile, fp16 with GradScaler, FSDP2 on one rank, and NCCL DDP when two
+GPUs are present (through torchrig launch). Skipped without CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = [
+    "train",
+    "--model",
+    "gpt",
+    "--size",
+    "tiny",
+    "--steps",
+    "30",
+    "--log-every",
+    "10",
+    "--lr",
+    "1e-2",
+    "--workers",
+    "2",
+    "--no-tensorboard",
+    "--gpus",
+    "1",
+]
+
+
+def torchrig(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    return subprocess.run(
+        [sys.executable, "-m", "torchrig", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def summary(r: subprocess.CompletedProcess) -> dict:
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)["summary"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--precision", "bf16", "--compile"],
+        ["--precision", "fp16"],
+        ["--model", "resnet", "--size", "tiny", "--precision", "bf16"],
+    ],
+)
+def test_one_gpu_precisions(tmp_path, extra):
+    s = summary(torchrig(*TINY, "--out", str(tmp_path), *extra))
+    assert s["device"].startswith("NVIDIA") and s["final_loss"] < 6.0
+    assert s["precision"] == extra[extra.index("--precision") + 1]
+
+
+def test_two_gpus_ddp_and_fsdp(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    for par in ("ddp", "fsdp"):
+        args = [*TINY[:-1], "2"]  # --gpus 2: one rank per GPU through torchrig launch
+        s = summary(torchrig(*args, "--parallel", par, "--out", str(tmp_path / par)))
+        assert s["world_size"] == 2 and s["parallel"] == par
+    r = torchrig("export", str(tmp_path / "fsdp"), "--out", str(tmp_path / "exp"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert Path(tmp_path / "exp" / "model.onnx").is_file()
