@@ -4,11 +4,11 @@
 # Runs, in order, each bounded by what is left of BENCH_BUDGET_S (default 400 s, inside tools/gpu/all.sh's 420 s):
 #   1. the anchor alone (GEMM, device copy, host<->device)       .baselines/anchor_probe.py
 #   2. the anchor under torchrun, 2 processes (when >= 2 GPUs)     all_reduce / all_gather busbw
-#   2b. tools/gpu/bench_probe.py: plain-PyTorch diagnostics (GEMM after a long run; pageable h2d of a
-#       never-written vs. a written buffer; the host's one-thread memcpy), ~15 s
 #   3. torchrig bench (full), every GPU                          -> bench.json, bench.md, bench.png
 #   4. torchrig bench --quick, timed
 #   5. the bench GPU tests                                        tests/gpu/test_bench_*.py
+#   6. tools/gpu/bench_probe.py: plain-PyTorch diagnostics (tf32 GEMM idle vs. right after a long fp32 run;
+#      pageable h2d of a never-written vs. a written buffer; the host's one-thread memcpy), ~15 s
 # then writes $OUT/bench/bench-<N>gpu.{json,md,png} (everything; the report; the plots) and
 # bench-<N>gpu-full.json (torchrig's own bench.json: 'torchrig bench --from-json' re-renders it, plots too)
 # and prints the comparison table last.
