@@ -196,12 +196,23 @@ def last_exception(text: str) -> str | None:
 
 
 def tail(text: str, n: int = 8) -> tuple[str, ...]:
-    keep = [
-        ln
-        for ln in text.splitlines()
-        if ln.strip() and not _FRAME_RE.match(ln) and not _THREAD_RE.match(ln) and "debug_logger.cc" not in ln
-    ]
-    return tuple(ln[:300] for ln in keep[-n:])
+    """The last ``n`` informative lines: no stack-frame lines, no caret markers, no gloo retry noise."""
+    keep, after_frame = [], False
+    for raw in text.splitlines():
+        ln = re.sub(r"^\[rank\d+\]: ", "", raw).rstrip()
+        s = ln.strip()
+        code_line, after_frame = after_frame and ln.startswith("    "), s.startswith('File "')
+        if (
+            not s
+            or after_frame
+            or code_line
+            or _THREAD_RE.match(ln)
+            or set(s) <= set("^~ ")
+            or "debug_logger.cc" in s
+        ):
+            continue
+        keep.append(ln[:300])
+    return tuple(keep[-n:])
 
 
 _VICTIM_CAUSES = ("a collective timed out", "a peer rank went away")
