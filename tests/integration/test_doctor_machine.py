@@ -182,3 +182,24 @@ def test_record_then_replay_gives_the_same_findings(cli, tmp_path, machine):
     replay = cli("doctor", "--facts", str(out), "--json").json()
     assert ids(replay) == ids(r.json())
     assert replay["facts"]["source"].startswith("recorded by torchrig doctor --record")
+
+
+def test_doctor_run_by_an_interpreter_without_torch(bare_python):
+    """torchrig in a venv without torch: the torch facts come without a child interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHRIG_DEBUG"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    proc = subprocess.run(
+        [str(bare_python), "-m", "torchrig", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    import json
+
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 1 and data["findings"][0]["id"] == "driver.missing"
+    assert data["facts"]["torch"]["status"] == "missing"
+    assert data["facts"]["torch"]["python_executable"] == str(bare_python)
+    assert "torch.not_installed" in ids(data)
+    assert data["facts"]["nvml"]["error"] == "nvidia-ml-py (module pynvml) is not installed"

@@ -4,7 +4,9 @@ that never returns) cannot hang doctor. The child runs :mod:`torchrig.doctor.pro
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +47,17 @@ def _from_child(data: dict[str, Any]) -> TorchFacts:
 def probe_torch(python: str | None = None, timeout_s: float = 60.0) -> TorchFacts:
     """``python -c 'import torch; print(torch.__version__, torch.cuda.is_available(), ...)'``, done carefully."""
     exe = python or sys.executable
+    if python is None and importlib.util.find_spec("torch") is None:
+        # This interpreter has no torch: say so without paying for a child interpreter.
+        from torchrig.doctor.probes.torch_script import wheel_libraries
+
+        return TorchFacts(
+            ProbeStatus.MISSING,
+            error="ModuleNotFoundError: No module named 'torch'",
+            python_executable=exe,
+            python_version=platform.python_version(),
+            wheel_libraries=tuple(wheel_libraries()),
+        )
     try:
         proc = subprocess.run(
             [exe, "-c", SCRIPT.read_text()], capture_output=True, text=True, timeout=timeout_s
