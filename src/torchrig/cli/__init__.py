@@ -110,7 +110,7 @@ def build_parser(name: str) -> tuple[TorchrigParser, object]:
     common = parser.add_argument_group("common options")
     common.add_argument("--json", action="store_true", help="print the result as JSON (with schema_version)")
     common.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    module.configure(parser)  # type: ignore[attr-defined]
+    module.configure(parser)
     return parser, module
 
 
