@@ -180,3 +180,18 @@ def test_docker_with_the_toolkit_is_ready():
     )
     found = {f.id: f.severity.value for f in diagnose(ready).findings}
     assert found.get("docker.gpu_ready") == "ok" and "docker.no_nvidia_toolkit" not in found
+
+
+def test_a_failing_check_becomes_a_note_outside_strict_mode(monkeypatch):
+    from torchrig.doctor import checks
+
+    def broken(ctx):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(checks, "CHECKS", (("gpu", broken), *checks.CHECKS))
+    facts = load_facts(FIX / "persistence-off-h200.json")
+    r = diagnose(facts, strict=False)
+    assert any(f.id == "doctor.check_failed.broken" and f.severity is Severity.INFO for f in r.findings)
+    assert any(f.id == "gpu.persistence_off" for f in r.findings)  # the others still ran
+    with pytest.raises(KeyError):
+        diagnose(facts)

@@ -121,4 +121,4 @@ def run(args: argparse.Namespace):  # -> DoctorReport
                 Path(args.record).expanduser().write_text(json.dumps(data, indent=2) + "\n")
             except OSError as err:
                 raise InputError(f"cannot write --record {args.record!r}: {err.strerror}") from None
-    return diagnose(facts, areas or None, started=t0)
+    return diagnose(facts, areas or None, started=t0, strict=bool(args.debug))

@@ -21,7 +21,12 @@ from torchrig.doctor.report import DoctorReport
 
 
 def diagnose(
-    facts: Facts, areas: Iterable[str] | None = None, *, use_kb: bool = True, started: float | None = None
+    facts: Facts,
+    areas: Iterable[str] | None = None,
+    *,
+    use_kb: bool = True,
+    started: float | None = None,
+    strict: bool = True,
 ) -> DoctorReport:
     """Run every check on ``facts`` and build the report (pure, apart from loading the knowledge base when a
     check needs it)."""
@@ -29,7 +34,7 @@ def diagnose(
     from torchrig.doctor.checks import run_checks
 
     t0 = time.perf_counter() if started is None else started
-    findings, kb_state = run_checks(facts, kbmod.load if use_kb else None, areas)
+    findings, kb_state = run_checks(facts, kbmod.load if use_kb else None, areas, strict=strict)
     notes = (
         ("the compatibility knowledge base could not be loaded: build suggestions were skipped",)
         if kb_state == "unavailable"

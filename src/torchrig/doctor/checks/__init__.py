@@ -13,7 +13,7 @@ from typing import Any
 from torchrig.doctor.checks import container, driver, gpu, pytorch, visibility
 from torchrig.doctor.checks.common import Context
 from torchrig.doctor.facts import Facts
-from torchrig.doctor.findings import Finding, sort_findings
+from torchrig.doctor.findings import Finding, Severity, sort_findings
 
 Check = Callable[[Context], Iterable[Finding]]
 
@@ -59,16 +59,37 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 
 
 def run_checks(
-    facts: Facts, kb_loader: Callable[[], Any] | None = None, areas: Iterable[str] | None = None
+    facts: Facts,
+    kb_loader: Callable[[], Any] | None = None,
+    areas: Iterable[str] | None = None,
+    *,
+    strict: bool = True,
 ) -> tuple[list[Finding], str]:
     """All findings for ``facts``, most severe first, and whether the knowledge base was loaded/needed.
 
     ``kb_loader`` returns the compatibility knowledge base (or None); it is called only if a check needs it.
+    With ``strict=False`` (the CLI without --debug) a check that raises becomes a note instead of hiding
+    every other finding behind a traceback.
     """
     wanted = set(areas) if areas else set(AREAS)
     ctx = Context(facts, kb_loader)
     for area, check in CHECKS:
-        found = list(check(ctx))
+        try:
+            found = list(check(ctx))
+        except Exception as err:
+            if strict:
+                raise
+            found = [
+                Finding(
+                    f"doctor.check_failed.{check.__name__}",
+                    Severity.INFO,
+                    f"the {check.__name__} check failed: {type(err).__name__}: {err}",
+                    "a bug in torchrig doctor; the other checks ran",
+                    (
+                        "torchrig doctor --debug --record facts.json   # and attach facts.json to a bug report",
+                    ),
+                )
+            ]
         ctx.found.extend(found)  # later checks see every earlier finding, even of unselected areas
         if area in wanted:
             ctx.shown.extend(found)
