@@ -149,8 +149,8 @@ def test_wrong_key_password_and_root_are_refused(running, keys):
 def test_everything_runs_as_the_non_root_user(running):
     container, _ = running
     assert container.attrs["Config"]["User"] == "1000:1000"
-    top = container.top(ps_args="-eo uid,args")
-    uids = {row[0] for row in top["Processes"]}
+    top = container.top(ps_args="-eo pid,uid,args")
+    uids = {row[1] for row in top["Processes"]}
     assert uids == {"1000"}, top["Processes"]
     code, out = container.exec_run(["id", "-u"])
     assert code == 0 and out.decode().strip() == "1000"
