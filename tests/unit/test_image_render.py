@@ -162,3 +162,14 @@ def test_context_tar_is_reproducible(tmp_path):
         "torchrig-files/image.json",
         "torchrig-files/profile.sh",
     } <= set(names)
+
+
+@pytest.mark.parametrize("label", ["2.8.0+cu128", "2.8.0+cpu"])
+def test_recorded_stacks_agree_with_the_knowledge_base(label):
+    from torchrig.compat.kb import load_kb
+    from torchrig.image.spec import parse_spec
+    from torchrig.image.stack import resolve_stack
+
+    version, variant = label.split("+")
+    spec = parse_spec({"torch": {"version": version, "variant": variant}, "python": {"version": "3.11"}})
+    assert resolve_stack(spec, load_kb()) == stack(label, "3.11")

@@ -138,3 +138,35 @@ def test_wheelhouse_fallback_reads_the_torch_wheel(tmp_path):
     assert found is not None and found.label == "2.13.0+cpu" and found.source == "wheelhouse"
     other = parse_spec({"torch": {"version": "2.13.0", "variant": "cpu"}, "python": {"version": "3.12"}})
     assert stack_from_wheelhouse(other, Path(tmp_path)) is None
+
+
+def test_auto_resolves_through_the_compatibility_engine(tmp_path):
+    from torchrig.image.pipeline import ImageOptions, make_plan
+
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('[torch]\ngpus = ["H100"]\nmin_driver = "550.54.15"\n')
+    plan = make_plan(ImageOptions(spec=spec))
+    s = plan.stack
+    assert s.cuda and s.arch_list and "sm_90" in s.arch_list and s.min_driver and s.source == "knowledge base"
+    assert plan.stack_tag == f"torchrig/pytorch:{s.torch}-{s.variant}-py3.11-runtime"
+    assert plan.base.image.startswith("python:3.11.")
+
+
+def test_cli_devel_with_a_python_the_base_lacks_exit_2(cli, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('[torch]\nversion = "2.8.0"\nvariant = "cu128"\n[image]\nvariant = "devel"\n')
+    r = cli("image", "render", str(spec))
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "[python] version = '3.11': the CUDA 12.8 devel base has Python 3.12" in r.err
+
+
+def test_cli_render_json_names_the_stack(cli, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('[torch]\nversion = "2.8.0"\nvariant = "cu128"\n')
+    r = cli("image", "render", str(spec), "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["tag"] == "torchrig/pytorch:2.8.0-cu128-py3.11-runtime"
+    assert doc["stack"]["org.torchrig.cudnn"] == "9.10.2.21" and doc["dockerfile"].startswith(
+        "# Rendered by torchrig"
+    )

@@ -27,9 +27,10 @@ SSH_PORT = 22
 
 
 def labels(plan: ImagePlan) -> dict[str, str]:
-    """The image's labels: the resolved stack ('unknown' where the knowledge base has no figure)."""
+    """The image's labels: the resolved stack. 'none' where the build has none (a CPU build, no PTX);
+    'unknown' where the build came from a wheel the knowledge base does not list."""
     s = plan.stack
-    unknown = "unknown"
+    missing = "unknown" if s.source == "wheelhouse" and not s.is_cpu else "none"
     return {
         "org.opencontainers.image.title": plan.repository,
         "org.opencontainers.image.base.name": plan.base.image,
@@ -37,12 +38,13 @@ def labels(plan: ImagePlan) -> dict[str, str]:
         f"{LABEL_PREFIX}.torch": s.label,
         f"{LABEL_PREFIX}.python": s.python,
         f"{LABEL_PREFIX}.variant": plan.spec.variant,
-        f"{LABEL_PREFIX}.cuda": s.cuda or ("none" if s.is_cpu else unknown),
-        f"{LABEL_PREFIX}.arch-list": " ".join(s.arch_list) or ("none" if s.is_cpu else unknown),
-        f"{LABEL_PREFIX}.ptx": " ".join(s.ptx) or ("none" if s.is_cpu else unknown),
-        f"{LABEL_PREFIX}.min-driver": s.min_driver or ("none" if s.is_cpu else unknown),
-        f"{LABEL_PREFIX}.cudnn": s.cudnn or ("none" if s.is_cpu else unknown),
-        f"{LABEL_PREFIX}.nccl": s.nccl or ("none" if s.is_cpu else unknown),
+        f"{LABEL_PREFIX}.cuda": s.cuda or missing,
+        f"{LABEL_PREFIX}.arch-list": " ".join(s.arch_list) or missing,
+        f"{LABEL_PREFIX}.ptx": " ".join(s.ptx) or missing,
+        f"{LABEL_PREFIX}.min-driver": s.min_driver or missing,
+        f"{LABEL_PREFIX}.min-driver-minor-compat": s.min_driver_minor_compat or missing,
+        f"{LABEL_PREFIX}.cudnn": s.cudnn or missing,
+        f"{LABEL_PREFIX}.nccl": s.nccl or missing,
         f"{LABEL_PREFIX}.services": " ".join(plan.spec.services.enabled) or "none",
         f"{LABEL_PREFIX}.user": f"{plan.spec.user.name}:{plan.spec.user.uid}:{plan.spec.user.gid}",
     }

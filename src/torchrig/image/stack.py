@@ -33,7 +33,8 @@ class ResolvedStack:
     ptx: tuple[str, ...] = ()
     cudnn: str | None = None
     nccl: str | None = None
-    min_driver: str | None = None
+    min_driver: str | None = None  # the native floor of the build's CUDA
+    min_driver_minor_compat: str | None = None  # the floor under CUDA minor-version compatibility
     index_url: str | None = None  # None: PyPI serves this build
     pypi_default: bool = False  # PyPI's wheel carries no local version label (torch==2.8.0, not +cu128)
     source: str = "knowledge base"  # or "wheelhouse" when the build came from a wheel the KB does not list
@@ -103,7 +104,7 @@ def digest_text(*parts: str) -> str:
 
 def _stack_from_build(build: Build, kb: KnowledgeBase, python: str) -> ResolvedStack:
     v = build.variant
-    min_driver = kb.toolkit(v.cuda).min_driver if v.cuda else None
+    toolkit = kb.toolkit(v.cuda) if v.cuda else None
     index = None if build.is_pypi_default else v.index_url
     return ResolvedStack(
         torch=build.release.version,
@@ -114,7 +115,8 @@ def _stack_from_build(build: Build, kb: KnowledgeBase, python: str) -> ResolvedS
         ptx=tuple(v.ptx),
         cudnn=v.cudnn,
         nccl=v.nccl,
-        min_driver=min_driver,
+        min_driver=toolkit.min_driver if toolkit else None,
+        min_driver_minor_compat=toolkit.min_driver_minor_compat if toolkit else None,
         index_url=index,
         pypi_default=build.is_pypi_default,
     )
