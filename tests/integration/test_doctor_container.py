@@ -37,10 +37,13 @@ def py_image():
     return client
 
 
-def doctor_in_container(client, *args: str, environment: dict | None = None) -> tuple[int, dict]:
+def doctor_in_container(
+    client, *args: str, environment: dict | None = None, **run_options
+) -> tuple[int, dict]:
     container = client.containers.run(
         IMAGE,
         ["python3", "-m", "torchrig", "doctor", "--json", *args],
+        **run_options,
         detach=True,
         environment={"PYTHONPATH": "/src/src", **(environment or {})},
         volumes={str(ROOT): {"bind": "/src", "mode": "ro"}},
@@ -80,3 +83,27 @@ def test_cuda_image_started_without_gpus(py_image):
     assert code == 1
     first = data["findings"][0]
     assert first["id"] == "container.no_gpu_access" and "NVIDIA_VISIBLE_DEVICES=all" in first["cause"]
+
+
+def test_limits_of_the_container_are_reported(py_image):
+    import docker
+
+    code, data = doctor_in_container(
+        py_image,
+        "--only",
+        "container",
+        nano_cpus=1_000_000_000,
+        mem_limit="512m",
+        shm_size="2g",
+        ulimits=[docker.types.Ulimit(name="stack", soft=67108864, hard=67108864)],
+    )
+    c = data["facts"]["container"]
+    assert c["cgroup_cpu_limit"] == 1.0 and c["cgroup_memory_limit_bytes"] == 512 * 1024 * 1024
+    assert c["shm_bytes"] == 2 * 1024**3 and c["stack_bytes"] == 67108864
+    found = {f["id"]: f for f in data["findings"]}
+    assert found["limits.cgroup"]["summary"].startswith("cgroup limits: 1 CPUs")
+    assert found["limits.shm"]["severity"] == "ok" and "limits.stack" not in found
+    # the limits are fine (memlock is a note without RDMA devices); the one problem is still the missing GPUs
+    assert code == 1 and [f["id"] for f in data["findings"] if f["severity"] in ("error", "warning")] == [
+        "container.no_gpu_access"
+    ]
