@@ -338,11 +338,11 @@ def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
             _verdict(r, "culprit" if r in outside else "bystander", _status(r), None) for r in stopped
         ]
     elif victims:
-        headline = f"{_name(victims)} lost a peer"
-        cause, fix = (
-            "a peer rank (perhaps on another node) went away first",
-            "read the other node's summary and logs",
-        )
+        peers = sorted({p for r in victims for p in lost_peers(r.text)})
+        at = f" at {', '.join(peers)}" if peers else ""
+        headline = f"{_name(victims)} lost a peer{at}"
+        cause = f"a peer rank{at} (on another node, or one that died without a log here) went away first"
+        fix = "read that node's logs and summary; if the node is gone, restart it or rerun on the remaining nodes"
         verdicts += [_verdict(r, "bystander", _status(r), None) for r in stopped]
     else:
         headline, cause, fix = (
@@ -352,6 +352,33 @@ def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
         )
         verdicts += [_verdict(r, "bystander", _status(r), None) for r in stopped]
     return FailureSummary("failed", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt)
+
+
+RDZV_TIMEOUT = "RendezvousTimeoutError"
+_PEER_RE = re.compile(r"(?:peer|remote)[^\[\n]{0,40}\[([0-9A-Za-z.:_-]+)\]:(\d+)")
+
+
+def lost_peers(text: str) -> list[str]:
+    """Addresses of peers a rank lost its connection to (gloo and NCCL name them in the error)."""
+    return sorted({m[1] for m in _PEER_RE.finditer(text)})
+
+
+def rendezvous_timeout(
+    agent_output: str, nnodes: int, attempt: int, before: str | None = None
+) -> FailureSummary:
+    """torchrun gave up waiting for the nodes to (re)join: a node is gone or cannot reach node 0."""
+    lost = sorted(set(re.findall(r"Detected dead node '([^']+)'", agent_output)))
+    names = f" (lost: {', '.join(lost)})" if lost else ""
+    then = f", after: {before}" if before else ""
+    return FailureSummary(
+        "failed",
+        f"the rendezvous timed out: not all {nnodes} node(s) joined again{names}{then}",
+        "a node stopped (its launcher was killed or the machine went away) or cannot reach the rendezvous endpoint",
+        "restart the missing node's launcher with the same --rdzv-endpoint and --rdzv-id, or check the network "
+        "to node 0; --rdzv-timeout sets how long to wait",
+        (),
+        attempt,
+    )
 
 
 def render(summary: FailureSummary) -> str:

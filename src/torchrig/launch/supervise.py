@@ -20,7 +20,13 @@ from pathlib import Path
 
 from torchrig.launch import logs
 from torchrig.launch.plan import LaunchPlan
-from torchrig.launch.summary import FailureSummary, summarize_failure, summarize_hang
+from torchrig.launch.summary import (
+    RDZV_TIMEOUT,
+    FailureSummary,
+    rendezvous_timeout,
+    summarize_failure,
+    summarize_hang,
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,17 @@ def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         pass
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the launcher dies (Linux prctl PR_SET_PDEATHSIG), so a killed
+    ``torchrig launch`` takes its torchrun and ranks with it instead of leaving them running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.stderr) -> LaunchResult:
     """Run the plan to the end; returns what happened. Output of torchrun and the ranks goes to ``echo``."""
     log_dir = Path(plan.log_dir)
@@ -76,7 +93,17 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
         bufsize=1,
         start_new_session=True,
         errors="replace",
+        preexec_fn=_die_with_parent,
     )
+    # A SIGTERM to the launcher (a scheduler cancelling the job) stops torchrun and the ranks the same way.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+
+        def on_term(*_: object) -> None:
+            _stop(proc)
+            sys.exit(143)
+
+        previous = signal.signal(signal.SIGTERM, on_term)
     agent_out: collections.deque[str] = collections.deque(maxlen=5000)
     pumps = [
         threading.Thread(target=_pump, args=(s, echo, agent_out), daemon=True)
@@ -113,6 +140,8 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     for t in pumps:
         t.join(timeout=5)
     code = proc.wait()
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
     agent_text = "".join(agent_out)
     found = logs.run_dirs(log_dir, plan.rdzv_id, start)
     run_dir = found[-1] if found else run_dir
@@ -124,13 +153,18 @@ def _result(
 ) -> LaunchResult:
     codes = logs.exit_codes_by_pid(agent_text)
     att = logs.attempts(run_dir) if run_dir else []
+    rdzv_failed = code != 0 and not hung and RDZV_TIMEOUT in agent_text
     earlier = []
-    for a in att[:-1]:
+    # After a rendezvous timeout the last attempt's ranks are gone too: its failure is history as well.
+    for a in att if rdzv_failed else att[:-1]:
         ranks = logs.read_attempt(a, codes)
         if any(r.exit_code not in (None, 0) for r in ranks):
             earlier.append(summarize_failure(ranks, int(a.name[8:])))
     summary = None
-    if att and hung:
+    if rdzv_failed:
+        first = earlier[-1].headline if earlier else None
+        summary = rendezvous_timeout(agent_text, plan.nnodes, len(att), first)
+    elif att and hung:
         summary = summarize_hang(
             logs.read_attempt(att[-1], codes), int(att[-1].name[8:]), plan.hang_timeout_s
         )
