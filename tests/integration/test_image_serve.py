@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 import urllib.error
+import uuid
 import urllib.request
 from pathlib import Path
 
@@ -46,7 +47,9 @@ def host_port(container, port: str) -> int:
 
 @pytest.fixture(scope="module")
 def running(engine, test_image, keys):
-    """One container of the test image with both services, ports published on loopback only."""
+    """One container of the test image with both services, ports published on loopback only, and a fresh
+    named volume on /workspace/data (as in `docker run -v data:/workspace/data`)."""
+    volume = engine.volumes.create(f"torchrig-test-data-{uuid.uuid4().hex[:8]}")
     container = engine.containers.run(
         test_image,
         detach=True,
@@ -55,6 +58,7 @@ def running(engine, test_image, keys):
         volumes={
             str(keys["good"]) + ".pub": {"bind": "/run/secrets/authorized_keys", "mode": "ro"},
             str(keys["token"]): {"bind": "/run/secrets/jupyter_token", "mode": "ro"},
+            volume.name: {"bind": "/workspace/data", "mode": "rw"},
         },
     )
     try:
@@ -63,6 +67,7 @@ def running(engine, test_image, keys):
         yield container, ports
     finally:
         container.remove(force=True)
+        volume.remove(force=True)
 
 
 def http_status(port: int, path: str, token: str | None = None) -> int:
@@ -253,3 +258,9 @@ def test_empty_token_refused_at_start(engine, test_image):
         assert result["StatusCode"] == 2 and "JUPYTER_TOKEN is empty" in out.logs().decode()
     finally:
         out.remove(force=True)
+
+
+def test_the_user_can_write_to_a_fresh_named_volume(running, keys):
+    _, ports = running
+    r = ssh(ports["ssh"], keys["good"], "torch", "touch /workspace/data/x && stat -c %U /workspace/data/x")
+    assert r.returncode == 0 and r.stdout.strip() == "torch", r

@@ -188,3 +188,25 @@ def test_build_stream_failure_names_the_step_and_keeps_its_log():
     assert f.step.startswith("Step 3/26 : RUN") and "apt-get" in f.step
     assert any("Unable to locate package" in line for line in f.log_tail)
     assert "the step exited with status 100" in err.value.one_line() and err.value.exit_code == 1
+
+
+def test_health_check_and_image_help_stay_light():
+    """The HEALTHCHECK runs every 10 s: it must not import docker, torch or rich."""
+    import sys as _sys
+
+    for args in (["serve", "--check"], ["image", "--help"], ["init", "--help"]):
+        proc = subprocess.run(
+            [_sys.executable, "-X", "importtime", "-m", "torchrig", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        mods = {
+            line.rsplit("|", 1)[1].strip().split(".")[0]
+            for line in proc.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line
+        }
+        assert "torchrig" in mods and not mods & {"torch", "docker", "rich", "numpy", "jupyterlab"}, (
+            args,
+            mods,
+        )

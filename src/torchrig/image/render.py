@@ -181,8 +181,10 @@ def _final_stage(plan: ImagePlan) -> list[str]:
             f'old=$(getent group {u.gid} | cut -d: -f1); if [ -n "$old" ]; then groupdel "$old"; fi',
             f"groupadd -g {u.gid} {u.name}",
             f"useradd -m -u {u.uid} -g {u.gid} -s /bin/bash {u.name}",
-            f"mkdir -p {spec.workdir}",
-            f"chown {u.uid}:{u.gid} {spec.workdir}",
+            # data/ exists, owned by the user, so an empty named volume mounted there (-v data:WORKDIR/data)
+            # starts with the user's ownership instead of root's
+            f"mkdir -p {spec.workdir}/data",
+            f"chown {u.uid}:{u.gid} {spec.workdir} {spec.workdir}/data",
             f"dpkg-query -W -f '${{Package}}=${{Version}}\\n' > {ETC}/apt-packages.txt",
             f'echo "$TORCHRIG_BASE_DIGEST" > {ETC}/base-digest',
             f"rm -f {CA_PATH}",
