@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import time
 import urllib.error
-import uuid
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
