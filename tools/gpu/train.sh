@@ -40,25 +40,29 @@ torchrig_train() {  # $1 = number of GPUs
   tail -n 3 "$R/torchrig-${n}gpu.log"
 }
 
-baseline 1
-torchrig_train 1
+# The 2-GPU comparison first on a 2-GPU machine (the figures that matter most if the time limit cuts in).
 if [ "$NGPU" -ge 2 ]; then
   baseline 2
   torchrig_train 2
 fi
+baseline 1
+torchrig_train 1
 
-# Failure and planted-hang summaries (tiny model, short timeouts). A single GPU runs two ranks on the CPU.
+# Failure and planted-hang summaries (tiny model, short timeouts) on 2 GPUs with NCCL; with one GPU only
+# when DEMO=1 (two CPU ranks then, as in CI).
 if [ "$NGPU" -ge 2 ]; then DEV=(--gpus 2); else DEV=(--cpu --nproc-per-node 2); fi
-TINY=(-m torchrig.train --model gpt --size tiny --steps 40 --log-every 5 --workers 0 --no-tensorboard)
-timeout 180 python3 -m torchrig --json launch "${DEV[@]}" --no-preflight --log-dir "$R/demo-logs" \
-  --rdzv-id demo-fail "${TINY[@]}" --out "$R/demo-fail" --test-kill-at-step 5 \
-  >"$R/demo-failure.json" 2>"$R/demo-failure.log"
-echo "failure demo rc=$? (1 expected)"
-start=$(date +%s)
-timeout 180 python3 -m torchrig --json launch "${DEV[@]}" --log-dir "$R/demo-logs" --rdzv-id demo-hang \
-  --collective-timeout 15 --hang-timeout 40 "${TINY[@]}" --out "$R/demo-hang" --test-hang-at-step 5 \
-  >"$R/demo-hang.json" 2>"$R/demo-hang.log"
-echo "hang demo rc=$? (1 expected) in $(( $(date +%s) - start ))s (collective timeout 15s, hang timeout 40s)"
+if [ "$NGPU" -ge 2 ] || [ "${DEMO:-0}" = 1 ]; then
+  TINY=(-m torchrig.train --model gpt --size tiny --steps 40 --log-every 5 --workers 0 --no-tensorboard)
+  timeout 180 python3 -m torchrig --json launch "${DEV[@]}" --no-preflight --log-dir "$R/demo-logs" \
+    --rdzv-id demo-fail "${TINY[@]}" --out "$R/demo-fail" --test-kill-at-step 5 \
+    >"$R/demo-failure.json" 2>"$R/demo-failure.log"
+  echo "failure demo rc=$? (1 expected)"
+  start=$(date +%s)
+  timeout 180 python3 -m torchrig --json launch "${DEV[@]}" --log-dir "$R/demo-logs" --rdzv-id demo-hang \
+    --collective-timeout 15 --hang-timeout 40 "${TINY[@]}" --out "$R/demo-hang" --test-hang-at-step 5 \
+    >"$R/demo-hang.json" 2>"$R/demo-hang.log"
+  echo "hang demo rc=$? (1 expected) in $(( $(date +%s) - start ))s (collective timeout 15s, hang timeout 40s)"
+fi
 if [ "${RUN_GPU_TESTS:-0}" = 1 ]; then
   timeout 400 python3 -m pytest -q tests/gpu/test_train_gpu.py >"$R/gpu-tests.log" 2>&1
   echo "tests/gpu/test_train_gpu.py rc=$?"; tail -n 3 "$R/gpu-tests.log"
