@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,8 @@ from pathlib import Path
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-out")) / "cluster"
 STEPS = int(os.environ.get("STEPS", "60"))
 CPU = os.environ.get("CPU") == "1"  # CPU=1: the same run with gloo ranks, to try this script without GPUs
-TRAIN = ["--model", "gpt", "--size", "mini", "--data", "synthetic", "--seed", "0", "--micro-batch", "8",
+SIZE = os.environ.get("SIZE", "tiny" if CPU else "mini")
+TRAIN = ["--model", "gpt", "--size", SIZE, "--data", "synthetic", "--seed", "0", "--micro-batch", "8",
          "--steps", str(STEPS), "--log-every", "1", "--no-ckpt-final", "--no-tensorboard", "--workers", "0",
          "--precision", "fp32", "--resume"]  # fmt: skip
 
@@ -74,16 +76,23 @@ def main() -> int:
         log = open(OUT / f"node{rank}.log", "w")  # noqa: SIM115 - closed with the process below
         procs.append(
             (
-                subprocess.Popen(["bash", "-c", cmd], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=OUT),
+                subprocess.Popen(
+                    ["bash", "-c", cmd],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=OUT,
+                    start_new_session=True,
+                ),
                 log,
             )
         )
     codes = []
     for p, log in procs:
         try:
-            codes.append(p.wait(timeout=420))
+            codes.append(p.wait(timeout=360))
         except subprocess.TimeoutExpired:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)  # the launcher and torchrun run in this group's session
             codes.append(None)
         log.close()
     two_s = time.time() - t0
@@ -93,7 +102,7 @@ def main() -> int:
         [sys.executable, "-m", "torchrig", "launch", *(["--cpu", "--nproc-per-node"] if CPU else ["--gpus"]), "2",
          "--log-dir", str(OUT / "logs-one"),
          "-m", "torchrig.train", *TRAIN, "--out", str(one)],
-        capture_output=True, text=True, timeout=420,
+        capture_output=True, text=True, timeout=360,
     )  # fmt: skip
     one_s = time.time() - t0
     (OUT / "one-node.log").write_text(ref.stdout + ref.stderr)
