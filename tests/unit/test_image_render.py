@@ -173,3 +173,23 @@ def test_recorded_stacks_agree_with_the_knowledge_base(label):
     version, variant = label.split("+")
     spec = parse_spec({"torch": {"version": version, "variant": variant}, "python": {"version": "3.11"}})
     assert resolve_stack(spec, load_kb()) == stack(label, "3.11")
+
+
+def test_readme_shows_the_dockerfile_as_it_renders(tmp_path, monkeypatch):
+    """The README's Images section shows a real render; it must stay what the code renders."""
+    from torchrig.image.pipeline import ImageOptions, make_plan
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Images") :]
+    spec_text = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    shown = section.split("--base torchrig-test/debian:bookworm\n", 1)[1].split(
+        "\n$ torchrig image build", 1
+    )[0]
+    monkeypatch.chdir(tmp_path)
+    Path("torchrig.toml").write_text(spec_text)
+    Path("wh").mkdir()
+    Path("wh/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    plan = make_plan(
+        ImageOptions(spec=Path("torchrig.toml"), wheelhouse=Path("wh"), base="torchrig-test/debian:bookworm")
+    )
+    assert render.render_dockerfile(plan).rstrip("\n") == shown
