@@ -122,6 +122,16 @@ def _env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _image(args: argparse.Namespace) -> str | None:
+    image: str | None = args.container if args.target == "slurm" else args.image
+    if args.spec:
+        if image:
+            flag = "--container" if args.target == "slurm" else "--image"
+            raise UsageError(f"--spec and {flag} both name the image", hint="give one of them")
+        image = image_from_spec(args.spec)
+    return image
+
+
 def _job(args: argparse.Namespace) -> Any:
     from torchrig.cluster.job import ClusterJob, ContainerRuntime, K8sKind
 
@@ -133,12 +143,7 @@ def _job(args: argparse.Namespace) -> Any:
         module, command = True, command[1:]
     if not command:
         raise UsageError("no training script given", hint="end the command with: -- train.py [args]")
-    image = args.container if args.target == "slurm" else args.image
-    if args.spec:
-        if image:
-            flag = "--container" if args.target == "slurm" else "--image"
-            raise UsageError(f"--spec and {flag} both name the image", hint="give one of them")
-        image = image_from_spec(args.spec)
+    image = _image(args)
     common: dict[str, Any] = dict(
         script=command[0],
         script_args=tuple(command[1:]),

@@ -94,18 +94,7 @@ class ClusterJob:
                 "--nproc-per-node is for CPU jobs (--gpus-per-node 0)",
                 hint="with GPUs there is one process per GPU",
             )
-        if not 1024 <= self.rdzv_port <= 65535:
-            raise UsageError(f"--rdzv-port must be 1024..65535, got {self.rdzv_port}")
-        if self.max_restarts < 0:
-            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
-        for flag, value in (
-            ("--rdzv-timeout", self.rdzv_timeout_s),
-            ("--collective-timeout", self.collective_timeout_s),
-        ):
-            if value is not None and value < 1:
-                raise UsageError(f"{flag} must be at least 1 second, got {value}")
-        if self.hang_timeout_s is not None and self.hang_timeout_s < 0:
-            raise UsageError(f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout_s}")
+        self._check_launch_options()
         if not _NAME_RE.match(self.name):
             raise UsageError(
                 f"job name {self.name!r} is not a DNS label",
@@ -129,6 +118,20 @@ class ClusterJob:
         for key in self.env:
             if not _ENV_NAME_RE.match(key):
                 raise UsageError(f"--env {key!r} is not an environment variable name")
+
+    def _check_launch_options(self) -> None:
+        if not 1024 <= self.rdzv_port <= 65535:
+            raise UsageError(f"--rdzv-port must be 1024..65535, got {self.rdzv_port}")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
+        for flag, value in (
+            ("--rdzv-timeout", self.rdzv_timeout_s),
+            ("--collective-timeout", self.collective_timeout_s),
+        ):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1 second, got {value}")
+        if self.hang_timeout_s is not None and self.hang_timeout_s < 0:
+            raise UsageError(f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout_s}")
 
     @property
     def nproc_per_node(self) -> int:

@@ -74,6 +74,36 @@ def apptainer_image(ref: str) -> str:
     return f"docker://{ref}"
 
 
+def _srun_argv(job: ClusterJob) -> list[str]:
+    srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--nodes={job.nodes}"]
+    if job.container_runtime is ContainerRuntime.PYXIS:
+        srun += [
+            f"--container-image={pyxis_image(str(job.image))}",
+            "--container-workdir=$PWD",
+            "--container-mounts=" + ",".join(("$PWD:$PWD", *job.container_mounts)),
+        ]
+    return srun
+
+
+def _node_argv(job: ClusterJob) -> list[str]:
+    """What srun runs on each node: the launcher, inside Apptainer when asked."""
+    inner = launcher_argv(
+        job,
+        nnodes="$SLURM_NNODES",
+        node_rank="$SLURM_NODEID",
+        endpoint="$RDZV_ENDPOINT",
+        rdzv_id="$SLURM_JOB_ID",
+        # One folder per node: `torchrig launch` reads back the newest run folder of its log dir, which on
+        # a shared filesystem could be another node's.
+        log_dir=f"{job.log_dir}/$SLURM_JOB_ID/node$SLURM_NODEID",
+    )
+    if job.container_runtime is ContainerRuntime.APPTAINER:
+        binds = ",".join(("$PWD", *job.container_mounts))
+        gpu = ["--nv"] if job.gpus_per_node else []
+        inner = ["apptainer", "exec", *gpu, "--bind", binds, apptainer_image(str(job.image)), *inner]
+    return inner
+
+
 def render_sbatch(job: ClusterJob) -> str:
     lines = [
         "#!/bin/bash",
@@ -94,27 +124,7 @@ def render_sbatch(job: ClusterJob) -> str:
     ]
     for var in job.environment():
         lines += [f"# {var.reason}", f"export {var.name}={shlex.quote(var.value)}"]
-    srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--nodes={job.nodes}"]
-    if job.container_runtime is ContainerRuntime.PYXIS:
-        srun += [
-            f"--container-image={pyxis_image(str(job.image))}",
-            "--container-workdir=$PWD",
-            "--container-mounts=" + ",".join(("$PWD:$PWD", *job.container_mounts)),
-        ]
-    inner = launcher_argv(
-        job,
-        nnodes="$SLURM_NNODES",
-        node_rank="$SLURM_NODEID",
-        endpoint="$RDZV_ENDPOINT",
-        rdzv_id="$SLURM_JOB_ID",
-        # One folder per node: `torchrig launch` reads back the newest run folder of its log dir, which on
-        # a shared filesystem could be another node's.
-        log_dir=f"{job.log_dir}/$SLURM_JOB_ID/node$SLURM_NODEID",
-    )
-    if job.container_runtime is ContainerRuntime.APPTAINER:
-        binds = ",".join(("$PWD", *job.container_mounts))
-        gpu = ["--nv"] if job.gpus_per_node else []
-        inner = ["apptainer", "exec", *gpu, "--bind", binds, apptainer_image(str(job.image)), *inner]
+    srun, inner = _srun_argv(job), _node_argv(job)
     # srun runs the command once per node; SLURM_NODEID differs per node, so it must be expanded there,
     # not in this batch shell: hand the launcher line to bash -c on each node.
     node_cmd = " ".join(_quote(w) for w in inner)
