@@ -170,3 +170,11 @@ def test_cli_render_json_names_the_stack(cli, tmp_path):
     assert doc["stack"]["org.torchrig.cudnn"] == "9.10.2.21" and doc["dockerfile"].startswith(
         "# Rendered by torchrig"
     )
+
+
+def test_cli_build_without_an_engine_exit_2(cli, tmp_path):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text('[torch]\nversion = "2.8.0"\nvariant = "cpu"\n')
+    r = cli("image", "build", str(spec), env={"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "no Docker engine answers" in r.err and "start dockerd" in r.err
