@@ -178,3 +178,47 @@ def test_cli_build_without_an_engine_exit_2(cli, tmp_path):
     r = cli("image", "build", str(spec), env={"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
     assert r.code == 2 and r.err.count("\n") == 1
     assert "no Docker engine answers" in r.err and "start dockerd" in r.err
+
+
+LOCK = Path(__file__).resolve().parents[1] / "fixtures" / "image" / "lock-2.13.0-cpu-jupyter-ssh.json"
+TEST_SPEC = '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[image]\nname = "torchrig-test/pytorch"\n'
+
+
+def _locked_plan(tmp_path, lock_text: str | None):
+    from torchrig.image.pipeline import ImageOptions, make_plan
+
+    (tmp_path / "torchrig.toml").write_text(TEST_SPEC)
+    if lock_text is not None:
+        (tmp_path / "torchrig.lock.json").write_text(lock_text)
+    return make_plan(
+        ImageOptions(spec=tmp_path / "torchrig.toml", locked=True, base="torchrig-test/debian:bookworm")
+    )
+
+
+def test_locked_build_pins_what_the_lock_recorded(tmp_path):
+    from torchrig.image import context, render
+
+    plan = _locked_plan(tmp_path, LOCK.read_text())
+    text = render.render_dockerfile(plan)
+    assert "openssh-server=1:9.2p1-2+deb12u10" in text and "tini=0.19.0-1+b3" in text
+    assert "python3.11=3.11.2-6+deb12u8 python3.11-venv=3.11.2-6+deb12u8" in text
+    assert "COPY torchrig-files/locked.txt /etc/torchrig/locked.txt" in text
+    assert "-c /etc/torchrig/locked.txt torch==2.13.0+cpu" in text
+    assert "-c /etc/torchrig/constraints.txt -c /etc/torchrig/locked.txt jupyterlab==4.6.6" in text
+    wheel = tmp_path / "torchrig-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    locked = context.plan_context(plan, wheel, None, None).texts["torchrig-files/locked.txt"].splitlines()
+    assert "jupyterlab==4.6.6" in locked and "torch==2.13.0+cpu" in locked
+    assert not any(line.startswith("torchrig==") for line in locked)
+
+
+def test_locked_refuses_a_missing_or_stale_lock(cli, tmp_path):
+    (tmp_path / "torchrig.toml").write_text(TEST_SPEC)
+    r = cli("image", "render", str(tmp_path / "torchrig.toml"), "--locked")
+    assert r.code == 2 and r.err.count("\n") == 1 and "--locked: no torchrig.lock.json beside" in r.err
+    stale = LOCK.read_text().replace(
+        '"org.torchrig.torch": "2.13.0+cpu"', '"org.torchrig.torch": "2.12.0+cpu"'
+    )
+    (tmp_path / "torchrig.lock.json").write_text(stale)
+    r = cli("image", "render", str(tmp_path / "torchrig.toml"), "--locked")
+    assert r.code == 2 and "records torch 2.12.0+cpu but the spec resolves to 2.13.0+cpu" in r.err

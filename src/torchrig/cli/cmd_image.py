@@ -21,6 +21,7 @@ examples:
   torchrig init && torchrig image render                 # the Dockerfile for ./torchrig.toml
   torchrig image render path/to/torchrig.toml --json     # Dockerfile, tag, resolved stack
   torchrig image build                                   # build, tag, lock, size
+  torchrig image build --locked                          # again with the lock's pip/apt versions and base digest
   torchrig image build --wheelhouse ./wheels --base debian:bookworm-slim
   torchrig image build --ca-cert /etc/ssl/certs/corp-proxy.pem
   docker run --gpus all -p 8888:8888 -p 2222:22 -v data:/workspace/data \\
@@ -60,6 +61,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tag", help="an extra tag for the built image")
     parser.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    parser.add_argument(
+        "--locked",
+        action="store_true",
+        help="build what torchrig.lock.json beside the spec records: its pip and apt versions, its base digest",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="show every build log line on stderr")
 
 
@@ -76,6 +82,7 @@ def _options(args: argparse.Namespace) -> Any:
         tag=args.tag,
         no_cache=args.no_cache,
         verbose=args.verbose,
+        locked=args.locked,
     )
 
 

@@ -113,6 +113,8 @@ def plan_context(
         f"{render.CONTEXT_FILES}/image.json": render.image_config(plan),
         f"{render.CONTEXT_FILES}/profile.sh": render.PROFILE_SH,
     }
+    if plan.locked:
+        texts[f"{render.CONTEXT_FILES}/locked.txt"] = "".join(f"{line}\n" for line in plan.locked.pip)
     files = {f"{render.CONTEXT_TORCHRIG}/{torchrig_wheel.name}": torchrig_wheel}
     if wheelhouse is not None:
         for wheel in sorted(wheelhouse.iterdir()):

@@ -16,7 +16,7 @@ from typing import Any
 from torchrig.image import context as ctx_mod
 from torchrig.image import render
 from torchrig.image.spec import load_spec
-from torchrig.image.stack import ImagePlan, choose_base, content_tag, load_bases, resolve_stack
+from torchrig.image.stack import ImagePlan, LockPins, choose_base, content_tag, load_bases, resolve_stack
 
 LOCK_NAME = "torchrig.lock.json"
 
@@ -32,6 +32,7 @@ class ImageOptions:
     tag: str | None = None
     no_cache: bool = False
     verbose: bool = False
+    locked: bool = False  # build what the lock beside the spec records (pip/apt versions, base digest)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
                 raise
             kb = None
     stack = resolve_stack(spec, kb, opts.wheelhouse)
+    pins = read_lock_pins(Path(spec.path), stack) if opts.locked else None
     rows, components = load_bases()
     base = choose_base(spec, stack, rows, opts.base)
     return ImagePlan(
@@ -90,7 +92,49 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
         wheelhouse=opts.wheelhouse is not None,
         ca_cert=opts.ca_cert is not None,
         pip_index_url=opts.pip_index_url or spec.pip_index_url,
+        torchrig_requires=torchrig_requires(),
+        locked=pins,
     )
+
+
+def torchrig_requires() -> tuple[str, ...]:
+    """torchrig's run-time requirements (no extras): what ``serve`` needs beside the standard library."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("torchrig") or []
+    except metadata.PackageNotFoundError:
+        return ()
+    return tuple(r for r in reqs if "extra ==" not in r)
+
+
+def read_lock_pins(spec_path: Path, stack: Any) -> LockPins:
+    """The pins of the lock beside the spec; its torch must be the build the spec resolves to now."""
+    from torchrig.errors import UsageError
+
+    path = spec_path.resolve().parent / LOCK_NAME
+    try:
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(
+            f"--locked: no {LOCK_NAME} beside {spec_path}", hint="build once without --locked"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise UsageError(
+            f"--locked: {path} is unreadable ({err})", hint="build again without --locked"
+        ) from None
+    locked_torch = lock.get("stack", {}).get("org.torchrig.torch")
+    if locked_torch != stack.label:
+        raise UsageError(
+            f"--locked: {path} records torch {locked_torch} but the spec resolves to {stack.label}",
+            hint="build without --locked to update the lock",
+        )
+    pip = tuple(
+        line for line in lock.get("pip_freeze", []) if "==" in line and not line.startswith("torchrig==")
+    )
+    apt = tuple((p.split("=", 1)[0], p.split("=", 1)[1]) for p in lock.get("apt_packages", []) if "=" in p)
+    ref = lock.get("base_reference") or ""
+    return LockPins(pip=pip, apt=apt, base=ref if "@sha256:" in ref else None)
 
 
 def lock_document(

@@ -89,7 +89,14 @@ def _apt_block(plan: ImagePlan) -> str:
     if spec.variant == "devel":
         want += ["build-essential", "git"]
     want += [p for p in spec.apt if p not in want]
-    py_pkgs = f"python{py} python{py}-venv" + (f" python{py}-dev" if spec.variant == "devel" else "")
+    pins = dict(plan.locked.apt) if plan.locked else {}
+
+    def pinned(name: str) -> str:  # --locked: the version the lock recorded
+        return f"{name}={pins[name]}" if name in pins and "=" not in name else name
+
+    want = [pinned(p) for p in want]
+    py_names = [f"python{py}", f"python{py}-venv"] + ([f"python{py}-dev"] if spec.variant == "devel" else [])
+    py_pkgs = " ".join(pinned(p) for p in py_names)
     ca = f" -o Acquire::https::CAInfo={CA_PATH}" if plan.ca_cert else ""
     probe = "import ensurepip" + (
         '; import sysconfig, os; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")'
@@ -126,6 +133,8 @@ def _pip_source(plan: ImagePlan, *, torch: bool) -> str:
 def _pip(plan: ImagePlan, args: str, *, torch: bool = False, constrained: bool = True) -> str:
     src = _pip_source(plan, torch=torch)
     con = f" -c {ETC}/constraints.txt" if constrained else ""
+    if plan.locked:
+        con += f" -c {ETC}/locked.txt"
     return f"{VENV}/bin/pip install{' ' + src if src else ''}{con} {args}"
 
 
@@ -139,6 +148,8 @@ def _build_stage(plan: ImagePlan) -> list[str]:
         env.append(f"PIP_CERT={CA_PATH}")
     out.append("ENV " + " \\\n    ".join(env))
     out.append(_run(f"python{py} -m venv {VENV}", f"mkdir -p {ETC}"))
+    if plan.locked:
+        out.append(f"COPY {CONTEXT_FILES}/locked.txt {ETC}/locked.txt")
     # torch first, alone: its layer is the big one and is cached across spec changes.
     out.append(
         _run(
@@ -236,7 +247,8 @@ def render_dockerfile(plan: ImagePlan) -> str:
         + (", build-ca.crt" if plan.ca_cert else "")
         + ".",
     ]
-    os_stage = [f"FROM {plan.base.image} AS os", "ARG DEBIAN_FRONTEND=noninteractive"]
+    base = plan.locked.base if plan.locked and plan.locked.base else plan.base.image
+    os_stage = [f"FROM {base} AS os", "ARG DEBIAN_FRONTEND=noninteractive"]
     if plan.ca_cert:
         os_stage.append(f"COPY {CONTEXT_CA} {CA_PATH}")
     os_stage.append(_apt_block(plan))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +60,15 @@ class BaseChoice:
 
 
 @dataclass(frozen=True)
+class LockPins:
+    """What an earlier build recorded (``torchrig.lock.json``), to build the same again (``--locked``)."""
+
+    pip: tuple[str, ...]  # "name==version" lines: a constraint file for every pip install
+    apt: tuple[tuple[str, str], ...]  # (package, version) of the installed Debian/Ubuntu packages
+    base: str | None = None  # "repo@sha256:..." when the base came from a registry
+
+
+@dataclass(frozen=True)
 class ImagePlan:
     """Everything the Dockerfile and the build context are rendered from."""
 
@@ -70,10 +79,10 @@ class ImagePlan:
     wheelhouse: bool = False  # install from the context's wheelhouse/ with --no-index
     ca_cert: bool = False  # trust the context's build-ca.crt during the build
     pip_index_url: str | None = None  # overrides PyPI for everything but a torch from the PyTorch index
-    torchrig_requires: tuple[
-        str, ...
-    ] = ()  # torchrig's own run-time requirements (installed with the extras)
-    extra: dict[str, Any] = field(default_factory=dict)
+    # torchrig's own run-time requirements (installed with the extras)
+    torchrig_requires: tuple[str, ...] = ()
+    # --locked: the pip/apt versions and the base digest an earlier build recorded
+    locked: LockPins | None = None
 
     @property
     def repository(self) -> str:
