@@ -5,6 +5,7 @@ its severity and a fix. Fixtures are recorded snapshots (``no-driver-debian12-cp
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchrig.doctor import diagnose
-from torchrig.doctor.facts import load_facts
+from torchrig.doctor.facts import facts_from_json, load_facts
 from torchrig.doctor.findings import Severity
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
@@ -94,6 +95,57 @@ def test_one_root_cause_per_broken_machine(name):
     assert errors == [ROOT_CAUSES[name][0]], errors
 
 
+def _load_derive():
+    spec = importlib.util.spec_from_file_location("doctor_fixture_derive", FIX / "derive.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DERIVE = _load_derive()
+
+
+def _as_container(base: dict) -> None:
+    base["container"].update(in_container=True, runtime="docker", evidence=[DERIVE.DOCKERENV_OVERLAY])
+    base["env"].update(nvidia_visible_devices="all", nvcc_path=None, nvcc_version=None, cuda_home=None)
+
+
+def _as_vm_with_toolkit(base: dict) -> None:
+    base["container"].update(
+        in_container=False,
+        runtime=None,
+        evidence=["/.dockerenv exists but / is ext4 (a host or VM made from an image)"],
+    )
+    base["env"].update(
+        nvidia_visible_devices="0",
+        nvcc_path="/usr/local/cuda/bin/nvcc",
+        nvcc_version="13.0",
+        cuda_home="/usr/local/cuda",
+    )
+
+
+@pytest.mark.parametrize("base_kind", ["container", "vm-with-toolkit"])
+@pytest.mark.parametrize("name", sorted(DERIVE.CASES))
+def test_derived_cases_do_not_lean_on_the_base(name, base_kind):
+    """A case plants every fact that makes it what it is: from a base that is a container, or a VM with nvcc
+    and NVIDIA_VISIBLE_DEVICES set, it still has the same root cause (and only that error)."""
+    base = DERIVE.load_base(DERIVE.CASES[name][0])
+    (_as_container if base_kind == "container" else _as_vm_with_toolkit)(base)
+    r = diagnose(facts_from_json(DERIVE.derive(name, base)))
+    want_id, want_sev = ROOT_CAUSES[name]
+    found = [(f.id, f.severity.value) for f in r.findings]
+    assert found[0] == (want_id, want_sev), found
+    if want_sev == "error":
+        assert [i for i, sev in found if sev == "error"] == [want_id], found
+
+
+def test_derived_fixtures_are_up_to_date():
+    """The fixture files are what derive.py makes from the bases now (rerun it after changing a base)."""
+    stale = [n for n in DERIVE.CASES if json.loads((FIX / f"{n}.json").read_text()) != DERIVE.derive(n)]
+    assert not stale, f"run 'python tests/fixtures/doctor/derive.py': stale {stale}"
+
+
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_h200_machines(name):
     r = report(name)
@@ -134,6 +186,11 @@ def test_container_fix_names_gpus_flag_cdi_and_toolkit():
     assert "NVIDIA_VISIBLE_DEVICES is unset" in f.cause
     g = report("container-nvidia-runtime-not-used-h200").findings[0]
     assert "NVIDIA_VISIBLE_DEVICES=all" in g.cause
+
+
+def test_small_shm_in_a_container_is_fixed_by_docker_run():
+    f = report("shm-64m-container-h200").findings[0]
+    assert f.fix[0].startswith("docker run --ipc=host")
 
 
 def test_driver_too_old_offers_a_build_or_a_driver():

@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from torchrig.doctor import diagnose
 from torchrig.doctor.checks.visibility import visible_prefix
-from torchrig.doctor.facts import FACTS_SCHEMA_VERSION, Facts, facts_from_json, facts_to_json, load_facts
+from torchrig.doctor.facts import (
+    FACTS_SCHEMA_VERSION,
+    Facts,
+    ProbeStatus,
+    facts_from_json,
+    facts_to_json,
+    load_facts,
+)
 from torchrig.errors import InputError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
@@ -30,10 +38,29 @@ def test_unknown_keys_are_ignored_and_missing_ones_default():
     assert facts.nvml.gpus[0].temperature_c is None and facts.nvml.gpus[0].name == "NVIDIA H200"
 
 
+def test_facts_from_an_older_probe_load_as_unknown():
+    """A recording made before a field or an area existed: the field is unknown, the area was not probed."""
+    data = json.loads((FIX / "h200x1-driver580-cu130.json").read_text())
+    del data["docker"], data["probe_ms"], data["torchrig_version"]
+    del data["torch"]["wheel_libraries"], data["torch"]["devices"][0]["kernel_error"]
+    del data["kernel"]["wsl_driver_libs"], data["container"]["status"]
+    del data["nvml"]["gpus"][0]["fabric_state"], data["nvml"]["gpus"][0]["processes"]
+    facts = facts_from_json(data)
+    assert facts.docker.status is ProbeStatus.SKIPPED and facts.container.status is ProbeStatus.SKIPPED
+    assert facts.torch.wheel_libraries == () and facts.torch.devices[0].kernel_error is None
+    assert facts.kernel.wsl_driver_libs is None and facts.nvml.gpus[0].fabric_state is None
+    assert facts.probe_ms == {} and facts.torchrig_version is None
+    report = diagnose(facts)
+    assert report.exit_code == 0, [(f.id, f.summary) for f in report.findings]
+    assert {"driver.ok", "torch.ok"} <= {f.id for f in report.findings}
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.pop("torch"), "missing 'torch'"),
+        (lambda d: d.update(torch=[]), "torch: expected an object"),
+        (lambda d: d.pop("schema_version"), "not a doctor facts record"),
+        (lambda d: d["kernel"]["device_nodes"][0].pop("path"), "kernel.device_nodes[0].path: missing"),
         (lambda d: d["nvml"].update(status="bogus"), "is not a valid ProbeStatus"),
         (lambda d: d["nvml"]["gpus"][0].update(index="zero"), "nvml.gpus[0].index: expected int"),
         (lambda d: d.update(schema_version=99), "schema_version 99"),

@@ -15,8 +15,10 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 
 
 def h200(**torch_changes) -> Facts:
+    """The recorded H200 with another torch build; without nvcc, which would be judged against that build."""
     facts = load_facts(FIX / "h200x1-driver580-cu130.json")
-    return dataclasses.replace(facts, torch=dataclasses.replace(facts.torch, **torch_changes))
+    env = dataclasses.replace(facts.env, nvcc_path=None, nvcc_version=None, cuda_home=None)
+    return dataclasses.replace(facts, torch=dataclasses.replace(facts.torch, **torch_changes), env=env)
 
 
 def ids(facts: Facts, **kw) -> dict[str, str]:
@@ -50,7 +52,7 @@ def test_driver_too_old_from_the_kb_alone():
     r = diagnose(facts)
     f = next(f for f in r.findings if f.id == "torch.driver_too_old")
     assert "needs ≥" in f.cause
-    assert f.fix[0].startswith("/usr/bin/python3 -m pip install torch==")
+    assert f.fix[0].startswith(f"{facts.torch.python_executable} -m pip install torch==")
 
 
 def test_a_newer_build_is_only_a_note_and_only_when_it_runs_natively():
@@ -70,4 +72,5 @@ def test_a_newer_build_is_only_a_note_and_only_when_it_runs_natively():
 def test_without_the_kb_the_fix_points_to_resolve():
     facts = load_facts(FIX / "torch-cpu-build-h200.json")
     f = next(f for f in diagnose(facts, use_kb=False).findings if f.id == "torch.cpu_build")
-    assert f.fix[1].startswith('torchrig resolve --gpu "NVIDIA H200" --driver 580.95.05')
+    assert facts.nvml.driver_version
+    assert f.fix[1].startswith(f'torchrig resolve --gpu "NVIDIA H200" --driver {facts.nvml.driver_version}')

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Union
 
 FACTS_SCHEMA_VERSION = 1
+AREAS = ("nvml", "kernel", "torch", "env", "container", "docker")  # the probed parts of Facts
 
 
 class ProbeStatus(str, enum.Enum):
@@ -290,28 +291,45 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _accepts_none(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    """One record from its JSON object. A key the record lacks (written by an older probe) is unknown: its
+    default, or None for the few fields without one; only a key that cannot be unknown fails, by name."""
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in data:
             kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if hints[f.name] is ProbeStatus:
+                kwargs[f.name] = ProbeStatus.SKIPPED  # an area without a status was not probed
+            elif _accepts_none(hints[f.name]):
+                kwargs[f.name] = None
+            else:
+                raise ValueError(f"{where}.{f.name}: missing")
     return cls(**kwargs)
 
 
 def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
     """Rebuild :class:`Facts` from its JSON form; unknown keys are ignored, missing ones take defaults.
 
-    Raises ``ValueError`` with the path of the offending key when a value has the wrong type.
+    Facts recorded by an older probe load: a missing field is unknown (None or empty), a missing area is
+    ``skipped`` (as with ``--only``). Raises ``ValueError`` with the path of the offending key when a value
+    has the wrong type.
     """
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object")
-    version = data.get("schema_version", FACTS_SCHEMA_VERSION)
+    if "schema_version" not in data or not any(part in data for part in AREAS):
+        raise ValueError(f"{where}: not a doctor facts record (it needs schema_version and the probed areas)")
+    version = data["schema_version"]
     if version != FACTS_SCHEMA_VERSION:
         raise ValueError(f"{where}: facts schema_version {version} is not {FACTS_SCHEMA_VERSION}")
-    for part in ("nvml", "kernel", "torch", "env", "container", "docker"):
-        if part not in data:
-            raise ValueError(f"{where}: missing {part!r}")
+    data = dict(data)
+    for part in AREAS:
+        data.setdefault(part, {"status": ProbeStatus.SKIPPED.value})
     return typing.cast(Facts, _build(Facts, data, where))
 
 
