@@ -10,11 +10,12 @@ shared filesystem would be shared.
 - the node command of the sbatch script ``torchrig cluster slurm`` renders, run on each node with the
   variables srun sets there, reaches the same losses, step by step, as a single-node run with 2 processes
   (the same global batch);
-- killing node 1 (every process in its namespace, SIGKILL: a node lost) after a checkpoint exists, then
-  starting its launcher again: the job re-rendezvous, resumes from the last checkpoint and finishes, with
-  no lost or repeated steps and the same final loss;
-- the same kill without bringing node 1 back: node 0 stops within the rendezvous timeout, exit 1, with a
-  summary that names the lost peer's address. Every wait in this file has a timeout.
+- SIGKILL to node 1's launcher (its whole process group) after a checkpoint exists: its torchrun and ranks
+  go with it; starting its launcher again, the job re-rendezvous, resumes from the last checkpoint and
+  finishes, with no lost or repeated steps and the same losses as the run that never failed;
+- node 1 lost for good (SIGKILL to every process in its namespace: the machine is gone) and not brought
+  back: node 0 stops within the rendezvous timeout, exit 1, with a summary that says the rendezvous timed
+  out and names the lost peer's address. Every wait in this file has a timeout.
 
 Needs root, ``ip`` (iproute2), ``unshare`` and ``hostname``; skipped with the reason otherwise.
 """
@@ -146,7 +147,9 @@ class Launcher:
         # One OpenMP thread per rank in every run, so the single- and two-node runs do the same arithmetic.
         full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
         with open(self.stdout_path, "w") as so, open(self.stderr_path, "w") as se:
-            self.proc = subprocess.Popen(node.command(argv), stdout=so, stderr=se, cwd=work, env=full_env)
+            self.proc = subprocess.Popen(
+                node.command(argv), stdout=so, stderr=se, cwd=work, env=full_env, start_new_session=True
+            )
 
     def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
         try:
@@ -278,8 +281,13 @@ def test_lost_node_comes_back_and_the_job_resumes(nodes, single_node, tmp_path):
     n1 = Launcher(nodes[1], node_args(1, endpoint, "comeback", *extra), out, tmp_path, "node1")
     ckpt_step = wait_for_checkpoint(out, [n0, n1])
     assert n1.proc.poll() is None, "node 1 finished before it could be killed: raise STEPS"
-    assert nodes[1].kill_all(), "no process to kill in node 1"
+    os.killpg(n1.proc.pid, signal.SIGKILL)  # node 1's launcher, its whole process group
     n1.wait(timeout=30)
+    # torchrun and the ranks run in their own session; they must go with their launcher, not linger.
+    deadline = time.monotonic() + 20
+    while nodes[1].pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not nodes[1].pids(), "node 1's torchrun or ranks outlived their SIGKILLed launcher"
     n1_again = Launcher(nodes[1], node_args(1, endpoint, "comeback", *extra), out, tmp_path, "node1-again")
     assert n0.wait() == 0, n0.tail()
     assert n1_again.wait() == 0, n1_again.tail()
@@ -314,6 +322,9 @@ def test_lost_node_that_never_returns_stops_node0_with_its_name(nodes, tmp_path)
     # Bounded: the failed collective is noticed at once; the restart waits RDZV_TIMEOUT_S for node 1, then stops.
     assert stopped_after_s < RDZV_TIMEOUT_S + 90, f"node 0 took {stopped_after_s:.0f} s to stop"
     report = n0.stdout
+    assert "the rendezvous timed out: not all 2 node(s) joined again" in report, n0.tail()
     assert "lost a peer" in report, n0.tail()
+    # gloo names the peer in the rank's error ("Read error [ADDR]:PORT: Connection reset by peer" or
+    # "Connection closed by peer [ADDR]:PORT"); the summary must carry it.
     assert nodes[1].addr in report, f"the summary does not name the lost node {nodes[1].addr}\n{n0.tail()}"
     assert "RendezvousTimeoutError" in n0.stderr_path.read_text(), n0.tail()
