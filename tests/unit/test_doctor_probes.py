@@ -12,7 +12,7 @@ from torchrig.doctor import fixes
 from torchrig.doctor.facts import ProbeStatus
 from torchrig.doctor.probes import _assemble, _run_all
 from torchrig.doctor.probes.kernel import os_release
-from torchrig.doctor.probes.pytorch import SCRIPT, probe_torch
+from torchrig.doctor.probes.pytorch import SCRIPT, _from_child, probe_torch
 
 
 def test_hung_and_crashing_probes_become_records():
@@ -39,6 +39,25 @@ def test_torch_script_runs_without_torchrig_and_prints_json():
     )
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     assert data["status"] in ("ok", "missing") and data["python_executable"] == sys.executable
+    if data["status"] == "ok":  # where the child's time went, step by step
+        steps = data["steps_ms"]
+        assert steps["import"] == data["import_ms"] and {"versions", "cuda_init", "maps"} <= set(steps)
+        assert ("devices" in steps) == bool(data["is_available"])
+        assert _from_child(data).steps_ms == steps
+
+
+def test_the_knowledge_base_loads_meanwhile_only_where_a_driver_shows(monkeypatch, tmp_path):
+    from torchrig.cli import cmd_doctor
+    from torchrig.doctor import kb
+
+    monkeypatch.setattr(cmd_doctor, "_NVIDIA_SIGNS", (str(tmp_path / "absent"),))
+    assert cmd_doctor._load_kb_meanwhile() is None
+    (tmp_path / "version").write_text("NVRM version: NVIDIA UNIX Open Kernel Module  580.159.04\n")
+    monkeypatch.setattr(cmd_doctor, "_NVIDIA_SIGNS", (str(tmp_path / "version"),))
+    thread = cmd_doctor._load_kb_meanwhile()
+    assert thread is not None
+    thread.join(30)
+    assert not thread.is_alive() and kb.load() is not None
 
 
 def test_torch_probe_of_a_missing_interpreter(tmp_path):

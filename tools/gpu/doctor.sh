@@ -9,7 +9,7 @@
 #   NAME.report.txt / .report.json    the report on the healthy machine
 #   NAME-cuda-visible-devices-7.{json,report.txt,report.json}   the planted fault
 #   NAME-shm-64m.report.json          /dev/shm remounted at 64 MB in a private mount namespace (if permitted)
-#   timings.txt                       wall time of doctor with and without the torch probe
+#   timings.txt                       wall time of doctor with and without the torch probe, and of import torch
 # NVML is read through nvidia-ml-py; if the machine lacks it, put pynvml.py into .gpu-deps/ (carried).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -76,6 +76,12 @@ print(f"{sys.argv[1]} {time.perf_counter() - t0:.3f}")
 PYEOF
         done
     done
+    for i in 1 2 3; do  # the floor: what import torch alone costs in a fresh interpreter here
+        "$PY" -c 'import subprocess, sys, time
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+print(f"import-torch-only {time.perf_counter() - t0:.3f}")'
+    done
 } > "$D/timings.txt"
 
 if "$PY" -c "import pytest" 2>/dev/null; then
@@ -98,5 +104,10 @@ for f in d["findings"]:
     print(f"  {f['severity']:<7} {f['id']}: {f['summary']}")
 PYEOF
 done
+"$PY" - "$D/$NAME.json" <<'PYEOF'
+import json, sys
+f = json.load(open(sys.argv[1]))
+print("probe ms:", f.get("probe_ms"), "| torch child steps ms:", f["torch"].get("steps_ms"))
+PYEOF
 cat "$D/timings.txt" 2>/dev/null
 echo "doctor.sh: done in ${SECONDS} s; results in $D"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -99,6 +100,22 @@ def _validate(args: argparse.Namespace) -> None:
             )
 
 
+# Where an NVIDIA driver shows itself (the host's, also inside a container; /dev/dxg: WSL).
+_NVIDIA_SIGNS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/dxg")
+
+
+def _load_kb_meanwhile() -> threading.Thread | None:
+    """Load the knowledge base (~0.1 s) while the torch child imports torch, when the checks will want it:
+    the build checks consult it once a driver is there. The load is cached; the caller joins the thread."""
+    if not any(os.path.exists(p) for p in _NVIDIA_SIGNS):
+        return None
+    from torchrig.doctor import kb
+
+    thread = threading.Thread(target=kb.load, name="doctor-kb", daemon=True)
+    thread.start()
+    return thread
+
+
 def run(args: argparse.Namespace):  # -> DoctorReport
     t0 = time.perf_counter()
     areas = _areas(args.only)
@@ -113,7 +130,10 @@ def run(args: argparse.Namespace):  # -> DoctorReport
 
         want_torch = bool(args.record) or not areas or bool({"torch", "env"} & set(areas))
         python = str(Path(args.python).expanduser()) if args.python else None
+        kb_thread = _load_kb_meanwhile() if want_torch else None
         facts = collect(ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout))
+        if kb_thread is not None:
+            kb_thread.join(30.0)  # a second load would race the first: it is cached once this one ends
         if args.record:
             data = facts_to_json(facts)
             data["source"] = f"recorded by torchrig doctor --record at {facts.recorded_at}"

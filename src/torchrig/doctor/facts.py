@@ -186,6 +186,9 @@ class TorchFacts:
     loaded_libraries: tuple[str, ...] = ()  # CUDA libraries mapped into the process, from /proc/self/maps
     wheel_libraries: tuple[str, ...] = ()  # site-packages/nvidia/*/lib/*.so* of that interpreter
     import_ms: float | None = None
+    # where the child's time went: import, versions, cuda_init (is_available + init), devices (a kernel on
+    # each GPU), peers (can_device_access_peer per pair), maps (/proc/self/maps); absent from facts recorded before it was added
+    steps_ms: dict[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- environment

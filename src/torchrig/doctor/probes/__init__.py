@@ -100,16 +100,18 @@ def collect(options: ProbeOptions | None = None) -> Facts:
 
     opts = options or ProbeOptions()
     t = opts.probe_timeout_s
-    jobs: dict[str, tuple[Callable[[], Any], float]] = {
+    jobs: dict[str, tuple[Callable[[], Any], float]] = {}
+    if opts.torch:
+        # First, as it is the slow one. The child has its own timeout; the thread's deadline is a little later
+        # so the child's wins.
+        jobs["torch"] = (lambda: probe_torch(opts.python, opts.timeout_s), opts.timeout_s + 5)
+    jobs |= {
         "nvml": (probe_nvml, t),
         "kernel": (probe_kernel, t),
         "env": (probe_env, t),
         "container": (probe_container, t),
         "docker": (probe_docker, t),
     }
-    if opts.torch:
-        # The child has its own timeout; the thread's deadline is a little later so the child's wins.
-        jobs["torch"] = (lambda: probe_torch(opts.python, opts.timeout_s), opts.timeout_s + 5)
     results, elapsed = _run_all(jobs)
     parts = _assemble(results, {n: t for n, (_fn, t) in jobs.items()}, opts.torch)
     return Facts(

@@ -41,6 +41,7 @@ def _from_child(data: dict[str, Any]) -> TorchFacts:
         loaded_libraries=tuple(data.get("loaded_libraries") or ()),
         wheel_libraries=tuple(data.get("wheel_libraries") or ()),
         import_ms=data.get("import_ms"),
+        steps_ms={str(k): float(v) for k, v in (data.get("steps_ms") or {}).items()},
     )
 
 

@@ -90,6 +90,9 @@ def probe_devices(torch, out, count):
             dev["kernel_error"] = err_text(e)
         devices.append(dev)
     out["devices"] = devices
+
+
+def probe_peers(torch, out, count):
     peers = []
     for a in range(count):
         for b in range(a + 1, count):
@@ -121,6 +124,15 @@ def main():
         print(json.dumps(out))
         return
     out["import_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+    steps = {"import": out["import_ms"]}
+    mark = [time.perf_counter()]
+
+    def lap():
+        now = time.perf_counter()
+        ms = round((now - mark[0]) * 1000, 1)
+        mark[0] = now
+        return ms
+
     out["version"] = torch.__version__
     out["cuda_version"] = getattr(torch.version, "cuda", None)
     out["hip_version"] = getattr(torch.version, "hip", None)
@@ -140,6 +152,7 @@ def main():
             )
         except Exception:
             out["nccl_version"] = None
+        steps["versions"] = lap()
         out["is_available"] = bool(torch.cuda.is_available())
         count = int(torch.cuda.device_count())
         out["device_count"] = count
@@ -148,10 +161,16 @@ def main():
             out["init_error"] = None
         except Exception as e:
             out["init_error"] = err_text(e)
+        steps["cuda_init"] = lap()
         if out["is_available"]:
             probe_devices(torch, out, count)
+            steps["devices"] = lap()
+            probe_peers(torch, out, count)
+            steps["peers"] = lap()
     out["warnings"] = [str(w.message)[:2000] for w in caught]
     out["loaded_libraries"] = loaded_libraries()
+    steps["maps"] = lap()
+    out["steps_ms"] = steps
     print(json.dumps(out))
 
 
