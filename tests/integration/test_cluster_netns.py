@@ -13,8 +13,8 @@ shared filesystem would be shared.
 - SIGKILL to node 1's launcher (its whole process group) after a checkpoint exists: its torchrun and ranks
   go with it; starting its launcher again, the job re-rendezvous, resumes from the last checkpoint and
   finishes, with no lost or repeated steps and the same losses as the run that never failed;
-- node 1 lost for good (SIGKILL to every process in its namespace: the machine is gone) and not brought
-  back: node 0 stops within the rendezvous timeout, exit 1, with a summary that says the rendezvous timed
+- node 1 lost for good and not brought back (SIGKILL to its launcher's process group, or to every process
+  in its namespace: the machine is gone): node 0 stops within the rendezvous timeout, exit 1, with a summary that says the rendezvous timed
   out and names the lost peer's address. Every wait in this file has a timeout.
 
 Needs root, ``ip`` (iproute2), ``unshare`` and ``hostname``; skipped with the reason otherwise.
@@ -304,16 +304,21 @@ def test_lost_node_comes_back_and_the_job_resumes(nodes, single_node, tmp_path):
     assert end["final_loss"] == pytest.approx(ref_end["final_loss"], abs=1e-6)
 
 
-def test_lost_node_that_never_returns_stops_node0_with_its_name(nodes, tmp_path):
+@pytest.mark.parametrize("loss", ["launcher", "machine"])
+def test_lost_node_that_never_returns_stops_node0_with_its_name(nodes, tmp_path, loss):
+    """`launcher`: SIGKILL to node 1's launcher group; `machine`: to every process of node 1."""
     out = tmp_path / "run"
-    endpoint = f"{nodes[0].addr}:29403"
+    endpoint = f"{nodes[0].addr}:{29403 if loss == 'launcher' else 29404}"
     extra = ("--max-restarts", "1", "--rdzv-timeout", str(RDZV_TIMEOUT_S), "--collective-timeout", "30",
              "--no-preflight")  # fmt: skip
     n0 = Launcher(nodes[0], node_args(0, endpoint, "lost", *extra), out, tmp_path, "node0")
     n1 = Launcher(nodes[1], node_args(1, endpoint, "lost", *extra), out, tmp_path, "node1")
     wait_for_checkpoint(out, [n0, n1])
     assert n1.proc.poll() is None, "node 1 finished before it could be killed: raise STEPS"
-    nodes[1].kill_all()
+    if loss == "launcher":
+        os.killpg(n1.proc.pid, signal.SIGKILL)
+    else:
+        nodes[1].kill_all()
     killed_at = time.monotonic()
     n1.wait(timeout=30)
     code = n0.wait(timeout=RDZV_TIMEOUT_S + 120)
