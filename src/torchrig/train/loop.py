@@ -7,11 +7,13 @@ each rank) or call :func:`train` with a :class:`~torchrig.train.config.TrainConf
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +127,30 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         teardown()
 
 
-def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
+@dataclass
+class Job:
+    """Everything one rank's loop works with, built once by :func:`_build`."""
+
+    cfg: TrainConfig
+    rt: Runtime
+    model: nn.Module  # the raw module: state dicts, clipping, the optimizer
+    run_model: nn.Module  # what the loop calls: compiled and/or DDP/FSDP-wrapped
+    opt: torch.optim.Optimizer
+    dataset: Any
+    spec: dict[str, Any]
+    global_batch: int
+    params: int
+    flops_per_unit: float
+    unit: str  # "tokens" or "images"
+    units_per_step: int
+    scaler: Any
+    autocast: Any
+    out: Path
+    root: Path
+
+
+def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     torch.manual_seed(cfg.seed)
-    out, root = Path(cfg.out), Path(cfg.out) / "checkpoints"
     global_batch = cfg.micro_batch * cfg.grad_accum * rt.world
     vocab = int(cfg.size_info.get("vocab", 0)) or None
     ds, n_out = build_dataset(
@@ -140,24 +163,72 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
         seed=cfg.seed,
         min_length=global_batch * cfg.steps,
     )
+    classes = n_out if cfg.model == "resnet" else cfg.num_classes
     spec = model_spec(
         cfg.model,
         cfg.size_info,
         context=cfg.context,
         vocab=vocab,
-        num_classes=n_out if cfg.model == "resnet" else cfg.num_classes,
+        num_classes=classes,
         image_size=cfg.image_size,
     )
-    model = build_model(
-        cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=spec["num_classes"]
-    ).to(rt.device)
-    n_params = sum(p.numel() for p in model.parameters())
-    per_unit = flops_per_unit(model, cfg, rt.device)
+    model = build_model(cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=classes)
+    model = model.to(rt.device)
+    per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
     run_model = wrap(model, rt, compile=cfg.compile)
-    opt = optimizer(model, cfg, rt)
-    ckpt.clean_partial(root)
-    metrics = Metrics(out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)
-    start, meta = _resume(cfg, rt, model, opt, root, metrics, global_batch)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.precision)
+    gpt = cfg.model == "gpt"
+    return Job(
+        cfg=cfg,
+        rt=rt,
+        model=model,
+        run_model=run_model,
+        opt=optimizer(model, cfg, rt),
+        dataset=ds,
+        spec=spec,
+        global_batch=global_batch,
+        params=sum(p.numel() for p in model.parameters()),
+        flops_per_unit=per_unit,
+        unit="tokens" if gpt else "images",
+        units_per_step=global_batch * (cfg.context if gpt else 1),
+        scaler=torch.amp.GradScaler("cuda") if rt.precision == "fp16" else None,
+        autocast=(lambda: torch.autocast(rt.device.type, dtype=dtype)) if dtype else contextlib.nullcontext,
+        out=Path(cfg.out),
+        root=Path(cfg.out) / "checkpoints",
+    )
+
+
+def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor | None:
+    """One optimizer step of ``grad_accum`` micro-steps; returns the gradient norm (a tensor, no sync)."""
+    cfg, rt = job.cfg, job.rt
+    for group in job.opt.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    for micro in range(cfg.grad_accum):
+        x, y = next(it)
+        x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+        with _sync_context(job.run_model, rt, micro == cfg.grad_accum - 1), job.autocast():
+            loss = job.run_model(x, y) / cfg.grad_accum
+        (job.scaler.scale(loss) if job.scaler is not None else loss).backward()
+        loss_sum += loss.detach()
+    if job.scaler is not None:
+        job.scaler.unscale_(job.opt)
+    norm = torch.nn.utils.clip_grad_norm_(job.model.parameters(), cfg.clip_grad) if cfg.clip_grad else None
+    if job.scaler is not None:
+        job.scaler.step(job.opt)
+        job.scaler.update()
+    else:
+        job.opt.step()
+    job.opt.zero_grad(set_to_none=True)
+    return norm
+
+
+def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
+    job = _build(cfg, rt)
+    ckpt.clean_partial(job.root)
+    metrics = Metrics(job.out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)
+    start, meta = _resume(cfg, rt, job.model, job.opt, job.root, metrics, job.global_batch)
+    if job.scaler is not None and meta.get("grad_scale"):
+        job.scaler.update(float(meta["grad_scale"]))
     device_name = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else None
     peak, peak_source = peak_tflops(device_name, rt.precision, cfg.peak_tflops)
     metrics.event(
@@ -168,64 +239,50 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
         precision=rt.precision,
         parallel=rt.parallel,
         compile=cfg.compile,
-        global_batch=global_batch,
-        params=n_params,
+        global_batch=job.global_batch,
+        params=job.params,
         device=device_name or "cpu",
         peak_tflops=peak,
         peak_source=peak_source,
     )
-    unit = "tokens" if cfg.model == "gpt" else "images"
-    units_per_step = global_batch * (cfg.context if cfg.model == "gpt" else 1)
     it = batches(
-        ds,
+        job.dataset,
         micro_batch=cfg.micro_batch,
         world=rt.world,
         rank=rt.rank,
         seed=cfg.seed,
-        global_batch=global_batch,
-        start_sample=start * global_batch,
+        global_batch=job.global_batch,
+        start_sample=start * job.global_batch,
         workers=cfg.workers,
         pin=rt.device.type == "cuda",
     )
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.precision)
-    autocast = (lambda: torch.autocast(rt.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
-    scaler = torch.amp.GradScaler("cuda") if rt.precision == "fp16" else None
-    if scaler is not None and meta.get("grad_scale"):
-        scaler.update(float(meta["grad_scale"]))
     loss_sum = torch.zeros((), device=rt.device)
-    last = {"step": start, "t": time.perf_counter()}
-    final_loss = None
-    t0 = time.perf_counter()
+    last: dict[str, Any] = {"step": start, "t": time.perf_counter()}
+    final_loss, t0 = None, time.perf_counter()
     for step in range(start + 1, cfg.steps + 1):
         _test_hooks(cfg, rt, step)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        for micro in range(cfg.grad_accum):
-            x, y = next(it)
-            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-            with _sync_context(run_model, rt, micro == cfg.grad_accum - 1), autocast():
-                loss = run_model(x, y) / cfg.grad_accum
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            loss_sum += loss.detach()
-        if scaler is not None:
-            scaler.unscale_(opt)
-        grad_norm = (
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad) if cfg.clip_grad else None
-        )
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        grad_norm = _step(job, step, it, loss_sum)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            final_loss = _log(
-                step, last, loss_sum, grad_norm, rt, cfg, metrics, unit, units_per_step, per_unit, peak
-            )
+            final_loss = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
             loss_sum.zero_()
         if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
-            _save(cfg, rt, root, step, model, opt, spec, global_batch, scaler)
+            _save(job, step)
             last["t"] = time.perf_counter()  # checkpoint time is not training throughput
+    return _finish(job, metrics, start, final_loss, time.perf_counter() - t0, device_name, peak, peak_source)
+
+
+def _finish(
+    job: Job,
+    metrics: Metrics,
+    start: int,
+    final_loss: float | None,
+    elapsed_s: float,
+    device_name: str | None,
+    peak: float | None,
+    peak_source: str,
+) -> dict[str, Any]:
+    """The run's summary: steady throughput (warm-up and compile excluded) and MFU; written by rank 0."""
+    cfg, rt = job.cfg, job.rt
     steady = metrics.steady(min(cfg.timing_warmup_steps, cfg.steps // 3))
     summary = {
         "steps": cfg.steps,
@@ -237,20 +294,18 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
         "compile": cfg.compile,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
-        "global_batch": global_batch,
-        "params": n_params,
+        "global_batch": job.global_batch,
+        "params": job.params,
         "device": device_name or "cpu",
-        f"{unit}_per_s": steady,
-        "mfu": steady * per_unit / (rt.world * peak * 1e12) if steady and peak else None,
+        f"{job.unit}_per_s": steady,
+        "mfu": steady * job.flops_per_unit / (rt.world * peak * 1e12) if steady and peak else None,
         "peak_tflops": peak,
         "peak_source": peak_source,
-        "elapsed_s": round(time.perf_counter() - t0, 2),
+        "elapsed_s": round(elapsed_s, 2),
     }
     if rt.is_main:
-        import json
-
         metrics.event(event="end", **summary)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (job.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     metrics.close()
     return summary
 
@@ -260,15 +315,11 @@ def _log(
     last: dict[str, Any],
     loss_sum: torch.Tensor,
     grad_norm: torch.Tensor | None,
-    rt: Runtime,
-    cfg: TrainConfig,
+    job: Job,
     metrics: Metrics,
-    unit: str,
-    units_per_step: int,
-    per_unit: float,
     peak: float | None,
 ) -> float:
-    n = step - last["step"]
+    rt, n = job.rt, step - last["step"]
     loss = loss_sum / n
     if dist.is_initialized():
         dist.all_reduce(loss)  # the mean over ranks (gloo has no AVG)
@@ -279,33 +330,25 @@ def _log(
         gn = float(full.item())
     value = float(loss.item())  # the one host sync of the interval
     now = time.perf_counter()
-    rate = n * units_per_step / max(now - last["t"], 1e-9)
+    rate = n * job.units_per_step / max(now - last["t"], 1e-9)
     rec = {
         "step": step,
         "loss": value,
-        "lr": lr_at(step, cfg),
+        "lr": lr_at(step, job.cfg),
         "grad_norm": gn,
-        f"{unit}_per_s": rate,
-        "mfu": rate * per_unit / (rt.world * peak * 1e12) if peak else None,
+        f"{job.unit}_per_s": rate,
+        "mfu": rate * job.flops_per_unit / (rt.world * peak * 1e12) if peak else None,
         "world_size": rt.world,
         "restart": rt.restart,
     }
-    metrics.step(rec, unit, last["step"] + 1)
+    metrics.step(rec, job.unit, last["step"] + 1)
     last["step"], last["t"] = step, now
     return value
 
 
-def _save(
-    cfg: TrainConfig,
-    rt: Runtime,
-    root: Path,
-    step: int,
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    spec: dict[str, Any],
-    global_batch: int,
-    scaler: Any,
-) -> None:
+def _save(job: Job, step: int) -> None:
+    cfg, rt = job.cfg, job.rt
+
     def crash_in_save() -> None:
         if cfg.test_kill_in_save == step and rt.is_main and not rt.restart:
             print(
@@ -316,12 +359,12 @@ def _save(
             os.kill(os.getpid(), signal.SIGKILL)
 
     meta = {
-        "global_batch": global_batch,
+        "global_batch": job.global_batch,
         "world_size": rt.world,
         "parallel": rt.parallel,
         "precision": rt.precision,
-        "model_spec": spec,
-        "config": {k: v for k, v in vars(cfg).items()},
-        "grad_scale": float(scaler.get_scale()) if scaler is not None else None,
+        "model_spec": job.spec,
+        "config": dict(vars(cfg)),
+        "grad_scale": float(job.scaler.get_scale()) if job.scaler is not None else None,
     }
-    ckpt.save(root, step, model, opt, meta, keep=cfg.keep_ckpts, before_commit=crash_in_save)
+    ckpt.save(job.root, step, job.model, job.opt, meta, keep=cfg.keep_ckpts, before_commit=crash_in_save)
