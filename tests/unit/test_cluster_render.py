@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -427,3 +428,17 @@ def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path):
     assert plan["log_dir"] == "torchrig-logs/torchrig-train/node0"
     assert plan["argv"][-4:] == ["--module", "torchrig.train", "--size", "tiny"]
     assert "--rdzv-conf=join_timeout=60,is_host=true" in plan["argv"]
+
+
+def test_cli_apply_without_kubectl_says_how(cli, tmp_path):
+    out = tmp_path / "job.yaml"
+    bin_dir = tmp_path / "bin"  # a PATH with python but without kubectl
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    r = cli(
+        "cluster", "k8s", "--image", "img:1", "-o", str(out), "--apply", "--", "train.py",
+        env={"PATH": str(bin_dir)},
+    )  # fmt: skip
+    assert r.code == 2 and "kubectl is not on PATH" in r.err and f"kubectl apply -f {out}" in r.err
+    assert r.err.count("\n") == 1
+    assert out.read_text().startswith("apiVersion: kubeflow.org/v1")

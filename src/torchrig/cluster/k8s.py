@@ -161,5 +161,9 @@ def apply(manifest_path: str) -> str:
         [kubectl, "apply", "-f", manifest_path], text=True, capture_output=True, timeout=120
     )
     if proc.returncode != 0:
-        raise JobFailed(f"kubectl apply failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines() or ["no output"]
+        raise JobFailed(
+            f"kubectl apply failed: {lines[-1][:400]}",
+            hint=f"check the cluster with `kubectl cluster-info`; the manifests are in {manifest_path}",
+        )
     return proc.stdout.strip()

@@ -178,5 +178,6 @@ def submit(script_path: str) -> str:
         )
     proc = subprocess.run([sbatch, "--parsable", script_path], text=True, capture_output=True, timeout=60)
     if proc.returncode != 0:
-        raise JobFailed(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}")
+        lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines() or ["no output"]
+        raise JobFailed(f"sbatch refused the job: {lines[-1][:400]}", hint=f"the script is {script_path}")
     return proc.stdout.strip().split(";")[0]
