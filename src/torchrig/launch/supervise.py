@@ -78,6 +78,30 @@ def _die_with_parent() -> None:
         pass
 
 
+def _watch(
+    proc: subprocess.Popen, plan: LaunchPlan, log_dir: Path, start: float, wall_timeout_s: float | None
+) -> bool:
+    """Wait for torchrun; True when the job hung (no rank output for ``hang_timeout_s``, or past the wall
+    timeout): then every rank is asked for its stack (SIGUSR1) and the job is stopped."""
+    last_mark, last_change = (0, 0.0), time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.5)
+        found = logs.run_dirs(log_dir, plan.rdzv_id, start)
+        run_dir = found[-1] if found else None
+        mark, now = logs.activity_mark(run_dir), time.monotonic()
+        if mark != last_mark:
+            last_mark, last_change = mark, now
+        silent = bool(plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s)
+        if silent or (wall_timeout_s and time.time() - start > wall_timeout_s):
+            att = logs.attempts(run_dir) if run_dir else []
+            if att:
+                _signal_workers(att[-1], signal.SIGUSR1)  # every rank prints its stack into its log
+                time.sleep(2.0)
+            _stop(proc)
+            return True
+    return False
+
+
 def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.stderr) -> LaunchResult:
     """Run the plan to the end; returns what happened. Output of torchrun and the ranks goes to ``echo``."""
     log_dir = Path(plan.log_dir)
@@ -111,29 +135,8 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     ]
     for t in pumps:
         t.start()
-    hung = False
-    last_mark, last_change = (0, 0.0), time.monotonic()
-    run_dir: Path | None = None
     try:
-        while proc.poll() is None:
-            time.sleep(0.5)
-            found = logs.run_dirs(log_dir, plan.rdzv_id, start)
-            run_dir = found[-1] if found else None
-            mark = logs.activity_mark(run_dir)
-            now = time.monotonic()
-            if mark != last_mark:
-                last_mark, last_change = mark, now
-            if wall_timeout_s and time.time() - start > wall_timeout_s:
-                hung = True
-            if plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s:
-                hung = True
-            if hung:
-                att = logs.attempts(run_dir) if run_dir else []
-                if att:
-                    _signal_workers(att[-1], signal.SIGUSR1)  # every rank prints its stack into its log
-                    time.sleep(2.0)
-                _stop(proc)
-                break
+        hung = _watch(proc, plan, log_dir, start, wall_timeout_s)
     except KeyboardInterrupt:
         _stop(proc)
         raise
@@ -144,7 +147,7 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
         signal.signal(signal.SIGTERM, previous)
     agent_text = "".join(agent_out)
     found = logs.run_dirs(log_dir, plan.rdzv_id, start)
-    run_dir = found[-1] if found else run_dir
+    run_dir = found[-1] if found else None
     return _result(plan, run_dir, code, hung, agent_text, time.time() - start)
 
 
