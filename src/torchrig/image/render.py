@@ -169,7 +169,7 @@ def _build_stage(plan: ImagePlan) -> list[str]:
 
 
 def _final_stage(plan: ImagePlan) -> list[str]:
-    spec, s, u = plan.spec, plan.stack, plan.spec.user
+    spec, u = plan.spec, plan.spec.user
     out = [
         "FROM os",
         "ARG TORCHRIG_BASE_DIGEST=unknown",
@@ -201,6 +201,12 @@ def _final_stage(plan: ImagePlan) -> list[str]:
             f"rm -f {CA_PATH}",
         )
     )
+    return out + _runtime_config(plan)
+
+
+def _runtime_config(plan: ImagePlan) -> list[str]:
+    """ENV, LABEL, EXPOSE, USER, WORKDIR, HEALTHCHECK, ENTRYPOINT and CMD of the final image."""
+    spec, u = plan.spec, plan.spec.user
     env = [
         f"PATH={VENV}/bin:$PATH",
         f"VIRTUAL_ENV={VENV}",
@@ -208,10 +214,10 @@ def _final_stage(plan: ImagePlan) -> list[str]:
         "PYTHONUNBUFFERED=1",
         "LANG=C.UTF-8",
     ]
-    if not s.is_cpu:
+    if not plan.stack.is_cpu:
         # what the NVIDIA Container Toolkit reads to give the container the GPUs and the driver's libraries
         env += ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
-    out.append("ENV " + " \\\n    ".join(env))
+    out = ["ENV " + " \\\n    ".join(env)]
     out.append("LABEL " + " \\\n      ".join(f"{k}={_q(v)}" for k, v in labels(plan).items()))
     ports = ([str(JUPYTER_PORT)] if spec.services.jupyter else []) + (
         [str(SSH_PORT)] if spec.services.ssh else []
