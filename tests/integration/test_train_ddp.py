@@ -123,3 +123,11 @@ def test_fsdp_matches_ddp_and_its_sharded_checkpoint_exports(runs, tmp_path):
     assert arts.keys() == {"pt2", "onnx"}
     assert arts["onnx"]["max_abs_diff"] < 1e-4 and arts["pt2"]["max_abs_diff"] < 1e-5
     assert (tmp_path / "exp" / "model.pt2").is_file() and (tmp_path / "exp" / "model.onnx").is_file()
+    # The sharded step-8 checkpoint resumes in one plain process (DCP reshards DTensor shards) with the same losses.
+    one = tmp_path / "fsdp-to-one"
+    (one / "checkpoints").mkdir(parents=True)
+    shutil.copytree(out / "checkpoints" / "step-000008", one / "checkpoints" / "step-000008")
+    (one / "checkpoints" / "latest").write_text("step-000008\n")
+    train(one, "--micro-batch", "8", "--resume")
+    for k, v in losses(one).items():
+        assert v == pytest.approx(losses(out)[k], rel=RTOL)
