@@ -75,7 +75,7 @@ def test_hang_watchdog_dumps_stacks_and_stops_the_job(tmp_path):
     res = json.loads(r.stdout)["result"]
     assert res["hung"] and res["summary"]["kind"] == "hang"
     assert res["summary"]["headline"] == "hang: rank 1 never joined the collective that rank 0 wait(s) in"
-    assert took < 15 + 60
+    assert took < 30 + 60
 
 
 def test_port_in_use_stops_before_the_script_runs(tmp_path):
