@@ -69,7 +69,7 @@ def test_planted_hang_is_summarised_within_the_collective_timeout(tmp_path):
 
 def test_hang_watchdog_dumps_stacks_and_stops_the_job(tmp_path):
     r, took = launch(
-        "--no-preflight", "--hang-timeout", "15", "--log-dir", str(tmp_path), SCRIPT, mode="hang"
+        "--no-preflight", "--hang-timeout", "30", "--log-dir", str(tmp_path), SCRIPT, mode="hang"
     )
     assert r.returncode == 1
     res = json.loads(r.stdout)["result"]
