@@ -118,6 +118,7 @@ def test_gpt_flops_formula_matches_the_baseline_count():
         (["launch", "--nnodes", "2", "t.py"], "--rdzv-endpoint"),
         (["launch", "--cpu", "--env", "NOEQUALS", "t.py"], "malformed --env"),
         (["export", "/nonexistent/run"], "no checkpoint at"),
+        (["export", "/nonexistent/run", "--tolerance", "0"], "--tolerance positive"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(cli, args, msg):
@@ -125,6 +126,23 @@ def test_bad_input_is_one_line_exit_2(cli, args, msg):
     assert r.code == 2, r.err
     assert r.err.count("\n") == 1 and r.err.startswith("torchrig: error:") and msg in r.err
     assert "Traceback" not in r.err
+
+
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["train", "--gpus", "1", "--size", "tiny"], "torch sees no GPU"),
+        (["train", "--gpus", "2", "--size", "tiny"], "no GPU is visible"),
+        (["launch", "--gpus", "2", "t.py"], "no GPU is visible"),
+    ],
+)
+def test_asking_for_gpus_without_any_is_one_line_exit_2(cli, args, msg):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    r = cli(*args)
+    assert r.code == 2 and r.err.count("\n") == 1 and msg in r.err, r.err
 
 
 def test_launch_dry_run_json_is_light_and_complete(cli):
