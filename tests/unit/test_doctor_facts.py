@@ -50,9 +50,28 @@ def test_facts_from_an_older_probe_load_as_unknown():
     assert facts.torch.wheel_libraries == () and facts.torch.devices[0].kernel_error is None
     assert facts.kernel.wsl_driver_libs is None and facts.nvml.gpus[0].fabric_state is None
     assert facts.probe_ms == {} and facts.torchrig_version is None
+    # What was absent is said, once per area or field; bookkeeping (probe_ms, torchrig_version) is not.
+    assert set(facts.absent) == {
+        "docker",
+        "torch.wheel_libraries",
+        "torch.devices[0].kernel_error",
+        "kernel.wsl_driver_libs",
+        "container.status",
+        "nvml.gpus[0].fabric_state",
+        "nvml.gpus[0].processes",
+    }
     report = diagnose(facts)
     assert report.exit_code == 0, [(f.id, f.summary) for f in report.findings]
     assert {"driver.ok", "torch.ok"} <= {f.id for f in report.findings}
+    assert any("recorded by an older torchrig and lack docker" in n for n in report.notes), report.notes
+    assert "recorded by an older torchrig" in report.render_text()
+    assert report.to_json()["notes"] == list(report.notes)
+    assert "absent" not in facts_to_json(facts)  # a property of the file, not of the machine
+
+
+def test_complete_facts_have_nothing_absent():
+    facts = load_facts(FIX / "h200x1-driver580-cu130.json")
+    assert facts.absent == () and not diagnose(facts).notes
 
 
 @pytest.mark.parametrize(

@@ -35,11 +35,19 @@ def diagnose(
 
     t0 = time.perf_counter() if started is None else started
     findings, kb_state = run_checks(facts, kbmod.load if use_kb else None, areas, strict=strict)
-    notes = (
+    notes: tuple[str, ...] = (
         ("the compatibility knowledge base could not be loaded: build suggestions were skipped",)
         if kb_state == "unavailable"
         else ()
     )
+    if facts.absent:
+        shown = ", ".join(facts.absent[:6]) + (
+            f" and {len(facts.absent) - 6} more" if len(facts.absent) > 6 else ""
+        )
+        notes += (
+            f"these facts were recorded by an older torchrig and lack {shown}: read as unknown or empty "
+            "(record them again for a full diagnosis)",
+        )
     elapsed_ms = (time.perf_counter() - t0) * 1000
     return DoctorReport(facts, tuple(findings), elapsed_ms, tuple(areas or ()), kb_state, notes)
 

@@ -188,7 +188,7 @@ class TorchFacts:
     import_ms: float | None = None
     # where the child's time went: import, versions, cuda_init (is_available + init), devices (a kernel on
     # each GPU), peers (can_device_access_peer per pair), maps (/proc/self/maps); absent from facts recorded before it was added
-    steps_ms: dict[str, float] = field(default_factory=dict)
+    steps_ms: dict[str, float] = field(default_factory=dict, metadata={"bookkeeping": True})
 
 
 # ---------------------------------------------------------------- environment
@@ -250,39 +250,44 @@ class Facts:
     container: ContainerFacts
     docker: DockerFacts
     schema_version: int = FACTS_SCHEMA_VERSION
-    recorded_at: str | None = None
-    torchrig_version: str | None = None
-    source: str = "probed"  # "probed" | "recorded on ..." | "derived from X: ..."
-    probe_ms: dict[str, float] = field(default_factory=dict)
+    recorded_at: str | None = field(default=None, metadata={"bookkeeping": True})
+    torchrig_version: str | None = field(default=None, metadata={"bookkeeping": True})
+    # "probed" | "recorded on ..." | "derived from X: ..."
+    source: str = field(default="probed", metadata={"bookkeeping": True})
+    probe_ms: dict[str, float] = field(default_factory=dict, metadata={"bookkeeping": True})
+    # what the JSON this record was read from lacked (an older probe wrote it): read as unknown or empty
+    absent: tuple[str, ...] = field(default=(), metadata={"bookkeeping": True})
 
 
 # ---------------------------------------------------------------- JSON codec
 def facts_to_json(facts: Facts) -> dict[str, Any]:
     from torchrig.report import jsonable
 
-    return typing.cast(dict[str, Any], jsonable(facts))
+    data = typing.cast(dict[str, Any], jsonable(facts))
+    data.pop("absent", None)  # a property of the file it was read from, not a fact about the machine
+    return data
 
 
-def _convert(tp: Any, value: Any, where: str) -> Any:
+def _convert(tp: Any, value: Any, where: str, absent: list[str]) -> Any:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _convert(args[0], value, where)
+        return _convert(args[0], value, where, absent)
     if value is None:
         return None
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
-        return _build(tp, value, where)
+        return _build(tp, value, where, absent)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(value)
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
         if not isinstance(value, list):
             raise ValueError(f"{where}: expected a list")
-        return tuple(_convert(inner, v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_convert(inner, v, f"{where}[{i}]", absent) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected an object")
@@ -298,15 +303,18 @@ def _accepts_none(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
 
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+def _build(cls: type, data: dict[str, Any], where: str, absent: list[str]) -> Any:
     """One record from its JSON object. A key the record lacks (written by an older probe) is unknown: its
     default, or None for the few fields without one; only a key that cannot be unknown fails, by name."""
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}", absent)
+            continue
+        if not f.metadata.get("bookkeeping"):
+            absent.append(f"{where}.{f.name}")
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             if hints[f.name] is ProbeStatus:
                 kwargs[f.name] = ProbeStatus.SKIPPED  # an area without a status was not probed
             elif _accepts_none(hints[f.name]):
@@ -331,9 +339,15 @@ def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
     if version != FACTS_SCHEMA_VERSION:
         raise ValueError(f"{where}: facts schema_version {version} is not {FACTS_SCHEMA_VERSION}")
     data = dict(data)
-    for part in AREAS:
-        data.setdefault(part, {"status": ProbeStatus.SKIPPED.value})
-    return typing.cast(Facts, _build(Facts, data, where))
+    absent: list[str] = [part for part in AREAS if part not in data]
+    for part in absent:
+        data[part] = {"status": ProbeStatus.SKIPPED.value}
+    facts = _build(Facts, data, where, absent)
+    if not absent:
+        return typing.cast(Facts, facts)
+    whole = [f"{where}.{part}." for part in AREAS if part in absent]  # listed once, not field by field
+    relative = tuple(a.removeprefix(f"{where}.") for a in absent if not a.startswith(tuple(whole)))
+    return typing.cast(Facts, dataclasses.replace(facts, absent=relative))
 
 
 def load_facts(path: str | Path) -> Facts:

@@ -54,6 +54,7 @@ class DoctorReport:
             "knowledge_base": self.knowledge_base,
             "elapsed_ms": round(self.elapsed_ms, 1),
             "findings": [jsonable(f) for f in self.findings],
+            "notes": list(self.notes),
             "facts": facts_to_json(self.facts),
         }
 
