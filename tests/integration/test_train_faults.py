@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-BASE = [
-    "train",
+TRAIN = [
     "--model",
     "gpt",
     "--size",
@@ -35,11 +34,9 @@ BASE = [
     "4",
     "--micro-batch",
     "4",
-    "--nproc-per-node",
-    "2",
-    "--no-preflight",
     "--resume",
 ]
+BASE = ["train", *TRAIN, "--nproc-per-node", "2", "--no-preflight"]
 
 
 def torchrig(*args: str) -> subprocess.CompletedProcess:
@@ -71,13 +68,30 @@ def clean(tmp_path_factory):
 
 
 def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(clean, tmp_path):
+    """`torchrig launch --max-restarts 1 -m torchrig.train ...`: rank 1 SIGKILLs itself at step 7."""
     out = tmp_path / "killed"
     r = torchrig(
-        *BASE, "--out", str(out), "--max-restarts", "1", "--test-kill-at-step", "7", "--test-kill-rank", "1"
+        "launch",
+        "--cpu",
+        "--nproc-per-node",
+        "2",
+        "--no-preflight",
+        "--max-restarts",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "-m",
+        "torchrig.train",
+        *TRAIN,
+        "--out",
+        str(out),
+        "--test-kill-at-step",
+        "7",
+        "--test-kill-rank",
+        "1",
     )
     assert r.returncode == 0, r.stderr[-4000:]
-    rep = json.loads(r.stdout)
-    res = rep["launch"]["result"]
+    res = json.loads(r.stdout)["result"]
     assert res["attempts"] == 2
     earlier = res["earlier_failures"][0]
     assert earlier["headline"].startswith("rank 1 failed") and "SIGKILL" in earlier["likely_cause"]
