@@ -29,7 +29,7 @@ CAUSES: tuple[tuple[str, str, str], ...] = (
         "pick another --rdzv-endpoint port, or stop the job holding it",
     ),
     (
-        r"Watchdog caught collective operation timeout|Timed out waiting|timed out in|[Tt]imeout.*(collective|ALLREDUCE|BROADCAST|barrier)",
+        r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out|Timed out waiting|timed out in|[Tt]imeout.*(collective|ALLREDUCE|BROADCAST|barrier)",
         "a collective timed out: some rank never joined it",
         "look at the rank that was not in the collective; raise --collective-timeout only if it is just slow",
     ),
