@@ -109,6 +109,20 @@ def test_resume_on_one_rank_from_a_two_rank_checkpoint(runs, tmp_path):
     assert ev["step"] == 8 and ev["saved_world_size"] == 2 and ev["world_size"] == 1
 
 
+def test_resume_on_four_ranks_from_a_two_rank_checkpoint(runs, tmp_path):
+    out = tmp_path / "four"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(runs / "ddp" / "checkpoints" / "step-000008", out / "checkpoints" / "step-000008")
+    (out / "checkpoints" / "latest").write_text("step-000008\n")
+    train(out, "--micro-batch", "2", "--resume", nproc=4)
+    resumed, ddp = losses(out), losses(runs / "ddp")
+    assert sorted(resumed) == list(range(9, 17))
+    for k in resumed:
+        assert resumed[k] == pytest.approx(ddp[k], rel=RTOL)
+    ev = next(r for r in records(out) if r.get("event") == "resume")
+    assert ev["saved_world_size"] == 2 and ev["world_size"] == 4
+
+
 def test_fsdp_matches_ddp_and_its_sharded_checkpoint_exports(runs, tmp_path):
     out = tmp_path / "fsdp"
     train(out, "--micro-batch", "4", "--parallel", "fsdp", nproc=2)
