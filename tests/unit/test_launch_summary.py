@@ -120,3 +120,14 @@ Current thread 0x00007f00 (most recent call first):
     stack = parse_stack(text)
     assert stack[0].func == "all_reduce" and in_collective(stack)
     assert str(user_frame(stack)) == "/job/a.py:9 in new"
+
+
+def test_lost_peer_named_in_both_gloo_forms():
+    from torchrig.launch.summary import lost_peers
+
+    # Seen in the two-namespace run: which form gloo prints depends on which side saw the reset first.
+    assert lost_peers("RuntimeError: [pair.cc:537] Read error [10.231.4.2]:47325: Connection reset by peer.") == [
+        "10.231.4.2"
+    ]
+    assert lost_peers("RuntimeError: [pair.cc:598] Connection closed by peer [10.231.4.2]:47325") == ["10.231.4.2"]
+    assert lost_peers("no addresses here") == []

@@ -355,12 +355,17 @@ def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
 
 
 RDZV_TIMEOUT = "RendezvousTimeoutError"
-_PEER_RE = re.compile(r"(?:peer|remote)[^\[\n]{0,40}\[([0-9A-Za-z.:_-]+)\]:(\d+)")
+# gloo names the lost peer either after the word ("Connection closed by peer [ADDR]:PORT") or before it
+# ("Read error [ADDR]:PORT: Connection reset by peer"), depending on which side saw the reset first.
+_PEER_RE = re.compile(
+    r"\[([0-9A-Za-z.:_-]+)\]:(\d+):? [^\n]{0,30}\bpeer\b"
+    r"|(?:peer|remote)[^\[\n]{0,40}\[([0-9A-Za-z.:_-]+)\]:(\d+)"
+)
 
 
 def lost_peers(text: str) -> list[str]:
     """Addresses of peers a rank lost its connection to (gloo and NCCL name them in the error)."""
-    return sorted({m[1] for m in _PEER_RE.finditer(text)})
+    return sorted({m[1] or m[3] for m in _PEER_RE.finditer(text)})
 
 
 def rendezvous_timeout(

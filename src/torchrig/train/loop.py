@@ -92,9 +92,12 @@ def _resume(
     metrics: Metrics,
     global_batch: int,
 ) -> tuple[int, dict[str, Any]]:
-    found = ckpt.latest(root) if cfg.resume else None
+    # After an elastic restart (torchrun's --max-restarts) the group always continues from the last good
+    # checkpoint: starting again from step 0 would repeat steps and throw the metrics away.
+    resuming = cfg.resume or rt.restart > 0
+    found = ckpt.latest(root) if resuming else None
     if rt.is_main:
-        if cfg.resume:
+        if resuming:
             rewind_jsonl(metrics.path, (found and ckpt.read_meta(found)["step"]) or 0)
         elif metrics.path.exists():
             metrics.path.unlink()
