@@ -106,6 +106,26 @@ def test_probe_lines_show_the_diagnostics_with_the_sm_clock():
     assert compare.probe_lines(None) == []
 
 
+def test_probe_lines_show_both_tf32_calls_in_the_order_measured():
+    probe = {
+        "tf32_allow_tf32_idle_tflops": 411.1,
+        "tf32_precision_high_idle_tflops": 382.0,
+        "tf32_precision_high_idle_2_tflops": 405.0,
+        "tf32_allow_tf32_idle_2_tflops": 386.0,
+        "tf32_allow_tf32_idle_2_sm_mhz": 1980,
+    }
+    rows = [line for line in compare.probe_lines(probe) if "GEMM tf32" in line]
+    assert [r.split(" | ")[1] for r in rows] == [
+        "411.1 TFLOP/s",
+        "382.0 TFLOP/s",
+        "405.0 TFLOP/s",
+        "386.0 TFLOP/s",
+    ]
+    assert (
+        rows[3] == "| GEMM tf32 8192³, allow_tf32 = True again, after 1 s idle | 386.0 TFLOP/s | 1980 MHz |"
+    )
+
+
 def test_probe_rows_compare_against_plain_pytorch_measured_the_same_way():
     full = {
         "measurements": {

@@ -196,6 +196,12 @@ PROBE_ROWS = (
         "GEMM tf32 8192³, set_float32_matmul_precision('high'), after 1 s idle",
         "TFLOP/s",
     ),
+    (
+        "tf32_precision_high_idle_2",
+        "GEMM tf32 8192³, set_float32_matmul_precision('high') again, after 1 s idle",
+        "TFLOP/s",
+    ),
+    ("tf32_allow_tf32_idle_2", "GEMM tf32 8192³, allow_tf32 = True again, after 1 s idle", "TFLOP/s"),
     ("tf32_right_after_fp32_16384", "GEMM tf32 8192³ right after 25 fp32 16384³ GEMMs", "TFLOP/s"),
     ("tf32_after_fp32_16384_and_1s_idle", "GEMM tf32 8192³ after those and 1 s idle", "TFLOP/s"),
     ("h2d_pageable_never_written", "h2d pageable 1 GiB, never-written torch.empty (as the anchor)", "GB/s"),

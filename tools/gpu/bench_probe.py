@@ -1,7 +1,8 @@
 """Plain-PyTorch diagnostics for two bench figures that differed from the anchor on 1x H200 (run 1).
 
 1. GEMM tf32 8192^3: does the GPU's state after a long run (4 s of fp32 16384^3) lower the next figure,
-   and do ``allow_tf32 = True`` and ``set_float32_matmul_precision("high")`` pick the same speed?
+   and do ``allow_tf32 = True`` and ``set_float32_matmul_precision("high")`` give the same speed (measured
+   in the order A B B A, so that the order and the GPU's state are not read as the call's effect)?
 2. h2d pageable 1 GiB: a never-written ``torch.empty`` buffer (the anchor's) against the same buffer once
    every page holds data (what a program copies), and the host's one-thread memory copy speed, which bounds
    the driver's staging of pageable memory.
@@ -59,14 +60,24 @@ def gemm(out: dict[str, Any]) -> None:
         out[f"tf32_{tag}_tflops"] = round(2 * N**3 / t / 1e12, 1)
         out[f"tf32_{tag}_sm_mhz"] = clock()
 
-    torch.backends.cuda.matmul.allow_tf32 = True
-    time.sleep(1.0)
-    tf32("allow_tf32_idle")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("high")
-    time.sleep(1.0)
-    tf32("precision_high_idle")
-    torch.set_float32_matmul_precision("highest")
+    # Both calls set the same two flags (float32 matmul precision HIGH, CUDA matmul fp32 precision TF32),
+    # so any gap between them is the GPU's state: measured in both orders, A B B A, to tell the two apart.
+    def with_allow_tf32(tag: str) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        time.sleep(1.0)
+        tf32(tag)
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def with_precision_high(tag: str) -> None:
+        torch.set_float32_matmul_precision("high")
+        time.sleep(1.0)
+        tf32(tag)
+        torch.set_float32_matmul_precision("highest")
+
+    with_allow_tf32("allow_tf32_idle")
+    with_precision_high("precision_high_idle")
+    with_precision_high("precision_high_idle_2")
+    with_allow_tf32("allow_tf32_idle_2")
     x, y = torch.randn(BIG, BIG, device="cuda"), torch.randn(BIG, BIG, device="cuda")
     t0 = time.perf_counter()
     for _ in range(25):  # as bench's fp32 16384^3 (5 warm-up + 20 timed), ~4 s on an H200

@@ -117,7 +117,9 @@ def measure_gemm(
     :func:`gpu_state_reader`) is read as the last timed repeat ends.
     """
     previous = torch.get_float32_matmul_precision()
-    # "highest" keeps fp32 matmuls in IEEE fp32; "high" lets them use TF32 tensor cores.
+    # "highest" keeps fp32 matmuls in IEEE fp32; "high" lets them use TF32 tensor cores. It sets the same two
+    # flags as ``torch.backends.cuda.matmul.allow_tf32`` (ATen Context.cpp). The newer ``fp32_precision``
+    # attribute is not used: set alone, it makes ``get_float32_matmul_precision()`` raise (mixed APIs).
     torch.set_float32_matmul_precision("high" if dtype_name == "tf32" else "highest")
     try:
         first = _gemm_inputs(torch, device, dtype_name, n, seed=0)
