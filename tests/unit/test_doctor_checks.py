@@ -52,9 +52,13 @@ ROOT_CAUSES = {
     "docker-without-nvidia-toolkit-h200": ("docker.no_nvidia_toolkit", "warning"),
 }
 # Snapshots recorded on healthy GPU machines by tools/gpu/doctor.sh (h200x<N>-driver<branch>-cu<cuda>.json),
-# and its planted fault recorded there (<same>-cuda-visible-devices-7.json).
+# and its planted faults recorded there (<same>-cuda-visible-devices-7.json; <same>-shm-64m.json, run with
+# --only container,gpu, so without the torch probe).
 HEALTHY_RE = re.compile(r"h200x\d-driver\d+-cu\d+")
-PLANTED = {"-cuda-visible-devices-7": ("env.cuda_visible_devices", "error")}
+PLANTED = {
+    "-cuda-visible-devices-7": ("env.cuda_visible_devices", "error"),
+    "-shm-64m": ("limits.shm", "warning"),
+}
 NAMES = sorted(p.stem for p in FIX.glob("*.json"))
 HEALTHY = [n for n in NAMES if HEALTHY_RE.fullmatch(n)]
 for _name in NAMES:

@@ -36,7 +36,7 @@ def test_json_matches_the_schema_and_exit_code(cli, name, code):
 def test_text_report_groups_by_severity_with_fixes(cli):
     r = cli("doctor", "--facts", str(FIX / "cuda-visible-devices-7-h200x2.json"))
     assert r.code == 1
-    assert r.out.startswith("torchrig doctor: Ubuntu 24.04.2 LTS, in a docker container, 2x NVIDIA H200")
+    assert r.out.startswith("torchrig doctor: Ubuntu 24.04.3 LTS, 2x NVIDIA H200, driver 580.159.04")
     assert "ERROR   CUDA_VISIBLE_DEVICES=7 hides every GPU  [env.cuda_visible_devices]" in r.out
     assert "  fix   $ unset CUDA_VISIBLE_DEVICES" in r.out
     assert r.out.rstrip().splitlines()[-1].startswith("verdict: 1 error(s)")

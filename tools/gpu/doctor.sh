@@ -8,7 +8,8 @@
 #   NAME.json                         facts (--record): copy to tests/fixtures/doctor/ to replace the derived base
 #   NAME.report.txt / .report.json    the report on the healthy machine
 #   NAME-cuda-visible-devices-7.{json,report.txt,report.json}   the planted fault
-#   NAME-shm-64m.report.json          /dev/shm remounted at 64 MB in a private mount namespace (if permitted)
+#   NAME-shm-64m.{json,report.json}   /dev/shm remounted at 64 MB in a private mount namespace (if permitted;
+#                                     --only container,gpu, so no torch probe; the facts come from the report)
 #   timings.txt                       wall time of doctor with and without the torch probe, and of import torch
 # NVML is read through nvidia-ml-py; if the machine lacks it, put pynvml.py into .gpu-deps/ (carried).
 set -uo pipefail
@@ -57,6 +58,11 @@ if unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm' 2>/dev/null; the
     unshare -m sh -c "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec \"$PY\" -m torchrig doctor --only container,gpu --json" \
         > "$D/$SHM.report.json" 2> "$D/$SHM.stderr"
     echo "$?" > "$D/$SHM.exit"
+    # its facts, as a fixture (--record would also run the torch probe; the report's "facts" are the same record)
+    "$PY" -c 'import json, sys; f = json.load(open(sys.argv[1]))["facts"]
+f["source"] = "recorded by torchrig doctor --json (its facts) at " + f["recorded_at"]
+json.dump(f, open(sys.argv[2], "w"), indent=1)' \
+        "$D/$SHM.report.json" "$D/$SHM.json"
 else
     echo "doctor.sh: no mount rights here; skipping the /dev/shm fault"
     SHM=""
@@ -85,7 +91,7 @@ print(f"import-torch-only {time.perf_counter() - t0:.3f}")'
 } > "$D/timings.txt"
 
 if "$PY" -c "import pytest" 2>/dev/null; then
-    "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_doctor_checks.py tests/unit/test_doctor_facts.py \
+    "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_doctor_checks.py tests/unit/test_doctor_facts.py tests/unit/test_doctor_p2p.py \
         > "$D/unit-tests.txt" 2>&1
     echo "unit tests: $(tail -1 "$D/unit-tests.txt")"
 fi

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from torchrig.doctor.checks.common import Context
+from torchrig.doctor.checks.visibility import visible_prefix
+from torchrig.doctor.facts import P2PPair, ProbeStatus
 from torchrig.doctor.findings import Finding, Severity
 
 # PCIe common ancestors under which P2P is expected to work (nvidia-smi topo -m: PIX, PXB, PHB); across
@@ -22,41 +24,109 @@ TOPO_NAME = {
 BAD_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
 
 
-def classify_pairs(ctx: Context) -> tuple[list[str], list[str], list[str]]:
-    """GPU pairs as (broken: should have P2P but do not, far: across sockets without it, good), as lines."""
+def cuda_to_nvml(ctx: Context) -> dict[int, int]:
+    """CUDA device ordinal -> NVML index, for the GPUs the torch probe saw; empty when that is not known.
+
+    NVML ignores CUDA_VISIBLE_DEVICES, CUDA renumbers what it leaves visible: with CUDA_VISIBLE_DEVICES=2,3
+    torch's pair (0, 1) is NVML's (2, 3). A mapping whose GPU names disagree with NVML's is not trusted.
+    """
+    t, gpus = ctx.facts.torch, ctx.facts.nvml.gpus
+    if t.status is not ProbeStatus.OK or not t.device_count:
+        return {}
+    value = ctx.facts.env.cuda_visible_devices
+    if value is None:
+        mapping = {i: i for i in range(t.device_count)}
+    else:
+        seen, _ = visible_prefix(value, len(gpus) or None, [g.uuid for g in gpus if g.uuid])
+        mapping = {}
+        for ordinal, tok in enumerate(seen[: t.device_count]):
+            if tok.startswith("GPU-"):
+                match = [g.index for g in gpus if g.uuid and g.uuid.startswith(tok)]
+                if len(match) == 1:
+                    mapping[ordinal] = match[0]
+            elif not tok.startswith("MIG-"):
+                mapping[ordinal] = int(tok)
+    if gpus:
+        names = {g.index: g.name for g in gpus}
+        for d in t.devices:
+            n = mapping.get(d.index)
+            if n is not None and (n not in names or (d.name and names[n] and d.name != names[n])):
+                return {}
+    return mapping
+
+
+def cuda_peer_answers(ctx: Context) -> dict[tuple[int, int], bool]:
+    """torch.cuda.can_device_access_peer per NVML pair (lower index first), only for pairs CUDA saw both of."""
+    mapping = cuda_to_nvml(ctx)
+    answers: dict[tuple[int, int], bool] = {}
+    for p in ctx.facts.torch.peer_access:
+        a, b = mapping.get(p.a), mapping.get(p.b)
+        if a is not None and b is not None:
+            answers[(min(a, b), max(a, b))] = answers.get((min(a, b), max(a, b)), True) and p.can_access
+    return answers
+
+
+def why_no_cuda_answer(ctx: Context) -> str:
+    t = ctx.facts.torch
+    if t.status is not ProbeStatus.OK:
+        return f"torch probe {t.status.value}"
+    if t.device_count is not None:
+        shown = ctx.facts.env.cuda_visible_devices
+        cvd = "" if shown is None else f" with CUDA_VISIBLE_DEVICES={shown}"
+        return f"torch saw {t.device_count} GPU(s){cvd}"
+    return "torch did not report its GPUs"
+
+
+def nvml_says(p: P2PPair) -> bool | None:
+    """NVML's P2P verdict from the read/write statuses it gave (None: it answered neither)."""
+    known = [s for s in (p.read, p.write) if s is not None]
+    return all(s == "ok" for s in known) if known else None
+
+
+def classify_pairs(ctx: Context) -> tuple[list[str], list[str], list[str], list[str]]:
+    """GPU pairs as (broken: should have P2P but do not, far: across sockets without it, good, unknown).
+
+    CUDA's answer wins, but only for a pair whose two GPUs CUDA saw; otherwise NVML's read/write status
+    decides, and a pair neither answered for is unknown.
+    """
     pairs = ctx.facts.nvml.p2p
-    torch_peer = {(p.a, p.b): p.can_access for p in ctx.facts.torch.peer_access}
-    if not pairs:  # no NVML: judge from CUDA alone
+    if not pairs:  # no NVML: judge from CUDA alone, in CUDA's own numbering
+        peers = ctx.facts.torch.peer_access
         return (
             [
-                f"GPU {a} <-> GPU {b}: torch.cuda.can_device_access_peer: False"
-                for (a, b), v in torch_peer.items()
-                if not v
+                f"GPU {p.a} <-> GPU {p.b}: torch.cuda.can_device_access_peer: False"
+                for p in peers
+                if not p.can_access
             ],
             [],
-            [f"GPU {a} <-> GPU {b}: peer access OK (CUDA)" for (a, b), v in torch_peer.items() if v],
+            [f"GPU {p.a} <-> GPU {p.b}: peer access OK (CUDA)" for p in peers if p.can_access],
+            [],
         )
-    broken, far, good = [], [], []
+    cuda = cuda_peer_answers(ctx)
+    broken, far, good, unknown = [], [], [], []
     for p in pairs:
         nvlink = p.nvlink == "ok"
-        ok = p.read == "ok" and p.write == "ok"
         via = "NVLink" if nvlink else TOPO_NAME.get(p.topology or "", p.topology or "?")
-        line = f"GPU {p.a} <-> GPU {p.b}: read {p.read}, write {p.write}, via {via}"
-        cuda_says = torch_peer.get((p.a, p.b))
-        if cuda_says is not None:  # CUDA's own answer wins over NVML's
-            ok = cuda_says
-            line += f"; torch.cuda.can_device_access_peer: {cuda_says}"
-        if ok:
+        line = f"GPU {p.a} <-> GPU {p.b}: NVML read {p.read or 'no answer'}, write {p.write or 'no answer'}, via {via}"
+        ok = cuda.get((min(p.a, p.b), max(p.a, p.b)))
+        if ok is not None:  # CUDA's own answer wins over NVML's
+            line += f"; torch.cuda.can_device_access_peer: {ok}"
+        else:
+            ok = nvml_says(p)
+            line += f"; judged by NVML ({why_no_cuda_answer(ctx)})"
+        if ok is None:
+            unknown.append(line)
+        elif ok:
             good.append(line)
         elif nvlink or p.topology in NEAR:
             broken.append(line)
         else:
             far.append(line)
-    return broken, far, good
+    return broken, far, good, unknown
 
 
 def p2p(ctx: Context) -> Iterator[Finding]:
-    broken, far, good = classify_pairs(ctx)
+    broken, far, good, unknown = classify_pairs(ctx)
     if broken:
         yield Finding(
             "gpu.p2p_unavailable",
@@ -81,12 +151,21 @@ def p2p(ctx: Context) -> Iterator[Finding]:
             (),
             tuple(far),
         )
+    if unknown:
+        yield Finding(
+            "gpu.p2p_unknown",
+            Severity.INFO,
+            f"P2P between {len(unknown)} GPU pair(s) was not judged",
+            "CUDA did not see both GPUs of the pair and NVML gave no P2P read/write status for it",
+            ("nvidia-smi topo -p2p rw   # the P2P matrix",),
+            tuple(unknown),
+        )
     if good and not broken:
         yield Finding(
             "gpu.p2p",
             Severity.OK,
             f"P2P works between all {len(good)} GPU pair(s)"
-            if not far
+            if not far and not unknown
             else f"P2P works between {len(good)} GPU pair(s)",
             evidence=tuple(good),
         )
