@@ -105,3 +105,13 @@ def test_replay_imports_nothing_heavy():
     }
     assert "torchrig" in mods
     assert not mods & {"torch", "pynvml", "docker", "numpy", "rich"}
+
+
+def test_verdict_claims_cuda_works_only_when_torch_was_probed(cli):
+    """The 64 MB /dev/shm run on the 2x H200 (--only container,gpu) had no torch probe: CUDA was not seen."""
+    r = cli("doctor", "--facts", str(FIX / "h200x2-driver580-cu130-shm-64m.json"))
+    last = r.out.rstrip().splitlines()[-1]
+    assert r.code == 1 and last.startswith("verdict: 0 error(s), 1 warning(s)"), r.out
+    assert "the warnings will bite later" in last and "CUDA works" not in last
+    r = cli("doctor", "--facts", str(FIX / "persistence-off-h200.json"))
+    assert "CUDA works; the warnings will bite later" in r.out.rstrip().splitlines()[-1]

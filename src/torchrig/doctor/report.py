@@ -112,6 +112,8 @@ class DoctorReport:
         e, w, i = self.count(Severity.ERROR), self.count(Severity.WARNING), self.count(Severity.INFO)
         if e:
             tail = "CUDA cannot work here until the errors are fixed"
+        elif w and self.facts.torch.status is not ProbeStatus.OK:  # torch not probed: CUDA not seen working
+            tail = "the warnings will bite later"
         elif w:
             tail = "CUDA works; the warnings will bite later"
         else:
