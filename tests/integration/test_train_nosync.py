@@ -17,7 +17,7 @@ from torchrig.train.setup import init, wrap
 cfg = TrainConfig(device="cpu")
 rt = init(cfg)
 model = build_model("gpt", sizes()["gpt"]["tiny"], context=16)
-ddp = wrap(model, rt, compile=False)
+ddp = wrap(model, rt, cfg)
 calls = []
 def hook(state, bucket):
     calls.append(micro)

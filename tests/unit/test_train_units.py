@@ -114,6 +114,10 @@ def test_gpt_flops_formula_matches_the_baseline_count():
         (["train", "--size", "huge"], "unknown --size 'huge'"),
         (["train", "--data", "/nonexistent/tokens.bin"], "no such file"),
         (["train", "--micro-batch", "0"], "--micro-batch must be at least 1"),
+        (["train", "--ddp-compile", "outside"], "unknown --ddp-compile 'outside'"),
+        (["train", "--ddp-bucket-mb", "0"], "--ddp-bucket-mb must be positive"),
+        (["train", "--ddp-comm-hook", "fp8"], "unknown --ddp-comm-hook 'fp8'"),
+        (["train", "--device", "cpu", "--ddp-comm-hook", "bf16"], "bf16 needs GPUs"),
         (["launch", "--gpus", "x", "--cpu", "t.py"], "exclude"),
         (["launch", "--nnodes", "2", "t.py"], "--rdzv-endpoint"),
         (["launch", "--cpu", "--env", "NOEQUALS", "t.py"], "malformed --env"),
@@ -164,3 +168,26 @@ def test_launch_dry_run_json_is_light_and_complete(cli):
     assert plan["argv"][-4:] == ["--module", "torchrig.train", "--steps", "3"]
     assert {e["name"] for e in plan["env_settings"]} >= {"PYTHONUNBUFFERED", "TORCHRIG_COLLECTIVE_TIMEOUT_S"}
     assert [r["device"] for r in plan["ranks"]] == ["cpu", "cpu"]
+
+
+def test_ddp_knobs_reach_ddp_and_outer_compiles_the_ddp_module(tmp_path):
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torchrig.train.config import TrainConfig
+    from torchrig.train.setup import Runtime, wrap
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        rt = Runtime(0, 0, 1, torch.device("cpu"), "fp32", "ddp", 0)
+        knobs = dict(device="cpu", ddp_bucket_mb=2.0, ddp_static_graph=True)
+        inner = wrap(nn.Linear(4, 4), rt, TrainConfig(**knobs))
+        assert isinstance(inner, DDP) and inner.bucket_bytes_cap == 2 * 1024 * 1024 and inner.static_graph
+        outer = wrap(nn.Linear(4, 4), rt, TrainConfig(compile=True, ddp_compile="outer", **knobs))
+        assert isinstance(outer._orig_mod, DDP)  # compile(DDP(model)): dynamo sees DDP's buckets
+        assert outer.no_sync is not None  # gradient accumulation still reaches DDP's no_sync
+    finally:
+        dist.destroy_process_group()

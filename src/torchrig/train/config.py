@@ -20,6 +20,8 @@ MODELS = ("gpt", "resnet")
 PARALLEL = ("auto", "ddp", "fsdp", "none")
 PRECISION = ("auto", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cuda", "cpu")
+DDP_COMPILE = ("inner", "outer")
+DDP_COMM_HOOKS = ("none", "bf16")
 
 
 @cache
@@ -51,6 +53,13 @@ class TrainConfig:
     parallel: str = "auto"
     precision: str = "auto"
     compile: bool = False
+    # DDP knobs. inner: DDP(torch.compile(model)), the gradients leave the compiled backward all at once and
+    # are all-reduced after it; outer: torch.compile(DDP(model)), dynamo splits the graph at DDP's buckets
+    # so the all-reduce overlaps the backward. bf16 comm hook: gradients travel in bf16 (numerics change).
+    ddp_compile: str = "inner"
+    ddp_bucket_mb: float = 25.0
+    ddp_static_graph: bool = False
+    ddp_comm_hook: str = "none"
     device: str = "auto"
     out: str = "torchrig-run"
     ckpt_every: int = 0  # steps; 0: only at the end (when --ckpt-final)
@@ -81,10 +90,17 @@ class TrainConfig:
                 f"unknown --size {self.size!r} for {self.model}",
                 hint=did_you_mean(self.size, names) or f"choose from {', '.join(names)}",
             )
-        for name, allowed in (("parallel", PARALLEL), ("precision", PRECISION), ("device", DEVICES)):
+        for name, allowed in (
+            ("parallel", PARALLEL),
+            ("precision", PRECISION),
+            ("device", DEVICES),
+            ("ddp_compile", DDP_COMPILE),
+            ("ddp_comm_hook", DDP_COMM_HOOKS),
+        ):
             if getattr(self, name) not in allowed:
                 raise UsageError(
-                    f"unknown --{name} {getattr(self, name)!r}", hint=f"choose from {', '.join(allowed)}"
+                    f"unknown --{name.replace('_', '-')} {getattr(self, name)!r}",
+                    hint=f"choose from {', '.join(allowed)}",
                 )
         for name in ("micro_batch", "grad_accum", "steps", "log_every", "image_size", "num_classes"):
             if getattr(self, name) < 1:
@@ -98,6 +114,13 @@ class TrainConfig:
             raise UsageError(
                 f"--seq-len must be 2..{self.size_info.get('block_size')} for this size, got {self.seq_len}"
             )
+        if self.ddp_comm_hook == "bf16" and self.device == "cpu":
+            raise UsageError(
+                "--ddp-comm-hook bf16 needs GPUs (PyTorch's bf16 hook runs on NCCL only)",
+                hint="leave --ddp-comm-hook none with --device cpu",
+            )
+        if not self.ddp_bucket_mb > 0:
+            raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise UsageError("--peak-tflops must be positive")
 

@@ -178,7 +178,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     model = build_model(cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=classes)
     model = model.to(rt.device)
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
-    run_model = wrap(model, rt, compile=cfg.compile)
+    run_model = wrap(model, rt, cfg)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.precision)
     gpt = cfg.model == "gpt"
     return Job(
@@ -295,6 +295,14 @@ def _finish(
         "precision": rt.precision,
         "parallel": rt.parallel,
         "compile": cfg.compile,
+        "ddp": {
+            "compile": cfg.ddp_compile,
+            "bucket_mb": cfg.ddp_bucket_mb,
+            "static_graph": cfg.ddp_static_graph,
+            "comm_hook": cfg.ddp_comm_hook,
+        }
+        if rt.parallel == "ddp"
+        else None,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "global_batch": job.global_batch,

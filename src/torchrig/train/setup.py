@@ -75,22 +75,48 @@ def init(cfg: TrainConfig) -> Runtime:
     )
 
 
-def wrap(model: nn.Module, rt: Runtime, *, compile: bool) -> nn.Module:
-    """The module the loop calls. DDP: compile, then DDP (buckets as grad views). FSDP2: shard, then compile."""
+def wrap(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
+    """The module the loop calls: FSDP2 (shard, then compile) or DDP with ``cfg``'s DDP knobs, or the model.
+
+    DDP with ``--ddp-compile inner`` is DDP(compile(model)); ``outer`` is compile(DDP(model)), where dynamo's
+    DDP optimizer splits the graph at bucket boundaries so the all-reduce can overlap the backward.
+    """
     if rt.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         for blk in getattr(model, "blocks", []):
             fully_shard(blk)
         fully_shard(model)
-        return torch.compile(model) if compile else model  # type: ignore[return-value]
-    run: nn.Module = torch.compile(model) if compile else model  # type: ignore[assignment]
-    if rt.parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        return torch.compile(model) if cfg.compile else model  # type: ignore[return-value]
+    if rt.parallel != "ddp":
+        return torch.compile(model) if cfg.compile else model  # type: ignore[return-value]
+    outer = cfg.compile and cfg.ddp_compile == "outer"
+    inner: nn.Module = torch.compile(model) if cfg.compile and not outer else model  # type: ignore[assignment]
+    ddp = _ddp(inner, rt, cfg)
+    return torch.compile(ddp) if outer else ddp  # type: ignore[return-value]
 
-        ids = [rt.device.index] if rt.device.type == "cuda" else None
-        run = DDP(run, device_ids=ids, gradient_as_bucket_view=True)
-    return run
+
+def _ddp(module: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [rt.device.index] if rt.device.type == "cuda" else None
+    ddp = DDP(
+        module,
+        device_ids=ids,
+        gradient_as_bucket_view=True,
+        bucket_cap_mb=cfg.ddp_bucket_mb,
+        static_graph=cfg.ddp_static_graph,
+    )
+    if cfg.ddp_comm_hook == "bf16":
+        if rt.device.type != "cuda":
+            raise UsageError(
+                "--ddp-comm-hook bf16 needs GPUs (PyTorch's bf16 hook runs on NCCL only)",
+                hint="leave --ddp-comm-hook none on CPU ranks",
+            )
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return ddp
 
 
 def optimizer(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> torch.optim.Optimizer:

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# 2-GPU scaling of `torchrig train` (GPT-2 small, bf16, compiled, micro-batch 16, 50 steps) against the
+# hand-written baseline gpt_ddp.py, with the DDP variants that decide it. One call on a 2-GPU machine:
+#   1. baseline 1 GPU (GPU 0) and torchrig 1 GPU (GPU 1) side by side (separate GPUs, same time)
+#   2. baseline on 2 GPUs
+#   3. torchrig on 2 GPUs: default (DDP(compile(model)): gradients leave the compiled backward at once and
+#      are all-reduced after it), --ddp-compile outer (compile(DDP(model)): the all-reduce overlaps the
+#      backward), and --ddp-comm-hook bf16 (half the bytes on the wire; changes numerics slightly)
+# Prints tokens/s, MFU and the scaling efficiency (2-GPU tok/s / (2 x 1-GPU tok/s)) of each.
+# Usage (repository root, 2 GPUs): OUT=/some/dir tools/gpu/train_scaling.sh     about 5-6 min
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+R="${OUT:-/tmp/gpu-out}/train_scaling"
+mkdir -p "$R"
+MB="${MICRO_BATCH:-16}"
+STEPS="${STEPS:-50}"
+BUDGET_S="${BUDGET_S:-330}"   # variants that would start after this many seconds are skipped
+BASE=""
+for cand in .baselines/gpt_ddp.py ../shared/baselines/gpt_ddp.py /work/shared/baselines/gpt_ddp.py; do
+  [ -f "$cand" ] && { BASE="$cand"; break; }
+done
+START=$(date +%s)
+elapsed() { echo $(( $(date +%s) - START )); }
+echo "train_scaling: $(python3 -c 'import torch; print(torch.cuda.device_count())') GPU(s), micro-batch $MB," \
+  "$STEPS steps, baseline ${BASE:-MISSING}"
+
+baseline() {  # $1 = number of GPUs, $2 = CUDA_VISIBLE_DEVICES for one GPU
+  local n=$1 log="$R/baseline-${1}gpu.log"
+  [ -n "$BASE" ] || { echo '{"error": "baseline not found"}' >"$R/baseline-${n}gpu.json"; return; }
+  if [ "$n" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=$2 MICRO_BATCH=$MB STEPS=$STEPS timeout 150 python3 "$BASE" >"$log" 2>&1
+  else
+    MICRO_BATCH=$MB STEPS=$STEPS timeout 150 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node="$n" "$BASE" >"$log" 2>&1
+  fi
+  echo "[$(elapsed)s] baseline ${n} GPU rc=$?"
+  grep '^{' "$log" | tail -n 1 >"$R/baseline-${n}gpu.json"
+}
+
+ours() {  # $1 = number of GPUs (1: the GPU index in $GPU), $2 = tag, then extra options
+  local n=$1 tag=$2
+  shift 2
+  if [ "$(elapsed)" -gt "$BUDGET_S" ]; then
+    echo "[$(elapsed)s] torchrig ${n} GPU $tag: skipped (past ${BUDGET_S}s)"
+    echo '{"error": "skipped: time budget"}' >"$R/torchrig-${n}gpu-$tag.json"
+    return
+  fi
+  local pin=()
+  [ "$n" = 1 ] && pin=(CUDA_VISIBLE_DEVICES="${GPU:-0}")
+  env "${pin[@]}" timeout 150 python3 -m torchrig --json train --gpus "$n" --model gpt --size small --data synthetic \
+    --micro-batch "$MB" --steps "$STEPS" --precision bf16 --compile --log-every 5 --warmup-steps 5 \
+    --clip-grad 0 --no-ckpt-final --no-tensorboard --workers 2 --out "$R/run-${n}gpu-$tag" "$@" \
+    >"$R/torchrig-${n}gpu-$tag.json" 2>"$R/torchrig-${n}gpu-$tag.log"
+  echo "[$(elapsed)s] torchrig ${n} GPU $tag rc=$? ($*)"
+  tail -n 1 "$R/torchrig-${n}gpu-$tag.log"
+}
+
+# 1. both 1-GPU figures at once, each on its own GPU.
+baseline 1 0 &
+GPU=1 ours 1 default &
+wait
+# 2. and 3. the 2-GPU runs: the default first, then the overlap variant, then bf16 gradients.
+baseline 2
+ours 2 default
+ours 2 outer --ddp-compile outer
+ours 2 bf16hook --ddp-comm-hook bf16
+[ "${EXTRA:-0}" = 1 ] && ours 2 outer-static --ddp-compile outer --ddp-static-graph
+
+python3 - "$R" <<'EOF'
+import json, sys
+from pathlib import Path
+r = Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((r / name).read_text())
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+def ours(name):
+    d = load(name)
+    s = d.get("summary") or {}
+    return s.get("tokens_per_s"), s.get("mfu"), s.get("final_loss"), d.get("error")
+b1, b2 = load("baseline-1gpu.json"), load("baseline-2gpu.json")
+o1 = ours("torchrig-1gpu-default.json")
+f = lambda v, p: "-" if v is None else p.format(v)
+print(f"\n== GPT-2 small, seq 1024, bf16, compiled, micro-batch {b1.get('micro_batch')} per GPU, no clipping")
+print(f"{'run':<34} {'tok/s':>10} {'MFU':>6} {'scaling eff.':>12}  loss")
+bt1, bt2 = b1.get("tokens_per_s"), b2.get("tokens_per_s")
+print(f"{'baseline 1 GPU (GPU 0)':<34} {f(bt1, '{:,.0f}'):>10} {f(b1.get('mfu_vs_peak'), '{:.1%}'):>6} {'':>12}  {b1.get('loss')}")
+print(f"{'baseline 2 GPU':<34} {f(bt2, '{:,.0f}'):>10} {f(b2.get('mfu_vs_peak'), '{:.1%}'):>6} "
+      f"{f(bt2 / (2 * bt1) if bt1 and bt2 else None, '{:.1%}'):>12}  {b2.get('loss')}")
+print(f"{'torchrig 1 GPU (GPU 1)':<34} {f(o1[0], '{:,.0f}'):>10} {f(o1[1], '{:.1%}'):>6} {'':>12}  "
+      f"{f(o1[2], '{:.4f}')} {o1[3] or ''}")
+for tag, what in (("default", "default (inner)"), ("outer", "--ddp-compile outer"),
+                  ("bf16hook", "--ddp-comm-hook bf16"), ("outer-static", "outer + --ddp-static-graph")):
+    if not (r / f"torchrig-2gpu-{tag}.json").exists():
+        continue
+    t, m, lo, err = ours(f"torchrig-2gpu-{tag}.json")
+    eff = t / (2 * o1[0]) if t and o1[0] else None
+    vs_base = f" vs baseline 2 GPU {t / bt2:.3f}" if t and bt2 else ""
+    print(f"{'torchrig 2 GPU ' + what:<34} {f(t, '{:,.0f}'):>10} {f(m, '{:.1%}'):>6} {f(eff, '{:.1%}'):>12}  "
+          f"{f(lo, '{:.4f}')} {err or ''}{vs_base}")
+EOF
+echo "train_scaling: done in $(elapsed)s"
