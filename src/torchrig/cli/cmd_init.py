@@ -105,8 +105,11 @@ def run(args: argparse.Namespace) -> SimpleReport:
         raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or give another path")
     text = render_spec(args)
     parse_spec(tomllib.loads(text), str(path))  # what we write must be valid (bad --torch etc. fail here)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot write {path}: {err.strerror}", hint="give a path in a writable folder") from None
     return SimpleReport(
         data={"path": str(path), "spec": text},
         text=f"wrote {path}; next: torchrig image render {path if str(path) != 'torchrig.toml' else ''}".rstrip(),
