@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from torchrig.launch import logs
@@ -126,8 +127,53 @@ def test_lost_peer_named_in_both_gloo_forms():
     from torchrig.launch.summary import lost_peers
 
     # Seen in the two-namespace run: which form gloo prints depends on which side saw the reset first.
-    assert lost_peers("RuntimeError: [pair.cc:537] Read error [10.231.4.2]:47325: Connection reset by peer.") == [
+    assert lost_peers(
+        "RuntimeError: [pair.cc:537] Read error [10.231.4.2]:47325: Connection reset by peer."
+    ) == ["10.231.4.2"]
+    assert lost_peers("RuntimeError: [pair.cc:598] Connection closed by peer [10.231.4.2]:47325") == [
         "10.231.4.2"
     ]
-    assert lost_peers("RuntimeError: [pair.cc:598] Connection closed by peer [10.231.4.2]:47325") == ["10.231.4.2"]
     assert lost_peers("no addresses here") == []
+
+
+# The planted hang on 2 H200 ranks with NCCL (torch 2.11, --collective-timeout 15 --hang-timeout 40):
+# rank 1 sleeps at step 5; rank 0's all-reduces are queued on the GPU and it blocks at the next host sync.
+NCCL_HANG = "nccl-2rank-h200-rank1-sleeps-hang-watchdog"
+# The two stack lines as they were in loop.py when the run was recorded.
+RECORDED = {333: "        gn = float(full.item())", 83: "            time.sleep(3600)"}
+
+
+def recorded_source(path, line):
+    return RECORDED.get(line, "") if path.endswith("torchrig/train/loop.py") else ""
+
+
+def test_nccl_hang_names_the_rank_that_never_joined_not_user_code():
+    ranks = read(NCCL_HANG)
+    assert not any(in_collective(r.stack) for r in ranks)  # no Python frame inside a collective call
+    s = summarize_hang(ranks, 0, 40, source=recorded_source)
+    v = by_rank(s)
+    assert s.headline == "hang: rank 1 never joined the collective that rank 0 wait(s) in"
+    assert v[1].role == "culprit" and v[1].where.endswith("loop.py:83 in _test_hooks")
+    assert v[0].role == "victim" and v[0].status.startswith("hung: blocked in .item()")
+    assert "rank 0: ALLREDUCE #11 timed out after 15 s (NCCL watchdog)" in s.likely_cause
+
+
+def test_nccl_watchdog_line_alone_marks_the_waiting_rank():
+    ranks = read(NCCL_HANG)  # the source line unknown (file changed or on another host): the log decides
+    s = summarize_hang(ranks, 0, 40, source=lambda path, line: "")
+    v = by_rank(s)
+    assert v[0].role == "victim" and "timed out on the GPU" in v[0].status
+    assert v[1].role == "culprit"
+
+
+def test_host_sync_without_watchdog_line_is_still_a_wait():
+    ranks = [dataclasses.replace(r, text=r.text.replace("Watchdog caught", "x")) for r in read(NCCL_HANG)]
+    s = summarize_hang(ranks, 0, 40, source=recorded_source)
+    assert by_rank(s)[0].role == "victim" and by_rank(s)[1].role == "culprit"
+    assert "NCCL watchdog" not in s.likely_cause
+
+
+def test_no_sync_and_no_watchdog_is_user_code():
+    ranks = [dataclasses.replace(r, text=r.text.replace("Watchdog caught", "x")) for r in read(NCCL_HANG)]
+    s = summarize_hang(ranks, 0, 40, source=lambda path, line: "")
+    assert s.headline == "hang: no rank is in a collective (rank 0, rank 1)"

@@ -8,8 +8,11 @@ it elsewhere) or that died first is the *culprit*.
 
 from __future__ import annotations
 
+import linecache
 import re
 from dataclasses import dataclass
+
+from torchrig.launch.gpuwait import GpuWait, SourceLine, gpu_wait
 
 # (pattern in a rank's log, likely cause, what to do). First match wins; order from specific to generic.
 CAUSES: tuple[tuple[str, str, str], ...] = (
@@ -264,12 +267,20 @@ def _name(ranks: list[RankLog]) -> str:
     )
 
 
-def summarize_hang(logs: list[RankLog], attempt: int, timeout_s: int) -> FailureSummary:
-    """Verdict after the watchdog saw no output for ``timeout_s`` and asked every rank for its stack."""
-    waiting = [r for r in logs if r.stack and in_collective(r.stack)]
-    elsewhere = [r for r in logs if r.stack and not in_collective(r.stack)]
+def summarize_hang(
+    logs: list[RankLog], attempt: int, timeout_s: int, source: SourceLine = linecache.getline
+) -> FailureSummary:
+    """Verdict after the watchdog saw no output for ``timeout_s`` and asked every rank for its stack.
+
+    A rank waits for its peers either inside a Python collective call (gloo, or a blocking NCCL wait) or, with
+    NCCL's asynchronous collectives, at its next host sync or with a timed-out collective in its log.
+    """
+    on_gpu = {id(r): _gpu_wait(r, source) for r in logs if r.stack}
+    waiting = [r for r in logs if r.stack and (in_collective(r.stack) or on_gpu[id(r)])]
+    elsewhere = [r for r in logs if r.stack and r not in waiting]
     silent = [r for r in logs if not r.stack]
-    verdicts = [_verdict(r, "victim", "hung: waiting in a collective", None) for r in waiting]
+    verdicts = [_verdict(r, "victim", _wait_status(on_gpu[id(r)]), None) for r in waiting]
+    timeouts = [f"{_name([r])}: {w.nccl_timeout}" for r in waiting if (w := on_gpu[id(r)]) and w.nccl_timeout]
     if waiting and elsewhere:
         headline = f"hang: {_name(elsewhere)} never joined the collective that {_name(waiting)} wait(s) in"
         cause = f"{_name(elsewhere)} is stuck outside any collective (see 'where'): a rank-dependent branch, a deadlock or a data loader that never returns"
@@ -286,11 +297,22 @@ def summarize_hang(logs: list[RankLog], attempt: int, timeout_s: int) -> Failure
         headline = f"hang: no output for {timeout_s} s and no rank answered with its stack"
         cause = "the ranks are stuck in native code (a CUDA or NCCL call) or not running the torchrig shim"
         fix = "rerun with NCCL_DEBUG=INFO; check the GPUs with 'torchrig doctor'"
+    if timeouts:
+        cause += f"; {'; '.join(timeouts)}, but the process did not end by itself"
     verdicts += [_verdict(r, "culprit", "hung: outside any collective", None) for r in elsewhere]
     verdicts += [
         _verdict(r, "culprit" if not waiting else "bystander", "hung: no stack", None) for r in silent
     ]
     return FailureSummary("hang", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt)
+
+
+def _gpu_wait(log: RankLog, source: SourceLine) -> GpuWait | None:
+    f = user_frame(log.stack)
+    return gpu_wait(log.text, f.path if f else None, f.line if f else None, source)
+
+
+def _wait_status(w: GpuWait | None) -> str:
+    return f"hung: {w.how}" if w else "hung: waiting in a collective"
 
 
 def _order(v: RankVerdict) -> tuple[int, int]:
