@@ -156,6 +156,7 @@ def test_nccl_hang_names_the_rank_that_never_joined_not_user_code():
     assert v[1].role == "culprit" and v[1].where.endswith("loop.py:83 in _test_hooks")
     assert v[0].role == "victim" and v[0].status.startswith("hung: blocked in .item()")
     assert "rank 0: ALLREDUCE #11 timed out after 15 s (NCCL watchdog)" in s.likely_cause
+    assert not any("<no Python frame>" in ln for r in s.ranks for ln in r.last_lines)
 
 
 def test_nccl_watchdog_line_alone_marks_the_waiting_rank():

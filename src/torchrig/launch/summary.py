@@ -212,6 +212,7 @@ def tail(text: str, n: int = 8) -> tuple[str, ...]:
             or _THREAD_RE.match(ln)
             or set(s) <= set("^~ ")
             or "debug_logger.cc" in s
+            or s == "<no Python frame>"
         ):
             continue
         keep.append(ln[:300])
