@@ -15,7 +15,7 @@ R="${OUT:-/tmp/gpu-out}/train_scaling"
 mkdir -p "$R"
 MB="${MICRO_BATCH:-16}"
 STEPS="${STEPS:-50}"
-BUDGET_S="${BUDGET_S:-330}"   # variants that would start after this many seconds are skipped
+BUDGET_S="${BUDGET_S:-280}"   # variants that would start after this many seconds are skipped
 BASE=""
 for cand in .baselines/gpt_ddp.py ../shared/baselines/gpt_ddp.py /work/shared/baselines/gpt_ddp.py; do
   [ -f "$cand" ] && { BASE="$cand"; break; }
@@ -34,7 +34,8 @@ baseline() {  # $1 = number of GPUs, $2 = CUDA_VISIBLE_DEVICES for one GPU
     MICRO_BATCH=$MB STEPS=$STEPS timeout 150 python3 -m torch.distributed.run --standalone \
       --nproc-per-node="$n" "$BASE" >"$log" 2>&1
   fi
-  echo "[$(elapsed)s] baseline ${n} GPU rc=$?"
+  local rc=$?
+  echo "[$(elapsed)s] baseline ${n} GPU rc=$rc"
   grep '^{' "$log" | tail -n 1 >"$R/baseline-${n}gpu.json"
 }
 
@@ -50,9 +51,10 @@ ours() {  # $1 = number of GPUs (1: the GPU index in $GPU), $2 = tag, then extra
   [ "$n" = 1 ] && pin=(CUDA_VISIBLE_DEVICES="${GPU:-0}")
   env "${pin[@]}" timeout 150 python3 -m torchrig --json train --gpus "$n" --model gpt --size small --data synthetic \
     --micro-batch "$MB" --steps "$STEPS" --precision bf16 --compile --log-every 5 --warmup-steps 5 \
-    --clip-grad 0 --no-ckpt-final --no-tensorboard --workers 2 --out "$R/run-${n}gpu-$tag" "$@" \
+    --clip-grad 0 --no-ckpt-final --no-tensorboard --workers 2 --no-preflight --out "$R/run-${n}gpu-$tag" "$@" \
     >"$R/torchrig-${n}gpu-$tag.json" 2>"$R/torchrig-${n}gpu-$tag.log"
-  echo "[$(elapsed)s] torchrig ${n} GPU $tag rc=$? ($*)"
+  local rc=$?
+  echo "[$(elapsed)s] torchrig ${n} GPU $tag rc=$rc ($*)"
   tail -n 1 "$R/torchrig-${n}gpu-$tag.log"
 }
 
