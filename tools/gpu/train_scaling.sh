@@ -8,6 +8,7 @@
 #      backward), and --ddp-comm-hook bf16 (half the bytes on the wire; changes numerics slightly)
 # Prints tokens/s, MFU and the scaling efficiency (2-GPU tok/s / (2 x 1-GPU tok/s)) of each.
 # Usage (repository root, 2 GPUs): OUT=/some/dir tools/gpu/train_scaling.sh     about 5-6 min
+#   EXTRA=1 adds outer + --ddp-static-graph; HANG=1 adds the NCCL hang demo without the watchdog's dump
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -68,6 +69,19 @@ ours 2 default
 ours 2 outer --ddp-compile outer
 ours 2 bf16hook --ddp-comm-hook bf16
 [ "${EXTRA:-0}" = 1 ] && ours 2 outer-static --ddp-compile outer --ddp-static-graph
+# HANG=1 (about 1 min more): the planted NCCL hang with the watchdog's debug dump off, to see whether the
+# 15 s collective timeout then ends the ranks by itself (with the dump on, run 2 stayed alive until the
+# 40 s hang watchdog).
+if [ "${HANG:-0}" = 1 ]; then
+  hs=$(date +%s)
+  timeout 150 python3 -m torchrig --json launch --gpus 2 --no-preflight --log-dir "$R/hang-logs" \
+    --rdzv-id hang-nodump --collective-timeout 15 --hang-timeout 60 --env TORCH_NCCL_DUMP_ON_TIMEOUT=0 \
+    -m torchrig.train --model gpt --size tiny --steps 40 --log-every 5 --workers 0 --no-tensorboard \
+    --out "$R/hang-nodump" --test-hang-at-step 5 >"$R/hang-nodump.json" 2>"$R/hang-nodump.log"
+  echo "[$(elapsed)s] hang with TORCH_NCCL_DUMP_ON_TIMEOUT=0: rc=$? after $(( $(date +%s) - hs ))s" \
+    "(ended by NCCL if well under 60 s of silence; headline below)"
+  python3 -c 'import json,sys; s=(json.load(open(sys.argv[1])).get("result") or {}).get("summary") or {}; print(" ", s.get("headline"), "|", s.get("likely_cause"))' "$R/hang-nodump.json"
+fi
 
 python3 - "$R" <<'EOF'
 import json, sys
