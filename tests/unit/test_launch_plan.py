@@ -132,3 +132,10 @@ def test_no_gpu_visible():
     host = HostFacts(visible_gpus=(), cpu_count=2, python="py")
     with pytest.raises(UsageError, match="no GPU is visible"):
         build_plan(LaunchRequest(script="t", gpus="1"), host)
+
+
+def test_missing_script_or_module_is_one_line_exit_2_before_any_preflight(cli, tmp_path):
+    r = cli("launch", "--cpu", str(tmp_path / "nosuch.py"))
+    assert r.code == 2 and r.err.count("\n") == 1 and "no script at" in r.err and "pre-flight" not in r.err
+    r = cli("launch", "--cpu", "-m", "torchrig_no_such_module.train")
+    assert r.code == 2 and r.err.count("\n") == 1 and "no module named torchrig_no_such_module.train" in r.err

@@ -83,8 +83,12 @@ def test_recorded_h200_host_runs_its_own_torch_build_and_refuses_a_newer_cuda():
     inv = load_snapshot(FIX / "recorded-1xh200-driver580.json")
     assert [g.name for g in inv.gpus] == ["NVIDIA H200"]
     # torch 2.11.0+cu130 is what that machine runs: sm_75..sm_120 cubins.
-    ok = preflight(labels(cuda="13.0", archs="sm_75 sm_80 sm_86 sm_90 sm_100 sm_120", torch="2.11.0+cu130"),
-                   inv, inv.units(), load_host_kb)
+    ok = preflight(
+        labels(cuda="13.0", archs="sm_75 sm_80 sm_86 sm_90 sm_100 sm_120", torch="2.11.0+cu130"),
+        inv,
+        inv.units(),
+        load_host_kb,
+    )
     assert ok.ok
     newer = preflight(labels(cuda="13.0", min_driver="595.1"), inv, inv.units(), load_host_kb)
     assert [f.code for f in newer.failures()] == ["image_needs_newer_driver"]

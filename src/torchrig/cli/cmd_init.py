@@ -109,7 +109,9 @@ def run(args: argparse.Namespace) -> SimpleReport:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror}", hint="give a path in a writable folder") from None
+        raise UsageError(
+            f"cannot write {path}: {err.strerror}", hint="give a path in a writable folder"
+        ) from None
     return SimpleReport(
         data={"path": str(path), "spec": text},
         text=f"wrote {path}; next: torchrig image render {path if str(path) != 'torchrig.toml' else ''}".rstrip(),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torchrig.errors import UsageError
@@ -228,8 +229,24 @@ def launch(req: Any, *, dry_run: bool, preflight: bool, preflight_timeout_s: int
     return LaunchReport(plan, tuple(findings), result, False)
 
 
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or an empty/relative name
+        return False
+
+
 def run(args: argparse.Namespace) -> LaunchReport:
     req = request_from_args(args)
+    # Say so now, not after the pre-flight and a rendezvous: every rank would fail the same way.
+    if not args.dry_run and not args.module and not Path(req.script).is_file():
+        raise UsageError(f"no script at {req.script}", hint="check the path, or pass -m for a module name")
+    if not args.dry_run and args.module and not _module_exists(req.script):
+        raise UsageError(
+            f"no module named {req.script}", hint="check the name and that its package is installed"
+        )
     return launch(
         req, dry_run=args.dry_run, preflight=not args.no_preflight, preflight_timeout_s=args.preflight_timeout
     )

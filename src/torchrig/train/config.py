@@ -56,7 +56,7 @@ class TrainConfig:
     # DDP knobs. inner: DDP(torch.compile(model)), the gradients leave the compiled backward all at once and
     # are all-reduced after it; outer: torch.compile(DDP(model)), dynamo splits the graph at DDP's buckets
     # so the all-reduce overlaps the backward. bf16 comm hook: gradients travel in bf16 (numerics change).
-    ddp_compile: str = "inner"
+    ddp_compile: str = "outer"
     ddp_bucket_mb: float = 25.0
     ddp_static_graph: bool = False
     ddp_comm_hook: str = "none"
