@@ -39,8 +39,8 @@ _HELP = {
     "parallel": "auto (ddp with several ranks), ddp, fsdp, none",
     "precision": "auto (bf16 on GPU), bf16, fp16, fp32",
     "compile": "torch.compile the model",
-    "ddp_compile": "with --compile and DDP: inner = DDP(compile(model)), all-reduce after the backward; "
-    "outer = compile(DDP(model)), all-reduce overlapped with the backward (outer: measured faster on 2xH200)",
+    "ddp_compile": "with --compile and DDP: outer (the default) = compile(DDP(model)), all-reduce overlapped "
+    "with the backward, measured faster on 2xH200; inner = DDP(compile(model)), all-reduce after the backward",
     "ddp_bucket_mb": "DDP gradient bucket size in MB (25, PyTorch's default)",
     "ddp_static_graph": "tell DDP the graph never changes (static_graph=True)",
     "ddp_comm_hook": "none, or bf16: all-reduce gradients in bf16 (half the bytes; changes numerics slightly)",
