@@ -3,9 +3,10 @@
 # hand-written baseline gpt_ddp.py, with the DDP variants that decide it. One call on a 2-GPU machine:
 #   1. baseline 1 GPU (GPU 0) and torchrig 1 GPU (GPU 1) side by side (separate GPUs, same time)
 #   2. baseline on 2 GPUs
-#   3. torchrig on 2 GPUs: default (DDP(compile(model)): gradients leave the compiled backward at once and
-#      are all-reduced after it), --ddp-compile outer (compile(DDP(model)): the all-reduce overlaps the
-#      backward), and --ddp-comm-hook bf16 (half the bytes on the wire; changes numerics slightly)
+#   3. torchrig on 2 GPUs: --ddp-compile inner (DDP(compile(model)): gradients leave the compiled backward at
+#      once and are all-reduced after it), --ddp-compile outer (the default: compile(DDP(model)), the
+#      all-reduce overlaps the backward), and --ddp-comm-hook bf16 on the default (half the bytes on the
+#      wire; changes numerics slightly)
 # Prints tokens/s, MFU and the scaling efficiency (2-GPU tok/s / (2 x 1-GPU tok/s)) of each.
 # Usage (repository root, 2 GPUs): OUT=/some/dir tools/gpu/train_scaling.sh     about 5-6 min
 #   EXTRA=1 adds outer + --ddp-static-graph; HANG=1 adds the NCCL hang demo without the watchdog's dump
@@ -63,9 +64,9 @@ ours() {  # $1 = number of GPUs (1: the GPU index in $GPU), $2 = tag, then extra
 baseline 1 0 &
 GPU=1 ours 1 default &
 wait
-# 2. and 3. the 2-GPU runs: the default first, then the overlap variant, then bf16 gradients.
+# 2. and 3. the 2-GPU runs: inner first, then the default (outer), then bf16 gradients.
 baseline 2
-ours 2 default
+ours 2 inner --ddp-compile inner
 ours 2 outer --ddp-compile outer
 ours 2 bf16hook --ddp-comm-hook bf16
 [ "${EXTRA:-0}" = 1 ] && ours 2 outer-static --ddp-compile outer --ddp-static-graph
@@ -107,7 +108,8 @@ print(f"{'baseline 2 GPU':<34} {f(bt2, '{:,.0f}'):>10} {f(b2.get('mfu_vs_peak'),
       f"{f(bt2 / (2 * bt1) if bt1 and bt2 else None, '{:.1%}'):>12}  {b2.get('loss')}")
 print(f"{'torchrig 1 GPU (GPU 1)':<34} {f(o1[0], '{:,.0f}'):>10} {f(o1[1], '{:.1%}'):>6} {'':>12}  "
       f"{f(o1[2], '{:.4f}')} {o1[3] or ''}")
-for tag, what in (("default", "default (inner)"), ("outer", "--ddp-compile outer"),
+for tag, what in (("inner", "--ddp-compile inner"), ("default", "default (inner; before 2871121)"),
+                  ("outer", "--ddp-compile outer (default)"),
                   ("bf16hook", "--ddp-comm-hook bf16"), ("outer-static", "outer + --ddp-static-graph")):
     if not (r / f"torchrig-2gpu-{tag}.json").exists():
         continue
