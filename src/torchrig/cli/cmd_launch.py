@@ -217,6 +217,13 @@ def launch(req: Any, *, dry_run: bool, preflight: bool, preflight_timeout_s: int
     plan, names = plan_for(req)
     if dry_run:
         return LaunchReport(plan, (), None, True)
+    # Say so now, not after the pre-flight and a rendezvous: every rank would fail the same way.
+    if not req.module and not Path(req.script).is_file():
+        raise UsageError(f"no script at {req.script}", hint="check the path, or pass -m for a module name")
+    if req.module and not _module_exists(req.script):
+        raise UsageError(
+            f"no module named {req.script}", hint="check the name and that its package is installed"
+        )
     findings = [pf.check_gpus(plan, names), pf.check_port(plan), pf.check_p2p(plan)]
     if preflight and not any(f.severity.value == "error" for f in findings):
         print(f"torchrig launch: pre-flight all_reduce on {plan.world_size} rank(s)...", file=sys.stderr)
@@ -240,13 +247,6 @@ def _module_exists(name: str) -> bool:
 
 def run(args: argparse.Namespace) -> LaunchReport:
     req = request_from_args(args)
-    # Say so now, not after the pre-flight and a rendezvous: every rank would fail the same way.
-    if not args.dry_run and not args.module and not Path(req.script).is_file():
-        raise UsageError(f"no script at {req.script}", hint="check the path, or pass -m for a module name")
-    if not args.dry_run and args.module and not _module_exists(req.script):
-        raise UsageError(
-            f"no module named {req.script}", hint="check the name and that its package is installed"
-        )
     return launch(
         req, dry_run=args.dry_run, preflight=not args.no_preflight, preflight_timeout_s=args.preflight_timeout
     )
