@@ -30,6 +30,8 @@ for micro in range(K):
         ddp(x, x).backward()
 if rt.rank == 0:
     print("SYNCED_MICRO_STEPS", sorted(set(calls)), flush=True)
+del ddp, model  # the reducer must go while its process group exists (else it can abort at exit)
+import gc; gc.collect()
 dist.destroy_process_group()
 """
 

@@ -132,4 +132,9 @@ def optimizer(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> torch.optim.Op
 
 def teardown() -> None:
     if dist.is_initialized():
+        # Free DDP/FSDP wrappers (compiled models sit in reference cycles) while their process group still
+        # exists: a reducer collected after destroy_process_group can abort the process at exit.
+        import gc
+
+        gc.collect()
         dist.destroy_process_group()
