@@ -27,7 +27,8 @@ MARK = {"info": "ok  ", "caveat": "warn", "fail": "FAIL"}
 TITLE = {"works": "WORKS", "works_with_caveats": "WORKS WITH CAVEATS", "fails": "FAILS"}
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def add_gpu_driver_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--gpu`` (repeatable) and ``--driver``: the hardware half that check and resolve share."""
     parser.add_argument(
         "--gpu",
         action="append",
@@ -36,6 +37,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="GPU name as nvidia-smi or the datasheet spells it (repeat for several GPUs)",
     )
     parser.add_argument("--driver", metavar="VERSION", help="NVIDIA driver version, e.g. 535.104.05")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_gpu_driver_arguments(parser)
     parser.add_argument(
         "--torch", required=True, metavar="VERSION[+cuXYZ|+cpu]", help="PyTorch build, e.g. 2.8.0+cu126"
     )

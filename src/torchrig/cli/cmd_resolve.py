@@ -24,14 +24,9 @@ if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--gpu",
-        action="append",
-        required=True,
-        metavar="GPU",
-        help="GPU name as nvidia-smi or the datasheet spells it (repeat for several GPUs)",
-    )
-    parser.add_argument("--driver", metavar="VERSION", help="NVIDIA driver version, e.g. 535.104.05")
+    from torchrig.cli.cmd_check import add_gpu_driver_arguments
+
+    add_gpu_driver_arguments(parser)
     parser.add_argument(
         "--torch", metavar="SPEC", help="torch version range, e.g. '>=2.6' or '==2.7.*' (default: any)"
     )
