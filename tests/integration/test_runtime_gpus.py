@@ -79,10 +79,9 @@ def test_nine_concurrent_ups_on_eight_gpus(cli, engine, ledger_env, cleanup):
     ]
     ok = [r for r in results if r[1] == 0]
     failed = [r for r in results if r[1] != 0]
-    assert len(ok) == 8, results
-    assert len(failed) == 1
+    assert len(ok) == 8 and len(failed) == 1, [(n, code, err) for n, code, _, err in failed]
     _, code, _, err = failed[0]
-    assert code == 1 and err.startswith("torchrig: error: no free GPU") and err.count("\n") == 1
+    assert code == 1 and err.startswith("torchrig: error: no free GPU") and err.count("\n") == 1, err
     assert all(n in err for n, *_ in ok)  # the holders are listed
 
     # the engine's inspection: each container requests exactly one GPU, all different

@@ -151,7 +151,11 @@ class Engine:
     def environments(self) -> list[EnvRecord]:
         """Every torchrig-managed container, alive or not, oldest first."""
         try:
-            found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}managed=1"})
+            # ignore_removed: a container removed (or still being created) between the engine's list and
+            # its inspection is skipped, not an error: other users start and remove theirs at any time
+            found = self.client.containers.list(
+                all=True, filters={"label": f"{LABEL_PREFIX}managed=1"}, ignore_removed=True
+            )
         except self.errors.APIError as err:
             raise EngineUnavailable(
                 f"the Docker engine failed to list containers: {err.explanation or err}", hint=START_HINT
