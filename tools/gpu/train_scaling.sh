@@ -10,6 +10,9 @@
 # Prints tokens/s, MFU and the scaling efficiency (2-GPU tok/s / (2 x 1-GPU tok/s)) of each.
 # Usage (repository root, 2 GPUs): OUT=/some/dir tools/gpu/train_scaling.sh     about 5-6 min
 #   EXTRA=1 adds outer + --ddp-static-graph; HANG=1 adds the NCCL hang demo without the watchdog's dump
+#   VARIANTS="outer ctas8 bucket100 baseline2" picks the 2-GPU runs and their order (default:
+#   "baseline2 inner outer bf16hook"); tags: baseline2, inner, outer, bf16hook, outer-static, bucket100,
+#   ctas8/ctas4/ctas16 (NCCL_MAX_CTAS=N: fewer SMs for NCCL while it overlaps the backward)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -51,12 +54,13 @@ ours() {  # $1 = number of GPUs (1: the GPU index in $GPU), $2 = tag, then extra
   fi
   local pin=()
   [ "$n" = 1 ] && pin=(CUDA_VISIBLE_DEVICES="${GPU:-0}")
-  env "${pin[@]}" timeout 150 python3 -m torchrig --json train --gpus "$n" --model gpt --size small --data synthetic \
+  # shellcheck disable=SC2086  # XENV: extra NAME=VALUE settings for this run, split on spaces
+  env "${pin[@]}" ${XENV:-} timeout 150 python3 -m torchrig --json train --gpus "$n" --model gpt --size small --data synthetic \
     --micro-batch "$MB" --steps "$STEPS" --precision bf16 --compile --log-every 5 --warmup-steps 5 \
     --clip-grad 0 --no-ckpt-final --no-tensorboard --workers 2 --no-preflight --out "$R/run-${n}gpu-$tag" "$@" \
     >"$R/torchrig-${n}gpu-$tag.json" 2>"$R/torchrig-${n}gpu-$tag.log"
   local rc=$?
-  echo "[$(elapsed)s] torchrig ${n} GPU $tag rc=$rc ($*)"
+  echo "[$(elapsed)s] torchrig ${n} GPU $tag rc=$rc (${XENV:-}${XENV:+ }$*)"
   tail -n 1 "$R/torchrig-${n}gpu-$tag.log"
 }
 
@@ -64,12 +68,21 @@ ours() {  # $1 = number of GPUs (1: the GPU index in $GPU), $2 = tag, then extra
 baseline 1 0 &
 GPU=1 ours 1 default &
 wait
-# 2. and 3. the 2-GPU runs: inner first, then the default (outer), then bf16 gradients.
-baseline 2
-ours 2 inner --ddp-compile inner
-ours 2 outer --ddp-compile outer
-ours 2 bf16hook --ddp-comm-hook bf16
-[ "${EXTRA:-0}" = 1 ] && ours 2 outer-static --ddp-compile outer --ddp-static-graph
+# 2. and 3. the 2-GPU runs in the order of VARIANTS.
+VARIANTS="${VARIANTS:-baseline2 inner outer bf16hook}"
+[ "${EXTRA:-0}" = 1 ] && VARIANTS="$VARIANTS outer-static"
+for v in $VARIANTS; do
+  case "$v" in
+    baseline2) if [ "$(elapsed)" -gt "$BUDGET_S" ]; then echo "[$(elapsed)s] baseline 2 GPU: skipped"; else baseline 2; fi ;;
+    inner) ours 2 inner --ddp-compile inner ;;
+    outer) ours 2 outer --ddp-compile outer ;;
+    bf16hook) ours 2 bf16hook --ddp-comm-hook bf16 ;;
+    outer-static) ours 2 outer-static --ddp-compile outer --ddp-static-graph ;;
+    bucket100) ours 2 bucket100 --ddp-bucket-mb 100 ;;
+    ctas[0-9]*) XENV="NCCL_MAX_CTAS=${v#ctas}" ours 2 "$v" ;;
+    *) echo "unknown variant $v (see the header)" ;;
+  esac
+done
 # HANG=1 (about 1 min more): the planted NCCL hang with the watchdog's debug dump off, to see whether the
 # 15 s collective timeout then ends the ranks by itself (with the dump on, run 2 stayed alive until the
 # 40 s hang watchdog).
@@ -108,11 +121,13 @@ print(f"{'baseline 2 GPU':<34} {f(bt2, '{:,.0f}'):>10} {f(b2.get('mfu_vs_peak'),
       f"{f(bt2 / (2 * bt1) if bt1 and bt2 else None, '{:.1%}'):>12}  {b2.get('loss')}")
 print(f"{'torchrig 1 GPU (GPU 1)':<34} {f(o1[0], '{:,.0f}'):>10} {f(o1[1], '{:.1%}'):>6} {'':>12}  "
       f"{f(o1[2], '{:.4f}')} {o1[3] or ''}")
-for tag, what in (("inner", "--ddp-compile inner"), ("default", "default (inner; before 2871121)"),
-                  ("outer", "--ddp-compile outer (default)"),
-                  ("bf16hook", "--ddp-comm-hook bf16"), ("outer-static", "outer + --ddp-static-graph")):
-    if not (r / f"torchrig-2gpu-{tag}.json").exists():
-        continue
+names = {"inner": "--ddp-compile inner", "default": "default (inner; before 2871121)",
+         "outer": "--ddp-compile outer (default)", "bf16hook": "--ddp-comm-hook bf16",
+         "outer-static": "outer + --ddp-static-graph", "bucket100": "--ddp-bucket-mb 100"}
+tags = sorted((p.name[len("torchrig-2gpu-"):-len(".json")] for p in r.glob("torchrig-2gpu-*.json")),
+              key=lambda p: (r / f"torchrig-2gpu-{p}.json").stat().st_mtime)
+for tag in tags:
+    what = names.get(tag) or (f"NCCL_MAX_CTAS={tag[4:]}" if tag.startswith("ctas") else tag)
     t, m, lo, err = ours(f"torchrig-2gpu-{tag}.json")
     eff = t / (2 * o1[0]) if t and o1[0] else None
     vs_base = f" vs baseline 2 GPU {t / bt2:.3f}" if t and bt2 else ""
