@@ -189,5 +189,7 @@ def test_ddp_knobs_reach_ddp_and_outer_compiles_the_ddp_module(tmp_path):
         outer = wrap(nn.Linear(4, 4), rt, TrainConfig(compile=True, ddp_compile="outer", **knobs))
         assert isinstance(outer._orig_mod, DDP)  # compile(DDP(model)): dynamo sees DDP's buckets
         assert outer.no_sync is not None  # gradient accumulation still reaches DDP's no_sync
+        default = wrap(nn.Linear(4, 4), rt, TrainConfig(device="cpu"))
+        assert default.bucket_bytes_cap == 100 * 1024 * 1024  # torchrig's default, not PyTorch's 25 MB
     finally:
         dist.destroy_process_group()

@@ -11,8 +11,9 @@
 # Usage (repository root, 2 GPUs): OUT=/some/dir tools/gpu/train_scaling.sh     about 5-6 min
 #   EXTRA=1 adds outer + --ddp-static-graph; HANG=1 adds the NCCL hang demo without the watchdog's dump
 #   VARIANTS="outer ctas8 bucket100 baseline2" picks the 2-GPU runs and their order (default:
-#   "baseline2 inner outer bf16hook"); tags: baseline2, inner, outer, bf16hook, outer-static, bucket100,
-#   ctas8/ctas4/ctas16 (NCCL_MAX_CTAS=N: fewer SMs for NCCL while it overlaps the backward)
+#   "baseline2 inner outer bf16hook"); ONE=0 skips the 1-GPU pair; tags: baseline2, inner, outer, bf16hook,
+#   outer-static,
+#   bucketN (--ddp-bucket-mb N), ctas8/ctas4/ctas16 (NCCL_MAX_CTAS=N: fewer SMs for NCCL while it overlaps the backward)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -64,10 +65,12 @@ ours() {  # $1 = number of GPUs (1: the GPU index in $GPU), $2 = tag, then extra
   tail -n 1 "$R/torchrig-${n}gpu-$tag.log"
 }
 
-# 1. both 1-GPU figures at once, each on its own GPU.
-baseline 1 0 &
-GPU=1 ours 1 default &
-wait
+# 1. both 1-GPU figures at once, each on its own GPU (ONE=0 skips them).
+if [ "${ONE:-1}" = 1 ]; then
+  baseline 1 0 &
+  GPU=1 ours 1 default &
+  wait
+fi
 # 2. and 3. the 2-GPU runs in the order of VARIANTS.
 VARIANTS="${VARIANTS:-baseline2 inner outer bf16hook}"
 [ "${EXTRA:-0}" = 1 ] && VARIANTS="$VARIANTS outer-static"
@@ -78,7 +81,7 @@ for v in $VARIANTS; do
     outer) ours 2 outer --ddp-compile outer ;;
     bf16hook) ours 2 bf16hook --ddp-comm-hook bf16 ;;
     outer-static) ours 2 outer-static --ddp-compile outer --ddp-static-graph ;;
-    bucket100) ours 2 bucket100 --ddp-bucket-mb 100 ;;
+    bucket[0-9]*) ours 2 "$v" --ddp-bucket-mb "${v#bucket}" ;;
     ctas[0-9]*) XENV="NCCL_MAX_CTAS=${v#ctas}" ours 2 "$v" ;;
     *) echo "unknown variant $v (see the header)" ;;
   esac
@@ -123,11 +126,12 @@ print(f"{'torchrig 1 GPU (GPU 1)':<34} {f(o1[0], '{:,.0f}'):>10} {f(o1[1], '{:.1
       f"{f(o1[2], '{:.4f}')} {o1[3] or ''}")
 names = {"inner": "--ddp-compile inner", "default": "default (inner; before 2871121)",
          "outer": "--ddp-compile outer (default)", "bf16hook": "--ddp-comm-hook bf16",
-         "outer-static": "outer + --ddp-static-graph", "bucket100": "--ddp-bucket-mb 100"}
+         "outer-static": "outer + --ddp-static-graph"}
 tags = sorted((p.name[len("torchrig-2gpu-"):-len(".json")] for p in r.glob("torchrig-2gpu-*.json")),
               key=lambda p: (r / f"torchrig-2gpu-{p}.json").stat().st_mtime)
 for tag in tags:
-    what = names.get(tag) or (f"NCCL_MAX_CTAS={tag[4:]}" if tag.startswith("ctas") else tag)
+    what = names.get(tag) or (f"NCCL_MAX_CTAS={tag[4:]}" if tag.startswith("ctas") else
+                              f"--ddp-bucket-mb {tag[6:]}" if tag.startswith("bucket") else tag)
     t, m, lo, err = ours(f"torchrig-2gpu-{tag}.json")
     eff = t / (2 * o1[0]) if t and o1[0] else None
     vs_base = f" vs baseline 2 GPU {t / bt2:.3f}" if t and bt2 else ""

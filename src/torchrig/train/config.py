@@ -57,7 +57,7 @@ class TrainConfig:
     # are all-reduced after it; outer: torch.compile(DDP(model)), dynamo splits the graph at DDP's buckets
     # so the all-reduce overlaps the backward. bf16 comm hook: gradients travel in bf16 (numerics change).
     ddp_compile: str = "outer"
-    ddp_bucket_mb: float = 25.0
+    ddp_bucket_mb: float = 100.0  # measured on 2x H200: docs/benchmarks.md, run 6
     ddp_static_graph: bool = False
     ddp_comm_hook: str = "none"
     device: str = "auto"
