@@ -139,3 +139,15 @@ def test_missing_script_or_module_is_one_line_exit_2_before_any_preflight(cli, t
     assert r.code == 2 and r.err.count("\n") == 1 and "no script at" in r.err and "pre-flight" not in r.err
     r = cli("launch", "--cpu", "-m", "torchrig_no_such_module.train")
     assert r.code == 2 and r.err.count("\n") == 1 and "no module named torchrig_no_such_module.train" in r.err
+
+
+def test_flight_record_dump_goes_next_to_the_rank_logs():
+    host = HostFacts(visible_gpus=(0, 1), cpu_count=8, python="py", env={})
+    plan = build_plan(LaunchRequest(script="t.py", log_dir="/runs/logs"), host)
+    assert plan.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/runs/logs/nccl_trace_rank_"
+    mine = HostFacts(
+        visible_gpus=(0, 1), cpu_count=8, python="py", env={"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/"}
+    )
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in build_plan(LaunchRequest(script="t.py"), mine).env
+    gloo = build_plan(LaunchRequest(script="t.py", cpu=True, log_dir="/runs/logs"), host)
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in gloo.env

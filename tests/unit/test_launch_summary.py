@@ -178,3 +178,38 @@ def test_no_sync_and_no_watchdog_is_user_code():
     ranks = [dataclasses.replace(r, text=r.text.replace("Watchdog caught", "x")) for r in read(NCCL_HANG)]
     s = summarize_hang(ranks, 0, 40, source=lambda path, line: "")
     assert s.headline == "hang: no rank is in a collective (rank 0, rank 1)"
+
+
+def test_flight_records_of_this_job_only(tmp_path):
+    import os
+    import time
+
+    from torchrig.launch.supervise import flight_records
+
+    old = tmp_path / "nccl_trace_rank_0"
+    old.write_bytes(b"x")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))  # an earlier job's dump in the same folder
+    start = time.time()
+    for r in (1, 0):
+        (tmp_path / f"nccl_trace_rank_{r}").write_bytes(b"pickle")
+    (tmp_path / "stderr.log").write_text("not a dump")
+    found = flight_records(tmp_path, start)
+    assert [os.path.basename(f) for f in found] == ["nccl_trace_rank_0", "nccl_trace_rank_1"]
+    assert flight_records(tmp_path / "missing", start) == ()
+
+
+def test_report_points_at_the_flight_records():
+    from torchrig.cli.cmd_launch import LaunchReport
+    from torchrig.launch.summary import FailureSummary
+    from torchrig.launch.supervise import LaunchResult
+
+    summary = FailureSummary("hang", "hang: rank 1 never joined", "cause", "fix", (), 0)
+    result = LaunchResult(
+        1, 1, True, 20.0, "/l/job_x", summary, (), ("/l/nccl_trace_rank_0", "/l/nccl_trace_rank_1")
+    )
+    text = LaunchReport(plan=None, findings=(), result=result, dry_run=False).render_text()
+    assert "NCCL flight records: nccl_trace_rank_0, nccl_trace_rank_1 in /l" in text
+    assert "torchfrtrace /l --prefix nccl_trace_rank_" in text
+    assert LaunchReport(None, (), result, False).to_json()["result"]["flight_records"] == list(
+        result.flight_records
+    )

@@ -36,7 +36,7 @@ ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault(
         "TORCH_NCCL_DUMP_ON_TIMEOUT",
         "1",
-        "dump that flight record when the watchdog fires, next to the rank logs",
+        "dump that flight record when the watchdog fires (torchrig launch puts it next to the rank logs)",
         "https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html",
         nccl_only=True,
     ),

@@ -25,6 +25,9 @@ _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+FLIGHT_RECORD_PREFIX = "nccl_trace_rank_"  # + global rank: the files torchfrtrace reads
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """What the plan needs from the host, gathered by ``torchrig.launch.probe.host_facts``.
@@ -236,6 +239,17 @@ def _env(
             None,
         )
     )
+    if gpus:
+        settings.append(
+            EnvSetting(
+                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+                f"{req.log_dir}/{FLIGHT_RECORD_PREFIX}",
+                "the flight record a timed-out rank dumps goes next to the rank logs (file name + global rank; "
+                "PyTorch's default is /tmp/nccl_trace_rank_<rank>)",
+                "https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html",
+                overridden_by_user="TORCH_NCCL_DEBUG_INFO_TEMP_FILE" in host.env,
+            )
+        )
     settings.append(EnvSetting("TORCHRIG_LOG_DIR", req.log_dir, "where the per-rank logs go", None))
     for k, v in req.extra_env:
         settings.append(EnvSetting(k, v, "given with --env", None))

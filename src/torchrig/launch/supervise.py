@@ -15,11 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torchrig.launch import logs
-from torchrig.launch.plan import LaunchPlan
+from torchrig.launch.plan import FLIGHT_RECORD_PREFIX, LaunchPlan
 from torchrig.launch.summary import (
     RDZV_TIMEOUT,
     FailureSummary,
@@ -38,6 +38,7 @@ class LaunchResult:
     run_dir: str | None  # torchrun's per-run log directory
     summary: FailureSummary | None  # why the job failed (final attempt), or None
     earlier_failures: tuple[FailureSummary, ...]  # attempts that failed and were restarted
+    flight_records: tuple[str, ...] = ()  # NCCL flight-recorder dumps this job wrote (read with torchfrtrace)
 
 
 def _pump(stream, sink, keep: collections.deque) -> None:
@@ -148,7 +149,20 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     agent_text = "".join(agent_out)
     found = logs.run_dirs(log_dir, plan.rdzv_id, start)
     run_dir = found[-1] if found else None
-    return _result(plan, run_dir, code, hung, agent_text, time.time() - start)
+    result = _result(plan, run_dir, code, hung, agent_text, time.time() - start)
+    return replace(result, flight_records=flight_records(log_dir, start))
+
+
+def flight_records(log_dir: Path, since_s: float) -> tuple[str, ...]:
+    """The flight-recorder dumps written into ``log_dir`` since ``since_s`` (NCCL ranks after a timeout)."""
+    found = []
+    for p in log_dir.glob(f"{FLIGHT_RECORD_PREFIX}*"):
+        try:
+            if p.is_file() and p.stat().st_mtime >= since_s - 1:
+                found.append(str(p))
+        except OSError:
+            continue
+    return tuple(sorted(found))
 
 
 def _result(
