@@ -40,15 +40,18 @@ def test_warm_up_lasts_at_least_min_warmup_s():
 
     from torchrig.bench.timing import Timer
 
-    calls: list[int] = []
+    calls: list[float] = []
 
     def fn(i: int) -> None:
-        calls.append(i)
+        calls.append(time.perf_counter())
         time.sleep(0.002)
 
     times = Timer(torch, torch.device("cpu")).time_each(fn, repeats=3, warmup=2, min_warmup_s=0.03)
     assert len(times) == 3
-    assert len(calls) - 3 >= 10  # 2 warm-up calls were not enough for 30 ms at 2 ms each
+    warmups = calls[:-3]
+    # the timed calls began only after 30 ms of warm-up, however long each 2 ms sleep took on this machine
+    # (without min_warmup_s, 2 warm-up calls end after ~4 ms)
+    assert len(warmups) >= 2 and calls[-3] - warmups[0] >= 0.03
     calls.clear()
     Timer(torch, torch.device("cpu")).time_each(fn, repeats=3, warmup=2)
     assert len(calls) == 5  # without it, exactly the warm-up calls
