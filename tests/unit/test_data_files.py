@@ -450,7 +450,7 @@ def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
 # --------------------------------------------------------------------------------------------------
 
 TORCH_VARIANT_NAME = re.compile(r"^(cpu|cu(\d{2})(\d))$")
-TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page", "torch-output"}
+TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page", "torch-output", "index-pin"}
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 
 
@@ -534,6 +534,24 @@ def test_torch_pypi_variant_is_a_published_variant_read_from_the_wheel():
         assert pypi["evidence"] == "wheel", release["version"]
         assert pypi["source"].startswith("https://files.pythonhosted.org/"), release["version"]
         assert {"arch_list", "ptx", "cudnn", "nccl"} <= set(pypi), release["version"]
+
+
+def test_torch_index_pin_rows_name_the_wheel_and_its_sha256():
+    # "index-pin": the wheel on download.pytorch.org, known by its URL and sha256 as public lock files pin it.
+    for release, variant in _torch_variants():
+        if variant["evidence"] != "index-pin":
+            continue
+        where = f"torch {release['version']}+{variant['name']}"
+        wheel = f"{TORCH_INDEX}{variant['name']}/torch-{release['version']}%2B{variant['name']}-cp3"
+        assert variant["source"].startswith(wheel) and variant["source"].endswith(".whl"), where
+        assert re.search(r"sha256 [0-9a-f]{64}\b", variant["notes"]), where
+
+
+def test_torch_cpu_builds_of_the_2_14_releases_are_listed():
+    # Both 2.14 releases have a CPU wheel on download.pytorch.org (pinned by sha256 in public lock files).
+    for version in ("2.14.0", "2.14.1"):
+        cpu = _torch_variant(version, "cpu")
+        assert cpu["index_url"] == TORCH_INDEX + "cpu" and cpu["evidence"] == "index-pin", version
 
 
 def test_torch_cross_variant_cuda_is_a_toolkit_that_builds_its_archs():
