@@ -66,6 +66,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="build what torchrig.lock.json beside the spec records: its pip and apt versions, its base digest",
     )
+    parser.add_argument(
+        "--builder",
+        choices=["auto", "buildkit", "classic"],
+        default="auto",
+        help="the engine's builder (default auto: BuildKit where the engine has it, else classic)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="show every build log line on stderr")
 
 
@@ -83,6 +89,7 @@ def _options(args: argparse.Namespace) -> Any:
         no_cache=args.no_cache,
         verbose=args.verbose,
         locked=args.locked,
+        builder=args.builder,
     )
 
 
@@ -102,11 +109,17 @@ class BuildReport:
             "elapsed_s": r.elapsed_s,
             "lock": r.lock_path,
             "stack": r.stack,
+            "builder": r.builder,
+            "steps": [s.to_json() for s in r.steps],
         }
 
     def render_text(self) -> str:
         r = self.result
-        lines = [f"built {r.tags[0]}  ({r.size_mib:,.0f} MiB, {r.elapsed_s:.0f} s)"]
+        cached = sum(1 for s in r.steps if s.state.value == "cached")
+        lines = [
+            f"built {r.tags[0]}  ({r.size_mib:,.0f} MiB, {r.elapsed_s:.0f} s, {r.builder}, "
+            f"{len(r.steps)} steps, {cached} cached)"
+        ]
         lines += [f"  tag   {t}" for t in r.tags[1:]]
         lines += [
             f"  id    {r.image_id}",

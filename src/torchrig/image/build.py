@@ -1,13 +1,15 @@
 """The Docker Engine adapter for ``torchrig image build``: send the context, follow the build, read the lock.
 
-The Docker SDK for Python speaks the Engine API's ``/build`` endpoint, which is the classic builder (the
-SDK cannot open the session BuildKit's ``version=2`` builds need). Progress goes to stderr; a failing step
-is reported with the tail of its log.
+Two builders behind the Engine API's ``/build``: BuildKit (``version=2``, :mod:`torchrig.image.buildkit`)
+where the engine has it, else the classic builder, which the Docker SDK for Python's ``build`` speaks.
+Both report the same steps (cached, done, error) and, for a failing step, the tail of its log. Progress
+goes to stderr.
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 import io
 import re
 import tarfile
@@ -19,8 +21,11 @@ from typing import IO, Any, Protocol
 from torchrig.errors import EngineUnavailable, JobFailed
 
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-_NONZERO_RE = re.compile(r"returned a non-zero code: (\d+)")
+# classic: "... returned a non-zero code: 100"; BuildKit: "executor failed running [...]: exit code: 100"
+_NONZERO_RE = re.compile(r"(?:returned a non-zero code|exit code): (\d+)")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+# the classic builder's own bookkeeping between a step's output lines, not output of the step
+_ENGINE_LINE_RE = re.compile(r"^\s*(---> |Removing intermediate container )")
 LOG_TAIL_LINES = 25
 
 
@@ -28,6 +33,25 @@ class Progress(Protocol):
     def step(self, number: int, total: int, text: str) -> None: ...
     def log(self, line: str) -> None: ...
     def close(self) -> None: ...
+
+
+class StepState(str, enum.Enum):
+    CACHED = "cached"  # the engine reused the layer
+    DONE = "done"
+    ERROR = "error"
+    NOT_FINISHED = "not finished"  # the build stopped (another step failed) before this one ended
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    """One Dockerfile instruction as it ran: "Step 3/26 : RUN ..." (classic) or "[build 3/7] RUN ..." (BuildKit)."""
+
+    name: str
+    state: StepState
+    elapsed_s: float | None  # None where the engine does not say (classic cached steps, unfinished ones)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "state": self.state.value, "elapsed_s": self.elapsed_s}
 
 
 @dataclass
@@ -42,8 +66,10 @@ class BuildFailed(JobFailed):
 
     def __init__(self, failure: BuildFailure) -> None:
         step = failure.step or "before the first step"
+        last = next((line for line in reversed(failure.log_tail) if line.strip()), "")
+        said = f"; its last output: {_short(last, 160)}" if last else ""
         super().__init__(
-            f"image build failed at {_short(step)}: {failure.message.strip()}",
+            f"image build failed at {_short(step)}: {failure.message.strip()}{said}",
             hint="the step's log tail is above; fix the spec or the step and build again",
         )
         self.failure = failure
@@ -83,28 +109,43 @@ def base_reference(client: Any, image: str) -> str | None:
     return str(digests[0]) if digests else str(attrs.get("Id"))
 
 
-def _error_text(message: str) -> str:
+def error_text(message: str) -> str:
     """The engine's error without the echoed command (which can be a screenful)."""
     m = _NONZERO_RE.search(message)
     return f"the step exited with status {m.group(1)}" if m else " ".join(message.split())
 
 
-def follow(chunks: Iterable[dict[str, Any]], progress: Progress) -> str:
-    """Consume the engine's build stream; the built image ID, or BuildFailed with the failing step's log."""
+def follow(chunks: Iterable[dict[str, Any]], progress: Progress, steps: list[BuildStep] | None = None) -> str:
+    """Consume the classic builder's stream; the built image ID, or BuildFailed with the failing step's log.
+
+    ``steps`` (if given) receives each step with its final state, also on failure."""
     step, image_id, pending = "", None, ""
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    seen: list[list[Any]] = []  # [name, cached, started (monotonic)]
+
+    def close_step(state: StepState | None) -> None:
+        if seen and steps is not None:
+            name, cached, began = seen[-1]
+            final = state or (StepState.CACHED if cached else StepState.DONE)
+            elapsed = None if final is StepState.CACHED else round(time.monotonic() - began, 3)
+            steps.append(BuildStep(name=name, state=final, elapsed_s=elapsed))
 
     def line_done(line: str) -> None:
         nonlocal step, image_id
         line = _ANSI_RE.sub("", line).rstrip()
         m = _STEP_RE.match(line.strip())
         if m:
+            close_step(None)
             step = line.strip()
+            seen.append([step, False, time.monotonic()])
             tail.clear()
             progress.step(int(m.group(1)), int(m.group(2)), m.group(3))
         elif line.strip():
-            tail.append(line)
+            if not _ENGINE_LINE_RE.match(line):
+                tail.append(line)
             progress.log(line)
+            if line.strip() == "---> Using cache" and seen:
+                seen[-1][1] = True
         if line.startswith("Successfully built "):
             image_id = image_id or line.split()[-1]
 
@@ -112,8 +153,9 @@ def follow(chunks: Iterable[dict[str, Any]], progress: Progress) -> str:
         if "error" in chunk:
             if pending:
                 line_done(pending)
+            close_step(StepState.ERROR)
             raise BuildFailed(
-                BuildFailure(step=step, message=_error_text(str(chunk["error"])), log_tail=list(tail))
+                BuildFailure(step=step, message=error_text(str(chunk["error"])), log_tail=list(tail))
             )
         aux = chunk.get("aux")
         if isinstance(aux, dict) and aux.get("ID"):
@@ -124,6 +166,7 @@ def follow(chunks: Iterable[dict[str, Any]], progress: Progress) -> str:
             line_done(line)
     if pending:
         line_done(pending)
+    close_step(None)
     if not image_id:
         raise BuildFailed(
             BuildFailure(
@@ -142,8 +185,23 @@ def run_build(
     labels: dict[str, str],
     no_cache: bool,
     progress: Progress,
+    builder: str = "classic",
+    steps: list[BuildStep] | None = None,
 ) -> str:
-    """Send the context tar to ``/build`` and follow it; returns the image ID."""
+    """Send the context tar to ``/build`` and follow it with ``builder`` (buildkit, classic); the image ID."""
+    if builder == "buildkit":
+        from torchrig.image.buildkit import run_buildkit
+
+        return run_buildkit(
+            client,
+            context,
+            tag,
+            buildargs=buildargs,
+            labels=labels,
+            no_cache=no_cache,
+            progress=progress,
+            steps=steps,
+        )
     context.seek(0)
     chunks: Iterator[dict[str, Any]] = client.api.build(
         fileobj=context,
@@ -158,7 +216,7 @@ def run_build(
         decode=True,
     )
     try:
-        return follow(chunks, progress)
+        return follow(chunks, progress, steps)
     finally:
         progress.close()
 
@@ -202,6 +260,9 @@ class TextProgress:
         if self.status is not None:
             self.status.update(line)
         self.console.print(line, markup=False)
+
+    def note(self, text: str) -> None:
+        self.console.print(text, markup=False)
 
     def log(self, line: str) -> None:
         if self.verbose:

@@ -33,6 +33,7 @@ class ImageOptions:
     no_cache: bool = False
     verbose: bool = False
     locked: bool = False  # build what the lock beside the spec records (pip/apt versions, base digest)
+    builder: str = "auto"  # auto (BuildKit where the engine has it), buildkit, classic
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class BuildResult:
     elapsed_s: float
     lock_path: str
     stack: dict[str, str]
+    builder: str = "classic"  # the builder that ran: buildkit or classic
+    steps: tuple[Any, ...] = ()  # torchrig.image.build.BuildStep, in the order they ran
 
     @property
     def size_mib(self) -> float:
@@ -167,8 +170,11 @@ def lock_document(
 def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildResult:
     """Build the image through the Docker Engine API, tag it, write the lock beside the spec."""
     from torchrig.image import build as engine
+    from torchrig.image.buildkit import choose_builder, engine_build_info
 
     client = engine.connect()
+    builder = choose_builder(opts.builder, engine_build_info(client)).value
+    steps: list[engine.BuildStep] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="torchrig-build-") as tmp:
         wheel = (
@@ -182,6 +188,10 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
         )
         base_ref = engine.base_reference(client, plan.base.image)
         progress = progress or engine.TextProgress(verbose=opts.verbose)
+        if hasattr(progress, "note"):
+            progress.note(
+                f"building {tags[0]} with {'BuildKit' if builder == 'buildkit' else 'the classic builder'}"
+            )
         with tempfile.TemporaryFile(dir=tmp) as tar:
             ctx_mod.write_context_tar(ctx, tar)
             try:
@@ -191,6 +201,8 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
                     tags[0],
                     no_cache=opts.no_cache,
                     progress=progress,
+                    builder=builder,
+                    steps=steps,
                     buildargs={"TORCHRIG_BASE_DIGEST": base_ref or "unknown"},
                     labels={"org.torchrig.base.reference": base_ref or "unknown"},
                 )
@@ -216,4 +228,6 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
         elapsed_s=round(time.monotonic() - started, 1),
         lock_path=str(lock_path),
         stack=render.labels(plan),
+        builder=builder,
+        steps=tuple(steps),
     )
