@@ -75,6 +75,21 @@ CASES = {
             )
         )
     ),
+    "k8s-jobset-2x8.yaml": lambda: k8s.to_yaml(
+        k8s.render(
+            ClusterJob(
+                script="train.py",
+                script_args=("--steps", "1000"),
+                nodes=2,
+                gpus_per_node=8,
+                image="registry.example/team/torchrig:2.8.0-cu128",
+                namespace="ml",
+                max_restarts=3,
+                pvc_mounts=("shared-runs:/shared",),
+                k8s_kind=K8sKind.JOBSET,
+            )
+        )
+    ),
     "k8s-indexed-job-2x8.yaml": lambda: k8s.to_yaml(
         k8s.render(
             ClusterJob(
@@ -124,7 +139,7 @@ def test_broken_script_fails_syntax_check():
 def test_manifests_validate(kind):
     docs = k8s.render(ClusterJob(script="train.py", nodes=3, gpus_per_node=8, image="img:1", k8s_kind=kind))
     assert validate.validate_all(docs) == len(docs)
-    pods = [d for d in docs if d["kind"] in ("PyTorchJob", "Job")]
+    pods = [d for d in docs if d["kind"] in ("PyTorchJob", "Job", "JobSet")]
     assert pods
 
 
@@ -193,8 +208,15 @@ def test_job_validation(kwargs, match):
         (["cluster", "slurm", "--container-runtime", "apptainer", "--", "t.py"], "needs an image"),
         (["cluster", "slurm", "--env", "1BAD=x", "--", "t.py"], "not an environment variable name"),
         (["cluster", "k8s", "--image", "i:1", "--volume", "runs", "--", "t.py"], "is not CLAIM:/path"),
+        (["cluster", "k8s", "--kind", "jobsett", "--image", "i:1", "--", "t.py"], "did you mean: jobset"),
+        (["cluster", "k8s", "--kind", "volcano", "--image", "i:1", "--", "t.py"], "unknown --kind 'volcano'"),
+        (["cluster", "k8s", "--kind", "jobset", "--", "t.py"], "needs an image"),
+        (["cluster", "k8s", "--kind", "jobset", "--image", "i:1", "--name", "9lives", "--", "t.py"],
+         "must start with a letter"),
+        (["cluster", "k8s", "--kind", "jobset", "--image", "i:1", "--nodes", "128", "--name", "a" * 47, "--",
+          "t.py"], "use a --name of at most 46 characters"),
     ],
-)
+)  # fmt: skip
 def test_cli_bad_input_is_one_line_exit_2(cli, argv, needle):
     r = cli(*argv)
     assert r.code == 2, r
@@ -407,29 +429,6 @@ def test_cli_module_forms_are_the_same(cli):
     assert "-m -- torchrig.train --size tiny'" in a.json()["render"]
 
 
-def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path):
-    """The rendered pod command, expanded as the pod's shell would, is accepted by `torchrig launch` itself."""
-    import shlex
-
-    import yaml
-
-    r = cli("cluster", "k8s", "--json", "--kind", "job", "--nodes", "2", "--gpus-per-node", "0",
-            "--image", "img:1", "--rdzv-timeout", "60", "-m", "--", "torchrig.train", "--size", "tiny")  # fmt: skip
-    assert r.code == 0, r.err
-    job = list(yaml.safe_load_all(r.json()["render"]))[1]
-    shell = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    assert shell.startswith("exec torchrig launch ")
-    words = shlex.split(shell.replace("$JOB_COMPLETION_INDEX", "0"))[3:]
-    words = [w.replace("torchrig-train-0.torchrig-train:29500", "127.0.0.1:29577") for w in words]
-    d = cli("launch", "--dry-run", "--json", *words, cwd=str(tmp_path))
-    assert d.code == 0, d.err
-    plan = d.json()["plan"]
-    assert (plan["nnodes"], plan["node_rank"], plan["world_size"], plan["backend"]) == (2, 0, 2, "gloo")
-    assert plan["log_dir"] == "torchrig-logs/torchrig-train/node0"
-    assert plan["argv"][-4:] == ["--module", "torchrig.train", "--size", "tiny"]
-    assert "--rdzv-conf=join_timeout=60,is_host=true" in plan["argv"]
-
-
 def test_cli_apply_without_kubectl_says_how(cli, tmp_path):
     out = tmp_path / "job.yaml"
     bin_dir = tmp_path / "bin"  # a PATH with python but without kubectl
@@ -442,3 +441,138 @@ def test_cli_apply_without_kubectl_says_how(cli, tmp_path):
     assert r.code == 2 and "kubectl is not on PATH" in r.err and f"kubectl apply -f {out}" in r.err
     assert r.err.count("\n") == 1
     assert out.read_text().startswith("apiVersion: kubeflow.org/v1")
+
+
+# ---- JobSet (jobset.x-k8s.io/v1alpha2)
+
+
+def _jobset(**kwargs):
+    base = dict(script="t.py", nodes=3, gpus_per_node=4, image="img:1", k8s_kind=K8sKind.JOBSET)
+    return k8s.render(ClusterJob(**{**base, **kwargs}))
+
+
+def test_jobset_is_one_replicated_job_of_n_indexed_pods():
+    (doc,) = _jobset(max_restarts=2)
+    assert (doc["apiVersion"], doc["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    spec = doc["spec"]
+    (rjob,) = spec["replicatedJobs"]
+    assert (rjob["name"], rjob["replicas"]) == ("node", 1)
+    job = rjob["template"]["spec"]
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == ("Indexed", 3, 3)
+    # a failed pod fails its Job at once; the JobSet recreates all pods, up to --max-restarts times
+    assert job["backoffLimit"] == 0 and spec["failurePolicy"] == {"maxRestarts": 2}
+    assert job["template"]["spec"]["restartPolicy"] == "Never"
+    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["node"]}
+    assert spec["network"]["enableDNSHostnames"] is True
+
+
+def test_jobset_pod_is_the_indexed_jobs_pod():
+    """Same container, GPUs, /dev/shm, volumes and env as the indexed Job: one code path renders both."""
+    job = ClusterJob(script="t.py", nodes=2, gpus_per_node=4, image="img:1", shm_size="32Gi",
+                     pvc_mounts=("runs:/shared",), env={"X": "1"})  # fmt: skip
+    from dataclasses import replace
+
+    indexed = k8s.render(replace(job, k8s_kind=K8sKind.JOB))[1]["spec"]["template"]["spec"]
+    jobset = k8s.render(replace(job, k8s_kind=K8sKind.JOBSET))[0]
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["volumes"] == indexed["volumes"]
+    assert pod["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    c, ic = pod["containers"][0], indexed["containers"][0]
+    assert c["resources"] == ic["resources"] == {"limits": {"nvidia.com/gpu": 4}}
+    assert c["env"] == ic["env"] and {"name": "X", "value": "1"} in c["env"]
+    assert c["volumeMounts"] == ic["volumeMounts"]
+    assert "subdomain" not in pod  # the JobSet controller sets the pods' hostname and subdomain
+
+
+def test_jobset_rendezvous_is_pod_0s_dns_name():
+    (doc,) = _jobset(name="llm", rdzv_port=29600)
+    network = doc["spec"]["network"]
+    assert network == {"enableDNSHostnames": True, "subdomain": "llm", "publishNotReadyAddresses": True}
+    shell = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ][2]
+    # <jobSet.name>-<replicatedJob.name>-<job-index>-<pod-index>.<subdomain> (the CRD's enableDNSHostnames)
+    assert "--rdzv-endpoint llm-node-0-0.llm:29600" in shell
+    assert '--node-rank "$JOB_COMPLETION_INDEX"' in shell
+    assert k8s.jobset_pod_hostname("llm", "node", 0, 2) == "llm-node-0-2"
+
+
+def test_jobset_crd_extract_names_its_source():
+    crd = validate.jobset_crd()
+    assert (crd["group"], crd["version"], crd["kind"]) == ("jobset.x-k8s.io", "v1alpha2", "JobSet")
+    assert crd["source"].startswith("https://github.com/kubernetes-sigs/jobset/blob/")
+    assert crd["source"].endswith("/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml")
+    assert crd["verified"]
+    spec = crd["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert {"replicatedJobs", "network", "failurePolicy", "successPolicy"} <= set(spec)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d["spec"]["failurePolicy"].update(maxRestart=1), "maxRestart"),  # a typo: strict fields
+        (lambda d: d["spec"]["successPolicy"].update(operator="Most"), "Most"),
+        (lambda d: d["spec"]["replicatedJobs"][0].pop("name"), "name"),
+        (lambda d: d["spec"]["replicatedJobs"][0].update(replicas="1"), "'1'"),
+        (lambda d: d["spec"]["network"].update(enableDNSHostnames="yes"), "yes"),
+        (lambda d: d["spec"]["successPolicy"].update(targetReplicatedJobs=["workers"]), "workers"),
+        (lambda d: d["spec"]["network"].update(subdomain="Bad_Sub"), "DNS-1035"),
+        (lambda d: d.update(apiVersion="jobset.x-k8s.io/v1"), "jobset.x-k8s.io/v1alpha2"),
+        # the embedded Job template, checked by kubernetes-validate as a batch/v1 Job
+        (lambda d: d["spec"]["replicatedJobs"][0]["template"]["spec"].update(completionMode=7), "7"),
+        (lambda d: d["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+         .update(gpus=8), "gpus"),
+    ],
+)  # fmt: skip
+def test_jobset_schema_and_webhook_checks_catch(mutate, match):
+    (doc,) = _jobset()
+    validate.validate_manifest(copy.deepcopy(doc))
+    mutate(doc)
+    with pytest.raises(JobFailed, match=match) as err:
+        validate.validate_manifest(doc)
+    assert str(err.value).startswith("JobSet/torchrig-train is not valid")
+
+
+def test_jobset_webhook_pod_name_limit():
+    """The longest pod name (hostname + 5 random characters) must fit 63: 'x'*k + '-node-0-127-abcde'."""
+    limit = 63 - len("-node-0-127-abcde")
+    assert validate.validate_all(_jobset(nodes=128, name="x" * limit)) == 1
+    with pytest.raises(UsageError, match="pass 63 characters") as err:
+        _jobset(nodes=128, name="x" * (limit + 1))
+    assert err.value.one_line().endswith(f"use a --name of at most {limit} characters")
+    (doc,) = _jobset(nodes=128, name="x" * limit)
+    doc["metadata"]["name"] += "x"  # past the renderer's own check, the validator still catches it
+    with pytest.raises(JobFailed, match="DNS-1035"):
+        validate.validate_manifest(doc)
+
+
+@pytest.mark.parametrize("kind, api", [("jobset", "jobset.x-k8s.io/v1alpha2"), ("job", "v1")])
+def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path, kind, api):
+    """The rendered pod command, expanded as pod 0's shell would, is accepted by `torchrig launch` itself."""
+    import shlex
+
+    import yaml
+
+    r = cli("cluster", "k8s", "--json", "--kind", kind, "--nodes", "2", "--gpus-per-node", "0",
+            "--image", "img:1", "--rdzv-timeout", "60", "-m", "--", "torchrig.train", "--size", "tiny")  # fmt: skip
+    assert r.code == 0, r.err
+    docs = list(yaml.safe_load_all(r.json()["render"]))
+    assert docs[0]["apiVersion"] == api
+    if kind == "jobset":
+        assert "and the JobSet CRD (v1alpha2)" in r.json()["validation"][0]
+        pod = docs[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        master = "torchrig-train-node-0-0.torchrig-train:29500"
+    else:
+        pod = docs[1]["spec"]["template"]["spec"]
+        master = "torchrig-train-0.torchrig-train:29500"
+    shell = pod["containers"][0]["command"][2]
+    assert shell.startswith("exec torchrig launch ") and master in shell
+    words = shlex.split(shell.replace("$JOB_COMPLETION_INDEX", "0"))[3:]
+    words = [w.replace(master, "127.0.0.1:29577") for w in words]
+    d = cli("launch", "--dry-run", "--json", *words, cwd=str(tmp_path))
+    assert d.code == 0, d.err
+    plan = d.json()["plan"]
+    assert (plan["nnodes"], plan["node_rank"], plan["world_size"], plan["backend"]) == (2, 0, 2, "gloo")
+    assert plan["log_dir"] == "torchrig-logs/torchrig-train/node0"
+    assert plan["argv"][-4:] == ["--module", "torchrig.train", "--size", "tiny"]
+    assert "--rdzv-conf=join_timeout=60,is_host=true" in plan["argv"]

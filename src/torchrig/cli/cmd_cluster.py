@@ -6,16 +6,18 @@ torchrig does not run a cluster manager: it writes what the existing engines tak
           with the c10d rendezvous on the first node, launch's environment defaults and pre-flight,
           per-rank logs, and optionally a container through pyxis/enroot (--container, the default
           runtime) or Apptainer (--container-runtime apptainer).
-  k8s     Kubernetes manifests: a Kubeflow PyTorchJob (--kind pytorchjob, default) or a plain indexed
-          Job with a headless Service (--kind job, no operator needed); nvidia.com/gpu resources, a
-          memory-backed /dev/shm, the same environment.
+  k8s     Kubernetes manifests: a Kubeflow PyTorchJob (--kind pytorchjob, default), a SIG-Apps JobSet
+          (--kind jobset: one replicatedJob of N indexed pods, stable DNS names, whole-set restarts), or
+          a plain indexed Job with a headless Service (--kind job, no controller needed);
+          nvidia.com/gpu resources, a memory-backed /dev/shm, the same environment.
 
 The command after `--` is what `torchrig launch` runs on every node: a script with its arguments, or a
 module with -m (torchrig's own trainer: -m torchrig.train ...). --spec torchrig.toml takes the image
 name from the spec `torchrig image build` builds (push it where the cluster can pull it).
 
 Every render is validated before it is printed: sbatch scripts by `bash -n` and by parsing their
-#SBATCH lines; manifests against Kubernetes' JSON schemas and the PyTorchJob CRD (no network needed).
+#SBATCH lines; manifests against Kubernetes' JSON schemas and the PyTorchJob or JobSet CRD (no network
+needed).
 
 examples:
   torchrig cluster slurm --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00 -- train.py --lr 3e-4
@@ -23,6 +25,7 @@ examples:
   torchrig cluster slurm --nodes 4 --container nvcr.io#org/img:tag -o job.sbatch --submit -- train.py
   torchrig cluster slurm --nodes 2 --spec torchrig.toml --container-runtime apptainer -- train.py
   torchrig cluster k8s --nodes 2 --gpus-per-node 8 --image registry.example/team/torchrig:2.8.0-cu128 -- train.py
+  torchrig cluster k8s --kind jobset --nodes 4 --image registry.example/team/torchrig:2.8.0-cu128 --max-restarts 3 -- train.py
   torchrig cluster k8s --kind job --nodes 2 --spec torchrig.toml -o job.yaml --apply -- train.py
 """
 
@@ -86,7 +89,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _add_common(s)
     k = sub.add_parser("k8s", help="render Kubernetes manifests")
     k.add_argument("--image", help="container image (e.g. built by `torchrig image build`)")
-    k.add_argument("--kind", choices=["pytorchjob", "job"], default="pytorchjob")
+    k.add_argument(
+        "--kind",
+        default="pytorchjob",
+        metavar="{pytorchjob,jobset,job}",
+        help="PyTorchJob (Kubeflow operator), JobSet (JobSet controller) or indexed Job (default pytorchjob)",
+    )
     k.add_argument("--namespace", default="default")
     k.add_argument("--shm-size", default="16Gi", help="memory-backed /dev/shm size (default 16Gi)")
     k.add_argument(
@@ -133,7 +141,7 @@ def _image(args: argparse.Namespace) -> str | None:
 
 
 def _job(args: argparse.Namespace) -> Any:
-    from torchrig.cluster.job import ClusterJob, ContainerRuntime, K8sKind
+    from torchrig.cluster.job import ClusterJob, ContainerRuntime
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -179,8 +187,21 @@ def _job(args: argparse.Namespace) -> Any:
         namespace=args.namespace,
         shm_size=args.shm_size,
         pvc_mounts=tuple(args.volume),
-        k8s_kind=K8sKind(args.kind),
+        k8s_kind=_k8s_kind(args.kind),
     )
+
+
+def _k8s_kind(value: str) -> Any:
+    from torchrig.cluster.job import K8sKind
+    from torchrig.fuzzy import did_you_mean
+
+    kinds = [k.value for k in K8sKind]
+    try:
+        return K8sKind(value.lower())
+    except ValueError:
+        raise UsageError(
+            f"unknown --kind {value!r}", hint=did_you_mean(value, kinds) or f"choose from {', '.join(kinds)}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -235,10 +256,7 @@ def run(args: argparse.Namespace) -> ClusterReport:
         docs = k8s.render(job)
         n = validate.validate_all(docs)
         text = k8s.to_yaml(docs)
-        validation = [
-            f"{n} manifest(s) valid against Kubernetes {validate.K8S_VERSION} schemas"
-            + (" and the PyTorchJob CRD" if job.k8s_kind.value == "pytorchjob" else "")
-        ]
+        validation = [f"{n} manifest(s) valid against {validate.checked_against(job.k8s_kind.value)}"]
         wants_action, action_flag = args.apply, "--apply"
     if wants_action and not args.output:
         raise UsageError(f"{action_flag} needs --output FILE so the submitted render is kept")

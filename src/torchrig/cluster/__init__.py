@@ -2,8 +2,8 @@
 
 torchrig does not invent a cluster manager. ``torchrig cluster slurm`` renders an sbatch script in which
 ``srun`` starts one ``torchrig launch`` per node (torchrun underneath, c10d rendezvous on the first node);
-``torchrig cluster k8s`` renders Kubernetes manifests (a Kubeflow Training Operator ``PyTorchJob``, or a
-plain indexed ``Job`` with a headless ``Service`` for clusters without the operator). Renders are pure
+``torchrig cluster k8s`` renders Kubernetes manifests (a Kubeflow Training Operator ``PyTorchJob``, a
+SIG-Apps ``JobSet``, or a plain indexed ``Job`` with a headless ``Service`` for clusters with neither). Renders are pure
 functions of a :class:`~torchrig.cluster.job.ClusterJob`; validation and submission are separate steps.
 """
 

@@ -34,6 +34,7 @@ class ContainerRuntime(str, enum.Enum):
 class K8sKind(str, enum.Enum):
     PYTORCHJOB = "pytorchjob"  # Kubeflow Training Operator
     JOB = "job"  # plain indexed batch/v1 Job + headless Service: no operator needed
+    JOBSET = "jobset"  # Kubernetes SIG-Apps JobSet (jobset.x-k8s.io/v1alpha2): one replicatedJob of N pods
 
 
 @dataclass(frozen=True)

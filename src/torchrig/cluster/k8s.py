@@ -6,11 +6,16 @@ Two kinds, chosen with ``--kind``:
     A Kubeflow Training Operator ``PyTorchJob`` (kubeflow.org/v1): one Master and N-1 Worker pods. The
     operator creates a headless service per replica and sets ``PET_NNODES``, ``PET_NODE_RANK``,
     ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` in each pod, which the launcher below reads.
+``jobset``
+    A Kubernetes SIG-Apps ``JobSet`` (jobset.x-k8s.io/v1alpha2; needs the JobSet controller): one
+    replicatedJob ``node`` whose indexed Job runs one pod per node. ``network.enableDNSHostnames`` gives
+    pod *i* the stable name ``<jobset>-node-0-<i>.<subdomain>`` (the controller makes the headless service),
+    so node 0 hosts the c10d rendezvous; ``failurePolicy.maxRestarts`` recreates all pods when one fails.
 ``job``
     A plain ``batch/v1`` indexed ``Job`` plus a headless ``Service`` for the rendezvous; needs no operator.
     Pod *i* gets the stable name ``<job>-<i>.<service>``, so node 0 hosts the c10d rendezvous.
 
-Both request ``nvidia.com/gpu`` (the NVIDIA device plugin's resource), mount a memory-backed ``/dev/shm``
+All request ``nvidia.com/gpu`` (the NVIDIA device plugin's resource), mount a memory-backed ``/dev/shm``
 (the default 64 MiB breaks DataLoader workers and NCCL), and carry the environment `torchrig launch` sets
 (its defaults from ``torchrig.launch.envdefaults``).
 """
@@ -26,6 +31,8 @@ from torchrig.cluster.job import ClusterJob, K8sKind, launcher_argv
 from torchrig.errors import EngineUnavailable, JobFailed, UsageError
 
 CONTAINER = "pytorch"  # the container name the Training Operator looks for
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"  # schemas/jobset-x-k8s-io-v1alpha2.json, from the JobSet CRD
+JOBSET_REPLICATED_JOB = "node"  # one replicatedJob; each of its pods is one node of `torchrig launch`
 
 
 def _container(job: ClusterJob, node_rank: str, master: str, port: str, port_name: str) -> dict[str, Any]:
@@ -102,12 +109,22 @@ def render_pytorchjob(job: ClusterJob) -> list[dict[str, Any]]:
     ]
 
 
+def _indexed_job_spec(job: ClusterJob, master: str, backoff_limit: int) -> dict[str, Any]:
+    """An indexed ``batch/v1`` JobSpec of one pod per node; ``$JOB_COMPLETION_INDEX`` is the node rank."""
+    container = _container(job, "$JOB_COMPLETION_INDEX", master, str(job.rdzv_port), "rdzv")
+    return {
+        "completionMode": "Indexed",
+        "completions": job.nodes,
+        "parallelism": job.nodes,
+        "backoffLimit": backoff_limit,
+        "template": {"metadata": {"labels": _labels(job)}, "spec": _pod_spec(job, container, "Never")},
+    }
+
+
 def render_indexed_job(job: ClusterJob) -> list[dict[str, Any]]:
     svc = job.name
-    master = f"{job.name}-0.{svc}"
-    container = _container(job, "$JOB_COMPLETION_INDEX", master, str(job.rdzv_port), "rdzv")
-    pod = _pod_spec(job, container, "Never")
-    pod["subdomain"] = svc  # pods resolve as <job>-<index>.<svc>
+    spec = _indexed_job_spec(job, f"{job.name}-0.{svc}", backoff_limit=job.max_restarts)
+    spec["template"]["spec"]["subdomain"] = svc  # pods resolve as <job>-<index>.<svc>
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -123,19 +140,77 @@ def render_indexed_job(job: ClusterJob) -> list[dict[str, Any]]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": job.name, "namespace": job.namespace, "labels": _labels(job)},
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": job.nodes,
-            "parallelism": job.nodes,
-            "backoffLimit": job.max_restarts,
-            "template": {"metadata": {"labels": _labels(job)}, "spec": pod},
-        },
+        "spec": spec,
     }
     return [service, batch]
 
 
+def jobset_pod_hostname(jobset: str, replicated_job: str, job_index: int, pod_index: int) -> str:
+    """A JobSet pod's hostname, ``<jobSet.name>-<replicatedJob.name>-<job-index>-<pod-index>`` (the CRD's
+    ``network.enableDNSHostnames``; the Job is ``<jobset>-<replicatedJob>-<job-index>``, its pods indexed)."""
+    return f"{jobset}-{replicated_job}-{job_index}-{pod_index}"
+
+
+def check_jobset_names(job: ClusterJob) -> None:
+    """The JobSet webhook's name check (api/jobset/v1alpha2/jobset_webhook.go, ValidateCreate): the longest
+    pod name, its hostname plus the 5-character random suffix, must be a DNS-1035 label (<= 63 characters,
+    starting with a letter). The JobSet name is also the headless service's name (the subdomain)."""
+    if not job.name[0].isalpha():
+        raise UsageError(
+            f"job name {job.name!r} must start with a letter for a JobSet",
+            hint="its name is also the headless service's, a DNS-1035 label",
+        )
+    longest = jobset_pod_hostname(job.name, JOBSET_REPLICATED_JOB, 0, job.nodes - 1) + "-abcde"
+    if len(longest) > 63:
+        room = 63 - (len(longest) - len(job.name))
+        raise UsageError(
+            f"job name {job.name!r} is too long for a JobSet of {job.nodes} node(s): pod names like "
+            f"{longest!r} pass 63 characters",
+            hint=f"use a --name of at most {room} characters",
+        )
+
+
+def render_jobset(job: ClusterJob) -> list[dict[str, Any]]:
+    """One replicatedJob of one indexed Job with a pod per node (JobSet's own PyTorch examples'
+    layout, kubernetes-sigs/jobset examples/pytorch/resnet.yaml)."""
+    check_jobset_names(job)
+    subdomain = job.name  # the CRD's default; stated, since older controllers defaulted differently
+    master = jobset_pod_hostname(job.name, JOBSET_REPLICATED_JOB, 0, 0) + f".{subdomain}"
+    # backoffLimit 0: a pod that fails (its launcher out of --max-restarts) fails its Job at once, and the
+    # JobSet then recreates every pod, so the nodes rendezvous again; failurePolicy.maxRestarts bounds that.
+    spec = _indexed_job_spec(job, master, backoff_limit=0)
+    replicated = {
+        "name": JOBSET_REPLICATED_JOB,
+        "replicas": 1,
+        "template": {"metadata": {"labels": _labels(job)}, "spec": spec},
+    }
+    jobset_spec: dict[str, Any] = {
+        # publishNotReadyAddresses: node 0's name resolves while the other pods are still starting.
+        "network": {"enableDNSHostnames": True, "subdomain": subdomain, "publishNotReadyAddresses": True},
+        "failurePolicy": {"maxRestarts": job.max_restarts},
+        # Done when every node's pod has succeeded (the controller's default, written out).
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [JOBSET_REPLICATED_JOB]},
+        "replicatedJobs": [replicated],
+    }
+    return [
+        {
+            "apiVersion": JOBSET_API,
+            "kind": "JobSet",
+            "metadata": {"name": job.name, "namespace": job.namespace, "labels": _labels(job)},
+            "spec": jobset_spec,
+        }
+    ]
+
+
+_RENDERERS = {
+    K8sKind.PYTORCHJOB: render_pytorchjob,
+    K8sKind.JOB: render_indexed_job,
+    K8sKind.JOBSET: render_jobset,
+}
+
+
 def render(job: ClusterJob) -> list[dict[str, Any]]:
-    return render_pytorchjob(job) if job.k8s_kind is K8sKind.PYTORCHJOB else render_indexed_job(job)
+    return _RENDERERS[job.k8s_kind](job)
 
 
 def to_yaml(docs: list[dict[str, Any]]) -> str:

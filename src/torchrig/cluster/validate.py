@@ -2,12 +2,16 @@
 
 Kubernetes kinds are checked against Kubernetes' own OpenAPI-derived JSON schemas, packaged by
 ``kubernetes-validate``; the PyTorchJob against the schema in ``schemas/`` (transcribed from the Training
-Operator's CRD), with each replica's pod template checked as a Kubernetes ``PodTemplate``.
+Operator's CRD), with each replica's pod template checked as a Kubernetes ``PodTemplate``; the JobSet
+against the openAPIV3Schema extracted from the JobSet CRD (``schemas/jobset-x-k8s-io-v1alpha2.json``, with
+its source), its replicatedJobs' templates as Kubernetes ``Job``s, and the checks of JobSet's admission
+webhook that need no cluster (generated names, success-policy targets).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from typing import Any
 
@@ -31,6 +35,75 @@ def _pytorchjob_schema() -> dict[str, Any]:
     return json.loads(text)
 
 
+def jobset_crd() -> dict[str, Any]:
+    """The JobSet CRD's extract: ``group``, ``version``, ``kind``, ``source`` and its ``openAPIV3Schema``."""
+    text = resources.files("torchrig.cluster").joinpath("schemas/jobset-x-k8s-io-v1alpha2.json").read_text()
+    return json.loads(text)
+
+
+def strict(schema: Any) -> Any:
+    """A CRD schema as kubectl's strict field validation applies it: a field an object's schema does not
+    name is an error (the API server would otherwise prune it silently)."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    preserve = out.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in out and "additionalProperties" not in out and not preserve:
+        out["additionalProperties"] = False
+    return out
+
+
+def _validate_jobset(doc: dict[str, Any], kv: Any) -> None:
+    import jsonschema
+
+    crd = jobset_crd()
+    expected = f"{crd['group']}/{crd['version']}"
+    if doc.get("apiVersion") != expected or doc.get("kind") != crd["kind"]:
+        raise ValueError(f"apiVersion/kind must be {expected}/{crd['kind']}")
+    jsonschema.validate(doc, strict(crd["openAPIV3Schema"]))
+    _jobset_webhook_checks(doc)
+    for rjob in doc["spec"].get("replicatedJobs", []):
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": f"{doc['metadata']['name']}-{rjob['name']}-0",
+                **rjob["template"].get("metadata", {}),
+            },
+            "spec": rjob["template"]["spec"],
+        }
+        kv.validate(job, K8S_VERSION, strict=True)
+
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _jobset_webhook_checks(doc: dict[str, Any]) -> None:
+    """What JobSet's validating webhook rejects on create, where no cluster is needed
+    (api/jobset/v1alpha2/jobset_webhook.go, ValidateCreate)."""
+    name = doc["metadata"]["name"]
+    spec = doc["spec"]
+    subdomain = spec.get("network", {}).get("subdomain")
+    if subdomain and (len(subdomain) > 63 or not _DNS1035.match(subdomain)):
+        raise ValueError(f"network.subdomain {subdomain!r} is not a DNS-1035 label")
+    names = [r["name"] for r in spec.get("replicatedJobs", [])]
+    for rjob in spec.get("replicatedJobs", []):
+        jspec = rjob["template"]["spec"]
+        replicas = rjob.get("replicas", 1)
+        job_name = f"{name}-{rjob['name']}-{replicas - 1}"
+        if len(job_name) > 63 or not _DNS1035.match(job_name):
+            raise ValueError(f"generated Job name {job_name!r} is not a DNS-1035 label")
+        if jspec.get("completionMode") == "Indexed" and "completions" in jspec:
+            pod = f"{job_name}-{jspec['completions'] - 1}-abcde"
+            if len(pod) > 63 or not _DNS1035.match(pod):
+                raise ValueError(f"generated pod names ({pod!r}) are not DNS-1035 labels of <= 63 characters")
+    for target in spec.get("successPolicy", {}).get("targetReplicatedJobs", []):
+        if target not in names:
+            raise ValueError(f"successPolicy names replicatedJob {target!r}, which is not in replicatedJobs")
+
+
 def validate_manifest(doc: dict[str, Any]) -> None:
     """Raise JobFailed naming the manifest and the first violation."""
     kv = _kv()
@@ -48,9 +121,11 @@ def validate_manifest(doc: dict[str, Any]) -> None:
                     "template": rspec["template"],
                 }
                 kv.validate(pod_template, K8S_VERSION, strict=True)
+        elif doc.get("kind") == "JobSet":
+            _validate_jobset(doc, kv)
         else:
             kv.validate(doc, K8S_VERSION, strict=True)
-    except Exception as err:  # jsonschema.ValidationError / kubernetes_validate ValidationError
+    except Exception as err:  # jsonschema / kubernetes_validate ValidationError, a webhook check's ValueError
         message = getattr(err, "message", str(err)).splitlines()[0]
         raise JobFailed(f"{where} is not valid: {message}") from err
 
@@ -59,3 +134,9 @@ def validate_all(docs: list[dict[str, Any]]) -> int:
     for doc in docs:
         validate_manifest(doc)
     return len(docs)
+
+
+def checked_against(kind: str) -> str:
+    """What a render of this ``--kind`` was validated against, for the report."""
+    extra = {"pytorchjob": " and the PyTorchJob CRD", "jobset": " and the JobSet CRD (v1alpha2)"}
+    return f"Kubernetes {K8S_VERSION} schemas" + extra.get(kind, "")
