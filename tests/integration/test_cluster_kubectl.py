@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 
-def test_cli_apply_with_kubectl_and_no_cluster_is_one_line_exit_1(cli, tmp_path):
+@pytest.mark.parametrize("kind", ["job", "jobset"])
+def test_cli_apply_with_kubectl_and_no_cluster_is_one_line_exit_1(cli, tmp_path, kind):
     """The real kubectl client, pointed at a server that is not there."""
     if not shutil.which("kubectl"):
         pytest.skip("kubectl is not installed")
@@ -19,8 +20,9 @@ def test_cli_apply_with_kubectl_and_no_cluster_is_one_line_exit_1(cli, tmp_path)
     )
     out = tmp_path / "job.yaml"
     r = cli(
-        "cluster", "k8s", "--kind", "job", "--image", "img:1", "-o", str(out), "--apply", "--", "train.py",
+        "cluster", "k8s", "--kind", kind, "--image", "img:1", "-o", str(out), "--apply", "--", "train.py",
         env={"KUBECONFIG": str(kubeconfig)}, timeout=180,
     )  # fmt: skip
     assert r.code == 1, r
     assert "kubectl apply failed:" in r.err and "kubectl cluster-info" in r.err and r.err.count("\n") == 1
+    assert "127.0.0.1:9" in r.err  # kubectl's own error, naming the server it could not reach
