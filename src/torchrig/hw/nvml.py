@@ -1,0 +1,457 @@
+"""The one boundary to NVML, through nvidia-ml-py (module ``pynvml``), imported only inside :func:`session`.
+
+Doctor (``torchrig.doctor.probes.nvml``) and the environments' GPU inventory (``torchrig.runtime.nvml``) both
+read the GPUs through this module and keep their own logic over the records it returns::
+
+    from torchrig.hw import nvml
+
+    try:
+        with nvml.session() as gpus:          # nvmlInit ... nvmlShutdown
+            system = gpus.system()            # nvidia-smi -q: Driver Version, CUDA Version
+            devices = gpus.devices()          # nvidia-smi -L / -q, nvidia-smi nvlink -s, -q "Fabric"
+            pairs = gpus.pairs()              # nvidia-smi topo -p2p r/w/n and topo -m
+    except nvml.NvmlError as err:             # err.kind: bindings/library missing, driver not loaded, ...
+        ...
+
+Two kinds of failure, kept apart:
+
+* what makes NVML unusable (no bindings, no library, ``nvmlInit`` refused, the device count or a device
+  handle refused) raises :class:`NvmlError`, whose ``kind`` says which (:class:`NvmlErrorKind`);
+* a single query the GPU, driver or binding does not answer (not supported, no permission, a function an
+  old binding lacks) leaves its field ``None`` and never raises.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+# nvmlClocksEventReason* bits (nvml.h), named as nvidia-smi -q "Clocks Event Reasons" does.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# nvmlGpuP2PStatus_t, nvmlGpuTopologyLevel_t, nvmlGpuFabricState_t (nvml.h)
+P2P_STATUS = {
+    0: "ok",
+    1: "chipset_not_supported",
+    2: "gpu_not_supported",
+    3: "topology_not_supported",
+    4: "disabled_by_regkey",
+    5: "not_supported",
+    6: "unknown",
+}
+TOPOLOGY = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
+FABRIC_STATE = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of bindings too old to define it (Hopper has 18 links)
+
+
+class NvmlErrorKind(str, enum.Enum):
+    BINDINGS_MISSING = "bindings_missing"  # nvidia-ml-py is not installed (import pynvml fails)
+    LIBRARY_MISSING = "library_missing"  # libnvidia-ml.so.1 not found (NVML_ERROR_LIBRARY_NOT_FOUND)
+    DRIVER_NOT_LOADED = "driver_not_loaded"  # the kernel module is not loaded (NVML_ERROR_DRIVER_NOT_LOADED)
+    NO_PERMISSION = "no_permission"  # NVML_ERROR_NO_PERMISSION (device nodes not accessible)
+    VERSION_MISMATCH = (
+        "version_mismatch"  # library and kernel module differ (NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    )
+    OTHER = "other"  # any other NVML error
+
+
+class NvmlError(Exception):
+    """NVML cannot be used: ``step`` is "import", "nvmlInit" or "enumerate"; ``message`` is NVML's own text."""
+
+    def __init__(self, kind: NvmlErrorKind, message: str, *, step: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.step, self.code = kind, message, step, code
+
+
+class NvlinkRemote(str, enum.Enum):
+    """What an NVLink's other end is (nvmlIntNvLinkDeviceType_t)."""
+
+    GPU = "gpu"
+    IBMNPU = "ibmnpu"
+    SWITCH = "switch"
+    UNKNOWN = "unknown"
+
+
+_REMOTE = {0: NvlinkRemote.GPU, 1: NvlinkRemote.IBMNPU, 2: NvlinkRemote.SWITCH, 0xFF: NvlinkRemote.UNKNOWN}
+
+
+@dataclass(frozen=True)
+class NvmlSystem:
+    driver_version: str | None  # "580.95.05"
+    cuda_driver_version: str | None  # the newest CUDA the driver supports, "13.0"
+    nvml_version: str | None
+
+
+@dataclass(frozen=True)
+class NvmlMig:
+    """One MIG device (``nvidia-smi -L``: ``MIG 1g.18gb Device 0: (UUID: MIG-...)``)."""
+
+    uuid: str | None
+    name: str | None  # "NVIDIA H200 MIG 1g.18gb"
+    memory_total_mib: int | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+
+@dataclass(frozen=True)
+class NvmlLink:
+    """One NVLink that answered ``nvmlDeviceGetNvLinkState`` (``nvidia-smi nvlink -s``)."""
+
+    link: int
+    active: bool
+    remote: NvlinkRemote | None = None  # read for active links only
+    remote_pci_bus_id: str | None = None  # the peer GPU's bus id; read for active links not to a switch
+
+
+@dataclass(frozen=True)
+class NvmlFabric:
+    """GPU fabric registration (NVSwitch systems, set by Fabric Manager; ``nvidia-smi -q`` "Fabric")."""
+
+    state: str  # a FABRIC_STATE name, or the raw number
+    status_code: int  # an NVML return code: 0 is success
+    status: str | None  # NVML's text for status_code ("Success")
+    cluster_uuid_hex: str
+    clique_id: int
+
+
+@dataclass(frozen=True)
+class NvmlDevice:
+    """One GPU's identity, memory, MIG and links (``nvidia-smi --query-gpu=...``, ``-L``, ``nvlink -s``)."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+    compute_capability: str | None  # "9.0"
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    pci_bus_id: str | None  # "00000000:18:00.0"
+    utilization_gpu_pct: int | None
+    mig_mode: bool | None  # current MIG mode
+    mig_pending: bool | None  # pending MIG mode (differs until the GPU is reset)
+    mig_instances: tuple[NvmlMig, ...]  # read only when MIG is on
+    nvlinks: tuple[NvmlLink, ...]  # empty when no link answered (no NVLink, or not supported)
+    fabric: NvmlFabric | None
+
+
+@dataclass(frozen=True)
+class NvmlProcess:
+    pid: int
+    used_memory_mib: int | None
+    name: str | None
+
+
+@dataclass(frozen=True)
+class NvmlHealth:
+    """One GPU's health readings (``nvidia-smi -q``: ECC, Remapped Rows, Power, Clocks, Processes)."""
+
+    persistence_mode: bool | None = None
+    ecc_enabled: bool | None = None
+    ecc_uncorrected_volatile: int | None = None  # read only with ECC on
+    ecc_uncorrected_aggregate: int | None = None
+    retired_pages: int | None = None  # pre-Ampere dynamic page retirement
+    retired_pages_pending: bool | None = None
+    remapped_rows_uncorrectable: int | None = None  # Ampere+ row remapping
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    throttle_reasons: tuple[str, ...] = ()  # THROTTLE_REASONS names
+    processes: tuple[NvmlProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class NvmlPair:
+    """P2P status of one GPU pair (P2P_STATUS names) and their PCIe common ancestor (TOPOLOGY name)."""
+
+    a: int
+    b: int
+    read: str | None
+    write: str | None
+    nvlink: str | None
+    topology: str | None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _mib(n_bytes: Any) -> int | None:
+    return None if n_bytes is None else int(n_bytes) // (1024 * 1024)
+
+
+def _try(fn: Callable[[], Any]) -> Any:
+    """One NVML query; not supported / not permitted / any other failure -> None.
+
+    Any exception, not only NVMLError: an old binding lacks functions or constants (AttributeError), and an
+    odd answer must cost one field, not the whole probe.
+    """
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _query(nv: Any, function: str, *args: Any) -> Any:
+    """``_try`` of ``nv.<function>(*args)``, the function looked up inside (a binding may lack it)."""
+    return _try(lambda: getattr(nv, function)(*args))
+
+
+def _query_text(nv: Any, function: str, *args: Any) -> str | None:
+    value = _query(nv, function, *args)
+    return None if value is None else _text(value)
+
+
+def _kind(nv: Any, code: int | None) -> NvmlErrorKind:
+    kinds = {
+        "NVML_ERROR_LIBRARY_NOT_FOUND": NvmlErrorKind.LIBRARY_MISSING,
+        "NVML_ERROR_DRIVER_NOT_LOADED": NvmlErrorKind.DRIVER_NOT_LOADED,
+        "NVML_ERROR_NO_PERMISSION": NvmlErrorKind.NO_PERMISSION,
+        "NVML_ERROR_LIB_RM_VERSION_MISMATCH": NvmlErrorKind.VERSION_MISMATCH,
+    }
+    return next((k for name, k in kinds.items() if getattr(nv, name, None) == code), NvmlErrorKind.OTHER)
+
+
+def _error(nv: Any, err: Exception, step: str) -> NvmlError:
+    code = getattr(err, "value", None)
+    return NvmlError(_kind(nv, code), str(err), step=step, code=code)
+
+
+@contextmanager
+def session() -> Iterator[Nvml]:
+    """``nvmlInit`` ... ``nvmlShutdown`` around the block; :class:`NvmlError` when NVML cannot start."""
+    try:
+        import pynvml as nv
+    except ImportError:
+        raise NvmlError(
+            NvmlErrorKind.BINDINGS_MISSING, "nvidia-ml-py (module pynvml) is not installed", step="import"
+        ) from None
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as err:
+        raise _error(nv, err, "nvmlInit") from None
+    try:
+        yield Nvml(nv)
+    finally:
+        _query(nv, "nvmlShutdown")
+
+
+class Nvml:
+    """An initialised NVML; obtained from :func:`session`, valid inside its block only."""
+
+    def __init__(self, nv: Any) -> None:
+        self._nv = nv
+        self._handles: list[Any] | None = None
+
+    def _device_handles(self) -> list[Any]:
+        """Every GPU's handle; NvmlError when NVML refuses the count or a handle (e.g. a GPU lost)."""
+        if self._handles is None:
+            nv = self._nv
+            try:
+                self._handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+            except nv.NVMLError as err:
+                raise _error(nv, err, "enumerate") from None
+        return self._handles
+
+    def system(self) -> NvmlSystem:
+        nv = self._nv
+        cuda = _try(lambda: int(nv.nvmlSystemGetCudaDriverVersion_v2()))
+        return NvmlSystem(
+            driver_version=_query_text(nv, "nvmlSystemGetDriverVersion"),
+            # 13000 -> "13.0"; 0 is no version (unknown), not "0.0"
+            cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}" if cuda else None,
+            nvml_version=_query_text(nv, "nvmlSystemGetNVMLVersion"),
+        )
+
+    def devices(self) -> tuple[NvmlDevice, ...]:
+        return tuple(self._device(i, h) for i, h in enumerate(self._device_handles()))
+
+    def _device(self, index: int, h: Any) -> NvmlDevice:
+        nv = self._nv
+        cc = _query(nv, "nvmlDeviceGetCudaComputeCapability", h)
+        mem = _query(nv, "nvmlDeviceGetMemoryInfo", h)
+        pci = _query(nv, "nvmlDeviceGetPciInfo", h)
+        util = _query(nv, "nvmlDeviceGetUtilizationRates", h)
+        modes = _query(nv, "nvmlDeviceGetMigMode", h)  # nvidia-smi -q: MIG Mode Current/Pending
+        mig_on = None if modes is None else bool(modes[0])
+        return NvmlDevice(
+            index=index,
+            uuid=_query_text(nv, "nvmlDeviceGetUUID", h),
+            name=_query_text(nv, "nvmlDeviceGetName", h),
+            compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+            memory_total_mib=_mib(mem.total) if mem else None,
+            memory_used_mib=_mib(mem.used) if mem else None,
+            pci_bus_id=_text(pci.busId) if pci else None,
+            utilization_gpu_pct=int(util.gpu) if util else None,
+            mig_mode=mig_on,
+            mig_pending=None if modes is None else bool(modes[1]),
+            mig_instances=self._migs(h) if mig_on else (),
+            nvlinks=self._links(h),
+            fabric=self._fabric(h),
+        )
+
+    def _migs(self, h: Any) -> tuple[NvmlMig, ...]:
+        nv = self._nv
+        out = []
+        for k in range(_query(nv, "nvmlDeviceGetMaxMigDeviceCount", h) or 0):
+            mh = _query(nv, "nvmlDeviceGetMigDeviceHandleByIndex", h, k)
+            if mh is None:  # no MIG device in this slot
+                continue
+            mem = _query(nv, "nvmlDeviceGetMemoryInfo", mh)
+            out.append(
+                NvmlMig(
+                    uuid=_query_text(nv, "nvmlDeviceGetUUID", mh),
+                    name=_query_text(nv, "nvmlDeviceGetName", mh),
+                    memory_total_mib=_mib(mem.total) if mem else None,
+                    gpu_instance_id=_query(nv, "nvmlDeviceGetGpuInstanceId", mh),
+                    compute_instance_id=_query(nv, "nvmlDeviceGetComputeInstanceId", mh),
+                )
+            )
+        return tuple(out)
+
+    def _links(self, h: Any) -> tuple[NvmlLink, ...]:
+        nv = self._nv
+        out = []
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", MAX_LINKS)):
+            state = _query(nv, "nvmlDeviceGetNvLinkState", h, link)  # nvidia-smi nvlink -s
+            if state is None:  # no such link, or NVLink not supported
+                continue
+            if not state:
+                out.append(NvmlLink(link, active=False))
+                continue
+            kind = _query(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+            remote = None if kind is None else _REMOTE.get(int(kind), NvlinkRemote.UNKNOWN)
+            peer = (
+                None
+                if remote is NvlinkRemote.SWITCH
+                else _query(nv, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            )
+            out.append(NvmlLink(link, True, remote, None if peer is None else _text(peer.busId)))
+        return tuple(out)
+
+    def _fabric(self, h: Any) -> NvmlFabric | None:
+        nv = self._nv
+        if not hasattr(nv, "c_nvmlGpuFabricInfo_t"):
+            return None
+        info = nv.c_nvmlGpuFabricInfo_t()
+        # By reference: the binding passes its argument through to C unchanged, and a structure passed by
+        # value is a copy NVML never fills (read back as all zeros).
+        if _query(nv, "nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info)) is None:
+            return None
+        return NvmlFabric(
+            state=FABRIC_STATE.get(int(info.state), str(info.state)),
+            status_code=int(info.status),
+            status=_query_text(nv, "nvmlErrorString", info.status),
+            cluster_uuid_hex=bytes(info.clusterUuid).hex(),
+            clique_id=int(info.cliqueId),
+        )
+
+    def health(self, index: int) -> NvmlHealth:
+        """ECC, row remapping, power, clocks, throttling and processes of GPU ``index``."""
+        nv, h = self._nv, self._device_handles()[index]
+        power = _query(nv, "nvmlDeviceGetPowerUsage", h)  # milliwatts
+        limit = _query(nv, "nvmlDeviceGetEnforcedPowerLimit", h)
+        return NvmlHealth(
+            persistence_mode=_try(lambda: bool(nv.nvmlDeviceGetPersistenceMode(h))),
+            temperature_c=_try(lambda: int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+            power_draw_w=None if power is None else power / 1000.0,
+            power_limit_w=None if limit is None else limit / 1000.0,
+            sm_clock_mhz=_try(lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
+            sm_clock_max_mhz=_try(lambda: int(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))),
+            throttle_reasons=self._throttle(h),
+            processes=self._processes(h),
+            **self._ecc(h),
+        )
+
+    def _ecc(self, h: Any) -> dict[str, Any]:
+        nv = self._nv
+        out: dict[str, Any] = {}
+        mode = _query(nv, "nvmlDeviceGetEccMode", h)  # nvidia-smi -q: ECC Mode
+        out["ecc_enabled"] = None if mode is None else bool(mode[0])
+        if out["ecc_enabled"]:
+
+            def uncorrected(counter: str) -> int | None:
+                unc = "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"
+                return _try(
+                    lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, getattr(nv, unc), getattr(nv, counter)))
+                )
+
+            out["ecc_uncorrected_volatile"] = uncorrected("NVML_VOLATILE_ECC")
+            out["ecc_uncorrected_aggregate"] = uncorrected("NVML_AGGREGATE_ECC")
+        rows = _query(nv, "nvmlDeviceGetRemappedRows", h)  # nvidia-smi -q: Remapped Rows (Ampere+)
+        if rows is not None:
+            out["remapped_rows_uncorrectable"] = int(rows[1])
+            out["remapped_rows_pending"] = bool(rows[2])
+            out["remapped_rows_failed"] = bool(rows[3])
+        else:  # pre-Ampere: Retired Pages
+            pages = _try(
+                lambda: nv.nvmlDeviceGetRetiredPages(h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+            )
+            out["retired_pages"] = None if pages is None else len(pages)
+            pending = _query(nv, "nvmlDeviceGetRetiredPagesPendingStatus", h)
+            out["retired_pages_pending"] = None if pending is None else bool(pending)
+        return out
+
+    def _throttle(self, h: Any) -> tuple[str, ...]:
+        nv = self._nv
+        fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        mask = None if fn is None else _try(lambda: int(fn(h)))
+        if mask is None:
+            return ()
+        return tuple(name for bit, name in THROTTLE_REASONS.items() if mask & bit)
+
+    def _processes(self, h: Any) -> tuple[NvmlProcess, ...]:
+        nv = self._nv
+        out = []
+        for p in _query(nv, "nvmlDeviceGetComputeRunningProcesses", h) or []:
+            used = getattr(p, "usedGpuMemory", None)  # None: NVML_VALUE_NOT_AVAILABLE
+            out.append(
+                NvmlProcess(
+                    pid=int(p.pid),
+                    used_memory_mib=_mib(used) if isinstance(used, int) else None,
+                    name=_query_text(nv, "nvmlSystemGetProcessName", p.pid),
+                )
+            )
+        return tuple(out)
+
+    def pairs(self) -> tuple[NvmlPair, ...]:
+        """Every GPU pair: ``nvidia-smi topo -p2p r`` / ``w`` / ``n`` and the PCIe common ancestor (``topo -m``)."""
+        nv, handles = self._nv, self._device_handles()
+
+        def status(a: Any, b: Any, cap: str) -> str | None:
+            s = _try(lambda: int(nv.nvmlDeviceGetP2PStatus(a, b, getattr(nv, cap))))
+            return None if s is None else P2P_STATUS.get(s, str(s))
+
+        out = []
+        for i, j in itertools.combinations(range(len(handles)), 2):
+            a, b = handles[i], handles[j]
+            topo = _query(nv, "nvmlDeviceGetTopologyCommonAncestor", a, b)
+            out.append(
+                NvmlPair(
+                    a=i,
+                    b=j,
+                    read=status(a, b, "NVML_P2P_CAPS_INDEX_READ"),
+                    write=status(a, b, "NVML_P2P_CAPS_INDEX_WRITE"),
+                    nvlink=status(a, b, "NVML_P2P_CAPS_INDEX_NVLINK"),
+                    topology=None if topo is None else TOPOLOGY.get(int(topo), str(topo)),
+                )
+            )
+        return tuple(out)
