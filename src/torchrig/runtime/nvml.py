@@ -1,30 +1,20 @@
-"""The NVML adapter: one narrow boundary that turns NVML answers into :class:`Inventory` records.
+"""The GPU inventory from NVML: the records of :mod:`torchrig.hw.nvml` (the one adapter over nvidia-ml-py)
+turned into :class:`Inventory` records, plus each GPU's NUMA node from sysfs.
 
 Shell equivalents: ``nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,
 utilization.gpu --format=csv``, ``nvidia-smi -L`` (MIG instances), ``nvidia-smi topo -m`` (NVLink, NUMA).
-Every query that a GPU or driver does not support yields ``None``; no NVML at all (no driver, no GPU)
-yields an empty inventory, never an exception.
+Every query that a GPU or driver does not support yields ``None``; no NVML at all (no driver, no GPU, or a
+GPU whose handle NVML refuses) yields an empty inventory, never an exception.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from torchrig.hw import nvml
+from torchrig.hw.nvml import NvlinkRemote, NvmlDevice, NvmlFabric, NvmlLink, NvmlSystem
 from torchrig.runtime.inventory import GpuRecord, Inventory, MigRecord
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _try(fn: Any, *args: Any) -> Any:
-    import pynvml
-
-    try:
-        return fn(*args)
-    except (pynvml.NVMLError, AttributeError, TypeError):
-        return None
 
 
 def numa_node_of(pci_bus_id: str | None) -> int | None:
@@ -40,33 +30,24 @@ def numa_node_of(pci_bus_id: str | None) -> int | None:
     return node if node >= 0 else None
 
 
-def _fabric_clique(pynvml: Any, handle: Any) -> str | None:
+def fabric_clique(fabric: NvmlFabric | None) -> str | None:
     """NVSwitch systems (Hopper+ with Fabric Manager): GPUs of one NVLink domain share cluster UUID + clique."""
-    try:
-        info = pynvml.c_nvmlGpuFabricInfo_t()
-        pynvml.nvmlDeviceGetGpuFabricInfo(handle, info)
-    except (pynvml.NVMLError, AttributeError):
+    if fabric is None or fabric.state != "completed" or fabric.status_code != 0:
         return None
-    if info.state != getattr(pynvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3) or info.status != 0:
-        return None
-    cluster = bytes(info.clusterUuid).hex()
-    return f"fabric-{cluster[:12]}-{info.cliqueId}"
+    return f"fabric-{fabric.cluster_uuid_hex[:12]}-{fabric.clique_id}"
 
 
-def _nvlink_peers(pynvml: Any, handle: Any) -> tuple[set[str], bool]:
+def nvlink_peers(links: tuple[NvmlLink, ...]) -> tuple[set[str], bool]:
     """Bus ids of GPUs this GPU reaches over active NVLinks, and whether any link goes to an NVSwitch."""
     peers: set[str] = set()
     switch = False
-    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
-        if _try(pynvml.nvmlDeviceGetNvLinkState, handle, link) != 1:
+    for link in links:
+        if not link.active:
             continue
-        kind = _try(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
-        if kind == getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
+        if link.remote is NvlinkRemote.SWITCH:
             switch = True
-            continue
-        pci = _try(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
-        if pci is not None:
-            peers.add(_text(pci.busId).lower())
+        elif link.remote_pci_bus_id is not None:
+            peers.add(link.remote_pci_bus_id.lower())
     return peers, switch
 
 
@@ -101,82 +82,68 @@ def _domains(
     return [f"nvlink-{find(i)}" if has_link[i] else None for i in range(n)]
 
 
-def _mig_records(pynvml: Any, handle: Any, parent_uuid: str, parent_index: int) -> tuple[MigRecord, ...]:
-    out = []
-    for k in range(_try(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0):
-        mig = _try(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, k)
-        if mig is None:
-            continue
-        mem = _try(pynvml.nvmlDeviceGetMemoryInfo, mig)
-        out.append(
-            MigRecord(
-                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
-                parent_uuid=parent_uuid,
-                parent_index=parent_index,
-                gpu_instance_id=_try(pynvml.nvmlDeviceGetGpuInstanceId, mig),
-                compute_instance_id=_try(pynvml.nvmlDeviceGetComputeInstanceId, mig),
-                name=_text(_try(pynvml.nvmlDeviceGetName, mig) or "MIG"),
-                memory_total_mib=(mem.total // 2**20) if mem else None,
-            )
+def mig_records(device: NvmlDevice, parent_uuid: str) -> tuple[MigRecord, ...]:
+    """The device's MIG instances; one without a UUID from NVML cannot be leased and is left out."""
+    return tuple(
+        MigRecord(
+            uuid=m.uuid,
+            parent_uuid=parent_uuid,
+            parent_index=device.index,
+            gpu_instance_id=m.gpu_instance_id,
+            compute_instance_id=m.compute_instance_id,
+            name=m.name or "MIG",
+            memory_total_mib=m.memory_total_mib,
         )
-    return tuple(out)
+        for m in device.mig_instances
+        if m.uuid is not None
+    )
 
 
-def probe() -> Inventory:
-    """Ask NVML for every GPU; an empty inventory when NVML or the driver is not there."""
-    try:
-        import pynvml
-    except ImportError:
-        return Inventory("nvml (nvidia-ml-py not installed)", None, None, ())
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as err:
-        return Inventory(f"nvml ({err})", None, None, ())
-    try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        cuda_int = _try(pynvml.nvmlSystemGetCudaDriverVersion_v2)
-        cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}" if cuda_int else None
-        count = pynvml.nvmlDeviceGetCount()
-        raw: list[dict[str, Any]] = []
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        for i, h in enumerate(handles):
-            pci = _try(pynvml.nvmlDeviceGetPciInfo, h)
-            mem = _try(pynvml.nvmlDeviceGetMemoryInfo, h)
-            util = _try(pynvml.nvmlDeviceGetUtilizationRates, h)
-            cc = _try(pynvml.nvmlDeviceGetCudaComputeCapability, h)
-            mode = _try(pynvml.nvmlDeviceGetMigMode, h)
-            raw.append(
-                {
-                    "index": i,
-                    "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
-                    "name": _text(pynvml.nvmlDeviceGetName(h)),
-                    "pci_bus_id": _text(pci.busId) if pci else None,
-                    "cc": f"{cc[0]}.{cc[1]}" if cc else None,
-                    "mem": mem,
-                    "util": util.gpu if util else None,
-                    "mig": bool(mode and mode[0] == 1),
-                }
-            )
-        links = [_nvlink_peers(pynvml, h) for h in handles]
-        cliques = [_fabric_clique(pynvml, h) for h in handles]
-        domains = _domains([r["pci_bus_id"] for r in raw], links, cliques)
-        gpus = tuple(
-            GpuRecord(
-                index=r["index"],
-                uuid=r["uuid"],
-                name=r["name"],
-                pci_bus_id=r["pci_bus_id"],
-                compute_capability=r["cc"],
-                memory_total_mib=r["mem"].total // 2**20 if r["mem"] else None,
-                memory_used_mib=r["mem"].used // 2**20 if r["mem"] else None,
-                utilization_gpu_pct=r["util"],
-                numa_node=numa_node_of(r["pci_bus_id"]),
-                nvlink_domain=domains[i],
-                mig_enabled=r["mig"],
-                mig=_mig_records(pynvml, handles[i], r["uuid"], i) if r["mig"] else (),
-            )
-            for i, r in enumerate(raw)
+def inventory(
+    system: NvmlSystem, devices: tuple[NvmlDevice, ...], numa_of: Callable[[str | None], int | None]
+) -> Inventory:
+    """The inventory from NVML's records (pure but for ``numa_of``).
+
+    A GPU without a UUID or name from NVML (a GPU fallen off the bus answers neither) cannot be leased
+    (leases, ``docker --gpus device=`` and ``CUDA_VISIBLE_DEVICES`` name GPUs by UUID): it is left out,
+    and the source says so.
+    """
+    usable = [d for d in devices if d.uuid is not None and d.name is not None]
+    domains = _domains(
+        [d.pci_bus_id for d in usable],
+        [nvlink_peers(d.nvlinks) for d in usable],
+        [fabric_clique(d.fabric) for d in usable],
+    )
+    gpus = tuple(
+        GpuRecord(
+            index=d.index,
+            uuid=str(d.uuid),
+            name=str(d.name),
+            pci_bus_id=d.pci_bus_id,
+            compute_capability=d.compute_capability,
+            memory_total_mib=d.memory_total_mib,
+            memory_used_mib=d.memory_used_mib,
+            utilization_gpu_pct=d.utilization_gpu_pct,
+            numa_node=numa_of(d.pci_bus_id),
+            nvlink_domain=domain,
+            mig_enabled=bool(d.mig_mode),
+            mig=mig_records(d, str(d.uuid)) if d.mig_mode else (),
         )
-        return Inventory("nvml", driver, cuda, gpus)
-    finally:
-        _try(pynvml.nvmlShutdown)
+        for d, domain in zip(usable, domains, strict=True)
+    )
+    left_out = [str(d.index) for d in devices if d.uuid is None or d.name is None]
+    source = f"nvml (GPU {', '.join(left_out)} left out: no UUID or name from NVML)" if left_out else "nvml"
+    return Inventory(source, system.driver_version, system.cuda_driver_version, gpus)
+
+
+def probe(numa_of: Callable[[str | None], int | None] = numa_node_of) -> Inventory:
+    """Ask NVML for every GPU; an empty inventory when NVML, the driver or a GPU handle is not there."""
+    try:
+        with nvml.session() as gpus:
+            system = gpus.system()
+            devices = gpus.devices()
+    except nvml.NvmlError as err:
+        if err.kind is nvml.NvmlErrorKind.BINDINGS_MISSING:
+            return Inventory("nvml (nvidia-ml-py not installed)", None, None, ())
+        return Inventory(f"nvml ({err.message})", None, None, ())
+    return inventory(system, devices, numa_of)
