@@ -1,0 +1,365 @@
+"""The one NVML adapter (torchrig.hw.nvml) and both of its users, doctor and the runtime inventory, against
+NVML's answers replayed at the pynvml boundary: the real pynvml module (constants, structures, NVMLError and
+its texts) with only its functions replaced by ones answering what a recorded machine answered.
+
+The recorded doctor facts of the H200 machines (tests/fixtures/doctor/*.json) hold every NVML answer the probe
+read; replayed, the probe must give back exactly those facts, and the runtime inventory exactly the snapshot
+recorded on the same 1x H200 machine (tests/fixtures/runtime/recorded-1xh200-driver580.json). The cases
+where the two former adapters differed are each pinned by a test below.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchrig.doctor.facts import ProbeStatus, facts_from_json
+from torchrig.doctor.probes.nvml import probe_nvml
+from torchrig.hw import nvml
+from torchrig.report import jsonable
+from torchrig.runtime import nvml as runtime_nvml
+from torchrig.runtime.inventory import from_dict, to_dict
+
+pynvml = pytest.importorskip("pynvml")
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+CODE = {text: code for code, text in pynvml.NVMLError._errcode_to_string.items()}
+
+
+def recorded(name: str) -> dict[str, Any]:
+    return json.loads((FIX / "doctor" / f"{name}.json").read_text())["nvml"]  # type: ignore[no-any-return]
+
+
+def fail(code: int) -> Callable[..., Any]:
+    def f(*_a: Any) -> Any:
+        raise pynvml.NVMLError(code)
+
+    return f
+
+
+def written_by_nvml(ref: Any) -> Any:
+    """The structure NVML's C function fills: the one a pointer (ctypes.byref) points to. A structure passed
+    by value reaches C as a copy, so the caller's stays all zeros: what the real library does (tried with a
+    C function of the same signature through ctypes)."""
+    if isinstance(ref, ctypes.Structure):
+        return type(ref)()
+    return ctypes.cast(ref, ctypes.POINTER(pynvml.c_nvmlGpuFabricInfo_t)).contents
+
+
+def value(v: Any, to: Callable[[Any], Any] = lambda x: x) -> Any:
+    """NVML's answer for a recorded value: None was a query NVML did not answer."""
+    if v is None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return to(v)
+
+
+def replay(nv_facts: dict[str, Any], **override: Any) -> types.ModuleType:
+    """A pynvml whose functions answer what the machine of ``nv_facts`` (doctor's recorded NVML facts) did."""
+    nv = types.ModuleType("pynvml")
+    for name in dir(pynvml):  # constants, structures, NVMLError and its subclasses: the real ones
+        if not name.startswith("nvml"):
+            setattr(nv, name, getattr(pynvml, name))
+    gpus, pairs = nv_facts.get("gpus") or [], nv_facts.get("p2p") or []
+    g = lambda h: gpus[h[1]]  # noqa: E731  (handles are ("gpu", i) and ("mig", i, k))
+    mig = lambda h: gpus[h[1]]["mig_instances"][h[2]]  # noqa: E731
+    item = lambda h: mig(h) if h[0] == "mig" else g(h)  # noqa: E731
+    mib = lambda n: n * 2**20  # noqa: E731
+    if nv_facts["status"] != "ok":
+        nv.nvmlInit = fail(CODE[nv_facts["error"].removeprefix("nvmlInit: ")])
+    else:
+        nv.nvmlInit = lambda: None
+    nv.nvmlShutdown = lambda: None
+    nv.nvmlErrorString = lambda code: b"Success" if code == 0 else pynvml.NVMLError._errcode_to_string[code]
+    nv.nvmlSystemGetDriverVersion = lambda: value(nv_facts["driver_version"])
+    nv.nvmlSystemGetNVMLVersion = lambda: value(nv_facts["nvml_version"])
+    nv.nvmlSystemGetCudaDriverVersion_v2 = lambda: value(
+        nv_facts["cuda_driver_version"], lambda v: int(v.split(".")[0]) * 1000 + int(v.split(".")[1]) * 10
+    )
+    nv.nvmlDeviceGetCount = lambda: len(gpus)
+    nv.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    nv.nvmlDeviceGetUUID = lambda h: value(item(h)["uuid"])
+    nv.nvmlDeviceGetName = lambda h: value(item(h)["name"], str.encode)
+    nv.nvmlDeviceGetCudaComputeCapability = lambda h: value(
+        g(h)["compute_capability"], lambda v: tuple(int(x) for x in v.split("."))
+    )
+    nv.nvmlDeviceGetMemoryInfo = lambda h: (
+        value(mig(h)["memory_total_mib"], lambda v: types.SimpleNamespace(total=mib(v), used=0))
+        if h[0] == "mig"
+        else value(
+            g(h)["memory_total_mib"],
+            lambda v: types.SimpleNamespace(total=mib(v), used=mib(g(h)["memory_used_mib"])),
+        )
+    )
+    nv.nvmlDeviceGetPciInfo = lambda h: value(
+        g(h)["pci_bus_id"], lambda v: types.SimpleNamespace(busId=v.encode())
+    )
+    nv.nvmlDeviceGetUtilizationRates = lambda h: value(
+        g(h)["utilization_pct"], lambda v: types.SimpleNamespace(gpu=v, memory=0)
+    )
+    nv.nvmlDeviceGetPersistenceMode = lambda h: value(g(h)["persistence_mode"], int)
+    nv.nvmlDeviceGetMigMode = lambda h: value(g(h)["mig_mode"], lambda v: [int(v), int(g(h)["mig_pending"])])
+    nv.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
+    nv.nvmlDeviceGetMigDeviceHandleByIndex = lambda h, k: (
+        ("mig", h[1], k) if k < len(g(h)["mig_instances"]) else fail(pynvml.NVML_ERROR_NOT_FOUND)()
+    )
+    nv.nvmlDeviceGetEccMode = lambda h: value(g(h)["ecc_enabled"], lambda v: [int(v), int(v)])
+    nv.nvmlDeviceGetTotalEccErrors = lambda h, _kind, counter: value(
+        g(h)[
+            "ecc_uncorrected_volatile" if counter == pynvml.NVML_VOLATILE_ECC else "ecc_uncorrected_aggregate"
+        ]
+    )
+    nv.nvmlDeviceGetRemappedRows = lambda h: value(
+        g(h)["remapped_rows_uncorrectable"],
+        lambda v: (0, v, int(g(h)["remapped_rows_pending"]), int(g(h)["remapped_rows_failed"])),
+    )
+    nv.nvmlDeviceGetRetiredPages = lambda h, _cause: value(g(h)["retired_pages"], lambda n: [0x1000] * n)
+    nv.nvmlDeviceGetRetiredPagesPendingStatus = lambda h: value(g(h)["retired_pages_pending"], int)
+    nv.nvmlDeviceGetTemperature = lambda h, _sensor: value(g(h)["temperature_c"])
+    nv.nvmlDeviceGetPowerUsage = lambda h: value(g(h)["power_draw_w"], lambda w: round(w * 1000))
+    nv.nvmlDeviceGetEnforcedPowerLimit = lambda h: value(g(h)["power_limit_w"], lambda w: round(w * 1000))
+    nv.nvmlDeviceGetClockInfo = lambda h, _clock: value(g(h)["sm_clock_mhz"])
+    nv.nvmlDeviceGetMaxClockInfo = lambda h, _clock: value(g(h)["sm_clock_max_mhz"])
+    bits = {name: bit for bit, name in nvml.THROTTLE_REASONS.items()}
+    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: sum(bits[r] for r in g(h)["throttle_reasons"])
+
+    def link_state(h: Any, link: int) -> int:
+        active, inactive = value(g(h)["nvlink_active"]), g(h)["nvlink_inactive"]
+        if link >= active + inactive:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1 if link < active else 0
+
+    nv.nvmlDeviceGetNvLinkState = link_state
+    nv.nvmlDeviceGetNvLinkRemoteDeviceType = fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    nv.nvmlDeviceGetNvLinkRemotePciInfo = fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def fabric(h: Any, ref: Any) -> int:
+        state = value(g(h)["fabric_state"], {v: k for k, v in nvml.FABRIC_STATE.items()}.get)
+        info = written_by_nvml(ref)
+        info.state, info.status = (
+            state,
+            0 if g(h)["fabric_status"] == "Success" else CODE[g(h)["fabric_status"]],
+        )
+        return 0
+
+    nv.nvmlDeviceGetGpuFabricInfo = fabric
+    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        types.SimpleNamespace(
+            pid=p["pid"], usedGpuMemory=None if p["used_memory_mib"] is None else mib(p["used_memory_mib"])
+        )
+        for p in g(h)["processes"]
+    ]
+    names = {p["pid"]: p["name"] for gpu in gpus for p in gpu["processes"]}
+    nv.nvmlSystemGetProcessName = lambda pid: value(names[pid], str.encode)
+    pair = lambda a, b: next(p for p in pairs if (p["a"], p["b"]) == (a[1], b[1]))  # noqa: E731
+    caps = {pynvml.NVML_P2P_CAPS_INDEX_READ: "read", pynvml.NVML_P2P_CAPS_INDEX_WRITE: "write"}
+    caps[pynvml.NVML_P2P_CAPS_INDEX_NVLINK] = "nvlink"
+    p2p_code = {v: k for k, v in nvml.P2P_STATUS.items()}
+    nv.nvmlDeviceGetP2PStatus = lambda a, b, cap: value(pair(a, b)[caps[cap]], p2p_code.get)
+    topo_code = {v: k for k, v in nvml.TOPOLOGY.items()}
+    nv.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: value(pair(a, b)["topology"], topo_code.get)
+    for name, fn in override.items():
+        setattr(nv, name, fn)
+    return nv
+
+
+DOCTOR_FIXTURES = sorted(p.stem for p in (FIX / "doctor").glob("*.json"))
+
+
+@pytest.mark.parametrize("case", DOCTOR_FIXTURES)
+def test_doctor_probe_gives_back_the_recorded_facts(monkeypatch, case):
+    facts = recorded(case)
+    if facts["status"] == "missing" and "nvidia-ml-py" in (facts["error"] or ""):
+        monkeypatch.setitem(sys.modules, "pynvml", None)
+    else:
+        monkeypatch.setitem(sys.modules, "pynvml", replay(facts))
+    want = jsonable(facts_from_json(json.loads((FIX / "doctor" / f"{case}.json").read_text())).nvml)
+    assert jsonable(probe_nvml()) == want
+
+
+def test_runtime_inventory_gives_back_the_snapshot_of_the_same_machine(monkeypatch):
+    # doctor's facts and the runtime snapshot were recorded on the one 1x H200 machine (the same GPU UUID)
+    monkeypatch.setitem(sys.modules, "pynvml", replay(recorded("h200x1-driver580-cu130")))
+    snapshot = json.loads((FIX / "runtime" / "recorded-1xh200-driver580.json").read_text())
+    inv = runtime_nvml.probe(numa_of=lambda bus: None)  # that VM's GPU had no NUMA node
+    assert inv.source == "nvml"
+    assert to_dict(inv) == to_dict(from_dict(snapshot, "snapshot"))
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "status"),
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NvmlErrorKind.LIBRARY_MISSING, ProbeStatus.MISSING),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, nvml.NvmlErrorKind.DRIVER_NOT_LOADED, ProbeStatus.FAILED),
+        (pynvml.NVML_ERROR_NO_PERMISSION, nvml.NvmlErrorKind.NO_PERMISSION, ProbeStatus.DENIED),
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, nvml.NvmlErrorKind.VERSION_MISMATCH, ProbeStatus.FAILED),
+        (pynvml.NVML_ERROR_UNKNOWN, nvml.NvmlErrorKind.OTHER, ProbeStatus.FAILED),
+    ],
+)
+def test_init_errors_are_mapped_once_for_both(monkeypatch, code, kind, status):
+    monkeypatch.setitem(
+        sys.modules, "pynvml", replay(recorded("h200x1-driver580-cu130"), nvmlInit=fail(code))
+    )
+    text = pynvml.NVMLError._errcode_to_string[code]
+    with pytest.raises(nvml.NvmlError) as err, nvml.session():
+        pass
+    assert (err.value.kind, err.value.step, err.value.code, err.value.message) == (
+        kind,
+        "nvmlInit",
+        code,
+        text,
+    )
+    assert (probe_nvml().status, probe_nvml().error) == (status, f"nvmlInit: {text}")
+    assert runtime_nvml.probe().source == f"nvml ({text})" and runtime_nvml.probe().gpus == ()
+
+
+def test_bindings_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(nvml.NvmlError) as err, nvml.session():
+        pass
+    assert (err.value.kind, err.value.step) == (nvml.NvmlErrorKind.BINDINGS_MISSING, "import")
+    assert runtime_nvml.probe().source == "nvml (nvidia-ml-py not installed)"
+
+
+def h200x2(**override: Any) -> types.ModuleType:
+    return replay(recorded("h200x2-driver580-cu130"), **override)
+
+
+def test_a_refused_gpu_handle_is_an_empty_inventory_not_a_crash(monkeypatch):
+    """Runtime let NVMLError escape (exit 3, 'internal error'); doctor made it a FAILED probe. Now both
+    report it, and NVML is still shut down."""
+    shut = []
+    lost = fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+    monkeypatch.setitem(
+        sys.modules,
+        "pynvml",
+        h200x2(
+            nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i) if i == 0 else lost(),
+            nvmlShutdown=lambda: shut.append(1),
+        ),
+    )
+    inv = runtime_nvml.probe()
+    assert (inv.source, inv.gpus) == ("nvml (GPU is lost)", ())
+    f = probe_nvml()
+    assert (f.status, f.error, f.gpus) == (ProbeStatus.FAILED, "NVML: GPU is lost", ())
+    assert shut == [1, 1]
+
+
+def test_a_gpu_without_uuid_is_left_out_of_the_inventory_and_none_in_the_facts(monkeypatch):
+    """Runtime crashed when NVML refused a GPU's UUID or name (or the driver version); doctor kept None."""
+    refused = fail(pynvml.NVML_ERROR_UNKNOWN)
+    real = h200x2()
+    monkeypatch.setitem(
+        sys.modules,
+        "pynvml",
+        h200x2(
+            nvmlDeviceGetUUID=lambda h: refused() if h == ("gpu", 1) else real.nvmlDeviceGetUUID(h),
+            nvmlSystemGetDriverVersion=refused,
+        ),
+    )
+    inv = runtime_nvml.probe(numa_of=lambda bus: None)
+    assert [g.index for g in inv.gpus] == [0] and inv.driver_version is None
+    assert inv.source == "nvml (GPU 1 left out: no UUID or name from NVML)"
+    f = probe_nvml()
+    assert f.status is ProbeStatus.OK and [g.uuid is None for g in f.gpus] == [False, True]
+
+
+def test_a_mig_instance_without_uuid_is_left_out(monkeypatch):
+    facts = recorded("h200x1-driver580-cu130")
+    facts["gpus"][0] |= {"mig_mode": True, "mig_pending": True}
+    facts["gpus"][0]["mig_instances"] = [
+        {
+            "uuid": "MIG-5b1f0c2e-aaaa-5bbb-8ccc-0123456789ab",
+            "name": "NVIDIA H200 MIG 1g.18gb",
+            "memory_total_mib": 16384,
+        },
+        {"uuid": None, "name": None, "memory_total_mib": None},
+    ]
+    monkeypatch.setitem(sys.modules, "pynvml", replay(facts, nvmlDeviceGetGpuInstanceId=lambda h: 7 + h[2]))
+    (gpu,) = runtime_nvml.probe(numa_of=lambda bus: None).gpus
+    assert gpu.mig_enabled and [(m.name, m.gpu_instance_id) for m in gpu.mig] == [
+        ("NVIDIA H200 MIG 1g.18gb", 7)
+    ]
+    assert [m.uuid for m in probe_nvml().gpus[0].mig_instances] == [
+        facts["gpus"][0]["mig_instances"][0]["uuid"],
+        None,
+    ]
+
+
+def test_cuda_driver_version_zero_is_unknown_for_both(monkeypatch):
+    """Doctor turned 0 into "0.0", runtime into None: 0 is no version, so both say unknown."""
+    monkeypatch.setitem(sys.modules, "pynvml", h200x2(nvmlSystemGetCudaDriverVersion_v2=lambda: 0))
+    assert probe_nvml().cuda_driver_version is None
+    assert runtime_nvml.probe(numa_of=lambda bus: None).cuda_driver_version is None
+
+
+def nvswitch(cliques: list[int]) -> dict[str, Any]:
+    """The 2x H200 pair as on an NVSwitch system: every link to a switch, fabric registered (constructed)."""
+    return {
+        "nvmlDeviceGetNvLinkRemoteDeviceType": lambda h, link: pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH,
+        "nvmlDeviceGetGpuFabricInfo": lambda h, ref: fabric_completed(ref, cliques[h[1]]),
+    }
+
+
+def fabric_completed(ref: Any, clique: int) -> int:
+    info = written_by_nvml(ref)
+    info.state, info.status, info.cliqueId = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0, clique
+    info.clusterUuid[:] = list(range(1, 17))
+    return 0
+
+
+def test_nvswitch_fabric_cliques_split_domains(monkeypatch):
+    """The runtime adapter passed the fabric structure by value, so NVML never filled it: every switched GPU
+    landed in one domain whatever its clique. By reference, two cliques are two domains."""
+    monkeypatch.setitem(sys.modules, "pynvml", h200x2(**nvswitch([1, 2])))
+    a, b = runtime_nvml.probe(numa_of=lambda bus: None).gpus
+    assert a.nvlink_domain and b.nvlink_domain and a.nvlink_domain != b.nvlink_domain
+    assert [g.fabric_state for g in probe_nvml().gpus] == ["completed", "completed"]
+    monkeypatch.setitem(sys.modules, "pynvml", h200x2(**nvswitch([1, 1])))
+    a, b = runtime_nvml.probe(numa_of=lambda bus: None).gpus
+    assert a.nvlink_domain is not None and a.nvlink_domain == b.nvlink_domain
+
+
+def test_direct_nvlink_peers_share_a_domain(monkeypatch):
+    buses = [g["pci_bus_id"] for g in recorded("h200x2-driver580-cu130")["gpus"]]
+    monkeypatch.setitem(
+        sys.modules,
+        "pynvml",
+        h200x2(
+            nvmlDeviceGetNvLinkRemoteDeviceType=lambda h, link: pynvml.NVML_NVLINK_DEVICE_TYPE_GPU,
+            nvmlDeviceGetNvLinkRemotePciInfo=lambda h, link: types.SimpleNamespace(
+                busId=buses[1 - h[1]].encode()
+            ),
+        ),
+    )
+    a, b = runtime_nvml.probe(numa_of=lambda bus: None).gpus
+    assert a.nvlink_domain is not None and a.nvlink_domain == b.nvlink_domain
+    assert [(g.nvlink_active, g.nvlink_inactive) for g in probe_nvml().gpus] == [(18, 0), (18, 0)]
+
+
+def test_a_binding_without_a_function_costs_one_field(monkeypatch):
+    """An old binding lacks newer functions and constants: doctor crashed on a missing throttle-reason
+    function or P2P constant (the whole NVML probe FAILED); now each is one unknown field."""
+    nv = h200x2()
+    del nv.nvmlDeviceGetCurrentClocksEventReasons, nv.NVML_P2P_CAPS_INDEX_NVLINK, nv.c_nvmlGpuFabricInfo_t
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    f = probe_nvml()
+    assert f.status is ProbeStatus.OK and f.gpus[0].throttle_reasons == () and f.gpus[0].fabric_state is None
+    assert (f.p2p[0].write, f.p2p[0].nvlink) == ("ok", None)
+    assert len(runtime_nvml.probe(numa_of=lambda bus: None).gpus) == 2
+
+
+def test_importing_the_adapter_and_its_users_does_not_import_pynvml():
+    code = (
+        "import sys, torchrig.hw.nvml, torchrig.runtime.nvml, torchrig.doctor.probes.nvml\n"
+        "assert 'pynvml' not in sys.modules, 'pynvml imported'"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
