@@ -91,7 +91,7 @@ print(f"import-torch-only {time.perf_counter() - t0:.3f}")'
 } > "$D/timings.txt"
 
 if "$PY" -c "import pytest" 2>/dev/null; then
-    "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_doctor_checks.py tests/unit/test_doctor_facts.py tests/unit/test_doctor_p2p.py \
+    "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_doctor_checks.py tests/unit/test_doctor_facts.py tests/unit/test_doctor_p2p.py tests/unit/test_hw_nvml.py \
         > "$D/unit-tests.txt" 2>&1
     echo "unit tests: $(tail -1 "$D/unit-tests.txt")"
 fi

@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,utili
   --format=csv,noheader,nounits | tee "$out/nvidia-smi.csv"
 nvidia-smi topo -m >"$out/topo.txt" 2>&1
 
-echo "== torchrig gpus --record (NVML through torchrig.runtime.nvml)"
+echo "== torchrig gpus --record (NVML through torchrig.hw.nvml, mapped by torchrig.runtime.nvml)"
 $py -m torchrig gpus --record "$out/inventory-recorded.json"; rc_record=$?
 cat "$out/inventory-recorded.json" 2>/dev/null | head -40
 
