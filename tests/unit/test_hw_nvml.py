@@ -61,110 +61,186 @@ def value(v: Any, to: Callable[[Any], Any] = lambda x: x) -> Any:
     return to(v)
 
 
+def mib(n: int) -> int:
+    return n * 2**20
+
+
+def ns(**kw: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**kw)
+
+
+class Recorded:
+    """NVML's answers on the machine whose NVML facts doctor recorded: one method per pynvml function.
+
+    Handles are ("gpu", i) and ("mig", i, k); a recorded None is a query NVML did not answer.
+    """
+
+    def __init__(self, nv_facts: dict[str, Any]) -> None:
+        self.facts, self.gpus, self.pairs = nv_facts, nv_facts.get("gpus") or [], nv_facts.get("p2p") or []
+
+    def g(self, h: Any) -> dict[str, Any]:
+        return self.gpus[h[1]]  # type: ignore[no-any-return]
+
+    def item(self, h: Any) -> dict[str, Any]:
+        return self.g(h)["mig_instances"][h[2]] if h[0] == "mig" else self.g(h)  # type: ignore[no-any-return]
+
+    # --- init and system
+    def nvmlInit(self) -> None:
+        if self.facts["status"] != "ok":
+            raise pynvml.NVMLError(CODE[self.facts["error"].removeprefix("nvmlInit: ")])
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlErrorString(self, code: int) -> Any:
+        return b"Success" if code == 0 else pynvml.NVMLError._errcode_to_string[code]
+
+    def nvmlSystemGetDriverVersion(self) -> Any:
+        return value(self.facts["driver_version"])
+
+    def nvmlSystemGetNVMLVersion(self) -> Any:
+        return value(self.facts["nvml_version"])
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> Any:
+        major_minor = lambda v: int(v.split(".")[0]) * 1000 + int(v.split(".")[1]) * 10  # noqa: E731
+        return value(self.facts["cuda_driver_version"], major_minor)  # "13.0" -> 13000
+
+    # --- identity, memory, MIG
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
+        return ("gpu", i)
+
+    def nvmlDeviceGetUUID(self, h: Any) -> Any:
+        return value(self.item(h)["uuid"])
+
+    def nvmlDeviceGetName(self, h: Any) -> Any:
+        return value(self.item(h)["name"], str.encode)
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: Any) -> Any:
+        return value(self.g(h)["compute_capability"], lambda v: tuple(int(x) for x in v.split(".")))
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+        used = 0 if h[0] == "mig" else mib(self.g(h)["memory_used_mib"])
+        return value(self.item(h)["memory_total_mib"], lambda v: ns(total=mib(v), used=used))
+
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
+        return value(self.g(h)["pci_bus_id"], lambda v: ns(busId=v.encode()))
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        return value(self.g(h)["utilization_pct"], lambda v: ns(gpu=v, memory=0))
+
+    def nvmlDeviceGetMigMode(self, h: Any) -> Any:
+        return value(self.g(h)["mig_mode"], lambda v: [int(v), int(self.g(h)["mig_pending"])])
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, k: int) -> Any:
+        if k >= len(self.g(h)["mig_instances"]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return ("mig", h[1], k)
+
+    # --- health
+    def nvmlDeviceGetPersistenceMode(self, h: Any) -> Any:
+        return value(self.g(h)["persistence_mode"], int)
+
+    def nvmlDeviceGetEccMode(self, h: Any) -> Any:
+        return value(self.g(h)["ecc_enabled"], lambda v: [int(v), int(v)])
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, _kind: int, counter: int) -> Any:
+        volatile = counter == pynvml.NVML_VOLATILE_ECC
+        return value(self.g(h)["ecc_uncorrected_volatile" if volatile else "ecc_uncorrected_aggregate"])
+
+    def nvmlDeviceGetRemappedRows(self, h: Any) -> Any:
+        g = self.g(h)
+        return value(
+            g["remapped_rows_uncorrectable"],
+            lambda v: (0, v, int(g["remapped_rows_pending"]), int(g["remapped_rows_failed"])),
+        )
+
+    def nvmlDeviceGetRetiredPages(self, h: Any, _cause: int) -> Any:
+        return value(self.g(h)["retired_pages"], lambda n: [0x1000] * n)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any) -> Any:
+        return value(self.g(h)["retired_pages_pending"], int)
+
+    def nvmlDeviceGetTemperature(self, h: Any, _sensor: int) -> Any:
+        return value(self.g(h)["temperature_c"])
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> Any:
+        return value(self.g(h)["power_draw_w"], lambda w: round(w * 1000))  # milliwatts
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> Any:
+        return value(self.g(h)["power_limit_w"], lambda w: round(w * 1000))
+
+    def nvmlDeviceGetClockInfo(self, h: Any, _clock: int) -> Any:
+        return value(self.g(h)["sm_clock_mhz"])
+
+    def nvmlDeviceGetMaxClockInfo(self, h: Any, _clock: int) -> Any:
+        return value(self.g(h)["sm_clock_max_mhz"])
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
+        bits = {name: bit for bit, name in nvml.THROTTLE_REASONS.items()}
+        return sum(bits[r] for r in self.g(h)["throttle_reasons"])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        mem = [
+            None if p["used_memory_mib"] is None else mib(p["used_memory_mib"])
+            for p in self.g(h)["processes"]
+        ]
+        return [ns(pid=p["pid"], usedGpuMemory=m) for p, m in zip(self.g(h)["processes"], mem, strict=True)]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> Any:
+        names = {p["pid"]: p["name"] for gpu in self.gpus for p in gpu["processes"]}
+        return value(names[pid], str.encode)
+
+    # --- links, fabric, pairs
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
+        active, inactive = value(self.g(h)["nvlink_active"]), self.g(h)["nvlink_inactive"]
+        if link >= active + inactive:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1 if link < active else 0
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Any, link: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # not recorded by doctor
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: Any, link: int) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # not recorded by doctor
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: Any, ref: Any) -> int:
+        g = self.g(h)
+        state = value(g["fabric_state"], {v: k for k, v in nvml.FABRIC_STATE.items()}.get)
+        info = written_by_nvml(ref)
+        info.state, info.status = state, 0 if g["fabric_status"] == "Success" else CODE[g["fabric_status"]]
+        return 0
+
+    def pair(self, a: Any, b: Any) -> dict[str, Any]:
+        return next(p for p in self.pairs if (p["a"], p["b"]) == (a[1], b[1]))
+
+    def nvmlDeviceGetP2PStatus(self, a: Any, b: Any, cap: int) -> Any:
+        caps = {
+            pynvml.NVML_P2P_CAPS_INDEX_READ: "read",
+            pynvml.NVML_P2P_CAPS_INDEX_WRITE: "write",
+            pynvml.NVML_P2P_CAPS_INDEX_NVLINK: "nvlink",
+        }
+        return value(self.pair(a, b)[caps[cap]], {v: k for k, v in nvml.P2P_STATUS.items()}.get)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any) -> Any:
+        return value(self.pair(a, b)["topology"], {v: k for k, v in nvml.TOPOLOGY.items()}.get)
+
+
 def replay(nv_facts: dict[str, Any], **override: Any) -> types.ModuleType:
     """A pynvml whose functions answer what the machine of ``nv_facts`` (doctor's recorded NVML facts) did."""
     nv = types.ModuleType("pynvml")
     for name in dir(pynvml):  # constants, structures, NVMLError and its subclasses: the real ones
         if not name.startswith("nvml"):
             setattr(nv, name, getattr(pynvml, name))
-    gpus, pairs = nv_facts.get("gpus") or [], nv_facts.get("p2p") or []
-    g = lambda h: gpus[h[1]]  # noqa: E731  (handles are ("gpu", i) and ("mig", i, k))
-    mig = lambda h: gpus[h[1]]["mig_instances"][h[2]]  # noqa: E731
-    item = lambda h: mig(h) if h[0] == "mig" else g(h)  # noqa: E731
-    mib = lambda n: n * 2**20  # noqa: E731
-    if nv_facts["status"] != "ok":
-        nv.nvmlInit = fail(CODE[nv_facts["error"].removeprefix("nvmlInit: ")])
-    else:
-        nv.nvmlInit = lambda: None
-    nv.nvmlShutdown = lambda: None
-    nv.nvmlErrorString = lambda code: b"Success" if code == 0 else pynvml.NVMLError._errcode_to_string[code]
-    nv.nvmlSystemGetDriverVersion = lambda: value(nv_facts["driver_version"])
-    nv.nvmlSystemGetNVMLVersion = lambda: value(nv_facts["nvml_version"])
-    nv.nvmlSystemGetCudaDriverVersion_v2 = lambda: value(
-        nv_facts["cuda_driver_version"], lambda v: int(v.split(".")[0]) * 1000 + int(v.split(".")[1]) * 10
-    )
-    nv.nvmlDeviceGetCount = lambda: len(gpus)
-    nv.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
-    nv.nvmlDeviceGetUUID = lambda h: value(item(h)["uuid"])
-    nv.nvmlDeviceGetName = lambda h: value(item(h)["name"], str.encode)
-    nv.nvmlDeviceGetCudaComputeCapability = lambda h: value(
-        g(h)["compute_capability"], lambda v: tuple(int(x) for x in v.split("."))
-    )
-    nv.nvmlDeviceGetMemoryInfo = lambda h: (
-        value(mig(h)["memory_total_mib"], lambda v: types.SimpleNamespace(total=mib(v), used=0))
-        if h[0] == "mig"
-        else value(
-            g(h)["memory_total_mib"],
-            lambda v: types.SimpleNamespace(total=mib(v), used=mib(g(h)["memory_used_mib"])),
-        )
-    )
-    nv.nvmlDeviceGetPciInfo = lambda h: value(
-        g(h)["pci_bus_id"], lambda v: types.SimpleNamespace(busId=v.encode())
-    )
-    nv.nvmlDeviceGetUtilizationRates = lambda h: value(
-        g(h)["utilization_pct"], lambda v: types.SimpleNamespace(gpu=v, memory=0)
-    )
-    nv.nvmlDeviceGetPersistenceMode = lambda h: value(g(h)["persistence_mode"], int)
-    nv.nvmlDeviceGetMigMode = lambda h: value(g(h)["mig_mode"], lambda v: [int(v), int(g(h)["mig_pending"])])
-    nv.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
-    nv.nvmlDeviceGetMigDeviceHandleByIndex = lambda h, k: (
-        ("mig", h[1], k) if k < len(g(h)["mig_instances"]) else fail(pynvml.NVML_ERROR_NOT_FOUND)()
-    )
-    nv.nvmlDeviceGetEccMode = lambda h: value(g(h)["ecc_enabled"], lambda v: [int(v), int(v)])
-    nv.nvmlDeviceGetTotalEccErrors = lambda h, _kind, counter: value(
-        g(h)[
-            "ecc_uncorrected_volatile" if counter == pynvml.NVML_VOLATILE_ECC else "ecc_uncorrected_aggregate"
-        ]
-    )
-    nv.nvmlDeviceGetRemappedRows = lambda h: value(
-        g(h)["remapped_rows_uncorrectable"],
-        lambda v: (0, v, int(g(h)["remapped_rows_pending"]), int(g(h)["remapped_rows_failed"])),
-    )
-    nv.nvmlDeviceGetRetiredPages = lambda h, _cause: value(g(h)["retired_pages"], lambda n: [0x1000] * n)
-    nv.nvmlDeviceGetRetiredPagesPendingStatus = lambda h: value(g(h)["retired_pages_pending"], int)
-    nv.nvmlDeviceGetTemperature = lambda h, _sensor: value(g(h)["temperature_c"])
-    nv.nvmlDeviceGetPowerUsage = lambda h: value(g(h)["power_draw_w"], lambda w: round(w * 1000))
-    nv.nvmlDeviceGetEnforcedPowerLimit = lambda h: value(g(h)["power_limit_w"], lambda w: round(w * 1000))
-    nv.nvmlDeviceGetClockInfo = lambda h, _clock: value(g(h)["sm_clock_mhz"])
-    nv.nvmlDeviceGetMaxClockInfo = lambda h, _clock: value(g(h)["sm_clock_max_mhz"])
-    bits = {name: bit for bit, name in nvml.THROTTLE_REASONS.items()}
-    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: sum(bits[r] for r in g(h)["throttle_reasons"])
-
-    def link_state(h: Any, link: int) -> int:
-        active, inactive = value(g(h)["nvlink_active"]), g(h)["nvlink_inactive"]
-        if link >= active + inactive:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return 1 if link < active else 0
-
-    nv.nvmlDeviceGetNvLinkState = link_state
-    nv.nvmlDeviceGetNvLinkRemoteDeviceType = fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    nv.nvmlDeviceGetNvLinkRemotePciInfo = fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-    def fabric(h: Any, ref: Any) -> int:
-        state = value(g(h)["fabric_state"], {v: k for k, v in nvml.FABRIC_STATE.items()}.get)
-        info = written_by_nvml(ref)
-        info.state, info.status = (
-            state,
-            0 if g(h)["fabric_status"] == "Success" else CODE[g(h)["fabric_status"]],
-        )
-        return 0
-
-    nv.nvmlDeviceGetGpuFabricInfo = fabric
-    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: [
-        types.SimpleNamespace(
-            pid=p["pid"], usedGpuMemory=None if p["used_memory_mib"] is None else mib(p["used_memory_mib"])
-        )
-        for p in g(h)["processes"]
-    ]
-    names = {p["pid"]: p["name"] for gpu in gpus for p in gpu["processes"]}
-    nv.nvmlSystemGetProcessName = lambda pid: value(names[pid], str.encode)
-    pair = lambda a, b: next(p for p in pairs if (p["a"], p["b"]) == (a[1], b[1]))  # noqa: E731
-    caps = {pynvml.NVML_P2P_CAPS_INDEX_READ: "read", pynvml.NVML_P2P_CAPS_INDEX_WRITE: "write"}
-    caps[pynvml.NVML_P2P_CAPS_INDEX_NVLINK] = "nvlink"
-    p2p_code = {v: k for k, v in nvml.P2P_STATUS.items()}
-    nv.nvmlDeviceGetP2PStatus = lambda a, b, cap: value(pair(a, b)[caps[cap]], p2p_code.get)
-    topo_code = {v: k for k, v in nvml.TOPOLOGY.items()}
-    nv.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: value(pair(a, b)["topology"], topo_code.get)
+    answers = Recorded(nv_facts)
+    for name in dir(answers):
+        if name.startswith("nvml"):
+            setattr(nv, name, getattr(answers, name))
     for name, fn in override.items():
         setattr(nv, name, fn)
     return nv
