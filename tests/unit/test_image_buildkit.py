@@ -165,7 +165,7 @@ def test_recorded_first_build_decodes_to_the_dockerfile_steps():
 
 
 def test_follow_first_build_gives_image_id_steps_and_progress():
-    rec, steps = Recorder(), []
+    rec, steps = Recorder(), list[BuildStep]()
     image_id = follow_buildkit(stream("buildkit-stream-two-stages-first-build"), rec, steps)
     assert image_id == IMAGE_ID
     assert [(s.name.split("]")[0] + "]", s.state) for s in steps] == [
@@ -185,14 +185,14 @@ def test_follow_first_build_gives_image_id_steps_and_progress():
 
 
 def test_follow_rebuild_reports_every_step_cached():
-    rec, steps = Recorder(), []
+    rec, steps = Recorder(), list[BuildStep]()
     assert follow_buildkit(stream("buildkit-stream-two-stages-rebuild-cached"), rec, steps) == IMAGE_ID
     assert [s.state for s in steps[1:]] == [StepState.CACHED] * 3
     assert all(text.startswith("CACHED ") for _, _, text in rec.steps[1:])
 
 
 def test_follow_failing_run_names_the_step_and_keeps_its_log():
-    rec, steps = Recorder(), []
+    rec, steps = Recorder(), list[BuildStep]()
     with pytest.raises(BuildFailed) as err:
         follow_buildkit(stream("buildkit-stream-run-exits-3"), rec, steps)
     f = err.value.failure

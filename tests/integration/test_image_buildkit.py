@@ -1,0 +1,228 @@
+"""BuildKit builds on the real engine, next to the classic builder: small Dockerfiles through the adapter
+(same image config and files from both builders, unused stages skipped, cache hits, a failing RUN with its
+log), then ``torchrig image build --builder`` end to end: a failing step, and the rendered test image built
+with the classic builder compared with the session's (auto: BuildKit) one."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from torchrig.image.build import BuildFailed, BuildStep, StepState, run_build
+from torchrig.image.buildkit import Builder, choose_builder, engine_build_info
+from torchrig.image.context import ContextPlan, write_context_tar
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = "torchrig-test/debian:bookworm"
+
+SMALL = f"""\
+FROM {BASE} AS base
+RUN echo hello-from-base > /hello.txt
+FROM base AS unused
+RUN echo never > /never.txt
+FROM base
+ARG STAMP=unset
+COPY note.txt /note.txt
+RUN groupadd -g 1234 app && useradd -u 1234 -g 1234 -M app && \\
+    echo "stamp=$STAMP" > /stamp.txt && chown 1234:1234 /stamp.txt
+ENV APP_MODE=test
+WORKDIR /work
+LABEL org.example.kind=small
+USER 1234:1234
+CMD ["cat", "/hello.txt", "/note.txt", "/stamp.txt"]
+"""
+
+FAILING = f"""\
+FROM {BASE}
+RUN echo first-step-ok
+RUN echo line-one; echo line-two >&2; echo line-three; exit 3
+"""
+
+
+# the classic builder's " ---> 0123456789ab": the image a step made (or reused)
+_LAYER_RE = re.compile(r"^\s*---> ([0-9a-f]{12})\s*$")
+
+
+class Quiet:
+    """Progress that keeps only the classic builder's intermediate image IDs (to remove them afterwards)."""
+
+    def __init__(self) -> None:
+        self.layers: list[str] = []
+
+    def step(self, number: int, total: int, text: str) -> None: ...
+    def log(self, line: str) -> None:
+        m = _LAYER_RE.match(line)
+        if m:
+            self.layers.append(m.group(1))
+
+    def close(self) -> None: ...
+
+
+def remove_intermediates(engine, layers: list[str]) -> None:
+    """The classic builder's untagged intermediate images (an unused stage's too), newest first; tagged
+    images (the base) and images another build has since built on are left alone."""
+    from docker.errors import APIError
+
+    for short_id in reversed(dict.fromkeys(layers)):
+        try:
+            if engine.images.get(short_id).tags:
+                continue
+            engine.images.remove(short_id, noprune=False)
+        except APIError:  # gone already, or a parent of someone else's image
+            continue
+
+
+@pytest.fixture
+def built(engine):
+    """Builds a context with a builder; removes every image it made afterwards."""
+    made: list[str] = []
+    layers: list[list[str]] = []
+
+    def build(
+        texts: dict[str, str], builder: str, *, labels: dict[str, str] | None = None
+    ) -> tuple[str, list[BuildStep]]:
+        tag = f"torchrig-test/buildkit-{uuid.uuid4().hex[:10]}:1"
+        made.append(tag)
+        steps: list[BuildStep] = []
+        tar = io.BytesIO()
+        write_context_tar(ContextPlan(texts=texts), tar)
+        progress = Quiet()
+        layers.append(progress.layers)
+        image_id = run_build(
+            engine,
+            tar,
+            tag,
+            buildargs={"STAMP": "42"},
+            labels=labels or {"org.example.by": "torchrig-test"},
+            no_cache=False,
+            progress=progress,
+            builder=builder,
+            steps=steps,
+        )
+        made.append(image_id)
+        return image_id, steps
+
+    yield build
+    from docker.errors import ImageNotFound
+
+    for ref in reversed(made):
+        with contextlib.suppress(ImageNotFound):  # a tag whose image was already removed by its ID
+            engine.images.remove(ref, force=True)
+    for build_layers in layers:
+        remove_intermediates(engine, build_layers)
+
+
+def _config(engine, image_id: str) -> dict:
+    cfg = engine.images.get(image_id).attrs["Config"]
+    return {k: cfg.get(k) for k in ("User", "Env", "Cmd", "Entrypoint", "WorkingDir", "Labels")}
+
+
+def test_this_engine_gets_buildkit_by_default(engine):
+    assert choose_builder("auto", engine_build_info(engine)) is Builder.BUILDKIT
+
+
+def test_both_builders_make_the_same_image_and_buildkit_skips_the_unused_stage(engine, built):
+    texts = {"Dockerfile": SMALL, "note.txt": "note\n"}
+    bk_id, bk_steps = built(texts, "buildkit")
+    classic_id, classic_steps = built(texts, "classic")
+    assert _config(engine, bk_id) == _config(engine, classic_id)
+    cfg = _config(engine, bk_id)
+    assert cfg["User"] == "1234:1234" and cfg["WorkingDir"] == "/work" and "APP_MODE=test" in cfg["Env"]
+    assert cfg["Labels"] == {"org.example.kind": "small", "org.example.by": "torchrig-test"}
+    for image_id in (bk_id, classic_id):
+        out = engine.containers.run(image_id, remove=True).decode().split()
+        assert out == ["hello-from-base", "note", "stamp=42"]
+    assert not any("never" in s.name for s in bk_steps)  # BuildKit builds only what the target needs
+    assert any("never" in s.name for s in classic_steps)  # the classic builder runs every stage
+    assert all(s.state in (StepState.DONE, StepState.CACHED) for s in bk_steps + classic_steps)
+
+
+def test_buildkit_rebuild_reuses_every_layer(built):
+    texts = {"Dockerfile": SMALL, "note.txt": f"note {uuid.uuid4().hex}\n"}
+    first, _ = built(texts, "buildkit")
+    again, steps = built(texts, "buildkit")
+    assert again == first
+    # RUN, COPY, RUN, WORKDIR (BuildKit's vertexes; ENV, LABEL, USER, CMD only set the config)
+    assert [s.state for s in steps if "FROM" not in s.name] == [StepState.CACHED] * 4
+
+
+def test_buildkit_failing_run_reports_the_step_and_its_output(built):
+    with pytest.raises(BuildFailed) as err:
+        built({"Dockerfile": FAILING}, "buildkit")
+    f = err.value.failure
+    assert f.step == "[3/3] RUN echo line-one; echo line-two >&2; echo line-three; exit 3"
+    # stdout and stderr reach the engine through separate pipes: their relative order is not fixed
+    assert sorted(f.log_tail) == ["line-one", "line-three", "line-two"]
+    assert err.value.exit_code == 1 and "the step exited with status 3" in err.value.one_line()
+
+
+def cli_build(spec: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchrig", "image", "build", str(spec), "--base", BASE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_cli_buildkit_failing_step_is_one_line_with_its_last_output(tmp_path, engine, wheelhouse):
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text(
+        '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[packages]\napt = ["no-such-package-torchrig"]\n'
+    )
+    r = cli_build(spec, "--wheelhouse", str(wheelhouse), "--builder", "buildkit")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "with BuildKit" in r.stderr and "build failed at [os 2/2] RUN set -eux" in r.stderr
+    assert "  | E: Unable to locate package no-such-package-torchrig" in r.stderr  # the log tail
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("torchrig: error: image build failed at [os 2/2] RUN set -eux")
+    assert "the step exited with status 100" in last
+    assert "its last output: E: Unable to locate package no-such-package-torchrig" in last
+    assert not (tmp_path / "torchrig.lock.json").exists()
+
+
+def test_classic_builds_the_rendered_image_like_buildkit(tmp_path, engine, wheelhouse, test_image_build):
+    """The session's test image came from the default builder (BuildKit here); the classic builder must
+    make the same image from the same spec: labels, user, config, lock. Its own repository name keeps the
+    session image's tags where they are."""
+    auto = test_image_build
+    assert auto["builder"] == "buildkit"
+    spec = tmp_path / "torchrig.toml"
+    text = Path(auto["spec_path"]).read_text()
+    spec.write_text(text.replace('name = "torchrig-test/pytorch"', 'name = "torchrig-test/pytorch-classic"'))
+    r = cli_build(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", "--json", "-v", timeout=1500)
+    layers = [m.group(1) for line in r.stderr.splitlines() if (m := _LAYER_RE.match(line))]
+    assert r.returncode == 0, r.stderr[-3000:]
+    classic = json.loads(r.stdout)
+    try:
+        assert classic["builder"] == "classic" and "with the classic builder" in r.stderr
+        assert [s["state"] for s in classic["steps"]].count("error") == 0 and len(classic["steps"]) > 20
+        a, c = _config(engine, auto["image_id"]), _config(engine, classic["image_id"])
+        title = "org.opencontainers.image.title"
+        assert c["Labels"].pop(title) == "torchrig-test/pytorch-classic"
+        assert a["Labels"].pop(title) == "torchrig-test/pytorch"
+        assert a == c and a["User"] == "1000:1000"
+        for key in ("Healthcheck", "ExposedPorts", "Volumes"):
+            assert engine.images.get(auto["image_id"]).attrs["Config"].get(key) == engine.images.get(
+                classic["image_id"]
+            ).attrs["Config"].get(key)
+        lock_a = json.loads(Path(auto["lock"]).read_text())
+        lock_c = json.loads(Path(classic["lock"]).read_text())
+        for key in ("pip_freeze", "apt_packages", "constraints", "base_reference"):
+            assert lock_a[key] == lock_c[key], key
+        assert abs(classic["size_bytes"] - auto["size_bytes"]) < 0.02 * auto["size_bytes"]
+    finally:
+        for tag in classic["tags"]:
+            engine.images.remove(tag, force=True)
+        remove_intermediates(engine, layers)
+        shutil.rmtree(tmp_path, ignore_errors=True)
