@@ -74,7 +74,7 @@ class GpuFacts:
     power_limit_w: float | None = None
     sm_clock_mhz: int | None = None
     sm_clock_max_mhz: int | None = None
-    throttle_reasons: tuple[str, ...] = ()  # names, see torchrig.hw.nvml.THROTTLE_REASONS
+    throttle_reasons: tuple[str, ...] = ()  # names, see torchrig.hw.nvml_records.THROTTLE_REASONS
     nvlink_active: int | None = None
     nvlink_inactive: int | None = None
     fabric_state: str | None = None  # not_supported | not_started | in_progress | completed

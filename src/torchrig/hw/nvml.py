@@ -28,33 +28,45 @@ import enum
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-# nvmlClocksEventReason* bits (nvml.h), named as nvidia-smi -q "Clocks Event Reasons" does.
-THROTTLE_REASONS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-# nvmlGpuP2PStatus_t, nvmlGpuTopologyLevel_t, nvmlGpuFabricState_t (nvml.h)
-P2P_STATUS = {
-    0: "ok",
-    1: "chipset_not_supported",
-    2: "gpu_not_supported",
-    3: "topology_not_supported",
-    4: "disabled_by_regkey",
-    5: "not_supported",
-    6: "unknown",
-}
-TOPOLOGY = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
-FABRIC_STATE = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+from torchrig.hw.nvml_records import (
+    FABRIC_STATE,
+    P2P_STATUS,
+    REMOTE,
+    THROTTLE_REASONS,
+    TOPOLOGY,
+    NvlinkRemote,
+    NvmlDevice,
+    NvmlFabric,
+    NvmlHealth,
+    NvmlLink,
+    NvmlMig,
+    NvmlPair,
+    NvmlProcess,
+    NvmlSystem,
+)
+
+__all__ = [
+    "FABRIC_STATE",
+    "P2P_STATUS",
+    "THROTTLE_REASONS",
+    "TOPOLOGY",
+    "NvlinkRemote",
+    "Nvml",
+    "NvmlDevice",
+    "NvmlError",
+    "NvmlErrorKind",
+    "NvmlFabric",
+    "NvmlHealth",
+    "NvmlLink",
+    "NvmlMig",
+    "NvmlPair",
+    "NvmlProcess",
+    "NvmlSystem",
+    "session",
+]
+
 MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of bindings too old to define it (Hopper has 18 links)
 
 
@@ -63,9 +75,8 @@ class NvmlErrorKind(str, enum.Enum):
     LIBRARY_MISSING = "library_missing"  # libnvidia-ml.so.1 not found (NVML_ERROR_LIBRARY_NOT_FOUND)
     DRIVER_NOT_LOADED = "driver_not_loaded"  # the kernel module is not loaded (NVML_ERROR_DRIVER_NOT_LOADED)
     NO_PERMISSION = "no_permission"  # NVML_ERROR_NO_PERMISSION (device nodes not accessible)
-    VERSION_MISMATCH = (
-        "version_mismatch"  # library and kernel module differ (NVML_ERROR_LIB_RM_VERSION_MISMATCH)
-    )
+    # the library and the kernel module are of different driver versions (NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    VERSION_MISMATCH = "version_mismatch"
     OTHER = "other"  # any other NVML error
 
 
@@ -75,117 +86,6 @@ class NvmlError(Exception):
     def __init__(self, kind: NvmlErrorKind, message: str, *, step: str, code: int | None = None) -> None:
         super().__init__(message)
         self.kind, self.message, self.step, self.code = kind, message, step, code
-
-
-class NvlinkRemote(str, enum.Enum):
-    """What an NVLink's other end is (nvmlIntNvLinkDeviceType_t)."""
-
-    GPU = "gpu"
-    IBMNPU = "ibmnpu"
-    SWITCH = "switch"
-    UNKNOWN = "unknown"
-
-
-_REMOTE = {0: NvlinkRemote.GPU, 1: NvlinkRemote.IBMNPU, 2: NvlinkRemote.SWITCH, 0xFF: NvlinkRemote.UNKNOWN}
-
-
-@dataclass(frozen=True)
-class NvmlSystem:
-    driver_version: str | None  # "580.95.05"
-    cuda_driver_version: str | None  # the newest CUDA the driver supports, "13.0"
-    nvml_version: str | None
-
-
-@dataclass(frozen=True)
-class NvmlMig:
-    """One MIG device (``nvidia-smi -L``: ``MIG 1g.18gb Device 0: (UUID: MIG-...)``)."""
-
-    uuid: str | None
-    name: str | None  # "NVIDIA H200 MIG 1g.18gb"
-    memory_total_mib: int | None
-    gpu_instance_id: int | None
-    compute_instance_id: int | None
-
-
-@dataclass(frozen=True)
-class NvmlLink:
-    """One NVLink that answered ``nvmlDeviceGetNvLinkState`` (``nvidia-smi nvlink -s``)."""
-
-    link: int
-    active: bool
-    remote: NvlinkRemote | None = None  # read for active links only
-    remote_pci_bus_id: str | None = None  # the peer GPU's bus id; read for active links not to a switch
-
-
-@dataclass(frozen=True)
-class NvmlFabric:
-    """GPU fabric registration (NVSwitch systems, set by Fabric Manager; ``nvidia-smi -q`` "Fabric")."""
-
-    state: str  # a FABRIC_STATE name, or the raw number
-    status_code: int  # an NVML return code: 0 is success
-    status: str | None  # NVML's text for status_code ("Success")
-    cluster_uuid_hex: str
-    clique_id: int
-
-
-@dataclass(frozen=True)
-class NvmlDevice:
-    """One GPU's identity, memory, MIG and links (``nvidia-smi --query-gpu=...``, ``-L``, ``nvlink -s``)."""
-
-    index: int
-    uuid: str | None
-    name: str | None
-    compute_capability: str | None  # "9.0"
-    memory_total_mib: int | None
-    memory_used_mib: int | None
-    pci_bus_id: str | None  # "00000000:18:00.0"
-    utilization_gpu_pct: int | None
-    mig_mode: bool | None  # current MIG mode
-    mig_pending: bool | None  # pending MIG mode (differs until the GPU is reset)
-    mig_instances: tuple[NvmlMig, ...]  # read only when MIG is on
-    nvlinks: tuple[NvmlLink, ...]  # empty when no link answered (no NVLink, or not supported)
-    fabric: NvmlFabric | None
-
-
-@dataclass(frozen=True)
-class NvmlProcess:
-    pid: int
-    used_memory_mib: int | None
-    name: str | None
-
-
-@dataclass(frozen=True)
-class NvmlHealth:
-    """One GPU's health readings (``nvidia-smi -q``: ECC, Remapped Rows, Power, Clocks, Processes)."""
-
-    persistence_mode: bool | None = None
-    ecc_enabled: bool | None = None
-    ecc_uncorrected_volatile: int | None = None  # read only with ECC on
-    ecc_uncorrected_aggregate: int | None = None
-    retired_pages: int | None = None  # pre-Ampere dynamic page retirement
-    retired_pages_pending: bool | None = None
-    remapped_rows_uncorrectable: int | None = None  # Ampere+ row remapping
-    remapped_rows_pending: bool | None = None
-    remapped_rows_failed: bool | None = None
-    temperature_c: int | None = None
-    power_draw_w: float | None = None
-    power_limit_w: float | None = None
-    sm_clock_mhz: int | None = None
-    sm_clock_max_mhz: int | None = None
-    throttle_reasons: tuple[str, ...] = ()  # THROTTLE_REASONS names
-    processes: tuple[NvmlProcess, ...] = ()
-
-
-@dataclass(frozen=True)
-class NvmlPair:
-    """P2P status of one GPU pair (P2P_STATUS names) and their PCIe common ancestor (TOPOLOGY name)."""
-
-    a: int
-    b: int
-    read: str | None
-    write: str | None
-    nvlink: str | None
-    topology: str | None
 
 
 def _text(value: Any) -> str:
@@ -336,7 +236,7 @@ class Nvml:
                 out.append(NvmlLink(link, active=False))
                 continue
             kind = _query(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
-            remote = None if kind is None else _REMOTE.get(int(kind), NvlinkRemote.UNKNOWN)
+            remote = None if kind is None else REMOTE.get(int(kind), NvlinkRemote.UNKNOWN)
             peer = (
                 None
                 if remote is NvlinkRemote.SWITCH
