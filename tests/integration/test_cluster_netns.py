@@ -9,7 +9,9 @@ shared filesystem would be shared.
 
 - the node command of the sbatch script ``torchrig cluster slurm`` renders, run on each node with the
   variables srun sets there, reaches the same losses, step by step, as a single-node run with 2 processes
-  (the same global batch);
+  (the same global batch); so does the pod command of the JobSet ``torchrig cluster k8s --kind jobset``
+  renders, run on two nodes named and resolvable as the JobSet's pods are (``<jobset>-node-0-<i>``,
+  ``<hostname>.<subdomain>``) with the pod's ``JOB_COMPLETION_INDEX`` and environment;
 - SIGKILL to node 1's launcher (its whole process group) after a checkpoint exists: its torchrun and ranks
   go with it; starting its launcher again, the job re-rendezvous, resumes from the last checkpoint and
   finishes, with no lost or repeated steps and the same losses as the run that never failed;
@@ -91,8 +93,10 @@ class Node:
         return pids
 
 
-@pytest.fixture(scope="module")
-def nodes():
+@contextlib.contextmanager
+def _two_nodes(hostnames: tuple[str, str], subdomain: str | None = None):
+    """Two namespaces joined by a veth pair, each with its hostname; with ``subdomain``, every node's
+    ``/etc/hosts`` also names it ``<hostname>.<subdomain>``, as a headless service's DNS does for pods."""
     why = _why_not()
     if why:
         pytest.skip(why)
@@ -106,10 +110,11 @@ def nodes():
                 _ip("netns", "add", ns)
             except RuntimeError as err:
                 pytest.skip(f"cannot create a network namespace here: {err}")
-            made.append(Node(ns, f"node{i}", f"{subnet}.{i + 1}"))
+            made.append(Node(ns, hostnames[i], f"{subnet}.{i + 1}"))
         veth = [f"tr{tag}v{i}" for i in range(2)]  # interface names are at most 15 characters
         _ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
-        hosts = "127.0.0.1 localhost\n" + "".join(f"{n.addr} {n.hostname}\n" for n in made)
+        names = {n.hostname: (f"{n.hostname}.{subdomain} " if subdomain else "") + n.hostname for n in made}
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{n.addr} {names[n.hostname]}\n" for n in made)
         for node, dev in zip(made, veth, strict=True):
             _ip("link", "set", dev, "netns", node.ns)
             _ip("-n", node.ns, "addr", "add", f"{node.addr}/24", "dev", dev)
@@ -124,6 +129,12 @@ def nodes():
             node.kill_all()
             subprocess.run(["ip", "netns", "del", node.ns], capture_output=True, timeout=30)
             shutil.rmtree(Path("/etc/netns") / node.ns, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    with _two_nodes(("node0", "node1")) as made:
+        yield made
 
 
 class Launcher:
@@ -271,6 +282,61 @@ def test_rendered_slurm_job_on_two_nodes_reaches_the_single_node_losses(nodes, s
     worst = max(abs(losses[s] - ref_losses[s]) for s in losses)
     assert worst <= 1e-6, f"two-node losses differ from single-node by up to {worst}"
     assert end["final_loss"] == pytest.approx(ref_end["final_loss"], abs=1e-6)
+
+
+JOBSET = "torchrig-train"  # the rendered JobSet's name, and so its subdomain
+
+
+@pytest.fixture(scope="module")
+def jobset_pods():
+    """Two pods of the rendered JobSet: hostnames ``<jobset>-node-0-<i>``, each resolvable as
+    ``<hostname>.<subdomain>`` (what ``network.enableDNSHostnames`` and the headless service give pods)."""
+    with _two_nodes((f"{JOBSET}-node-0-0", f"{JOBSET}-node-0-1"), subdomain=JOBSET) as made:
+        yield made
+
+
+def rendered_jobset_pod(work: Path, out: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """`torchrig cluster k8s --kind jobset` for this job: the pod's command and environment."""
+    import yaml
+
+    manifest = work / "jobset.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrig", "cluster", "k8s", "--kind", "jobset", "--nodes", "2",
+         "--gpus-per-node", "0", "--image", "img:1", "--rdzv-port", str(port), "-o", str(manifest),
+         "--", *TRAIN, "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = yaml.safe_load_all(manifest.read_text())
+    assert doc["metadata"]["name"] == doc["spec"]["network"]["subdomain"] == JOBSET
+    (container,) = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+    return container["command"], {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_rendered_jobset_pods_on_two_nodes_reach_the_single_node_losses(jobset_pods, single_node, tmp_path):
+    """The rendered JobSet's pod command, run in each pod as Kubernetes would run it: the pod's hostname
+    and DNS name, its JOB_COMPLETION_INDEX and the manifest's environment; node 0's DNS name is the
+    rendezvous endpoint."""
+    out = tmp_path / "run"
+    command, env = rendered_jobset_pod(tmp_path, out, 29405)
+    assert command[:2] == ["/bin/sh", "-c"] and f"{JOBSET}-node-0-0.{JOBSET}:29405" in command[2]
+    launchers = [
+        Launcher(
+            pod, [], out, tmp_path, pod.hostname, argv=command, env={**env, "JOB_COMPLETION_INDEX": str(i)}
+        )
+        for i, pod in enumerate(jobset_pods)
+    ]
+    codes = [la.wait() for la in launchers]
+    assert codes == [0, 0], "\n".join(la.tail() for la in launchers)
+    for i, (pod, la) in enumerate(zip(jobset_pods, launchers, strict=True)):
+        assert "pre-flight process-group: ok: 2 rank(s) created a gloo process group" in la.stdout, la.tail()
+        assert f"logs: torchrig-logs/{JOBSET}/node{i}/" in la.stdout, la.tail()
+        assert f"host={pod.hostname}" in la.stderr_path.read_text(), la.tail()
+    losses, _, end = read_metrics(out)
+    ref_losses = single_node[0]
+    assert sorted(losses) == list(range(1, STEPS + 1)) and end["world_size"] == 2
+    worst = max(abs(losses[s] - ref_losses[s]) for s in losses)
+    assert worst <= 1e-6, f"JobSet pods' losses differ from single-node by up to {worst}"
 
 
 def test_lost_node_comes_back_and_the_job_resumes(nodes, single_node, tmp_path):
