@@ -174,7 +174,9 @@ def render_jobset(job: ClusterJob) -> list[dict[str, Any]]:
     """One replicatedJob of one indexed Job with a pod per node (JobSet's own PyTorch examples'
     layout, kubernetes-sigs/jobset examples/pytorch/resnet.yaml)."""
     check_jobset_names(job)
-    subdomain = job.name  # the CRD's default; stated, since older controllers defaulted differently
+    # The CRD's default subdomain, written out: JobSet's examples/pytorch/resnet.yaml once addressed pod 0
+    # as <jobset>-<replicatedJob>-0-0.<jobset>-<replicatedJob>, so the default has not always been this.
+    subdomain = job.name
     master = jobset_pod_hostname(job.name, JOBSET_REPLICATED_JOB, 0, 0) + f".{subdomain}"
     # backoffLimit 0: a pod that fails (its launcher out of --max-restarts) fails its Job at once, and the
     # JobSet then recreates every pod, so the nodes rendezvous again; failurePolicy.maxRestarts bounds that.
