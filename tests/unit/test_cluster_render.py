@@ -518,8 +518,10 @@ def test_jobset_crd_extract_names_its_source():
         (lambda d: d["spec"]["successPolicy"].update(targetReplicatedJobs=["workers"]), "workers"),
         (lambda d: d["spec"]["network"].update(subdomain="Bad_Sub"), "DNS-1035"),
         (lambda d: d.update(apiVersion="jobset.x-k8s.io/v1"), "jobset.x-k8s.io/v1alpha2"),
+        (lambda d: d.pop("spec"), "needs metadata.name and spec"),
         # the embedded Job template, checked by kubernetes-validate as a batch/v1 Job
         (lambda d: d["spec"]["replicatedJobs"][0]["template"]["spec"].update(completionMode=7), "7"),
+        (lambda d: d["spec"]["replicatedJobs"][0]["template"]["spec"].update(completions="3"), "'3'"),
         (lambda d: d["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
          .update(gpus=8), "gpus"),
     ],

@@ -62,8 +62,9 @@ def _validate_jobset(doc: dict[str, Any], kv: Any) -> None:
     expected = f"{crd['group']}/{crd['version']}"
     if doc.get("apiVersion") != expected or doc.get("kind") != crd["kind"]:
         raise ValueError(f"apiVersion/kind must be {expected}/{crd['kind']}")
+    if not isinstance(doc.get("metadata", {}).get("name"), str) or not isinstance(doc.get("spec"), dict):
+        raise ValueError("a JobSet needs metadata.name and spec")
     jsonschema.validate(doc, strict(crd["openAPIV3Schema"]))
-    _jobset_webhook_checks(doc)
     for rjob in doc["spec"].get("replicatedJobs", []):
         job = {
             "apiVersion": "batch/v1",
@@ -75,6 +76,7 @@ def _validate_jobset(doc: dict[str, Any], kv: Any) -> None:
             "spec": rjob["template"]["spec"],
         }
         kv.validate(job, K8S_VERSION, strict=True)
+    _jobset_webhook_checks(doc)  # after the schemas: it reads the fields they have checked
 
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
