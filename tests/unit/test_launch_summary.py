@@ -213,3 +213,18 @@ def test_report_points_at_the_flight_records():
     assert LaunchReport(None, (), result, False).to_json()["result"]["flight_records"] == list(
         result.flight_records
     )
+
+
+def test_abort_after_an_uncaught_exception_blames_the_exception():
+    """Under load a gloo rank that raised can abort (SIGABRT) in a destructor on its way out: seen in CI."""
+    import dataclasses
+
+    ranks = [
+        dataclasses.replace(r, exit_code=-6) if r.global_rank == 1 else r
+        for r in read("gloo-2rank-rank1-raises")
+    ]
+    s = summarize_failure(ranks, 0)
+    assert by_rank(s)[1].role == "culprit" and by_rank(s)[1].status == "killed by SIGABRT"
+    assert "ValueError: planted failure" in s.likely_cause and "aborted while shutting down" in s.likely_cause
+    bare = RankLog(global_rank=0, local_rank=0, host=None, pid=1, attempt=0, text="step 5\n", exit_code=-6)
+    assert "native assertion" in summarize_failure([bare], 0).likely_cause  # no traceback: the abort itself

@@ -250,10 +250,18 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
     found = match_cause(f"{log.text}\n{log.error_message or ''}")
     if found:
         return found
-    if sig in SIGNAL_CAUSES:
-        return SIGNAL_CAUSES[sig]
     err_lines = (log.error_message or "").strip().splitlines()
     exc = last_exception(log.text) or (err_lines[-1] if err_lines else None)
+    if sig == "SIGABRT" and last_exception(log.text):
+        # Python printed an uncaught exception, then the process aborted on its way out (a process-group or
+        # CUDA destructor at interpreter exit): the exception is the cause, the abort its echo.
+        return (
+            f"an uncaught exception in the script: {last_exception(log.text)} (the process then aborted "
+            "while shutting down)",
+            "fix the error above; the traceback is in the rank's log",
+        )
+    if sig in SIGNAL_CAUSES:
+        return SIGNAL_CAUSES[sig]
     if exc:
         return (
             f"an uncaught exception in the script: {exc}",
