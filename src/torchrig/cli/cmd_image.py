@@ -1,10 +1,19 @@
 """Render the Dockerfile for an image spec, or build the image through the Docker Engine API.
 
 `render` prints the Dockerfile (a pure function of the resolved spec: same spec, same bytes).
-`build` builds it (classic builder via the Engine API; progress on stderr), tags it after the resolved
+`build` builds it through the Docker Engine API (progress on stderr), tags it after the resolved
 stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the context's digest), reads the lock
 of what went in (pip freeze, apt versions, base digest) from the image and writes it beside the spec as
-torchrig.lock.json, and reports the image's size. A failing step is shown with the tail of its log (exit 1).
+torchrig.lock.json, and reports the image's size and its steps (cached, done, error; --json has them all).
+A failing step is shown with the tail of its log, and the error line names it with its last output (exit 1).
+
+Builders (--builder):
+  auto       the default: BuildKit where the engine has it (Engine API >= 1.39 on Linux, or a /_ping that
+             says Builder-Version: 2), else the classic builder; the report says which one ran
+  buildkit   BuildKit (POST /build?version=2): skips stages the image does not need; an error on
+             engines without it
+  classic    the engine's classic builder (what `DOCKER_BUILDKIT=0 docker build` uses)
+  The same Dockerfile builds the same image with either; the layer caches are separate.
 
 The image: pinned base, Python venv in /opt/venv, torch pinned by /etc/torchrig/constraints.txt (PIP_CONSTRAINT),
 non-root user, tini as PID 1, `torchrig serve` (JupyterLab with a token, SSH with keys only), HEALTHCHECK,
@@ -22,6 +31,8 @@ examples:
   torchrig image render path/to/torchrig.toml --json     # Dockerfile, tag, resolved stack
   torchrig image build                                   # build, tag, lock, size
   torchrig image build --locked                          # again with the lock's pip/apt versions and base digest
+  torchrig image build --builder classic -v              # the classic builder, every log line on stderr
+  torchrig image build --json | jq '.builder, [.steps[] | select(.state != "cached") | .name]'
   torchrig image build --wheelhouse ./wheels --base debian:bookworm-slim
   torchrig image build --ca-cert /etc/ssl/certs/corp-proxy.pem
   docker run --gpus all -p 8888:8888 -p 2222:22 -v data:/workspace/data \\
