@@ -259,6 +259,28 @@ def test_choose_builder(requested, api, os_type, header, expected):
     assert choose_builder(requested, EngineBuildInfo(api, os_type, header)) is expected
 
 
+@pytest.mark.parametrize(
+    "env, requested, expected",
+    [
+        ("0", "auto", Builder.CLASSIC),
+        ("false", "auto", Builder.CLASSIC),
+        ("1", "auto", Builder.BUILDKIT),
+        ("", "auto", Builder.BUILDKIT),
+        ("0", "buildkit", Builder.BUILDKIT),  # an explicit --builder wins over the environment
+    ],
+)
+def test_auto_honours_docker_buildkit_like_the_docker_cli(env, requested, expected):
+    assert choose_builder(requested, EngineBuildInfo("1.41", "linux", None), env) is expected
+
+
+def test_docker_buildkit_1_on_an_engine_without_it_is_an_error():
+    with pytest.raises(EngineUnavailable) as err:
+        choose_builder("auto", EngineBuildInfo("1.41", "windows", None), "1")
+    assert err.value.one_line() == (
+        "DOCKER_BUILDKIT=1: a Windows engine has no BuildKit; unset DOCKER_BUILDKIT or use --builder classic"
+    )
+
+
 def test_buildkit_on_an_engine_without_it_is_a_one_line_error():
     info = EngineBuildInfo("1.38", "linux", None)
     assert buildkit_support(info) == "Engine API 1.38 is older than 1.39"

@@ -77,14 +77,28 @@ def buildkit_support(info: EngineBuildInfo) -> str | None:
     return None
 
 
-def choose_builder(requested: str, info: EngineBuildInfo) -> Builder:
-    """``auto`` -> BuildKit where the engine has it, else classic; ``buildkit`` on an engine without it fails."""
+def choose_builder(requested: str, info: EngineBuildInfo, docker_buildkit: str | None = None) -> Builder:
+    """``auto`` -> BuildKit where the engine has it, else classic; ``buildkit`` on an engine without it fails.
+
+    ``docker_buildkit`` is the DOCKER_BUILDKIT environment variable, which ``auto`` honours as the docker
+    CLI does: 0 (or false) asks for the classic builder, 1 (or true) for BuildKit."""
     why_not = buildkit_support(info)
+    asked, hint = "--builder buildkit", "use --builder classic (or auto)"
+    if requested == "auto" and docker_buildkit is not None:
+        flag = docker_buildkit.strip().lower()
+        if flag in ("0", "false"):
+            requested = "classic"
+        elif flag in ("1", "true"):
+            requested = "buildkit"
+            asked, hint = (
+                f"DOCKER_BUILDKIT={docker_buildkit}",
+                "unset DOCKER_BUILDKIT or use --builder classic",
+            )
     if requested == "classic":
         return Builder.CLASSIC
     if requested == "buildkit":
         if why_not:
-            raise EngineUnavailable(f"--builder buildkit: {why_not}", hint="use --builder classic (or auto)")
+            raise EngineUnavailable(f"{asked}: {why_not}", hint=hint)
         return Builder.BUILDKIT
     return Builder.CLASSIC if why_not else Builder.BUILDKIT
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -173,7 +174,7 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
     from torchrig.image.buildkit import choose_builder, engine_build_info
 
     client = engine.connect()
-    builder = choose_builder(opts.builder, engine_build_info(client)).value
+    builder = choose_builder(opts.builder, engine_build_info(client), os.environ.get("DOCKER_BUILDKIT")).value
     steps: list[engine.BuildStep] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="torchrig-build-") as tmp:
