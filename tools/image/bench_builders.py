@@ -9,7 +9,8 @@ local wheelhouse, like the integration tests' image, under its own repository na
 
     python tools/image/bench_builders.py --wheelhouse .ci-work/wheelhouse --base torchrig-test/debian:bookworm
 
-Prints one JSON object (machine, engine, date, per-run seconds) and removes the images it tagged.
+torchrig's own wheel is built once at the start (``--torchrig-dist``), so edits to the checkout while it runs
+do not change the context. Prints one JSON object (machine, engine, date, per-run seconds) and removes the images it tagged.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def build(spec_dir: Path, builder: str, workdir: str, args: argparse.Namespace, 
     spec.write_text(SPEC.format(builder=builder, workdir=workdir))
     cmd = [sys.executable, "-m", "torchrig", "image", "build", str(spec), "--json", "--builder", builder]
     cmd += ["--wheelhouse", str(args.wheelhouse), "--base", args.base, "-v", *extra]
+    cmd += ["--torchrig-dist", str(args.torchrig_dist)]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     wall_s = round(time.monotonic() - started, 1)
@@ -80,6 +82,10 @@ def main() -> None:
     parser.add_argument("--base", required=True)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
+    from torchrig.image.context import build_torchrig_wheel
+
+    dist = tempfile.TemporaryDirectory(prefix="bench-dist-")
+    args.torchrig_dist = build_torchrig_wheel(Path(dist.name)).parent
     runs: dict[str, dict[str, list[dict]]] = {}
     tags: set[str] = set()
     layers: list[str] = []
@@ -107,6 +113,7 @@ def main() -> None:
             )
             if tagged.stdout.strip() == "0":
                 subprocess.run(["docker", "rmi", layer], capture_output=True, check=False)
+        dist.cleanup()
     print(
         json.dumps(
             {

@@ -13,7 +13,7 @@ Builders (--builder):
   buildkit   BuildKit (POST /build?version=2): skips stages the image does not need; an error on
              engines without it
   classic    the engine's classic builder (what `DOCKER_BUILDKIT=0 docker build` uses)
-  The same Dockerfile builds the same image with either; the layer caches are separate.
+  Either builds an equivalent image (same config, labels and lock); their layer caches are separate.
 
 The image: pinned base, Python venv in /opt/venv, torch pinned by /etc/torchrig/constraints.txt (PIP_CONSTRAINT),
 non-root user, tini as PID 1, `torchrig serve` (JupyterLab with a token, SSH with keys only), HEALTHCHECK,
