@@ -34,8 +34,10 @@ from torchrig.image.build import (
 )
 from torchrig.image.buildkit_status import ProtobufError, Vertex, decode_trace
 
-# Engine API 1.39 (Docker 18.09) added BuildKit to /build (version=2); Windows engines have no BuildKit.
-# https://docs.docker.com/reference/api/engine/version-history/#v139-api-changes
+# The docker CLI builds with BuildKit without the daemon's experimental mode from Engine API 1.39 on
+# (docker/cli cli/command/image/build_session.go, isSessionSupported: ClientVersion >= "1.39"); daemons
+# from 22.06 on also advertise "Builder-Version: 2" on Linux (https://github.com/moby/moby/pull/43992).
+# Windows engines have no BuildKit.
 BUILDKIT_MIN_API = (1, 39)
 # A Dockerfile instruction's vertex: "[build 3/7] RUN ..." (named stage) or "[2/3] RUN ..." (single stage)
 _STEP_NAME_RE = re.compile(r"^\[(?:(\S+) )?(\d+)/(\d+)\] (.*)$", re.S)
