@@ -196,7 +196,8 @@ def test_classic_builds_the_rendered_image_like_buildkit(tmp_path, engine, wheel
     make the same image from the same spec: labels, user, config, lock. Its own repository name keeps the
     session image's tags where they are."""
     auto = test_image_build
-    assert auto["builder"] == "buildkit"
+    if auto["builder"] != "buildkit":
+        pytest.skip("the session image was built with the classic builder (DOCKER_BUILDKIT=0?)")
     spec = tmp_path / "torchrig.toml"
     text = Path(auto["spec_path"]).read_text()
     spec.write_text(text.replace('name = "torchrig-test/pytorch"', 'name = "torchrig-test/pytorch-classic"'))
