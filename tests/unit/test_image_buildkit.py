@@ -296,3 +296,13 @@ def test_cli_rejects_an_unknown_builder(cli):
     assert r.code == 2
     lines = r.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("torchrig: error:") and "buildkit" in lines[0]
+
+
+def test_buildkit_request_asks_for_version_2_with_the_same_inputs_as_classic():
+    from torchrig.image.buildkit import _params
+
+    p = _params("t/x:1", "abc", {"TORCHRIG_BASE_DIGEST": "sha256:1"}, {"k": "v"}, no_cache=True)
+    assert p["version"] == "2" and p["t"] == "t/x:1" and p["buildid"] == "abc" and p["nocache"] == "1"
+    assert json.loads(p["buildargs"]) == {"TORCHRIG_BASE_DIGEST": "sha256:1"}
+    assert json.loads(p["labels"]) == {"k": "v"} and p["dockerfile"] == "Dockerfile"
+    assert "nocache" not in _params("t/x:1", "abc", {}, {}, no_cache=False)
