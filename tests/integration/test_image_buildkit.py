@@ -227,3 +227,79 @@ def test_classic_builds_the_rendered_image_like_buildkit(tmp_path, engine, wheel
             engine.images.remove(tag, force=True)
         remove_intermediates(engine, layers)
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+CANCEL_PROGRAM = """
+import io, sys
+import docker
+from torchrig.image.build import run_build
+from torchrig.image.context import ContextPlan, write_context_tar
+
+class Echo:
+    def step(self, number, total, text): print("step", number, text, flush=True)
+    def log(self, line): print(line, flush=True)
+    def close(self): pass
+
+base, marker, tag = sys.argv[1:]
+tar = io.BytesIO()
+write_context_tar(ContextPlan(texts={"Dockerfile": f"FROM {base}\\nRUN sleep {marker}\\n"}), tar)
+try:
+    run_build(docker.from_env(), tar, tag, buildargs={}, labels={}, no_cache=True, progress=Echo(),
+              builder="buildkit")
+except KeyboardInterrupt:
+    # stay alive: the engine must stop the step while this client still exists
+    print("interrupted", flush=True)
+    sys.stdin.read()
+    sys.exit(130)
+"""
+
+
+def _sleepers(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_ctrl_c_cancels_the_buildkit_build_on_the_engine(engine):
+    """Ctrl-C in the client stops the RUN step on the engine too, not only the client.
+
+    Two things stop it: torchrig's ``/build/cancel`` and urllib3 closing the connection whose read was
+    interrupted; the test checks the outcome (the step's process is gone while the client still lives)."""
+    import signal
+    import time
+
+    marker = f"97.{uuid.uuid4().int % 10**6:06d}"  # a sleep this test alone runs
+    tag = f"torchrig-test/buildkit-cancel-{uuid.uuid4().hex[:10]}:1"
+    proc = (
+        subprocess.Popen(  # the marker alone on its command line: only the RUN step matches "sleep <marker>"
+            [sys.executable, "-c", CANCEL_PROGRAM, BASE, marker, tag],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _sleepers(marker) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert _sleepers(marker), "the RUN step never started"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # until the client has handled the interrupt (it then waits on stdin)
+            if line.strip() == "interrupted":
+                break
+        gone_by = time.monotonic() + 60
+        while _sleepers(marker) and time.monotonic() < gone_by:
+            time.sleep(0.5)
+        assert not _sleepers(marker), "the engine kept running the cancelled step"
+        assert proc.poll() is None  # ... while the client and its connection were still there
+        out, _ = proc.communicate("", timeout=60)
+        assert proc.returncode == 130, out[-2000:]
+        from docker.errors import ImageNotFound
+
+        with pytest.raises(ImageNotFound):
+            engine.images.get(tag)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
