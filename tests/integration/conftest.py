@@ -115,30 +115,29 @@ def wheelhouse() -> Path:
     return make_wheelhouse()
 
 
+def run_image_build(spec: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    """``torchrig image build SPEC --base <the local base image> ARGS`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "torchrig", "image", "build", str(spec), "--base", BASE_IMAGE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="session")
+def image_build_cli():
+    """:func:`run_image_build`, for the test modules (they cannot import this conftest)."""
+    return run_image_build
+
+
 @pytest.fixture(scope="session")
 def test_image_build(engine, wheelhouse, tmp_path_factory) -> dict:
     """The ``torchrig image build --json`` result for the test spec (built once per session)."""
     spec = tmp_path_factory.mktemp("image-spec") / "torchrig.toml"
     spec.write_text(TEST_SPEC)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrig",
-            "image",
-            "build",
-            str(spec),
-            "--wheelhouse",
-            str(wheelhouse),
-            "--base",
-            BASE_IMAGE,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=ROOT,
-    )
+    proc = run_image_build(spec, "--wheelhouse", str(wheelhouse), "--json", timeout=1500)
     if proc.returncode != 0:
         raise RuntimeError(f"test image build failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
     result = json.loads(proc.stdout)

@@ -6,25 +6,12 @@ classic builder (test_image_buildkit.py has BuildKit's)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = "torchrig-test/debian:bookworm"
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-
-
-def build(spec: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchrig", "image", "build", str(spec), "--base", BASE, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
 
 
 def test_build_reports_tags_size_and_lock(test_image_build, engine):
@@ -56,8 +43,8 @@ def test_image_has_no_baked_host_keys_or_wheelhouse(engine, test_image):
     assert out.strip().splitlines()[-1].startswith("sha256:")
 
 
-def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build):
-    r = build(
+def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build, image_build_cli):
+    r = image_build_cli(
         Path(test_image_build["spec_path"]),
         "--wheelhouse",
         str(ROOT / ".ci-work" / "wheelhouse"),
@@ -77,12 +64,12 @@ def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build):
     assert again["elapsed_s"] < 180
 
 
-def test_failing_step_shows_the_step_and_its_log(tmp_path, engine, wheelhouse):
+def test_failing_step_shows_the_step_and_its_log(tmp_path, engine, wheelhouse, image_build_cli):
     spec = tmp_path / "torchrig.toml"
     spec.write_text(
         '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[packages]\napt = ["no-such-package-torchrig"]\n'
     )
-    r = build(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", timeout=600)
+    r = image_build_cli(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", timeout=600)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "build failed at Step 3/" in r.stderr and "apt-get install" in r.stderr
     assert "E: Unable to locate package no-such-package-torchrig" in r.stderr  # the log tail
@@ -95,7 +82,7 @@ def test_failing_step_shows_the_step_and_its_log(tmp_path, engine, wheelhouse):
 
 
 @pytest.mark.skipif(not HOST_BUNDLE.exists(), reason="no host CA bundle")
-def test_ca_cert_lets_pip_through_the_intercepting_proxy(tmp_path, engine, wheelhouse):
+def test_ca_cert_lets_pip_through_the_intercepting_proxy(tmp_path, engine, wheelhouse, image_build_cli):
     """Wheels for torch from the wheelhouse, one small package from PyPI: containers reach PyPI only through
     this machine's TLS-intercepting proxy, whose CA is in the host bundle, so pip needs --ca-cert."""
     spec = tmp_path / "torchrig.toml"
@@ -104,11 +91,11 @@ def test_ca_cert_lets_pip_through_the_intercepting_proxy(tmp_path, engine, wheel
         '[image]\nname = "torchrig-test/ca"\n'
     )  # the test image's services: its layers are reused
     common = ["--wheelhouse", str(wheelhouse), "--pip-index-url", "https://pypi.org/simple"]
-    without = build(spec, *common, timeout=900)
+    without = image_build_cli(spec, *common, timeout=900)
     if without.returncode == 0:
         pytest.skip("PyPI is reachable from containers without the proxy CA here: nothing to prove")
     assert without.returncode == 1 and "build failed at " in without.stderr
-    r = build(spec, *common, "--ca-cert", str(HOST_BUNDLE), "--json", timeout=900)
+    r = image_build_cli(spec, *common, "--ca-cert", str(HOST_BUNDLE), "--json", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     tag = json.loads(r.stdout)["tags"][0]
     out = engine.containers.run(

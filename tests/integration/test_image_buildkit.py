@@ -165,22 +165,14 @@ def test_buildkit_failing_run_reports_the_step_and_its_output(built):
     assert err.value.exit_code == 1 and "the step exited with status 3" in err.value.one_line()
 
 
-def cli_build(spec: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchrig", "image", "build", str(spec), "--base", BASE, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-
-
-def test_cli_buildkit_failing_step_is_one_line_with_its_last_output(tmp_path, engine, wheelhouse):
+def test_cli_buildkit_failing_step_is_one_line_with_its_last_output(
+    tmp_path, engine, wheelhouse, image_build_cli
+):
     spec = tmp_path / "torchrig.toml"
     spec.write_text(
         '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[packages]\napt = ["no-such-package-torchrig"]\n'
     )
-    r = cli_build(spec, "--wheelhouse", str(wheelhouse), "--builder", "buildkit")
+    r = image_build_cli(spec, "--wheelhouse", str(wheelhouse), "--builder", "buildkit")
     assert r.returncode == 1, r.stderr[-3000:]
     assert "with BuildKit" in r.stderr and "build failed at [os 2/2] RUN set -eux" in r.stderr
     assert "  | E: Unable to locate package no-such-package-torchrig" in r.stderr  # the log tail
@@ -191,7 +183,9 @@ def test_cli_buildkit_failing_step_is_one_line_with_its_last_output(tmp_path, en
     assert not (tmp_path / "torchrig.lock.json").exists()
 
 
-def test_classic_builds_the_rendered_image_like_buildkit(tmp_path, engine, wheelhouse, test_image_build):
+def test_classic_builds_the_rendered_image_like_buildkit(
+    tmp_path, engine, wheelhouse, test_image_build, image_build_cli
+):
     """The session's test image came from the default builder (BuildKit here); the classic builder must
     make the same image from the same spec: labels, user, config, lock. Its own repository name keeps the
     session image's tags where they are."""
@@ -201,7 +195,9 @@ def test_classic_builds_the_rendered_image_like_buildkit(tmp_path, engine, wheel
     spec = tmp_path / "torchrig.toml"
     text = Path(auto["spec_path"]).read_text()
     spec.write_text(text.replace('name = "torchrig-test/pytorch"', 'name = "torchrig-test/pytorch-classic"'))
-    r = cli_build(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", "--json", "-v", timeout=1500)
+    r = image_build_cli(
+        spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", "--json", "-v", timeout=1500
+    )
     layers = [m.group(1) for line in r.stderr.splitlines() if (m := _LAYER_RE.match(line))]
     assert r.returncode == 0, r.stderr[-3000:]
     classic = json.loads(r.stdout)
