@@ -56,11 +56,16 @@ def _signal_workers(attempt_dir: Path, sig: int) -> None:
                 os.kill(rank.pid, sig)
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM torchrun (it forwards to the workers, which dump their stacks), then SIGKILL the group."""
+STOP_GRACE_S = 15.0  # from a stop to SIGKILL for torchrun and its ranks (the guard enforces it)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """Ask the guard to stop the job (it SIGTERMs torchrun once, which forwards to the ranks, which dump their
+    stacks; it SIGKILLs what is left after ``grace_s``). Signalling the guard alone matters: a second SIGTERM
+    to torchrun wedges its shutdown (see ``guard``). SIGKILL to the group only if the guard itself is stuck."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s + 10)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -69,8 +74,9 @@ def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the launcher dies (Linux prctl PR_SET_PDEATHSIG), so a killed
-    ``torchrig launch`` takes its torchrun and ranks with it instead of leaving them running."""
+    """In the guard before exec: get SIGTERM if the launcher dies (Linux prctl PR_SET_PDEATHSIG), so a killed
+    ``torchrig launch`` takes its torchrun and ranks with it instead of leaving them running. The kernel may
+    send it more than once (once per launcher thread the guard is handed to); the guard passes on one."""
     try:
         import ctypes
 
@@ -109,8 +115,11 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     log_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     env = {**os.environ, **plan.env}
+    # torchrun runs under a guard (``torchrig.launch.guard``): one stop signal for torchrun however many come,
+    # a bounded stop, and no rank left behind.
+    argv = [sys.executable, "-m", "torchrig.launch.guard", str(STOP_GRACE_S), "--", *plan.argv]
     proc = subprocess.Popen(
-        list(plan.argv),
+        argv,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
