@@ -84,6 +84,17 @@ class Node:
         proc = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True, timeout=30)
         return [int(p) for p in proc.stdout.split()]
 
+    def describe(self) -> str:
+        """``ps`` of the node's processes, for a failure message: who is left, in what state, waiting where."""
+        pids = self.pids()
+        if not pids:
+            return "(none)"
+        proc = subprocess.run(
+            ["ps", "-o", "pid,ppid,pgid,sid,stat,etimes,wchan:24,args", "-p", ",".join(map(str, pids))],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return proc.stdout.strip() or proc.stderr.strip()
+
     def kill_all(self) -> list[int]:
         """SIGKILL every process of the node: what losing the machine looks like to the others."""
         pids = self.pids()
@@ -353,7 +364,9 @@ def test_lost_node_comes_back_and_the_job_resumes(nodes, single_node, tmp_path):
     deadline = time.monotonic() + 20
     while nodes[1].pids() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not nodes[1].pids(), "node 1's torchrun or ranks outlived their SIGKILLed launcher"
+    assert not nodes[1].pids(), (
+        f"node 1's torchrun or ranks outlived their SIGKILLed launcher\n{nodes[1].describe()}\n{n1.tail()}"
+    )
     n1_again = Launcher(nodes[1], node_args(1, endpoint, "comeback", *extra), out, tmp_path, "node1-again")
     assert n0.wait() == 0, n0.tail()
     assert n1_again.wait() == 0, n1_again.tail()
