@@ -92,3 +92,60 @@ def test_three_processes_collectives_only(cli):
     check_collectives(m["collectives"], 3)
     # 1 KiB of fp32 over 3 ranks rounds to 85 elements each: S = 3 * 85 * 4 = 1020 bytes (nccl-tests rounds the same way)
     assert min(c["size_bytes"] for c in m["collectives"]) == 1020
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_a_stopped_bench_leaves_no_torchrun_or_worker_behind(tmp_path, how):
+    """Ctrl-C (SIGINT to the bench alone, as a terminal sends it to the foreground group that torchrun's
+    session is not in) or SIGKILL: torchrun and the workers go with the bench, within the guard's grace."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from torchrig.launch.guard import descendants
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchrig", "bench", "--cpu", "--nproc-per-node", "2", "--only", "collectives",
+         "--max-size", "64MiB", "--json", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+    def workers(pids: list[int]) -> list[int]:
+        found = []
+        for pid in pids:
+            try:
+                if b"torchrig.bench.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    deadline = time.monotonic() + 120
+    tree: list[int] = []
+    while len(workers(tree)) < 2:
+        assert proc.poll() is None, f"bench exited early: {proc.stderr.read()[-2000:] if proc.stderr else ''}"
+        assert time.monotonic() < deadline, f"bench never started its workers: {tree}"
+        time.sleep(0.5)
+        tree = descendants(proc.pid)
+    time.sleep(2)  # the workers are in their collectives now
+    tree = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+    code = proc.wait(timeout=60)
+    assert code == (130 if how == "ctrl-c" else -signal.SIGKILL)
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    gone_by = time.monotonic() + 30
+    while any(alive(p) for p in tree) and time.monotonic() < gone_by:
+        time.sleep(0.2)
+    left = [p for p in tree if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"processes outlived the bench: {left}"

@@ -109,7 +109,7 @@ def test_ranks_orphaned_by_a_dead_torchrun_are_killed(tmp_path):
 
 
 def test_a_multithreaded_launcher_sigkilled_gives_the_child_one_sigterm(tmp_path):
-    """The real case: the launcher's own code (supervise._die_with_parent) arms PDEATHSIG on the guard, the
+    """The real case: the launcher's own code (guard.die_with_parent) arms PDEATHSIG on the guard, the
     launcher has several threads (its output pumps), and SIGKILL takes it. The child must see one SIGTERM,
     stop, and nothing may be left."""
     (tmp_path / "child.py").write_text(CHILD)
@@ -119,12 +119,12 @@ def test_a_multithreaded_launcher_sigkilled_gives_the_child_one_sigterm(tmp_path
         textwrap.dedent(
             f"""
             import subprocess, sys, threading, time
-            from torchrig.launch.supervise import _die_with_parent
+            from torchrig.launch.guard import die_with_parent
             for _ in range(4):
                 threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
             g = subprocess.Popen([sys.executable, "-m", "torchrig.launch.guard", "5", "--", sys.executable,
                                   {str(tmp_path / "child.py")!r}, {str(log)!r}, "plain"],
-                                 start_new_session=True, preexec_fn=_die_with_parent)
+                                 start_new_session=True, preexec_fn=die_with_parent)
             print(g.pid, flush=True)
             time.sleep(600)
             """

@@ -22,6 +22,7 @@ from torchrig.bench.config import BenchConfig
 from torchrig.bench.records import Measurements, measurements_from_json
 from torchrig.bench.worker import PROGRESS_TAG
 from torchrig.errors import JobFailed
+from torchrig.launch import guard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,9 @@ class LaunchPlan:
 
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_additions.items())
         return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
+
+
+STOP_GRACE_S = 15.0  # after Ctrl-C, how long torchrun and the workers get before SIGKILL
 
 
 def plan_launch(cfg: BenchConfig, nproc: int, workdir: str, python: str = sys.executable) -> LaunchPlan:
@@ -86,18 +90,31 @@ def execute(
     env = dict(os.environ)
     env.update(plan.env_additions)
     tail: collections.deque[str] = collections.deque(maxlen=60)
+    # Under torchrig's launch guard, in a session of its own: a bench killed in any way takes torchrun and its
+    # workers with it, and Ctrl-C stops them through the guard (one SIGTERM for torchrun, bounded).
     proc = subprocess.Popen(
-        plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        guard.command(plan.argv, STOP_GRACE_S),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        preexec_fn=guard.die_with_parent,
     )
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(PROGRESS_TAG):
-            event = json.loads(line[len(PROGRESS_TAG) :])
-            on_progress(int(event["done"]), int(event["total"]), str(event["label"]))
-            continue
-        tail.append(line)
-        if on_line:
-            on_line(line.rstrip("\n"))
+    try:
+        for line in proc.stdout:
+            if line.startswith(PROGRESS_TAG):
+                event = json.loads(line[len(PROGRESS_TAG) :])
+                on_progress(int(event["done"]), int(event["total"]), str(event["label"]))
+                continue
+            tail.append(line)
+            if on_line:
+                on_line(line.rstrip("\n"))
+    except BaseException:  # Ctrl-C, or a progress callback that failed: the workers must not run on
+        guard.stop(proc, STOP_GRACE_S)
+        raise
     code = proc.wait()
     if code != 0 or not pathlib.Path(plan.out_path).exists():
         raise JobFailed(

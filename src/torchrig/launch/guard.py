@@ -50,6 +50,31 @@ def _child_setup() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def command(argv: list[str] | tuple[str, ...], grace_s: float) -> list[str]:
+    """``argv`` run under the guard, with the interpreter running this code."""
+    return [sys.executable, "-m", "torchrig.launch.guard", str(grace_s), "--", *argv]
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for the guard: SIGTERM when the process that started it dies (PR_SET_PDEATHSIG), so a
+    SIGKILLed launcher still stops the job. The kernel may send it more than once; the guard passes on one."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """Ask a running guard to stop its job and wait for it: the guard alone is signalled (a second SIGTERM to
+    torchrun is what wedges it); SIGKILL to the guard's process group only if the guard itself is stuck."""
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s + 10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
 def descendants(root: int, proc_dir: str = "/proc") -> list[int]:
     """Every live process under ``root``, parents before children, read from ``/proc/<pid>/stat``."""
     children: dict[int, list[int]] = {}

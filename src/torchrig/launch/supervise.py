@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from torchrig.launch import logs
+from torchrig.launch import guard, logs
 from torchrig.launch.plan import FLIGHT_RECORD_PREFIX, LaunchPlan
 from torchrig.launch.summary import (
     RDZV_TIMEOUT,
@@ -59,30 +59,10 @@ def _signal_workers(attempt_dir: Path, sig: int) -> None:
 STOP_GRACE_S = 15.0  # from a stop to SIGKILL for torchrun and its ranks (the guard enforces it)
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """Ask the guard to stop the job (it SIGTERMs torchrun once, which forwards to the ranks, which dump their
-    stacks; it SIGKILLs what is left after ``grace_s``). Signalling the guard alone matters: a second SIGTERM
-    to torchrun wedges its shutdown (see ``guard``). SIGKILL to the group only if the guard itself is stuck."""
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s + 10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the guard before exec: get SIGTERM if the launcher dies (Linux prctl PR_SET_PDEATHSIG), so a killed
-    ``torchrig launch`` takes its torchrun and ranks with it instead of leaving them running. The kernel may
-    send it more than once (once per launcher thread the guard is handed to); the guard passes on one."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the job through its guard: torchrun gets one SIGTERM and forwards it to the ranks (which dump their
+    stacks); whatever is left after ``STOP_GRACE_S`` is SIGKILLed."""
+    guard.stop(proc, STOP_GRACE_S)
 
 
 def _watch(
@@ -117,9 +97,8 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     env = {**os.environ, **plan.env}
     # torchrun runs under a guard (``torchrig.launch.guard``): one stop signal for torchrun however many come,
     # a bounded stop, and no rank left behind.
-    argv = [sys.executable, "-m", "torchrig.launch.guard", str(STOP_GRACE_S), "--", *plan.argv]
     proc = subprocess.Popen(
-        argv,
+        guard.command(plan.argv, STOP_GRACE_S),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -127,7 +106,7 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
         bufsize=1,
         start_new_session=True,
         errors="replace",
-        preexec_fn=_die_with_parent,
+        preexec_fn=guard.die_with_parent,
     )
     # A SIGTERM to the launcher (a scheduler cancelling the job) stops torchrun and the ranks the same way.
     previous = None
