@@ -439,3 +439,68 @@ def test_importing_the_adapter_and_its_users_does_not_import_pynvml():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_sensors_and_index_of_on_the_recorded_pair(monkeypatch):
+    """What bench samples after each timed GEMM: the GPU found by the UUID torch reports (without ``GPU-``),
+    and its clock, temperature and power as recorded."""
+    facts = recorded("h200x2-driver580-cu130")
+    monkeypatch.setitem(sys.modules, "pynvml", replay(facts))
+    with nvml.session() as gpus:
+        for g in facts["gpus"]:
+            assert gpus.index_of(g["uuid"]) == g["index"]
+            assert gpus.index_of(g["uuid"].removeprefix("GPU-")) == g["index"]
+            assert gpus.sensors(g["index"]) == nvml.NvmlSensors(
+                sm_clock_mhz=g["sm_clock_mhz"],
+                temperature_c=g["temperature_c"],
+                power_draw_w=g["power_draw_w"],
+            )
+        assert gpus.index_of("GPU-00000000-0000-0000-0000-000000000000") is None
+
+
+class _Props:
+    def __init__(self, uuid: str) -> None:
+        self.uuid = uuid
+
+
+def _torch_with(uuid: str) -> Any:
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(get_device_properties=lambda _d: _Props(uuid)))
+
+
+CUDA0 = types.SimpleNamespace(type="cuda", index=0)
+
+
+def test_bench_reads_its_gpu_through_the_adapter(monkeypatch):
+    from torchrig.bench import device as bench_device
+
+    facts = recorded("h200x2-driver580-cu130")
+    shutdowns: list[int] = []
+    monkeypatch.setitem(sys.modules, "pynvml", replay(facts, nvmlShutdown=lambda: shutdowns.append(1)))
+    g = facts["gpus"][1]  # CUDA_VISIBLE_DEVICES=1: CUDA's device 0 is NVML's GPU 1
+    read = bench_device.gpu_state_reader(_torch_with(g["uuid"].removeprefix("GPU-")), CUDA0)
+    assert read is not None
+    assert read() == (g["sm_clock_mhz"], g["temperature_c"], round(g["power_draw_w"], 1))
+    assert shutdowns == []  # the session stays open for the worker's life
+    # a GPU NVML does not list, the CPU, a clock NVML refuses
+    assert bench_device.gpu_state_reader(_torch_with("00000000-0000-0000-0000-000000000000"), CUDA0) is None
+    assert shutdowns == [1]
+    assert bench_device.gpu_state_reader(_torch_with(g["uuid"]), types.SimpleNamespace(type="cpu")) is None
+    monkeypatch.setitem(
+        sys.modules,
+        "pynvml",
+        replay(facts, nvmlDeviceGetClockInfo=fail(pynvml.NVML_ERROR_NOT_SUPPORTED)),
+    )
+    read = bench_device.gpu_state_reader(_torch_with(g["uuid"]), CUDA0)
+    assert read is not None and read() == (None, g["temperature_c"], round(g["power_draw_w"], 1))
+
+
+def test_bench_without_nvml_has_no_reader(monkeypatch):
+    from torchrig.bench import device as bench_device
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert bench_device.gpu_state_reader(_torch_with("ab2a08d6-ef8c-084b-4c48-9ab327f58ba1"), CUDA0) is None
+    facts = recorded("h200x2-driver580-cu130")
+    monkeypatch.setitem(
+        sys.modules, "pynvml", replay(facts, nvmlInit=fail(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    )
+    assert bench_device.gpu_state_reader(_torch_with("ab2a08d6-ef8c-084b-4c48-9ab327f58ba1"), CUDA0) is None

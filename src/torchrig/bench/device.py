@@ -32,32 +32,37 @@ GpuState = tuple[int | None, int | None, float | None]
 
 
 def gpu_state_reader(torch: Any, device: Any) -> Callable[[], GpuState] | None:
-    """A callable that reads the GPU's SM clock, temperature and power through NVML; None without NVML.
+    """A callable that reads the GPU's SM clock, temperature and power through NVML (torchrig's NVML adapter,
+    ``torchrig.hw.nvml``); None without NVML or when NVML does not know this GPU.
 
-    The GPU is found by its UUID, so ``CUDA_VISIBLE_DEVICES`` renumbering does not matter.
+    The GPU is found by its UUID, so ``CUDA_VISIBLE_DEVICES`` renumbering does not matter. The NVML session
+    stays open for the worker's life: the reader is called after every timed GEMM.
     """
     if getattr(device, "type", "cpu") != "cuda":
         return None
-    try:
-        import pynvml
+    from torchrig.hw import nvml
 
-        pynvml.nvmlInit()
+    try:
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
-    except Exception:  # no pynvml, no driver library, or an older torch without the UUID
+    except (AttributeError, RuntimeError):  # an older torch without the UUID
         return None
+    try:
+        gpus = nvml.open_session()
+    except nvml.NvmlError:  # no pynvml, no driver library
+        return None
+    try:
+        index = gpus.index_of(uuid)
+    except nvml.NvmlError:  # NVML refused the device list
+        index = None
+    if index is None:
+        gpus.close()
+        return None
+    found: int = index
 
     def read() -> GpuState:
-        def get(fn: Callable[[], Any]) -> Any:
-            try:
-                return fn()
-            except Exception:  # a field this GPU or driver does not report
-                return None
-
-        clock = get(lambda: int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)))
-        temp = get(lambda: int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)))
-        power = get(lambda: round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, 1))
-        return clock, temp, power
+        s = gpus.sensors(found)
+        power = None if s.power_draw_w is None else round(s.power_draw_w, 1)
+        return s.sm_clock_mhz, s.temperature_c, power
 
     return read
 

@@ -1,7 +1,8 @@
 """The one boundary to NVML, through nvidia-ml-py (module ``pynvml``), imported only inside :func:`session`.
 
-Doctor (``torchrig.doctor.probes.nvml``) and the environments' GPU inventory (``torchrig.runtime.nvml``) both
-read the GPUs through this module and keep their own logic over the records it returns::
+Doctor (``torchrig.doctor.probes.nvml``), the environments' GPU inventory (``torchrig.runtime.nvml``) and the
+benchmark's clock, temperature and power samples (``torchrig.bench.device``) read the GPUs through this module
+and keep their own logic over the records it returns::
 
     from torchrig.hw import nvml
 
@@ -10,6 +11,7 @@ read the GPUs through this module and keep their own logic over the records it r
             system = gpus.system()            # nvidia-smi -q: Driver Version, CUDA Version
             devices = gpus.devices()          # nvidia-smi -L / -q, nvidia-smi nvlink -s, -q "Fabric"
             pairs = gpus.pairs()              # nvidia-smi topo -p2p r/w/n and topo -m
+            now = gpus.sensors(gpus.index_of(uuid))  # nvidia-smi -q -d CLOCK,TEMPERATURE,POWER
     except nvml.NvmlError as err:             # err.kind: bindings/library missing, driver not loaded, ...
         ...
 
@@ -44,6 +46,7 @@ from torchrig.hw.nvml_records import (
     NvmlMig,
     NvmlPair,
     NvmlProcess,
+    NvmlSensors,
     NvmlSystem,
 )
 
@@ -63,7 +66,9 @@ __all__ = [
     "NvmlMig",
     "NvmlPair",
     "NvmlProcess",
+    "NvmlSensors",
     "NvmlSystem",
+    "open_session",
     "session",
 ]
 
@@ -133,9 +138,9 @@ def _error(nv: Any, err: Exception, step: str) -> NvmlError:
     return NvmlError(_kind(nv, code), str(err), step=step, code=code)
 
 
-@contextmanager
-def session() -> Iterator[Nvml]:
-    """``nvmlInit`` ... ``nvmlShutdown`` around the block; :class:`NvmlError` when NVML cannot start."""
+def open_session() -> Nvml:
+    """``nvmlInit``, for a reader that lives as long as its process (a benchmark sampling its GPU); the caller
+    may end it with :meth:`Nvml.close`. :class:`NvmlError` when NVML cannot start."""
     try:
         import pynvml as nv
     except ImportError:
@@ -146,10 +151,17 @@ def session() -> Iterator[Nvml]:
         nv.nvmlInit()
     except nv.NVMLError as err:
         raise _error(nv, err, "nvmlInit") from None
+    return Nvml(nv)
+
+
+@contextmanager
+def session() -> Iterator[Nvml]:
+    """``nvmlInit`` ... ``nvmlShutdown`` around the block; :class:`NvmlError` when NVML cannot start."""
+    gpus = open_session()
     try:
-        yield Nvml(nv)
+        yield gpus
     finally:
-        _query(nv, "nvmlShutdown")
+        gpus.close()
 
 
 class Nvml:
@@ -158,6 +170,10 @@ class Nvml:
     def __init__(self, nv: Any) -> None:
         self._nv = nv
         self._handles: list[Any] | None = None
+
+    def close(self) -> None:
+        """``nvmlShutdown``; a refusal is ignored."""
+        _query(self._nv, "nvmlShutdown")
 
     def _device_handles(self) -> list[Any]:
         """Every GPU's handle; NvmlError when NVML refuses the count or a handle (e.g. a GPU lost)."""
@@ -262,17 +278,36 @@ class Nvml:
             clique_id=int(info.cliqueId),
         )
 
+    def index_of(self, uuid: str) -> int | None:
+        """The NVML index of the GPU with this UUID (``GPU-`` prefix optional, as torch reports it without), or
+        None. ``CUDA_VISIBLE_DEVICES`` renumbers CUDA's devices but not NVML's: the UUID is what they share."""
+        want = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        for i, h in enumerate(self._device_handles()):
+            if _query_text(self._nv, "nvmlDeviceGetUUID", h) == want:
+                return i
+        return None
+
+    def sensors(self, index: int) -> NvmlSensors:
+        """SM clock, temperature and power draw of GPU ``index`` now; a field NVML does not answer is None."""
+        nv, h = self._nv, self._device_handles()[index]
+        power = _query(nv, "nvmlDeviceGetPowerUsage", h)  # milliwatts
+        return NvmlSensors(
+            sm_clock_mhz=_try(lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
+            temperature_c=_try(lambda: int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+            power_draw_w=None if power is None else power / 1000.0,
+        )
+
     def health(self, index: int) -> NvmlHealth:
         """ECC, row remapping, power, clocks, throttling and processes of GPU ``index``."""
         nv, h = self._nv, self._device_handles()[index]
-        power = _query(nv, "nvmlDeviceGetPowerUsage", h)  # milliwatts
+        now = self.sensors(index)
         limit = _query(nv, "nvmlDeviceGetEnforcedPowerLimit", h)
         return NvmlHealth(
             persistence_mode=_try(lambda: bool(nv.nvmlDeviceGetPersistenceMode(h))),
-            temperature_c=_try(lambda: int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
-            power_draw_w=None if power is None else power / 1000.0,
+            temperature_c=now.temperature_c,
+            power_draw_w=now.power_draw_w,
             power_limit_w=None if limit is None else limit / 1000.0,
-            sm_clock_mhz=_try(lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
+            sm_clock_mhz=now.sm_clock_mhz,
             sm_clock_max_mhz=_try(lambda: int(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))),
             throttle_reasons=self._throttle(h),
             processes=self._processes(h),

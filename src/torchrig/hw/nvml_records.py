@@ -135,6 +135,15 @@ class NvmlHealth:
 
 
 @dataclass(frozen=True)
+class NvmlSensors:
+    """What changes during a run, cheap to read often (``nvidia-smi -q -d CLOCK,TEMPERATURE,POWER``)."""
+
+    sm_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+
+
+@dataclass(frozen=True)
 class NvmlPair:
     """P2P status of one GPU pair (P2P_STATUS names) and their PCIe common ancestor (TOPOLOGY name)."""
 
