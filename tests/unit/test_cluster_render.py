@@ -535,6 +535,48 @@ def test_jobset_schema_and_webhook_checks_catch(mutate, match):
     assert str(err.value).startswith("JobSet/torchrig-train is not valid")
 
 
+def test_jobset_cel_rules_are_evaluated_as_on_create():
+    """The CRD's CEL rules run in a CEL engine: the rendered JobSet passes the one create-time rule; the
+    transition rules (``self == oldSelf``: immutable fields) of the three such fields it sets (failurePolicy,
+    network, successPolicy) apply only to updates and are skipped."""
+    (doc,) = _jobset()
+    crd = validate.jobset_crd()["openAPIV3Schema"]
+    assert validate.check_cel_rules(doc, crd) == (1, 3)
+    # startupPolicy InOrder with a dependsOn: the CRD's rule, with its own message
+    bad = copy.deepcopy(doc)
+    bad["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    bad["spec"]["replicatedJobs"][0]["dependsOn"] = [{"name": "init", "status": "Ready"}]
+    with pytest.raises(JobFailed, match=r"\.spec: StartupPolicy and DependsOn APIs are mutually exclusive"):
+        validate.validate_manifest(bad)
+    # either one alone is accepted by the rule
+    for key in ("startupPolicy", "dependsOn"):
+        ok = copy.deepcopy(bad)
+        ok["spec"].pop(key, None) if key == "startupPolicy" else ok["spec"]["replicatedJobs"][0].pop(key)
+        assert validate.check_cel_rules(ok, crd)[0] == 1
+
+
+def test_cel_rules_walk_items_and_additional_properties():
+    schema = {
+        "type": "object",
+        "properties": {
+            "xs": {
+                "type": "array",
+                "items": {"x-kubernetes-validations": [{"rule": "self.n > 0", "message": "n>0"}]},
+            },
+            "m": {"additionalProperties": {"x-kubernetes-validations": [{"rule": "self.size() < 3"}]}},
+        },
+    }
+    doc = {"xs": [{"n": 1}, {"n": 2}], "m": {"a": "ab", "b": "x"}}
+    assert validate.check_cel_rules(doc, schema) == (4, 0)
+    doc["xs"][1]["n"] = 0
+    with pytest.raises(ValueError, match=r"^\.xs\[1\]: n>0$"):
+        validate.check_cel_rules(doc, schema)
+    doc["xs"][1]["n"] = 5
+    doc["m"]["b"] = "xyz"
+    with pytest.raises(ValueError, match=r"^\.m\.b: self.size\(\) < 3$"):
+        validate.check_cel_rules(doc, schema)
+
+
 def test_jobset_webhook_pod_name_limit():
     """The longest pod name (hostname + 5 random characters) must fit 63: 'x'*k + '-node-0-127-abcde'."""
     limit = 63 - len("-node-0-127-abcde")

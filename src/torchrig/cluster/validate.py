@@ -4,8 +4,9 @@ Kubernetes kinds are checked against Kubernetes' own OpenAPI-derived JSON schema
 ``kubernetes-validate``; the PyTorchJob against the schema in ``schemas/`` (transcribed from the Training
 Operator's CRD), with each replica's pod template checked as a Kubernetes ``PodTemplate``; the JobSet
 against the openAPIV3Schema extracted from the JobSet CRD (``schemas/jobset-x-k8s-io-v1alpha2.json``, with
-its source), its replicatedJobs' templates as Kubernetes ``Job``s, and the checks of JobSet's admission
-webhook that need no cluster (generated names, success-policy targets).
+its source), the CRD's CEL rules (``x-kubernetes-validations``) evaluated by a CEL engine (cel-python) as the
+API server evaluates them on create, its replicatedJobs' templates as Kubernetes ``Job``s, and the checks of
+JobSet's admission webhook that need no cluster (generated names, success-policy targets).
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ def _kv() -> Any:
             "kubernetes-validate is not installed", hint="pip install 'torchrig[cluster]'"
         ) from err
     return kubernetes_validate
+
+
+def _celpy() -> Any:
+    try:
+        import celpy
+    except ImportError as err:  # pragma: no cover - the cluster extra is missing
+        raise EngineUnavailable(
+            "the CEL engine (cel-python) is not installed", hint="pip install 'torchrig[cluster]'"
+        ) from err
+    return celpy
 
 
 def _pytorchjob_schema() -> dict[str, Any]:
@@ -65,6 +76,7 @@ def _validate_jobset(doc: dict[str, Any], kv: Any) -> None:
     if not isinstance(doc.get("metadata", {}).get("name"), str) or not isinstance(doc.get("spec"), dict):
         raise ValueError("a JobSet needs metadata.name and spec")
     jsonschema.validate(doc, strict(crd["openAPIV3Schema"]))
+    check_cel_rules(doc, crd["openAPIV3Schema"])
     for rjob in doc["spec"].get("replicatedJobs", []):
         job = {
             "apiVersion": "batch/v1",
@@ -77,6 +89,49 @@ def _validate_jobset(doc: dict[str, Any], kv: Any) -> None:
         }
         kv.validate(job, K8S_VERSION, strict=True)
     _jobset_webhook_checks(doc)  # after the schemas: it reads the fields they have checked
+
+
+_OLD_SELF = re.compile(r"\boldSelf\b")
+
+
+def cel_rules(schema: dict[str, Any], value: Any, path: str = "") -> list[tuple[str, dict[str, Any], Any]]:
+    """Every ``x-kubernetes-validations`` rule of ``schema`` that applies to ``value``: (field path, the rule,
+    the value its ``self`` is bound to), walking ``properties``, ``items`` and ``additionalProperties`` as
+    the API server does; a field the object does not have is not checked."""
+    out = [(path or ".", rule, value) for rule in schema.get("x-kubernetes-validations", [])]
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            child = schema.get("properties", {}).get(key)
+            if child is None and isinstance(schema.get("additionalProperties"), dict):
+                child = schema["additionalProperties"]
+            if child is not None:
+                out += cel_rules(child, sub, f"{path}.{key}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, sub in enumerate(value):
+            out += cel_rules(schema["items"], sub, f"{path}[{i}]")
+    return out
+
+
+def check_cel_rules(doc: dict[str, Any], schema: dict[str, Any]) -> tuple[int, int]:
+    """Evaluate the schema's CEL rules on ``doc`` as on create; ValueError with the rule's message on the first
+    that fails. Transition rules (those reading ``oldSelf``) apply only to updates and are skipped, as the API
+    server skips them on create. Returns (evaluated, skipped)."""
+    celpy = _celpy()
+    env = celpy.Environment()
+    evaluated = skipped = 0
+    for path, rule, value in cel_rules(schema, doc):
+        expr = rule["rule"]
+        if _OLD_SELF.search(expr):
+            skipped += 1
+            continue
+        try:
+            result = env.program(env.compile(expr)).evaluate({"self": celpy.json_to_cel(value)})
+        except celpy.CELEvalError as err:
+            raise ValueError(f"{path}: the rule {expr!r} could not be evaluated: {err}") from None
+        evaluated += 1
+        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            raise ValueError(f"{path}: {rule.get('message') or expr}")
+    return evaluated, skipped
 
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -109,6 +164,8 @@ def _jobset_webhook_checks(doc: dict[str, Any]) -> None:
 def validate_manifest(doc: dict[str, Any]) -> None:
     """Raise JobFailed naming the manifest and the first violation."""
     kv = _kv()
+    if doc.get("kind") == "JobSet":
+        _celpy()  # a missing engine is said as such, not as an invalid manifest
     where = f"{doc.get('kind', '?')}/{doc.get('metadata', {}).get('name', '?')}"
     try:
         if doc.get("kind") == "PyTorchJob":
