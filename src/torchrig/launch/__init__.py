@@ -12,6 +12,8 @@ The pieces, each usable on its own (front ends such as ``torchrig train`` and ``
 - ``supervise.execute(plan) -> LaunchResult`` — runs torchrun with the plan, watches for hangs
   (``plan.hang_timeout_s``), and on failure reads the rank logs into ``summary.FailureSummary``.
 - ``worker`` — the shim each rank starts in (header line, stack dumps on SIGUSR1/SIGTERM, error file).
+- ``guard`` — the process between the launcher and torchrun: one SIGTERM for torchrun however many stops
+  come, SIGKILL for what is left after the grace, no orphaned rank (also used by ``torchrig bench``).
 
 See docs/training.md for the options and an example.
 """
