@@ -92,16 +92,7 @@ def execute(
     tail: collections.deque[str] = collections.deque(maxlen=60)
     # Under torchrig's launch guard, in a session of its own: a bench killed in any way takes torchrun and its
     # workers with it, and Ctrl-C stops them through the guard (one SIGTERM for torchrun, bounded).
-    proc = subprocess.Popen(
-        guard.command(plan.argv, STOP_GRACE_S),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-        preexec_fn=guard.die_with_parent,
-    )
+    proc = guard.start(plan.argv, STOP_GRACE_S, env=env, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:

@@ -21,24 +21,22 @@ from torchrig.errors import EngineUnavailable, JobFailed
 K8S_VERSION = "1.30"  # validate against a Kubernetes release current clusters run
 
 
-def _kv() -> Any:
+def _engine(module: str, what: str) -> Any:
+    """Import an engine of the ``cluster`` extra, or say which one is missing and how to get it."""
+    import importlib
+
     try:
-        import kubernetes_validate
+        return importlib.import_module(module)
     except ImportError as err:  # pragma: no cover - the cluster extra is missing
-        raise EngineUnavailable(
-            "kubernetes-validate is not installed", hint="pip install 'torchrig[cluster]'"
-        ) from err
-    return kubernetes_validate
+        raise EngineUnavailable(f"{what} is not installed", hint="pip install 'torchrig[cluster]'") from err
+
+
+def _kv() -> Any:
+    return _engine("kubernetes_validate", "kubernetes-validate")
 
 
 def _celpy() -> Any:
-    try:
-        import celpy
-    except ImportError as err:  # pragma: no cover - the cluster extra is missing
-        raise EngineUnavailable(
-            "the CEL engine (cel-python) is not installed", hint="pip install 'torchrig[cluster]'"
-        ) from err
-    return celpy
+    return _engine("celpy", "the CEL engine (cel-python)")
 
 
 def _pytorchjob_schema() -> dict[str, Any]:

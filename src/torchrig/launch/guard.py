@@ -55,6 +55,25 @@ def command(argv: list[str] | tuple[str, ...], grace_s: float) -> list[str]:
     return [sys.executable, "-m", "torchrig.launch.guard", str(grace_s), "--", *argv]
 
 
+def start(
+    argv: list[str] | tuple[str, ...], grace_s: float, *, env: dict[str, str], stderr: int
+) -> subprocess.Popen:
+    """Start ``argv`` (torchrun) under the guard, in a session of its own, its output read line by line from
+    ``stdout`` (``stderr``: ``subprocess.PIPE`` or ``subprocess.STDOUT``). The guard stops the job when this
+    process dies in any way; :func:`stop` stops it on purpose."""
+    return subprocess.Popen(
+        command(argv, grace_s),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        bufsize=1,
+        errors="replace",
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+
+
 def die_with_parent() -> None:
     """``preexec_fn`` for the guard: SIGTERM when the process that started it dies (PR_SET_PDEATHSIG), so a
     SIGKILLed launcher still stops the job. The kernel may send it more than once; the guard passes on one."""

@@ -97,17 +97,7 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     env = {**os.environ, **plan.env}
     # torchrun runs under a guard (``torchrig.launch.guard``): one stop signal for torchrun however many come,
     # a bounded stop, and no rank left behind.
-    proc = subprocess.Popen(
-        guard.command(plan.argv, STOP_GRACE_S),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        bufsize=1,
-        start_new_session=True,
-        errors="replace",
-        preexec_fn=guard.die_with_parent,
-    )
+    proc = guard.start(plan.argv, STOP_GRACE_S, env=env, stderr=subprocess.PIPE)
     # A SIGTERM to the launcher (a scheduler cancelling the job) stops torchrun and the ranks the same way.
     previous = None
     if threading.current_thread() is threading.main_thread():
