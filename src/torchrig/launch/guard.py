@@ -167,7 +167,7 @@ def run(argv: list[str], grace_s: float) -> int:
     try:
         child = subprocess.Popen(argv, preexec_fn=_child_setup)
     except OSError as err:
-        print(f"torchrig launch: cannot start {argv[0]}: {err.strerror or err}", file=sys.stderr)
+        print(f"torchrig: cannot start {argv[0]}: {err.strerror or err}", file=sys.stderr)
         return 127
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
