@@ -215,6 +215,22 @@ def test_report_points_at_the_flight_records():
     )
 
 
+def test_report_says_finished_or_failed_once_whatever_the_flight_records():
+    from torchrig.cli.cmd_launch import LaunchReport
+    from torchrig.launch.supervise import LaunchResult
+
+    def text(code, records=()):
+        result = LaunchResult(code, 1, False, 3.0, "/l/job_x", None, (), records)
+        return LaunchReport(plan=None, findings=(), result=result, dry_run=False).render_text()
+
+    ok = text(0)
+    assert "job finished in 3.0 s" in ok and "failed" not in ok
+    failed = text(1)
+    assert "job failed: torchrun exit 1; logs: /l/job_x" in failed and "finished" not in failed
+    both = text(1, ("/l/nccl_trace_rank_0",))
+    assert "job failed: torchrun exit 1" in both and "NCCL flight records: nccl_trace_rank_0" in both
+
+
 def test_abort_after_an_uncaught_exception_blames_the_exception():
     """Under load a gloo rank that raised can abort (SIGABRT) in a destructor on its way out: seen in CI."""
     import dataclasses

@@ -187,14 +187,14 @@ class LaunchReport:
             elif r.summary is not None:
                 out.append(render(r.summary))
                 out.append(f"logs: {r.run_dir}")
+            else:
+                out.append(f"job failed: torchrun exit {r.exit_code}; logs: {r.run_dir}")
             if r.flight_records:
                 folder = str(Path(r.flight_records[0]).parent)
                 out.append(
                     f"NCCL flight records: {', '.join(Path(f).name for f in r.flight_records)} in {folder} "
                     f"(read them with: torchfrtrace {folder} --prefix {FLIGHT_RECORD_PREFIX})"
                 )
-            else:
-                out.append(f"job failed: torchrun exit {r.exit_code}; logs: {r.run_dir}")
         return "\n".join(out)
 
 
