@@ -51,7 +51,7 @@ def written_by_nvml(ref: Any) -> Any:
     C function of the same signature through ctypes)."""
     if isinstance(ref, ctypes.Structure):
         return type(ref)()
-    return ctypes.cast(ref, ctypes.POINTER(pynvml.c_nvmlGpuFabricInfo_t)).contents
+    return ref._obj  # the structure ctypes.byref points to
 
 
 def value(v: Any, to: Callable[[Any], Any] = lambda x: x) -> Any:
@@ -386,8 +386,12 @@ def nvswitch(cliques: list[int]) -> dict[str, Any]:
 
 def fabric_completed(ref: Any, clique: int) -> int:
     info = written_by_nvml(ref)
-    info.state, info.status, info.cliqueId = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0, clique
-    info.clusterUuid[:] = list(range(1, 17))
+    info.state, info.status = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0
+    setattr(info, "cliqueId" if hasattr(type(info), "cliqueId") else "partitionId", clique)  # 12.535's name
+    # The field's type follows the binding (c_uint8 * 16 in nvidia-ml-py 13.615, c_uint8 * 80 in 13.580, c_char * 80
+    # in 12.570): write its memory, as NVML does.
+    field = type(info).clusterUuid
+    ctypes.memmove(ctypes.addressof(info) + field.offset, bytes(i % 255 + 1 for i in range(field.size)), field.size)
     return 0
 
 
@@ -504,3 +508,35 @@ def test_bench_without_nvml_has_no_reader(monkeypatch):
         sys.modules, "pynvml", replay(facts, nvmlInit=fail(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     )
     assert bench_device.gpu_state_reader(_torch_with("ab2a08d6-ef8c-084b-4c48-9ab327f58ba1"), CUDA0) is None
+
+
+class _FabricInfo12535(ctypes.Structure):  # nvidia-ml-py 12.535.161's c_nvmlGpuFabricInfo_t
+    _fields_ = [
+        ("clusterUuid", ctypes.c_char * 80),
+        ("status", ctypes.c_uint),
+        ("partitionId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+    ]
+
+
+class _FabricInfo13580(ctypes.Structure):  # nvidia-ml-py 13.580.82's
+    _fields_ = [
+        ("clusterUuid", ctypes.c_uint8 * 80),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+    ]
+
+
+@pytest.mark.parametrize("layout", [_FabricInfo12535, _FabricInfo13580, None], ids=["12.535", "13.580", "installed"])
+def test_fabric_info_of_every_binding_layout_is_read(monkeypatch, layout):
+    """The GPU machine's binding (13.580) declares the cluster UUID as 80 bytes, 12.570 as c_char (read back
+    cut at the first zero byte), 12.535 names the clique partitionId: each is read, cliques and all."""
+    nv = h200x2(**nvswitch([1, 2]))
+    if layout is not None:
+        nv.c_nvmlGpuFabricInfo_t = layout
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    a, b = runtime_nvml.probe(numa_of=lambda bus: None).gpus
+    assert a.nvlink_domain and b.nvlink_domain and a.nvlink_domain != b.nvlink_domain
+    facts = probe_nvml().gpus
+    assert [g.fabric_state for g in facts] == ["completed", "completed"]

@@ -97,6 +97,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _field_bytes(struct: Any, name: str) -> bytes:
+    """A structure field's raw bytes. Bindings declare the fabric's cluster UUID as ``c_uint8 * 16``, ``c_uint8
+    * 80`` or ``c_char * 80`` (nvidia-ml-py 13.615, 13.580, 12.570); a ``c_char`` field reads back as bytes cut
+    at the first zero, so the memory is read directly."""
+    field = getattr(type(struct), name)
+    return ctypes.string_at(ctypes.addressof(struct) + field.offset, field.size)
+
+
 def _mib(n_bytes: Any) -> int | None:
     return None if n_bytes is None else int(n_bytes) // (1024 * 1024)
 
@@ -274,8 +282,9 @@ class Nvml:
             state=FABRIC_STATE.get(int(info.state), str(info.state)),
             status_code=int(info.status),
             status=_query_text(nv, "nvmlErrorString", info.status),
-            cluster_uuid_hex=bytes(info.clusterUuid).hex(),
-            clique_id=int(info.cliqueId),
+            cluster_uuid_hex=_field_bytes(info, "clusterUuid").hex(),
+            # nvidia-ml-py 12.535 names the same field partitionId
+            clique_id=int(getattr(info, "cliqueId", None) or getattr(info, "partitionId", 0)),
         )
 
     def index_of(self, uuid: str) -> int | None:
