@@ -391,7 +391,9 @@ def fabric_completed(ref: Any, clique: int) -> int:
     # The field's type follows the binding (c_uint8 * 16 in nvidia-ml-py 13.615, c_uint8 * 80 in 13.580, c_char * 80
     # in 12.570): write its memory, as NVML does.
     field = type(info).clusterUuid
-    ctypes.memmove(ctypes.addressof(info) + field.offset, bytes(i % 255 + 1 for i in range(field.size)), field.size)
+    ctypes.memmove(
+        ctypes.addressof(info) + field.offset, bytes(i % 255 + 1 for i in range(field.size)), field.size
+    )
     return 0
 
 
@@ -528,7 +530,9 @@ class _FabricInfo13580(ctypes.Structure):  # nvidia-ml-py 13.580.82's
     ]
 
 
-@pytest.mark.parametrize("layout", [_FabricInfo12535, _FabricInfo13580, None], ids=["12.535", "13.580", "installed"])
+@pytest.mark.parametrize(
+    "layout", [_FabricInfo12535, _FabricInfo13580, None], ids=["12.535", "13.580", "installed"]
+)
 def test_fabric_info_of_every_binding_layout_is_read(monkeypatch, layout):
     """The GPU machine's binding (13.580) declares the cluster UUID as 80 bytes, 12.570 as c_char (read back
     cut at the first zero byte), 12.535 names the clique partitionId: each is read, cliques and all."""

@@ -284,7 +284,7 @@ class Nvml:
             status=_query_text(nv, "nvmlErrorString", info.status),
             cluster_uuid_hex=_field_bytes(info, "clusterUuid").hex(),
             # nvidia-ml-py 12.535 names the same field partitionId
-            clique_id=int(getattr(info, "cliqueId", None) or getattr(info, "partitionId", 0)),
+            clique_id=int(getattr(info, "cliqueId", None) or getattr(info, "partitionId", None) or 0),
         )
 
     def index_of(self, uuid: str) -> int | None:
