@@ -51,6 +51,7 @@ def summary(r: subprocess.CompletedProcess) -> dict:
     "extra",
     [
         ["--precision", "bf16", "--compile"],
+        ["--precision", "bf16", "--compile", "--compile-mode", "reduce-overhead", "--grad-accum", "2"],
         ["--precision", "fp16"],
         ["--model", "resnet", "--size", "tiny", "--precision", "bf16"],
     ],

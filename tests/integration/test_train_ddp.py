@@ -145,3 +145,23 @@ def test_fsdp_matches_ddp_and_its_sharded_checkpoint_exports(runs, tmp_path):
     train(one, "--micro-batch", "8", "--resume")
     for k, v in losses(one).items():
         assert v == pytest.approx(losses(out)[k], rel=RTOL)
+
+
+def test_profile_steps_write_a_trace_per_rank_and_stay_out_of_the_throughput(tmp_path):
+    import gzip
+    import statistics
+
+    out = tmp_path / "prof"
+    r = train(out, "--micro-batch", "2", "--profile-steps", "2", "--ckpt-every", "0", nproc=2)
+    summary = json.loads((out / "summary.json").read_text())
+    prof = summary["profile"]
+    assert prof["steps"] == 2 and prof["step_ms"] > 0 and prof["device_events"] == 0  # CPU: no kernels
+    for rank in (0, 1):
+        with gzip.open(out / "profile" / f"rank{rank}.trace.json.gz", "rt") as f:
+            names = {e.get("name") for e in json.load(f)["traceEvents"]}
+        assert "aten::mm" in names or "aten::addmm" in names  # the model's matmuls, recorded
+    # Throughput: the median of the per-step intervals after the timing warm-up (16 // 3 = 5 steps) and
+    # before the profiled steps 15 and 16.
+    rates = {x["step"]: x["tokens_per_s"] for x in records(out) if x.get("event") is None}
+    assert summary["tokens_per_s"] == pytest.approx(statistics.median(rates[s] for s in range(6, 15)))
+    assert "profile, 2 step(s) on rank 0" in r.stdout and "no GPU kernels recorded" in r.stdout

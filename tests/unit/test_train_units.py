@@ -23,6 +23,7 @@ def test_sizes_have_sources_and_gpt2_small_is_124m_shape():
         ({"model": "vit"}, "--model"),
         ({"micro_batch": 0}, "micro-batch"),
         ({"precision": "fp8"}, "precision"),
+        ({"compile_mode": "fast"}, "choose from default, reduce-overhead"),
         ({"seq_len": 5000}, "seq-len"),
     ],
 )

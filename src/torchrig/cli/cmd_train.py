@@ -14,8 +14,10 @@ examples:
   torchrig train --gpus 2 --out run1 --resume                        # continue from run1/checkpoints/latest
   torchrig train --model resnet --size resnet18 --data ./images --micro-batch 128
   torchrig train --model gpt --data tokens.bin --size mini           # a uint16 token file (nanoGPT's .bin)
+  torchrig train --gpus 2 --size small --compile --steps 60 --profile-steps 5   # where the step time goes
 
-outputs under --out: metrics.jsonl, tensorboard/, checkpoints/step-N/ (+ latest), summary.json.
+outputs under --out: metrics.jsonl, tensorboard/, checkpoints/step-N/ (+ latest), summary.json,
+profile/rankR.trace.json.gz (with --profile-steps; open in Perfetto or chrome://tracing).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _HELP = {
     "parallel": "auto (ddp with several ranks), ddp, fsdp, none",
     "precision": "auto (bf16 on GPU), bf16, fp16, fp32",
     "compile": "torch.compile the model",
+    "compile_mode": "torch.compile mode with --compile: default, reduce-overhead (CUDA graphs: less host time "
+    "per step), max-autotune, max-autotune-no-cudagraphs",
     "ddp_compile": "with --compile and DDP: outer (the default) = compile(DDP(model)), all-reduce overlapped "
     "with the backward, measured faster on 2xH200; inner = DDP(compile(model)), all-reduce after the backward",
     "ddp_bucket_mb": "DDP gradient bucket size in MB (default 100; PyTorch's own is 25: fewer, larger buckets measured faster with compile(DDP))",
@@ -51,6 +55,9 @@ _HELP = {
     "log_every": "log (one host sync) every N steps (10)",
     "peak_tflops": "peak TFLOP/s for MFU (default: from the knowledge base)",
     "workers": "DataLoader workers per rank (2)",
+    "profile_steps": "profile the last N steps with torch.profiler: a Chrome trace per rank in OUT/profile/ and "
+    "where each step's GPU time went (compute, NCCL, NCCL not hidden behind compute, idle); those steps are "
+    "left out of the throughput (0: off)",
     "test_kill_at_step": "TEST HOOK: rank --test-kill-rank SIGKILLs itself at this step (first attempt only)",
     "test_kill_in_save": "TEST HOOK: rank 0 SIGKILLs itself inside the save of this step (first attempt only)",
     "test_hang_at_step": "TEST HOOK: rank --test-hang-rank stops joining collectives at this step",
@@ -126,7 +133,21 @@ class TrainReport:
                 + (f", {rate:,.0f} {unit}/s" if rate else "")
                 + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
             )
+            if s.get("profile"):
+                lines.append(render_profile(s["profile"]))
         return "\n".join(lines)
+
+
+def render_profile(p: dict[str, Any]) -> str:
+    """One line of ``--profile-steps``' breakdown (rank 0's GPU), and where its trace is."""
+    head = f"profile, {p['steps']} step(s) on rank 0: {p['step_ms']:.2f} ms/step"
+    if not p.get("device_events"):
+        return head + " (no GPU kernels recorded)" + (f"; trace {p['trace']}" if p.get("trace") else "")
+    return (
+        f"{head}: compute {p['compute_ms']:.2f} ms, communication {p['comm_ms']:.2f} ms "
+        f"({p['comm_exposed_ms']:.2f} ms of it not hidden behind compute), GPU idle {p['idle_ms']:.2f} ms"
+        + (f"; trace {p['trace']}" if p.get("trace") else "")
+    )
 
 
 def _wants_launch(args: argparse.Namespace) -> bool:

@@ -27,6 +27,7 @@ from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
 from torchrig.train.metrics import Metrics, peak_tflops, rewind_jsonl
 from torchrig.train.models import build_model, model_spec
+from torchrig.train.profile import StepProfiler
 from torchrig.train.setup import Runtime, init, optimizer, teardown, wrap
 
 
@@ -206,7 +207,12 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
     cfg, rt = job.cfg, job.rt
     for group in job.opt.param_groups:
         group["lr"] = lr_at(step, cfg)
+    graphs = (
+        cfg.compile and cfg.compile_mode in ("reduce-overhead", "max-autotune") and rt.device.type == "cuda"
+    )
     for micro in range(cfg.grad_accum):
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
         x, y = next(it)
         x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
         with _sync_context(job.run_model, rt, micro == cfg.grad_accum - 1), job.autocast():
@@ -262,16 +268,32 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     loss_sum = torch.zeros((), device=rt.device)
     last: dict[str, Any] = {"step": start, "t": time.perf_counter()}
     final_loss, t0 = None, time.perf_counter()
+    # --profile-steps N: the last N steps run under torch.profiler, in a log interval of their own.
+    prof_first = max(cfg.steps - cfg.profile_steps + 1, start + 1) if cfg.profile_steps else None
+    profiler: StepProfiler | None = None
+    profile: dict[str, Any] | None = None
     for step in range(start + 1, cfg.steps + 1):
         _test_hooks(cfg, rt, step)
+        if step == prof_first:
+            profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
+            profiler.start()
         grad_norm = _step(job, step, it, loss_sum)
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if step == cfg.steps and profiler is not None:
+            profile = profiler.stop(cfg.steps - (prof_first or step) + 1)
+        if (
+            step % cfg.log_every == 0
+            or step == cfg.steps
+            or (prof_first is not None and step == prof_first - 1)
+        ):
             final_loss = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
             loss_sum.zero_()
         if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
             _save(job, step)
             last["t"] = time.perf_counter()  # checkpoint time is not training throughput
-    return _finish(job, metrics, start, final_loss, time.perf_counter() - t0, device_name, peak, peak_source)
+    elapsed = time.perf_counter() - t0
+    return _finish(
+        job, metrics, start, final_loss, elapsed, device_name, peak, peak_source, prof_first, profile
+    )
 
 
 def _finish(
@@ -283,10 +305,12 @@ def _finish(
     device_name: str | None,
     peak: float | None,
     peak_source: str,
+    prof_first: int | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The run's summary: steady throughput (warm-up and compile excluded) and MFU; written by rank 0."""
+    """The run's summary: steady throughput (warm-up, compile and profiled steps excluded), MFU, profile."""
     cfg, rt = job.cfg, job.rt
-    steady = metrics.steady(min(cfg.timing_warmup_steps, cfg.steps // 3))
+    steady = metrics.steady(min(cfg.timing_warmup_steps, cfg.steps // 3), before_step=prof_first)
     summary = {
         "steps": cfg.steps,
         "resumed_from": start,
@@ -313,6 +337,7 @@ def _finish(
         "peak_tflops": peak,
         "peak_source": peak_source,
         "elapsed_s": round(elapsed_s, 2),
+        "profile": profile,
     }
     if rt.is_main:
         metrics.event(event="end", **summary)

@@ -101,11 +101,13 @@ class Metrics:
         end = "\r" if self.tty and s < n else "\n"
         print(line, end=end, file=sys.stderr, flush=True)
 
-    def steady(self, after_step: int) -> float | None:
-        """Median throughput over the intervals that start after ``after_step`` (compile and warm-up excluded)."""
-        vals = [v for first, v in self.intervals if first > after_step]
-        if not vals and self.intervals:
-            vals = [v for _, v in self.intervals[len(self.intervals) // 2 :]]
+    def steady(self, after_step: int, before_step: int | None = None) -> float | None:
+        """Median throughput over the intervals that start after ``after_step`` (compile and warm-up excluded)
+        and before ``before_step`` (the profiled steps, when there are any)."""
+        timed = [(first, v) for first, v in self.intervals if before_step is None or first < before_step]
+        vals = [v for first, v in timed if first > after_step]
+        if not vals and timed:
+            vals = [v for _, v in timed[len(timed) // 2 :]]
         return statistics.median(vals) if vals else None
 
     def close(self) -> None:

@@ -87,13 +87,18 @@ def wrap(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
         for blk in getattr(model, "blocks", []):
             fully_shard(blk)
         fully_shard(model)
-        return torch.compile(model) if cfg.compile else model  # type: ignore[return-value]
+        return _compile(model, cfg) if cfg.compile else model
     if rt.parallel != "ddp":
-        return torch.compile(model) if cfg.compile else model  # type: ignore[return-value]
+        return _compile(model, cfg) if cfg.compile else model
     outer = cfg.compile and cfg.ddp_compile == "outer"
-    inner: nn.Module = torch.compile(model) if cfg.compile and not outer else model  # type: ignore[assignment]
+    inner = _compile(model, cfg) if cfg.compile and not outer else model
     ddp = _ddp(inner, rt, cfg)
-    return torch.compile(ddp) if outer else ddp  # type: ignore[return-value]
+    return _compile(ddp, cfg) if outer else ddp
+
+
+def _compile(module: nn.Module, cfg: TrainConfig) -> nn.Module:
+    mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    return torch.compile(module, mode=mode)  # type: ignore[return-value]
 
 
 def _ddp(module: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:

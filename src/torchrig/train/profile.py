@@ -1,0 +1,147 @@
+"""``--profile-steps N``: torch.profiler over the last N steps, a Chrome trace per rank, and where the GPU time went.
+
+The breakdown answers the question a slow multi-GPU run raises: is the GPU computing, communicating (and is
+that communication hidden behind compute or exposed), or waiting for the host? It is computed from the
+kernel events of the exported Chrome trace (the profiler's documented output), per optimizer step:
+
+- ``compute_ms``: time some non-NCCL kernel, copy or memset runs (their union);
+- ``comm_ms``: time some NCCL kernel runs; ``comm_exposed_ms``: of that, the time no compute runs beside it;
+- ``idle_ms``: time the GPU runs nothing (host-bound gaps, waits for data);
+- ``step_ms``: the wall-clock step time over the profiled window (synchronised at both ends).
+
+The profiled steps are left out of the run's throughput (the profiler slows the host side).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+Interval = tuple[float, float]
+
+# Kernel-like trace categories: kernels, device copies and memsets (kineto's names for them).
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _union(spans: list[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(spans: list[Interval]) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _intersect(xs: list[Interval], ys: list[Interval]) -> list[Interval]:
+    """Intersection of two sorted, disjoint interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def is_comm_kernel(name: str) -> bool:
+    """NCCL's device kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...``)."""
+    return name.lower().startswith("nccl")
+
+
+def breakdown(events: list[dict[str, Any]], steps: int, wall_s: float) -> dict[str, Any]:
+    """Per-step GPU time split from Chrome-trace events (``ts``/``dur`` in microseconds) of ``steps`` steps.
+
+    Only events of the device (kernel, memcpy, memset categories) count; with several devices in one trace
+    (one rank drives one GPU, so this is unusual) they are pooled.
+    """
+    compute: list[Interval] = []
+    comm: list[Interval] = []
+    kernels = comm_kernels = 0
+    for ev in events:
+        if ev.get("ph") != "X" or str(ev.get("cat", "")).lower() not in _DEVICE_CATS:
+            continue
+        start, dur = float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0))
+        if dur <= 0:
+            continue
+        if is_comm_kernel(str(ev.get("name", ""))):
+            comm.append((start, start + dur))
+            comm_kernels += 1
+        else:
+            compute.append((start, start + dur))
+        kernels += 1
+    n = max(steps, 1)
+    step_ms = wall_s * 1e3 / n
+    if not kernels:
+        return {"steps": steps, "step_ms": round(step_ms, 3), "device_events": 0}
+    cu, co = _union(compute), _union(comm)
+    overlap = _length(_intersect(cu, co))
+    busy = _length(_union(cu + co))
+    comm_len = _length(co)
+    per = 1e-3 / n  # microseconds in the trace -> milliseconds per step
+    return {
+        "steps": steps,
+        "step_ms": round(step_ms, 3),
+        "compute_ms": round(_length(cu) * per, 3),
+        "comm_ms": round(comm_len * per, 3),
+        "comm_overlapped_ms": round(overlap * per, 3),
+        "comm_exposed_ms": round((comm_len - overlap) * per, 3),
+        "idle_ms": round(max(step_ms - busy * per, 0.0), 3),
+        "device_events": kernels,
+        "comm_kernels": comm_kernels,
+    }
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return list(data.get("traceEvents", []) if isinstance(data, dict) else data)
+
+
+class StepProfiler:
+    """torch.profiler around a window of steps; ``stop`` writes the trace and returns :func:`breakdown`."""
+
+    def __init__(self, out_dir: Path, rank: int, device: Any) -> None:
+        self.out_dir, self.rank, self.device = out_dir, rank, device
+        self.prof: Any = None
+        self.t0 = 0.0
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            acts.append(ProfilerActivity.CUDA)
+        self._sync()
+        self.prof = profile(activities=acts)
+        self.prof.__enter__()
+        self.t0 = time.perf_counter()
+
+    def stop(self, steps: int) -> dict[str, Any]:
+        self._sync()
+        wall = time.perf_counter() - self.t0
+        self.prof.__exit__(None, None, None)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"rank{self.rank}.trace.json.gz"
+        self.prof.export_chrome_trace(str(path))
+        result = breakdown(read_trace(path), steps, wall)
+        result["trace"] = str(path)
+        return result

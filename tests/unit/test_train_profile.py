@@ -1,0 +1,104 @@
+"""``--profile-steps``: the GPU-time breakdown computed from Chrome-trace kernel events."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from torchrig.errors import UsageError
+from torchrig.train.config import TrainConfig
+from torchrig.train.profile import breakdown, is_comm_kernel, read_trace
+
+
+def k(name, ts, dur, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7}
+
+
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def test_comm_kernels_are_nccls():
+    assert is_comm_kernel(NCCL) and is_comm_kernel("ncclKernel_AllGather_RING_LL_Sum_int8_t")
+    assert not is_comm_kernel("sm90_xmma_gemm_bf16bf16_bf16f32") and not is_comm_kernel("triton_red_fused_0")
+
+
+def test_breakdown_splits_compute_hidden_and_exposed_comm_and_idle():
+    # Two steps over 2 ms of wall time (times in microseconds). Compute: 0-600 and 500-900 (overlapping
+    # kernels on two streams: 900 us of union), a memcpy 1000-1100, and 1200-1800. NCCL: 700-1000 (200 us
+    # under compute, 100 us alone) and 1850-1950 (alone). CPU events and zero-length kernels do not count.
+    events = [
+        k("sm90_gemm", 0, 600),
+        k("triton_poi_fused_1", 500, 400),
+        k("Memcpy HtoD (Pinned -> Device)", 1000, 100, cat="gpu_memcpy"),
+        k("sm90_gemm", 1200, 600),
+        k(NCCL, 700, 300),
+        k(NCCL, 1850, 100),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},
+        k("triton_empty", 1990, 0),
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 10},
+    ]
+    b = breakdown(events, steps=2, wall_s=0.002)
+    assert b["step_ms"] == 1.0
+    assert b["compute_ms"] == pytest.approx(1.6 / 2)  # (900 + 100 + 600) us over 2 steps
+    assert b["comm_ms"] == pytest.approx(0.4 / 2)
+    assert b["comm_overlapped_ms"] == pytest.approx(0.2 / 2)
+    assert b["comm_exposed_ms"] == pytest.approx(0.2 / 2)
+    busy = 1.6 + 0.2  # compute union + exposed comm, in ms, over the 2 steps
+    assert b["idle_ms"] == pytest.approx((2.0 - busy) / 2)
+    assert b["device_events"] == 6 and b["comm_kernels"] == 2
+
+
+def test_no_device_events_gives_the_step_time_alone():
+    b = breakdown([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9}], steps=3, wall_s=0.03)
+    assert b == {"steps": 3, "step_ms": 10.0, "device_events": 0}
+
+
+def test_read_trace_takes_plain_and_gzipped_chrome_traces(tmp_path):
+    doc = {"traceEvents": [k(NCCL, 0, 10)], "deviceProperties": []}
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    with gzip.open(tmp_path / "b.json.gz", "wt") as f:
+        json.dump(doc, f)
+    assert read_trace(tmp_path / "a.json") == read_trace(tmp_path / "b.json.gz") == doc["traceEvents"]
+
+
+def test_profile_steps_must_leave_timed_steps():
+    with pytest.raises(UsageError) as err:
+        TrainConfig(steps=5, profile_steps=5)
+    assert "--profile-steps 5" in err.value.one_line()
+    with pytest.raises(UsageError):
+        TrainConfig(profile_steps=-1)
+    assert TrainConfig(steps=6, profile_steps=5).profile_steps == 5
+
+
+@pytest.mark.parametrize(
+    "fixture, expected",
+    [
+        # What torchrig train --profile-steps 5 reported on the GPU machine for these traces (run 7, call A).
+        (
+            "h200x2-outer-profile-kernels",
+            {
+                "compute_ms": 32.338,
+                "comm_ms": 2.636,
+                "comm_exposed_ms": 1.51,
+                "idle_ms": 22.553,
+                "comm_kernels": 25,
+            },
+        ),
+        (
+            "h200x1-profile-kernels",
+            {"compute_ms": 32.419, "comm_ms": 0.0, "idle_ms": 2.165, "comm_kernels": 0},
+        ),
+    ],
+)
+def test_breakdown_of_recorded_h200_traces(fixture, expected):
+    """Device events kept from real traces (tools/gpu/trace_kernels.py): GPT-2 small, bf16, compiled, DDP on
+    2x H200 and one H200; the breakdown here gives what the run printed there."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "fixtures" / "train" / f"{fixture}.json.gz"
+    with gzip.open(path, "rt") as f:
+        meta = json.load(f)["torchrig"]
+    b = breakdown(read_trace(path), meta["steps"], meta["wall_s"])
+    assert {k: b[k] for k in expected} == expected
