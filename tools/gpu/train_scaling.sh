@@ -9,11 +9,18 @@
 #      wire; changes numerics slightly)
 # Prints tokens/s, MFU and the scaling efficiency (2-GPU tok/s / (2 x 1-GPU tok/s)) of each.
 # Usage (repository root, 2 GPUs): OUT=/some/dir tools/gpu/train_scaling.sh     about 5-6 min
-#   EXTRA=1 adds outer + --ddp-static-graph; HANG=1 adds the NCCL hang demo without the watchdog's dump
+#   EXTRA=1 adds outer + --ddp-static-graph; HANG=1 adds the NCCL hang demo (HANG_BUDGET_S: only if started by then)
 #   VARIANTS="outer ctas8 bucket100 baseline2" picks the 2-GPU runs and their order (default:
 #   "baseline2 inner outer bf16hook"); ONE=0 skips the 1-GPU pair; tags: baseline2, inner, outer, bf16hook,
 #   outer-static,
-#   bucketN (--ddp-bucket-mb N), ctas8/ctas4/ctas16 (NCCL_MAX_CTAS=N: fewer SMs for NCCL while it overlaps the backward)
+#   bucketN (--ddp-bucket-mb N), ctas8/ctas4/ctas16 (NCCL_MAX_CTAS=N: fewer SMs for NCCL while it overlaps the backward),
+#   fsdp (--parallel fsdp), cpp (TORCHINDUCTOR_CPP_WRAPPER=1: Inductor's
+#   C++ wrapper launches the kernels instead of Python), cg (--compile-mode reduce-overhead: CUDA graphs),
+#   prof (the default with --profile-steps ${PROFILE:-5});
+#   ONE_VARIANTS="cpp cg" runs those tags on 1 GPU too (two at a time), and each 2-GPU row's efficiency is then
+#   against its own tag's 1-GPU figure
+#   PROFILE=N adds --profile-steps N to every torchrig run: the table then shows where rank 0's step time went
+#   (compute, NCCL, NCCL not hidden behind compute, GPU idle; ms per step) and the traces stay in the run folders
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -30,6 +37,8 @@ START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START )); }
 echo "train_scaling: $(python3 -c 'import torch; print(torch.cuda.device_count())') GPU(s), micro-batch $MB," \
   "$STEPS steps, baseline ${BASE:-MISSING}"
+gpu_state() { nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed "s/^/  $1 GPU /"; }
+gpu_state start
 
 baseline() {  # $1 = number of GPUs, $2 = CUDA_VISIBLE_DEVICES for one GPU
   local n=$1 log="$R/baseline-${1}gpu.log"
@@ -56,52 +65,76 @@ ours() {  # $1 = number of GPUs (1: the GPU index in $GPU), $2 = tag, then extra
   local pin=()
   [ "$n" = 1 ] && pin=(CUDA_VISIBLE_DEVICES="${GPU:-0}")
   # shellcheck disable=SC2086  # XENV: extra NAME=VALUE settings for this run, split on spaces
-  env "${pin[@]}" ${XENV:-} timeout 150 python3 -m torchrig --json train --gpus "$n" --model gpt --size small --data synthetic \
+  env "${pin[@]}" ${XENV:-} timeout 200 python3 -m torchrig --json train --gpus "$n" --model gpt --size small --data synthetic \
     --micro-batch "$MB" --steps "$STEPS" --precision bf16 --compile --log-every 5 --warmup-steps 5 \
-    --clip-grad 0 --no-ckpt-final --no-tensorboard --workers 2 --no-preflight --out "$R/run-${n}gpu-$tag" "$@" \
+    --clip-grad 0 --no-ckpt-final --no-tensorboard --workers 2 --no-preflight --out "$R/run-${n}gpu-$tag" \
+    ${PROFILE:+--profile-steps "$PROFILE"} "$@" \
     >"$R/torchrig-${n}gpu-$tag.json" 2>"$R/torchrig-${n}gpu-$tag.log"
   local rc=$?
   echo "[$(elapsed)s] torchrig ${n} GPU $tag rc=$rc (${XENV:-}${XENV:+ }$*)"
   tail -n 1 "$R/torchrig-${n}gpu-$tag.log"
 }
 
-# 1. both 1-GPU figures at once, each on its own GPU (ONE=0 skips them).
-if [ "${ONE:-1}" = 1 ]; then
-  baseline 1 0 &
-  GPU=1 ours 1 default &
-  wait
-fi
-# 2. and 3. the 2-GPU runs in the order of VARIANTS.
+# The runs: torchrig with the options of a variant tag (see the header).
 VARIANTS="${VARIANTS:-baseline2 inner outer bf16hook}"
 [ "${EXTRA:-0}" = 1 ] && VARIANTS="$VARIANTS outer-static"
+variant() {  # $1 = GPUs, $2 = tag: runs torchrig with the tag's options
+  local n=$1 v=$2
+  case "$v" in
+    inner) ours "$n" inner --ddp-compile inner ;;
+    outer) ours "$n" outer --ddp-compile outer ;;
+    prof) PROFILE="${PROFILE:-5}" ours "$n" prof ;;
+    bf16hook) ours "$n" bf16hook --ddp-comm-hook bf16 ;;
+    outer-static) ours "$n" outer-static --ddp-compile outer --ddp-static-graph ;;
+    bucket[0-9]*) ours "$n" "$v" --ddp-bucket-mb "${v#bucket}" ;;
+    ctas[0-9]*) XENV="NCCL_MAX_CTAS=${v#ctas}" ours "$n" "$v" ;;
+    fsdp) ours "$n" fsdp --parallel fsdp ;;
+    cpp) XENV="TORCHINDUCTOR_CPP_WRAPPER=1" ours "$n" cpp ;;
+    cg) ours "$n" cg --compile-mode reduce-overhead ;;
+    cgstatic) ours "$n" cgstatic --compile-mode reduce-overhead --ddp-static-graph ;;
+    cgcpp) XENV="TORCHINDUCTOR_CPP_WRAPPER=1" ours "$n" cgcpp --compile-mode reduce-overhead ;;
+    cgcppstatic) XENV="TORCHINDUCTOR_CPP_WRAPPER=1" ours "$n" cgcppstatic --compile-mode reduce-overhead --ddp-static-graph ;;
+    *) echo "unknown variant $v (see the header)" ;;
+  esac
+}
+# 1. both 1-GPU figures at once, each on its own GPU (ONE=0 skips them).
+export ONE_TAG="${ONE_TAG:-default}"  # the torchrig run beside the baseline's 1-GPU run: default, or a variant tag
+if [ "${ONE:-1}" = 1 ]; then
+  baseline 1 0 &
+  if [ "$ONE_TAG" = default ]; then GPU=1 ours 1 default & else GPU=1 variant 1 "$ONE_TAG" & fi
+  wait
+fi
+# 2. ONE_VARIANTS: 1-GPU runs of the same tags, two at a time (GPU 0 and GPU 1); a 2-GPU row's efficiency is
+# against the 1-GPU run of its own tag when there is one.
+set -- ${ONE_VARIANTS:-}
+while [ $# -gt 0 ]; do
+  GPU=0 variant 1 "$1" &
+  [ $# -gt 1 ] && { GPU=1 variant 1 "$2" & }
+  wait
+  shift; [ $# -gt 0 ] && shift
+done
+# 3. the 2-GPU runs in the order of VARIANTS.
 for v in $VARIANTS; do
   case "$v" in
     baseline2) if [ "$(elapsed)" -gt "$BUDGET_S" ]; then echo "[$(elapsed)s] baseline 2 GPU: skipped"; else baseline 2; fi ;;
-    inner) ours 2 inner --ddp-compile inner ;;
-    outer) ours 2 outer --ddp-compile outer ;;
-    bf16hook) ours 2 bf16hook --ddp-comm-hook bf16 ;;
-    outer-static) ours 2 outer-static --ddp-compile outer --ddp-static-graph ;;
-    bucket[0-9]*) ours 2 "$v" --ddp-bucket-mb "${v#bucket}" ;;
-    ctas[0-9]*) XENV="NCCL_MAX_CTAS=${v#ctas}" ours 2 "$v" ;;
-    *) echo "unknown variant $v (see the header)" ;;
+    *) variant 2 "$v" ;;
   esac
 done
-# HANG=1 (about 1 min more): the planted NCCL hang with the watchdog's debug dump off, to see whether the
-# 15 s collective timeout then ends the ranks by itself (with the dump on, run 2 stayed alive until the
-# 40 s hang watchdog).
-if [ "${HANG:-0}" = 1 ]; then
+# HANG=1 (about 1 min more): the planted NCCL hang (rank 1 stops joining collectives at step 5) with
+# torchrig's defaults, the NCCL flight recorder's dump on timeout included: the report must name rank 1 and
+# list the flight records, which launch writes next to the rank logs.
+if [ "${HANG:-0}" = 1 ] && [ "$(elapsed)" -le "${HANG_BUDGET_S:-9999}" ]; then
   hs=$(date +%s)
   timeout 150 python3 -m torchrig --json launch --gpus 2 --no-preflight --log-dir "$R/hang-logs" \
-    --rdzv-id hang-nodump --collective-timeout 15 --hang-timeout 60 --env TORCH_NCCL_DUMP_ON_TIMEOUT=0 \
+    --rdzv-id hang --collective-timeout 15 --hang-timeout 40 \
     -m torchrig.train --model gpt --size tiny --steps 40 --log-every 5 --workers 0 --no-tensorboard \
-    --out "$R/hang-nodump" --test-hang-at-step 5 >"$R/hang-nodump.json" 2>"$R/hang-nodump.log"
-  echo "[$(elapsed)s] hang with TORCH_NCCL_DUMP_ON_TIMEOUT=0: rc=$? after $(( $(date +%s) - hs ))s" \
-    "(ended by NCCL if well under 60 s of silence; headline below)"
-  python3 -c 'import json,sys; s=(json.load(open(sys.argv[1])).get("result") or {}).get("summary") or {}; print(" ", s.get("headline"), "|", s.get("likely_cause"))' "$R/hang-nodump.json"
+    --out "$R/hang" --test-hang-at-step 5 >"$R/hang.json" 2>"$R/hang.log"
+  echo "[$(elapsed)s] planted hang: rc=$? after $(( $(date +%s) - hs ))s"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])).get("result") or {}; s=r.get("summary") or {}; print(" ", s.get("headline"), "|", s.get("likely_cause")); print("  flight records:", r.get("flight_records"))' "$R/hang.json"
 fi
 
 python3 - "$R" <<'EOF'
-import json, sys
+import json, os, sys
 from pathlib import Path
 r = Path(sys.argv[1])
 def load(name):
@@ -113,8 +146,15 @@ def ours(name):
     d = load(name)
     s = d.get("summary") or {}
     return s.get("tokens_per_s"), s.get("mfu"), s.get("final_loss"), d.get("error")
+def prof(name):
+    p = ((load(name).get("summary") or {}).get("profile")) or {}
+    if not p.get("device_events"):
+        return ""
+    return (f"  [step {p['step_ms']:.2f} = compute {p['compute_ms']:.2f} + exposed NCCL {p['comm_exposed_ms']:.2f}"
+            f" + idle {p['idle_ms']:.2f} ms; NCCL {p['comm_ms']:.2f} ms]")
 b1, b2 = load("baseline-1gpu.json"), load("baseline-2gpu.json")
-o1 = ours("torchrig-1gpu-default.json")
+one_tag = os.environ.get("ONE_TAG") or "default"
+o1 = ours(f"torchrig-1gpu-{one_tag}.json")
 f = lambda v, p: "-" if v is None else p.format(v)
 print(f"\n== GPT-2 small, seq 1024, bf16, compiled, micro-batch {b1.get('micro_batch')} per GPU, no clipping")
 print(f"{'run':<34} {'tok/s':>10} {'MFU':>6} {'scaling eff.':>12}  loss")
@@ -122,20 +162,34 @@ bt1, bt2 = b1.get("tokens_per_s"), b2.get("tokens_per_s")
 print(f"{'baseline 1 GPU (GPU 0)':<34} {f(bt1, '{:,.0f}'):>10} {f(b1.get('mfu_vs_peak'), '{:.1%}'):>6} {'':>12}  {b1.get('loss')}")
 print(f"{'baseline 2 GPU':<34} {f(bt2, '{:,.0f}'):>10} {f(b2.get('mfu_vs_peak'), '{:.1%}'):>6} "
       f"{f(bt2 / (2 * bt1) if bt1 and bt2 else None, '{:.1%}'):>12}  {b2.get('loss')}")
-print(f"{'torchrig 1 GPU (GPU 1)':<34} {f(o1[0], '{:,.0f}'):>10} {f(o1[1], '{:.1%}'):>6} {'':>12}  "
-      f"{f(o1[2], '{:.4f}')} {o1[3] or ''}")
+print(f"{'torchrig 1 GPU (GPU 1) ' + one_tag:<34} {f(o1[0], '{:,.0f}'):>10} {f(o1[1], '{:.1%}'):>6} {'':>12}  "
+      f"{f(o1[2], '{:.4f}')} {o1[3] or ''}{prof(f'torchrig-1gpu-{one_tag}.json')}")
+for p in sorted(r.glob("torchrig-1gpu-*.json")):
+    tag = p.name[len("torchrig-1gpu-"):-len(".json")]
+    if tag == one_tag:
+        continue
+    t, m, lo, err = ours(p.name)
+    print(f"{'torchrig 1 GPU ' + tag:<34} {f(t, '{:,.0f}'):>10} {f(m, '{:.1%}'):>6} {'':>12}  "
+          f"{f(lo, '{:.4f}')} {err or ''}{prof(p.name)}")
 names = {"inner": "--ddp-compile inner", "default": "default (inner; before 2871121)",
          "outer": "--ddp-compile outer (default)", "bf16hook": "--ddp-comm-hook bf16",
-         "outer-static": "outer + --ddp-static-graph"}
+         "outer-static": "outer + --ddp-static-graph", "cpp": "TORCHINDUCTOR_CPP_WRAPPER=1",
+         "cg": "--compile-mode reduce-overhead", "prof": "default, --profile-steps",
+         "cgstatic": "reduce-overhead + --ddp-static-graph", "cgcpp": "reduce-overhead + C++ wrapper",
+         "cgcppstatic": "reduce-overhead + C++ wrapper + static"}
 tags = sorted((p.name[len("torchrig-2gpu-"):-len(".json")] for p in r.glob("torchrig-2gpu-*.json")),
               key=lambda p: (r / f"torchrig-2gpu-{p}.json").stat().st_mtime)
 for tag in tags:
     what = names.get(tag) or (f"NCCL_MAX_CTAS={tag[4:]}" if tag.startswith("ctas") else
-                              f"--ddp-bucket-mb {tag[6:]}" if tag.startswith("bucket") else tag)
+                              f"--ddp-bucket-mb {tag[6:]}" if tag.startswith("bucket") else
+                              {"fsdp": "--parallel fsdp"}.get(tag, tag))
     t, m, lo, err = ours(f"torchrig-2gpu-{tag}.json")
-    eff = t / (2 * o1[0]) if t and o1[0] else None
+    t1 = tag.replace("static", "") or tag  # DDP options do not apply on 1 GPU: cgstatic -> cg's 1-GPU run
+    base1 = ours(f"torchrig-1gpu-{t1}.json") if (r / f"torchrig-1gpu-{t1}.json").exists() else o1
+    eff = t / (2 * base1[0]) if t and base1[0] else None
     vs_base = f" vs baseline 2 GPU {t / bt2:.3f}" if t and bt2 else ""
     print(f"{'torchrig 2 GPU ' + what:<34} {f(t, '{:,.0f}'):>10} {f(m, '{:.1%}'):>6} {f(eff, '{:.1%}'):>12}  "
-          f"{f(lo, '{:.4f}')} {err or ''}{vs_base}")
+          f"{f(lo, '{:.4f}')} {err or ''}{vs_base}{prof(f'torchrig-2gpu-{tag}.json')}")
 EOF
+gpu_state end
 echo "train_scaling: done in $(elapsed)s"
