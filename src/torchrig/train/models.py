@@ -64,6 +64,11 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(pos)
         for blk in self.blocks:
             x = blk(x)
+        return self.head_loss(x, targets)
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """After the blocks: final norm, the tied output projection, and with targets the mean cross-entropy
+        in fp32 (compiled on its own under FSDP2, where the blocks are compiled one by one)."""
         logits = self.head(self.ln(x))
         if targets is None:
             return logits

@@ -84,10 +84,18 @@ def wrap(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
     if rt.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for blk in getattr(model, "blocks", []):
+        blocks = list(getattr(model, "blocks", []))
+        if cfg.compile and blocks:
+            # Compile each block, then shard (torchtitan's order). torch.compile of the whole sharded model
+            # makes dynamo skip the model's forward: FSDP2's hooks break the graph inside the loop over the
+            # blocks, and a graph break in a loop drops the whole frame to eager.
+            for blk in blocks:
+                blk.compile(mode=_mode(cfg))
+            model.head_loss = torch.compile(model.head_loss, mode=_mode(cfg))  # type: ignore[method-assign]
+        for blk in blocks:
             fully_shard(blk)
         fully_shard(model)
-        return _compile(model, cfg) if cfg.compile else model
+        return _compile(model, cfg) if cfg.compile and not blocks else model
     if rt.parallel != "ddp":
         return _compile(model, cfg) if cfg.compile else model
     outer = cfg.compile and cfg.ddp_compile == "outer"
@@ -96,9 +104,12 @@ def wrap(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
     return _compile(ddp, cfg) if outer else ddp
 
 
+def _mode(cfg: TrainConfig) -> str | None:
+    return None if cfg.compile_mode == "default" else cfg.compile_mode
+
+
 def _compile(module: nn.Module, cfg: TrainConfig) -> nn.Module:
-    mode = None if cfg.compile_mode == "default" else cfg.compile_mode
-    return torch.compile(module, mode=mode)  # type: ignore[return-value]
+    return torch.compile(module, mode=_mode(cfg))  # type: ignore[return-value]
 
 
 def _ddp(module: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
