@@ -149,3 +149,18 @@ def test_image_build(engine, wheelhouse, tmp_path_factory) -> dict:
 def test_image(test_image_build) -> str:
     """The tag of a real torchrig image (CPU torch 2.13.0, Python 3.11, jupyter + ssh, user torch 1000:1000)."""
     return test_image_build["tags"][0]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, state Z in ``/proc/<pid>/stat``, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def alive():
+    """:func:`pid_alive`, for tests that check what a stop left running."""
+    return pid_alive

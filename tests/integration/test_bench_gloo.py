@@ -95,7 +95,7 @@ def test_three_processes_collectives_only(cli):
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
-def test_a_stopped_bench_leaves_no_torchrun_or_worker_behind(tmp_path, how):
+def test_a_stopped_bench_leaves_no_torchrun_or_worker_behind(tmp_path, how, alive):
     """Ctrl-C (SIGINT to the bench alone, as a terminal sends it to the foreground group that torchrun's
     session is not in) or SIGKILL: torchrun and the workers go with the bench, within the guard's grace."""
     import os
@@ -134,13 +134,6 @@ def test_a_stopped_bench_leaves_no_torchrun_or_worker_behind(tmp_path, how):
     proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
     code = proc.wait(timeout=60)
     assert code == (130 if how == "ctrl-c" else -signal.SIGKILL)
-
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
 
     gone_by = time.monotonic() + 30
     while any(alive(p) for p in tree) and time.monotonic() < gone_by:

@@ -50,14 +50,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _start(tmp_path: Path, mode: str, grace_s: float = 3.0) -> tuple[subprocess.Popen, Path]:
     (tmp_path / "child.py").write_text(CHILD)
     log = tmp_path / "terms.log"
@@ -88,7 +80,9 @@ def test_three_stop_signals_reach_the_child_once_and_its_status_comes_back(tmp_p
     assert _terms(log) == 1
 
 
-def test_a_child_that_ignores_the_stop_is_killed_after_the_grace_with_its_own_session_grandchild(tmp_path):
+def test_a_child_that_ignores_the_stop_is_killed_after_the_grace_with_its_own_session_grandchild(
+    tmp_path, alive
+):
     proc, log = _start(tmp_path, "ignore+spawn", grace_s=2.0)
     child, kid = int(Path(f"{log}.ready").read_text()), int(Path(f"{log}.kid").read_text())
     t0 = time.monotonic()
@@ -98,17 +92,17 @@ def test_a_child_that_ignores_the_stop_is_killed_after_the_grace_with_its_own_se
     assert code == 128 + signal.SIGKILL
     assert 2.0 <= took < 15, f"stopped after {took:.1f} s with a grace of 2 s"
     assert _terms(log) == 1
-    assert not _alive(child) and not _alive(kid), "the child or its grandchild outlived the guard"
+    assert not alive(child) and not alive(kid), "the child or its grandchild outlived the guard"
 
 
-def test_ranks_orphaned_by_a_dead_torchrun_are_killed(tmp_path):
+def test_ranks_orphaned_by_a_dead_torchrun_are_killed(tmp_path, alive):
     proc, log = _start(tmp_path, "die+spawn")
     kid = int(Path(f"{log}.kid").read_text())
     assert proc.wait(timeout=30) == 128 + signal.SIGKILL
-    assert not _alive(kid), "the grandchild orphaned by its SIGKILLed parent was left running"
+    assert not alive(kid), "the grandchild orphaned by its SIGKILLed parent was left running"
 
 
-def test_a_multithreaded_launcher_sigkilled_gives_the_child_one_sigterm(tmp_path):
+def test_a_multithreaded_launcher_sigkilled_gives_the_child_one_sigterm(tmp_path, alive):
     """The real case: the launcher's own code (guard.die_with_parent) arms PDEATHSIG on the guard, the
     launcher has several threads (its output pumps), and SIGKILL takes it. The child must see one SIGTERM,
     stop, and nothing may be left."""
@@ -140,11 +134,9 @@ def test_a_multithreaded_launcher_sigkilled_gives_the_child_one_sigterm(tmp_path
     lp.kill()
     lp.wait(timeout=30)
     deadline = time.monotonic() + 20
-    while (_alive(guard_pid) or _alive(child)) and time.monotonic() < deadline:
+    while (alive(guard_pid) or alive(child)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(guard_pid) and not _alive(child), (
-        "the guard or its child outlived the SIGKILLed launcher"
-    )
+    assert not alive(guard_pid) and not alive(child), "the guard or its child outlived the SIGKILLed launcher"
     assert _terms(log) == 1
 
 
