@@ -129,7 +129,8 @@ if [ "${HANG:-0}" = 1 ] && [ "$(elapsed)" -le "${HANG_BUDGET_S:-9999}" ]; then
     --rdzv-id hang --collective-timeout 15 --hang-timeout 40 \
     -m torchrig.train --model gpt --size tiny --steps 40 --log-every 5 --workers 0 --no-tensorboard \
     --out "$R/hang" --test-hang-at-step 5 >"$R/hang.json" 2>"$R/hang.log"
-  echo "[$(elapsed)s] planted hang: rc=$? after $(( $(date +%s) - hs ))s"
+  hrc=$?
+  echo "[$(elapsed)s] planted hang: rc=$hrc after $(( $(date +%s) - hs ))s"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])).get("result") or {}; s=r.get("summary") or {}; print(" ", s.get("headline"), "|", s.get("likely_cause")); print("  flight records:", r.get("flight_records"))' "$R/hang.json"
 fi
 
