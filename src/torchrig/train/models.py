@@ -116,6 +116,10 @@ class ResNet(nn.Module):
         x = self.stem(x)
         for blk in self.blocks:
             x = blk(x)
+        return self.head_loss(x, targets)
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """After the blocks: pooling, the classifier and, with targets, the cross-entropy in fp32."""
         logits = self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
         if targets is None:
             return logits

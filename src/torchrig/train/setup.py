@@ -89,9 +89,13 @@ def wrap(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
             # Compile each block, then shard (torchtitan's order). torch.compile of the whole sharded model
             # makes dynamo skip the model's forward: FSDP2's hooks break the graph inside the loop over the
             # blocks, and a graph break in a loop drops the whole frame to eager.
+            # dynamic=False: blocks of different widths (ResNet's stages) each get a static graph instead of
+            # one dynamic-shape graph after the second width.
             for blk in blocks:
-                blk.compile(mode=_mode(cfg))
-            model.head_loss = torch.compile(model.head_loss, mode=_mode(cfg))  # type: ignore[method-assign]
+                blk.compile(mode=_mode(cfg), dynamic=False)
+            head = getattr(model, "head_loss", None)  # the models' part after the blocks
+            if callable(head):
+                model.__dict__["head_loss"] = torch.compile(head, mode=_mode(cfg))
         for blk in blocks:
             fully_shard(blk)
         fully_shard(model)
