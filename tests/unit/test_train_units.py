@@ -24,6 +24,10 @@ def test_sizes_have_sources_and_gpt2_small_is_124m_shape():
         ({"micro_batch": 0}, "micro-batch"),
         ({"precision": "fp8"}, "precision"),
         ({"compile_mode": "fast"}, "choose from default, reduce-overhead"),
+        (
+            {"parallel": "fsdp", "compile_mode": "reduce-overhead"},
+            "max-autotune-no-cudagraphs with --parallel fsdp",
+        ),
         ({"seq_len": 5000}, "seq-len"),
     ],
 )

@@ -137,6 +137,12 @@ class TrainConfig:
                 f"--profile-steps {self.profile_steps} leaves no unprofiled step of --steps {self.steps}",
                 hint="profile fewer steps than the run has (the profiled ones are left out of the throughput)",
             )
+        if self.parallel == "fsdp" and self.compile_mode in ("reduce-overhead", "max-autotune"):
+            raise UsageError(
+                f"--compile-mode {self.compile_mode} uses CUDA graphs, which FSDP2 does not keep: it gathers the "
+                "parameters into new memory every step",
+                hint="use --compile-mode default or max-autotune-no-cudagraphs with --parallel fsdp",
+            )
         if not self.ddp_bucket_mb > 0:
             raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
