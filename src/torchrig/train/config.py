@@ -139,8 +139,8 @@ class TrainConfig:
             )
         if self.parallel == "fsdp" and self.compile_mode in ("reduce-overhead", "max-autotune"):
             raise UsageError(
-                f"--compile-mode {self.compile_mode} uses CUDA graphs, which FSDP2 does not keep: it gathers the "
-                "parameters into new memory every step",
+                f"--compile-mode {self.compile_mode} uses CUDA graphs, which need fixed addresses; FSDP2 frees "
+                "and gathers the parameters again every step",
                 hint="use --compile-mode default or max-autotune-no-cudagraphs with --parallel fsdp",
             )
         if not self.ddp_bucket_mb > 0:
