@@ -175,4 +175,12 @@ def test_descendants_reads_the_tree_from_proc(tmp_path):
     (tmp_path / "self").mkdir()
     assert guard.descendants(10, str(tmp_path)) == [11, 12, 14]
     assert guard.descendants(14, str(tmp_path)) == []
-    assert guard.descendants(os.getpid()) == []  # the real /proc: this test process has no children now
+    # The real /proc: a child started here is found under this process, and is gone once reaped. (Not "this
+    # process has no children": after a compiling test, Inductor's compile workers are children of pytest.)
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert kid.pid in guard.descendants(os.getpid())
+    finally:
+        kid.kill()
+        kid.wait()
+    assert kid.pid not in guard.descendants(os.getpid())
