@@ -10,13 +10,13 @@ import json
 import sys
 
 sys.path.insert(0, "src")
-from torchrig.train.profile import _DEVICE_CATS, read_trace
+from torchrig.train.profile import DEVICE_CATEGORIES, read_trace
 
 src, dst = sys.argv[1], sys.argv[2]
 keep = [
     {k: e[k] for k in ("ph", "cat", "name", "ts", "dur") if k in e}
     for e in read_trace(__import__("pathlib").Path(src))
-    if e.get("ph") == "X" and str(e.get("cat", "")).lower() in _DEVICE_CATS
+    if e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATEGORIES
 ]
 meta = {"source": src}
 if len(sys.argv) > 4:

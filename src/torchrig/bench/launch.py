@@ -40,9 +40,6 @@ class LaunchPlan:
         return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
 
 
-STOP_GRACE_S = 15.0  # after Ctrl-C, how long torchrun and the workers get before SIGKILL
-
-
 def plan_launch(cfg: BenchConfig, nproc: int, workdir: str, python: str = sys.executable) -> LaunchPlan:
     config_path = str(pathlib.Path(workdir) / "bench-config.json")
     out_path = str(pathlib.Path(workdir) / "measurements.json")
@@ -92,7 +89,7 @@ def execute(
     tail: collections.deque[str] = collections.deque(maxlen=60)
     # Under torchrig's launch guard, in a session of its own: a bench killed in any way takes torchrun and its
     # workers with it, and Ctrl-C stops them through the guard (one SIGTERM for torchrun, bounded).
-    proc = guard.start(plan.argv, STOP_GRACE_S, env=env, stderr=subprocess.STDOUT)
+    proc = guard.start(plan.argv, env=env, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
@@ -104,7 +101,7 @@ def execute(
             if on_line:
                 on_line(line.rstrip("\n"))
     except BaseException:  # Ctrl-C, or a progress callback that failed: the workers must not run on
-        guard.stop(proc, STOP_GRACE_S)
+        guard.stop(proc)
         raise
     code = proc.wait()
     if code != 0 or not pathlib.Path(plan.out_path).exists():

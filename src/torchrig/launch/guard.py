@@ -32,6 +32,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 USAGE = "usage: python -m torchrig.launch.guard GRACE_S -- COMMAND [ARGS...]"
+STOP_GRACE_S = 15.0  # launch's and bench's: from a stop to SIGKILL for torchrun and everything under it
 
 
 def _prctl(option: int, arg: int) -> bool:
@@ -56,7 +57,7 @@ def command(argv: list[str] | tuple[str, ...], grace_s: float) -> list[str]:
 
 
 def start(
-    argv: list[str] | tuple[str, ...], grace_s: float, *, env: dict[str, str], stderr: int
+    argv: list[str] | tuple[str, ...], *, env: dict[str, str], stderr: int, grace_s: float = STOP_GRACE_S
 ) -> subprocess.Popen:
     """Start ``argv`` (torchrun) under the guard, in a session of its own, its output read line by line from
     ``stdout`` (``stderr``: ``subprocess.PIPE`` or ``subprocess.STDOUT``). The guard stops the job when this
@@ -80,7 +81,7 @@ def die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def stop(proc: subprocess.Popen, grace_s: float) -> None:
+def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """Ask a running guard to stop its job and wait for it: the guard alone is signalled (a second SIGTERM to
     torchrun is what wedges it); SIGKILL to the guard's process group only if the guard itself is stuck."""
     try:

@@ -56,13 +56,10 @@ def _signal_workers(attempt_dir: Path, sig: int) -> None:
                 os.kill(rank.pid, sig)
 
 
-STOP_GRACE_S = 15.0  # from a stop to SIGKILL for torchrun and its ranks (the guard enforces it)
-
-
 def _stop(proc: subprocess.Popen) -> None:
     """Stop the job through its guard: torchrun gets one SIGTERM and forwards it to the ranks (which dump their
-    stacks); whatever is left after ``STOP_GRACE_S`` is SIGKILLed."""
-    guard.stop(proc, STOP_GRACE_S)
+    stacks); whatever is left after ``guard.STOP_GRACE_S`` is SIGKILLed."""
+    guard.stop(proc)
 
 
 def _watch(
@@ -97,7 +94,7 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     env = {**os.environ, **plan.env}
     # torchrun runs under a guard (``torchrig.launch.guard``): one stop signal for torchrun however many come,
     # a bounded stop, and no rank left behind.
-    proc = guard.start(plan.argv, STOP_GRACE_S, env=env, stderr=subprocess.PIPE)
+    proc = guard.start(plan.argv, env=env, stderr=subprocess.PIPE)
     # A SIGTERM to the launcher (a scheduler cancelling the job) stops torchrun and the ranks the same way.
     previous = None
     if threading.current_thread() is threading.main_thread():

@@ -23,7 +23,7 @@ from typing import Any
 Interval = tuple[float, float]
 
 # Kernel-like trace categories: kernels, device copies and memsets (kineto's names for them).
-_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def _union(spans: list[Interval]) -> list[Interval]:
@@ -41,20 +41,6 @@ def _length(spans: list[Interval]) -> float:
     return sum(b - a for a, b in spans)
 
 
-def _intersect(xs: list[Interval], ys: list[Interval]) -> list[Interval]:
-    """Intersection of two sorted, disjoint interval lists."""
-    out, i, j = [], 0, 0
-    while i < len(xs) and j < len(ys):
-        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        if a < b:
-            out.append((a, b))
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
 def is_comm_kernel(name: str) -> bool:
     """NCCL's device kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...``)."""
     return name.lower().startswith("nccl")
@@ -70,7 +56,7 @@ def breakdown(events: list[dict[str, Any]], steps: int, wall_s: float) -> dict[s
     comm: list[Interval] = []
     kernels = comm_kernels = 0
     for ev in events:
-        if ev.get("ph") != "X" or str(ev.get("cat", "")).lower() not in _DEVICE_CATS:
+        if ev.get("ph") != "X" or str(ev.get("cat", "")).lower() not in DEVICE_CATEGORIES:
             continue
         start, dur = float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0))
         if dur <= 0:
@@ -85,18 +71,17 @@ def breakdown(events: list[dict[str, Any]], steps: int, wall_s: float) -> dict[s
     step_ms = wall_s * 1e3 / n
     if not kernels:
         return {"steps": steps, "step_ms": round(step_ms, 3), "device_events": 0}
-    cu, co = _union(compute), _union(comm)
-    overlap = _length(_intersect(cu, co))
-    busy = _length(_union(cu + co))
-    comm_len = _length(co)
+    compute_len, comm_len = _length(_union(compute)), _length(_union(comm))
+    busy = _length(_union(compute + comm))
+    exposed = busy - compute_len  # the busy time with NCCL running and no compute beside it
     per = 1e-3 / n  # microseconds in the trace -> milliseconds per step
     return {
         "steps": steps,
         "step_ms": round(step_ms, 3),
-        "compute_ms": round(_length(cu) * per, 3),
+        "compute_ms": round(compute_len * per, 3),
         "comm_ms": round(comm_len * per, 3),
-        "comm_overlapped_ms": round(overlap * per, 3),
-        "comm_exposed_ms": round((comm_len - overlap) * per, 3),
+        "comm_overlapped_ms": round((comm_len - exposed) * per, 3),
+        "comm_exposed_ms": round(exposed * per, 3),
         "idle_ms": round(max(step_ms - busy * per, 0.0), 3),
         "device_events": kernels,
         "comm_kernels": comm_kernels,
