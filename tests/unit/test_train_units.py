@@ -29,12 +29,51 @@ def test_sizes_have_sources_and_gpt2_small_is_124m_shape():
             "max-autotune-no-cudagraphs with --parallel fsdp",
         ),
         ({"seq_len": 5000}, "seq-len"),
+        ({"gc_every": -1}, "--gc-every must be 0 or more"),
     ],
 )
 def test_config_errors(kw, msg):
     with pytest.raises(UsageError) as err:
         TrainConfig(**kw)
     assert msg in err.value.one_line()
+
+
+def test_collector_runs_python_gc_only_at_its_steps_and_restores_it():
+    import gc
+
+    from torchrig.train.loop import Collector
+
+    class Node:
+        pass
+
+    def cycle():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+
+    def nodes():
+        return sum(isinstance(o, Node) for o in gc.get_objects())
+
+    assert gc.isenabled()
+    c = Collector(3)
+    try:
+        assert not gc.isenabled()
+        c.after_step(1, 1)  # the first step: collect, then freeze the survivors
+        assert gc.get_freeze_count() > 0
+        for _ in range(2000):  # far past gen 0's threshold: the automatic collector would have run
+            cycle()
+        c.after_step(2, 1)
+        assert nodes() >= 4000  # not a collection step: the cycles are still there
+        c.after_step(3, 1)
+        assert nodes() == 0  # step 3 = every 3: collected
+    finally:
+        c.close()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    off = Collector(0)  # --gc-every 0: Python's automatic collector, untouched
+    assert gc.isenabled()
+    off.after_step(1, 1)
+    assert gc.get_freeze_count() == 0
+    off.close()
+    assert gc.isenabled()
 
 
 def test_to_argv_round_trips():

@@ -14,7 +14,7 @@
 #   "baseline2 inner outer bf16hook"); ONE=0 skips the 1-GPU pair; tags: baseline2, inner, outer, bf16hook,
 #   outer-static,
 #   bucketN (--ddp-bucket-mb N), ctas8/ctas4/ctas16 (NCCL_MAX_CTAS=N: fewer SMs for NCCL while it overlaps the backward),
-#   fsdp (--parallel fsdp), cpp (TORCHINDUCTOR_CPP_WRAPPER=1: Inductor's
+#   fsdp (--parallel fsdp), nogc (--gc-every 0: Python's automatic garbage collection), cgnogc (cg + nogc), cpp (TORCHINDUCTOR_CPP_WRAPPER=1: Inductor's
 #   C++ wrapper launches the kernels instead of Python), cg (--compile-mode reduce-overhead: CUDA graphs),
 #   prof (the default with --profile-steps ${PROFILE:-5});
 #   ONE_VARIANTS="cpp cg" runs those tags on 1 GPU too (two at a time), and each 2-GPU row's efficiency is then
@@ -89,6 +89,8 @@ variant() {  # $1 = GPUs, $2 = tag: runs torchrig with the tag's options
     bucket[0-9]*) ours "$n" "$v" --ddp-bucket-mb "${v#bucket}" ;;
     ctas[0-9]*) XENV="NCCL_MAX_CTAS=${v#ctas}" ours "$n" "$v" ;;
     fsdp) ours "$n" fsdp --parallel fsdp ;;
+    nogc) ours "$n" nogc --gc-every 0 ;;
+    cgnogc) ours "$n" cgnogc --compile-mode reduce-overhead --gc-every 0 ;;
     cpp) XENV="TORCHINDUCTOR_CPP_WRAPPER=1" ours "$n" cpp ;;
     cg) ours "$n" cg --compile-mode reduce-overhead ;;
     cgstatic) ours "$n" cgstatic --compile-mode reduce-overhead --ddp-static-graph ;;
@@ -177,7 +179,8 @@ names = {"inner": "--ddp-compile inner", "default": "default (inner; before 2871
          "outer-static": "outer + --ddp-static-graph", "cpp": "TORCHINDUCTOR_CPP_WRAPPER=1",
          "cg": "--compile-mode reduce-overhead", "prof": "default, --profile-steps",
          "cgstatic": "reduce-overhead + --ddp-static-graph", "cgcpp": "reduce-overhead + C++ wrapper",
-         "cgcppstatic": "reduce-overhead + C++ wrapper + static"}
+         "cgcppstatic": "reduce-overhead + C++ wrapper + static",
+         "nogc": "--gc-every 0 (automatic GC)", "cgnogc": "reduce-overhead + --gc-every 0"}
 tags = sorted((p.name[len("torchrig-2gpu-"):-len(".json")] for p in r.glob("torchrig-2gpu-*.json")),
               key=lambda p: (r / f"torchrig-2gpu-{p}.json").stat().st_mtime)
 for tag in tags:

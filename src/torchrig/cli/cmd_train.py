@@ -58,6 +58,9 @@ _HELP = {
     "profile_steps": "profile the last N steps with torch.profiler: a Chrome trace per rank in OUT/profile/ and "
     "where each step's GPU time went (compute, NCCL, NCCL not hidden behind compute, idle); those steps are "
     "left out of the throughput (0: off)",
+    "gc_every": "run Python's garbage collector every N steps, at the same step on every rank, instead of "
+    "whenever Python decides: one rank paused by a collection holds the others up (50; 0: Python's automatic "
+    "collection)",
     "test_kill_at_step": "TEST HOOK: rank --test-kill-rank SIGKILLs itself at this step (first attempt only)",
     "test_kill_in_save": "TEST HOOK: rank 0 SIGKILLs itself inside the save of this step (first attempt only)",
     "test_hang_at_step": "TEST HOOK: rank --test-hang-rank stops joining collectives at this step",

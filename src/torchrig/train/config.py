@@ -76,6 +76,9 @@ class TrainConfig:
     tensorboard: bool = True
     timing_warmup_steps: int = 10  # steps excluded from the steady-state throughput
     profile_steps: int = 0  # profile the last N steps (torch.profiler): trace + GPU time breakdown
+    # Python's collector runs only every N steps, at the same step on every rank (0: Python's automatic
+    # collection): an automatic collection pauses one rank at a random moment and the others wait for it.
+    gc_every: int = 50
     # Test hooks (for fault-tolerance tests and demos); each fires only on the first attempt.
     test_kill_at_step: int = 0
     test_kill_rank: int = 1
@@ -118,6 +121,7 @@ class TrainConfig:
             "clip_grad",
             "weight_decay",
             "profile_steps",
+            "gc_every",
         ):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")

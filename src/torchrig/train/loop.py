@@ -7,6 +7,7 @@ each rank) or call :func:`train` with a :class:`~torchrig.train.config.TrainConf
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -62,6 +63,38 @@ def _sync_context(run_model: nn.Module, rt: Runtime, sync: bool) -> Any:
     if rt.parallel == "fsdp":
         run_model.set_requires_gradient_sync(sync)  # type: ignore[operator]
     return contextlib.nullcontext()
+
+
+class Collector:
+    """Python's garbage collection at fixed steps (``--gc-every N``), the same steps on every rank.
+
+    The automatic collector pauses one rank's host at a moment of Python's choosing; with NCCL the other
+    ranks then wait for it in the next collective, so every rank's pauses add up. torchtitan turns the
+    automatic collector off for this reason and collects every N steps
+    (https://github.com/pytorch/torchtitan/blob/main/torchtitan/tools/utils.py, ``GarbageCollection``).
+    After the first step (compilation) the surviving objects are frozen, so later collections skip them.
+    """
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.was_enabled = gc.isenabled()
+        if every:
+            gc.disable()
+
+    def after_step(self, step: int, first: int) -> None:
+        if not self.every:
+            return
+        if step == first:
+            gc.collect()
+            gc.freeze()  # what compiling and building left behind stays out of later scans
+        elif step % self.every == 0:
+            gc.collect()
+
+    def close(self) -> None:
+        if self.every:
+            gc.unfreeze()
+            if self.was_enabled:
+                gc.enable()
 
 
 def _test_hooks(cfg: TrainConfig, rt: Runtime, step: int) -> None:
@@ -210,6 +243,14 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
     graphs = (
         cfg.compile and cfg.compile_mode in ("reduce-overhead", "max-autotune") and rt.device.type == "cuda"
     )
+    # With CUDA graphs a gradient that autograd stores as .grad (it does when .grad is None) lives in the
+    # graph's own memory, which the next micro-step's replay overwrites. Accumulating over micro-steps then
+    # needs .grad buffers of its own that autograd adds into: allocate them once and zero them in place.
+    keep_grads = graphs and cfg.grad_accum > 1
+    if keep_grads:
+        for p in job.model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     for micro in range(cfg.grad_accum):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
@@ -227,7 +268,7 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
         job.scaler.update()
     else:
         job.opt.step()
-    job.opt.zero_grad(set_to_none=True)
+    job.opt.zero_grad(set_to_none=not keep_grads)
     return norm
 
 
@@ -272,24 +313,29 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     prof_first = max(cfg.steps - cfg.profile_steps + 1, start + 1) if cfg.profile_steps else None
     profiler: StepProfiler | None = None
     profile: dict[str, Any] | None = None
-    for step in range(start + 1, cfg.steps + 1):
-        _test_hooks(cfg, rt, step)
-        if step == prof_first:
-            profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
-            profiler.start()
-        grad_norm = _step(job, step, it, loss_sum)
-        if step == cfg.steps and profiler is not None:
-            profile = profiler.stop(cfg.steps - (prof_first or step) + 1)
-        if (
-            step % cfg.log_every == 0
-            or step == cfg.steps
-            or (prof_first is not None and step == prof_first - 1)
-        ):
-            final_loss = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
-            loss_sum.zero_()
-        if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
-            _save(job, step)
-            last["t"] = time.perf_counter()  # checkpoint time is not training throughput
+    collector = Collector(cfg.gc_every)
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            _test_hooks(cfg, rt, step)
+            if step == prof_first:
+                profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
+                profiler.start()
+            grad_norm = _step(job, step, it, loss_sum)
+            collector.after_step(step, start + 1)
+            if step == cfg.steps and profiler is not None:
+                profile = profiler.stop(cfg.steps - (prof_first or step) + 1)
+            if (
+                step % cfg.log_every == 0
+                or step == cfg.steps
+                or (prof_first is not None and step == prof_first - 1)
+            ):
+                final_loss = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
+                loss_sum.zero_()
+            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
+                _save(job, step)
+                last["t"] = time.perf_counter()  # checkpoint time is not training throughput
+    finally:
+        collector.close()
     elapsed = time.perf_counter() - t0
     return _finish(
         job, metrics, start, final_loss, elapsed, device_name, peak, peak_source, prof_first, profile
@@ -327,6 +373,7 @@ def _finish(
         }
         if rt.parallel == "ddp"
         else None,
+        "gc_every": cfg.gc_every,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "global_batch": job.global_batch,
