@@ -73,7 +73,7 @@ def test_cuda_graphs_with_accumulation_train_like_the_default_mode(tmp_path):
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         losses[mode] = [r["loss"] for r in rows if "loss" in r and r.get("step")]
     assert len(losses["default"]) == 3
-    for a, b in zip(losses["default"], losses["reduce-overhead"]):
+    for a, b in zip(losses["default"], losses["reduce-overhead"], strict=True):
         assert abs(a - b) < 1e-3 * abs(a), losses  # on an H200: 6.178195 vs 6.178180 at step 10
 
 

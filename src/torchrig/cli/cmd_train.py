@@ -138,6 +138,11 @@ class TrainReport:
             )
             if s.get("profile"):
                 lines.append(render_profile(s["profile"]))
+            from torchrig.train.gpuwatch import render as render_gpus
+
+            clocks = render_gpus(s.get("gpus") or [])
+            if clocks:
+                lines.append(clocks)
         return "\n".join(lines)
 
 

@@ -306,6 +306,25 @@ class Nvml:
             power_draw_w=None if power is None else power / 1000.0,
         )
 
+    def clocks_held_down_s(self, index: int) -> dict[str, float | None]:
+        """How long, in seconds since the driver loaded, NVML has held GPU ``index``'s clocks down because of
+        its power limit (``power``) or its temperature (``thermal``): NVML's violation counters
+        (``nvmlDeviceGetViolationStatus``, nanoseconds), which ``nvidia-smi -q -d PERFORMANCE`` lists as
+        "Clocks Event Reasons Counters". Counters only grow: the caller takes differences."""
+        nv, h = self._nv, self._device_handles()[index]
+        out: dict[str, float | None] = {}
+        for name, policy in (("power", "NVML_PERF_POLICY_POWER"), ("thermal", "NVML_PERF_POLICY_THERMAL")):
+            v = _query(nv, "nvmlDeviceGetViolationStatus", h, getattr(nv, policy, -1))
+            out[name] = None if v is None else int(v.violationTime) / 1e9
+        return out
+
+    def limits(self, index: int) -> tuple[int | None, float | None]:
+        """GPU ``index``'s highest SM clock (MHz) and enforced power limit (W); None where NVML does not say."""
+        nv, h = self._nv, self._device_handles()[index]
+        limit = _query(nv, "nvmlDeviceGetEnforcedPowerLimit", h)
+        top = _try(lambda: int(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM)))
+        return top, None if limit is None else limit / 1000.0
+
     def health(self, index: int) -> NvmlHealth:
         """ECC, row remapping, power, clocks, throttling and processes of GPU ``index``."""
         nv, h = self._nv, self._device_handles()[index]

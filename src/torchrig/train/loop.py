@@ -26,6 +26,7 @@ from torchrig.errors import UsageError
 from torchrig.train import checkpoint as ckpt
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
+from torchrig.train.gpuwatch import GpuWatch
 from torchrig.train.metrics import Metrics, peak_tflops, rewind_jsonl
 from torchrig.train.models import build_model, model_spec
 from torchrig.train.profile import StepProfiler
@@ -184,6 +185,7 @@ class Job:
     autocast: Any
     out: Path
     root: Path
+    watch: GpuWatch | None = None  # this rank's GPU clocks and power (NVML); None on CPU or without NVML
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -314,6 +316,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     profiler: StepProfiler | None = None
     profile: dict[str, Any] | None = None
     collector = Collector(cfg.gc_every)
+    job.watch = GpuWatch.open(torch, rt.device)
     try:
         for step in range(start + 1, cfg.steps + 1):
             _test_hooks(cfg, rt, step)
@@ -334,11 +337,15 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
                 _save(job, step)
                 last["t"] = time.perf_counter()  # checkpoint time is not training throughput
+        warm = start + min(cfg.timing_warmup_steps, cfg.steps // 3)
+        gpu = job.watch.result(from_step=warm) if job.watch is not None else None
     finally:
         collector.close()
+        if job.watch is not None:
+            job.watch.close()
     elapsed = time.perf_counter() - t0
     return _finish(
-        job, metrics, start, final_loss, elapsed, device_name, peak, peak_source, prof_first, profile
+        job, metrics, start, final_loss, elapsed, device_name, peak, peak_source, prof_first, profile, gpu
     )
 
 
@@ -353,10 +360,15 @@ def _finish(
     peak_source: str,
     prof_first: int | None = None,
     profile: dict[str, Any] | None = None,
+    gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's summary: steady throughput (warm-up, compile and profiled steps excluded), MFU, profile."""
     cfg, rt = job.cfg, job.rt
     steady = metrics.steady(min(cfg.timing_warmup_steps, cfg.steps // 3), before_step=prof_first)
+    gpus = [gpu]
+    if dist.is_initialized() and rt.world > 1:  # every rank's GPU, in rank order (one small collective)
+        gpus = [None] * rt.world
+        dist.all_gather_object(gpus, gpu)
     summary = {
         "steps": cfg.steps,
         "resumed_from": start,
@@ -385,6 +397,7 @@ def _finish(
         "peak_source": peak_source,
         "elapsed_s": round(elapsed_s, 2),
         "profile": profile,
+        "gpus": gpus if any(gpus) else None,
     }
     if rt.is_main:
         metrics.event(event="end", **summary)
@@ -413,6 +426,8 @@ def _log(
         gn = float(full.item())
     value = float(loss.item())  # the one host sync of the interval
     now = time.perf_counter()
+    if job.watch is not None:
+        job.watch.sample(step)
     rate = n * job.units_per_step / max(now - last["t"], 1e-9)
     rec = {
         "step": step,
