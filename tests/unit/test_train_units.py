@@ -165,6 +165,8 @@ def test_gpt_flops_formula_matches_the_baseline_count():
         (["train", "--compile-mode", "fast"], "unknown --compile-mode 'fast'"),
         (["train", "--steps", "5", "--profile-steps", "5"], "--profile-steps 5 leaves no unprofiled step"),
         (["train", "--profile-steps", "-1"], "--profile-steps must be 0 or more"),
+        (["train", "--gc-every", "-1"], "--gc-every must be 0 or more"),
+        (["train", "--gc-every", "often"], "--gc-every"),
         (["train", "--parallel", "fsdp", "--compile-mode", "reduce-overhead"], "need fixed addresses"),
         (["launch", "--gpus", "x", "--cpu", "t.py"], "exclude"),
         (["launch", "--nnodes", "2", "t.py"], "--rdzv-endpoint"),
