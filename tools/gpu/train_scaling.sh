@@ -19,6 +19,8 @@
 #   prof (the default with --profile-steps ${PROFILE:-5});
 #   ONE_VARIANTS="cpp cg" runs those tags on 1 GPU too (two at a time), and each 2-GPU row's efficiency is then
 #   against its own tag's 1-GPU figure
+#   Each torchrig row ends with its ranks' median SM clock and the share of time the driver held the clocks
+#   down for power ({SM r0/r1 MHz, power-capped r0/r1}, from summary.json's gpus).
 #   PROFILE=N adds --profile-steps N to every torchrig run: the table then shows where rank 0's step time went
 #   (compute, NCCL, NCCL not hidden behind compute, GPU idle; ms per step) and the traces stay in the run folders
 set -uo pipefail
@@ -149,11 +151,17 @@ def ours(name):
     d = load(name)
     s = d.get("summary") or {}
     return s.get("tokens_per_s"), s.get("mfu"), s.get("final_loss"), d.get("error")
+def clocks(name):  # each rank's median SM clock and the share of time its clocks were held down for power
+    g = [x for x in ((load(name).get("summary") or {}).get("gpus") or []) if x and x.get("sm_clock_mhz")]
+    if not g:
+        return ""
+    return "  {SM " + "/".join(f"{x['sm_clock_mhz'][1]:.0f}" for x in g) + " MHz, power-capped " + "/".join(
+        f"{x.get('power_capped_share') or 0:.0%}" for x in g) + "}"
 def prof(name):
     p = ((load(name).get("summary") or {}).get("profile")) or {}
     if not p.get("device_events"):
-        return ""
-    return (f"  [step {p['step_ms']:.2f} = compute {p['compute_ms']:.2f} + exposed NCCL {p['comm_exposed_ms']:.2f}"
+        return clocks(name)
+    return clocks(name) + (f"  [step {p['step_ms']:.2f} = compute {p['compute_ms']:.2f} + exposed NCCL {p['comm_exposed_ms']:.2f}"
             f" + idle {p['idle_ms']:.2f} ms; NCCL {p['comm_ms']:.2f} ms]")
 b1, b2 = load("baseline-1gpu.json"), load("baseline-2gpu.json")
 one_tag = os.environ.get("ONE_TAG") or "default"
