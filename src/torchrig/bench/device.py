@@ -38,26 +38,12 @@ def gpu_state_reader(torch: Any, device: Any) -> Callable[[], GpuState] | None:
     The GPU is found by its UUID, so ``CUDA_VISIBLE_DEVICES`` renumbering does not matter. The NVML session
     stays open for the worker's life: the reader is called after every timed GEMM.
     """
-    if getattr(device, "type", "cpu") != "cuda":
-        return None
     from torchrig.hw import nvml
 
-    try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-    except (AttributeError, RuntimeError):  # an older torch without the UUID
+    opened = nvml.open_for_cuda(torch, device)
+    if opened is None:
         return None
-    try:
-        gpus = nvml.open_session()
-    except nvml.NvmlError:  # no pynvml, no driver library
-        return None
-    try:
-        index = gpus.index_of(uuid)
-    except nvml.NvmlError:  # NVML refused the device list
-        index = None
-    if index is None:
-        gpus.close()
-        return None
-    found: int = index
+    gpus, found = opened
 
     def read() -> GpuState:
         s = gpus.sensors(found)

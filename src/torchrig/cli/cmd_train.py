@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchrig.errors import JobFailed
+from torchrig.train.gpuwatch import render as render_gpus
 
 _HELP = {
     "model": "gpt or resnet (gpt)",
@@ -138,8 +139,6 @@ class TrainReport:
             )
             if s.get("profile"):
                 lines.append(render_profile(s["profile"]))
-            from torchrig.train.gpuwatch import render as render_gpus
-
             clocks = render_gpus(s.get("gpus") or [])
             if clocks:
                 lines.append(clocks)

@@ -68,6 +68,7 @@ __all__ = [
     "NvmlProcess",
     "NvmlSensors",
     "NvmlSystem",
+    "open_for_cuda",
     "open_session",
     "session",
 ]
@@ -160,6 +161,30 @@ def open_session() -> Nvml:
     except nv.NVMLError as err:
         raise _error(nv, err, "nvmlInit") from None
     return Nvml(nv)
+
+
+def open_for_cuda(torch: Any, device: Any) -> tuple[Nvml, int] | None:
+    """An open session and the NVML index of CUDA ``device``, for a reader that samples one GPU while it
+    works; None for a CPU device, without NVML (no nvidia-ml-py, no driver) or for a GPU NVML does not list.
+    The GPU is found by its UUID: ``CUDA_VISIBLE_DEVICES`` renumbers CUDA's devices, not NVML's."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, RuntimeError):  # an older torch without the UUID
+        return None
+    try:
+        gpus = open_session()
+    except NvmlError:
+        return None
+    try:
+        index = gpus.index_of(uuid)
+    except NvmlError:  # NVML refused the device list
+        index = None
+    if index is None:
+        gpus.close()
+        return None
+    return gpus, index
 
 
 @contextmanager
@@ -329,14 +354,14 @@ class Nvml:
         """ECC, row remapping, power, clocks, throttling and processes of GPU ``index``."""
         nv, h = self._nv, self._device_handles()[index]
         now = self.sensors(index)
-        limit = _query(nv, "nvmlDeviceGetEnforcedPowerLimit", h)
+        top, limit_w = self.limits(index)
         return NvmlHealth(
             persistence_mode=_try(lambda: bool(nv.nvmlDeviceGetPersistenceMode(h))),
             temperature_c=now.temperature_c,
             power_draw_w=now.power_draw_w,
-            power_limit_w=None if limit is None else limit / 1000.0,
+            power_limit_w=limit_w,
             sm_clock_mhz=now.sm_clock_mhz,
-            sm_clock_max_mhz=_try(lambda: int(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))),
+            sm_clock_max_mhz=top,
             throttle_reasons=self._throttle(h),
             processes=self._processes(h),
             **self._ecc(h),

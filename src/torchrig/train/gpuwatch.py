@@ -41,23 +41,10 @@ class GpuWatch:
     def open(cls, torch: Any, device: Any) -> GpuWatch | None:
         """The watch of ``device``, or None: a CPU rank, no NVML (no nvidia-ml-py, no driver), or a GPU NVML
         does not list (the UUID is what CUDA and NVML share; ``CUDA_VISIBLE_DEVICES`` renumbers only CUDA's)."""
-        if getattr(device, "type", "cpu") != "cuda":
-            return None
         from torchrig.hw import nvml
 
-        try:
-            uuid = str(torch.cuda.get_device_properties(device).uuid)
-            gpus = nvml.open_session()
-        except (AttributeError, RuntimeError, nvml.NvmlError):
-            return None
-        try:
-            index = gpus.index_of(uuid)
-        except nvml.NvmlError:
-            index = None
-        if index is None:
-            gpus.close()
-            return None
-        return cls(gpus, index)
+        opened = nvml.open_for_cuda(torch, device)
+        return None if opened is None else cls(*opened)
 
     def sample(self, step: int) -> None:
         """Read the GPU now (at a log step, after its host sync)."""
