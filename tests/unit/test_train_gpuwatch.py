@@ -94,6 +94,9 @@ def test_a_gpu_at_its_power_limit_is_reported_held_down_all_the_time(monkeypatch
     clocks = [REC["samples"][i]["nvmlDeviceGetClockInfo_SM"] for i in idx]
     assert r["sm_clock_mhz"] == [min(clocks), statistics.median(clocks), max(clocks)] == [1665, 1845, 1965]
     assert r["sm_clock_max_mhz"] == 1980 and r["power_limit_w"] == 700.0
+    temps = [REC["samples"][i]["nvmlDeviceGetTemperature"] for i in idx]
+    assert r["temperature_c"] == [min(temps), statistics.median(temps), max(temps)]
+    assert r["temperature_c"][2] > r["temperature_c"][0]  # the GPU warmed up while it trained
     assert r["power_capped_share"] == 1.0  # NVML counted 13.0719 s held down in 13.0714 s
     assert r["thermal_capped_share"] == 0.0
     assert r["samples"] == len(idx)

@@ -31,8 +31,8 @@ class GpuWatch:
 
     gpus: Any  # an open torchrig.hw.nvml.Nvml
     index: int
-    # (step, time, SM clock, power, clocks_held_down_s)
-    samples: list[tuple[int, float, int | None, float | None, dict[str, float | None]]] = field(
+    # (step, time, SM clock, power, clocks_held_down_s, temperature)
+    samples: list[tuple[int, float, int | None, float | None, dict[str, float | None], int | None]] = field(
         default_factory=list
     )
     clock: Callable[[], float] = time.perf_counter
@@ -50,10 +50,10 @@ class GpuWatch:
         """Read the GPU now (at a log step, after its host sync)."""
         s = self.gpus.sensors(self.index)
         held = self.gpus.clocks_held_down_s(self.index)
-        self.samples.append((step, self.clock(), s.sm_clock_mhz, s.power_draw_w, held))
+        self.samples.append((step, self.clock(), s.sm_clock_mhz, s.power_draw_w, held, s.temperature_c))
 
     def result(self, from_step: int = 0) -> dict[str, Any] | None:
-        """Clock and power at the log steps from ``from_step`` on (the steps the throughput is measured over)
+        """Clock, power and temperature at the log steps from ``from_step`` on (the steps the throughput is measured over)
         and the share of the time between the first and the last of them the clocks were held down."""
         window = [w for w in self.samples if w[0] >= from_step]
         if not window:
@@ -64,6 +64,8 @@ class GpuWatch:
             "sm_clock_max_mhz": top,
             "power_w": _spread([w[3] for w in window]),
             "power_limit_w": limit,
+            # at a power limit a hotter GPU leaks more current and so runs a lower clock for the same watts
+            "temperature_c": _spread([w[5] for w in window]),
             "samples": len(window),
         }
         span = window[-1][1] - window[0][1]
