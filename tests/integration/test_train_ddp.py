@@ -94,6 +94,23 @@ def test_accumulation_equals_one_step_of_k_times_the_batch(runs):
     close(losses(runs / "accum"), losses(runs / "ddp"))
 
 
+def test_embeddings_all_reduced_outside_ddp_train_exactly_as_inside(tmp_path):
+    """Without clipping the optimizer steps the other parameters while the embeddings' all-reduce runs, then
+    the embeddings: the same losses as DDP all-reducing them itself, bit for bit, with accumulation too,
+    and as one process with the same global batch."""
+    plain = ["--clip-grad", "0", "--ckpt-every", "0", "--no-ckpt-final"]
+    train(tmp_path / "on", "--micro-batch", "4", *plain, nproc=2)
+    train(tmp_path / "off", "--micro-batch", "4", "--no-ddp-overlap-embeddings", *plain, nproc=2)
+    train(tmp_path / "accum", "--micro-batch", "2", "--grad-accum", "2", *plain, nproc=2)
+    train(tmp_path / "single", "--micro-batch", "8", *plain)
+    on, off = losses(tmp_path / "on"), losses(tmp_path / "off")
+    assert on == off and len(on) == 16
+    close(losses(tmp_path / "accum"), on)
+    close(losses(tmp_path / "single"), on)
+    ddp = {d: json.loads((tmp_path / d / "summary.json").read_text())["ddp"] for d in ("on", "off")}
+    assert ddp["on"]["outside_ddp"] == ["wte.weight", "wpe.weight"] and ddp["off"]["outside_ddp"] == []
+
+
 def test_resume_on_one_rank_from_a_two_rank_checkpoint(runs, tmp_path):
     """DCP reshards: the 2-rank step-4 checkpoint continues on 1 process with the same losses."""
     out = tmp_path / "one"

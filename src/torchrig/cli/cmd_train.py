@@ -48,6 +48,8 @@ _HELP = {
     "with the backward, measured faster on 2xH200; inner = DDP(compile(model)), all-reduce after the backward",
     "ddp_bucket_mb": "DDP gradient bucket size in MB (default 100; PyTorch's own is 25: fewer, larger buckets measured faster with compile(DDP))",
     "ddp_static_graph": "tell DDP the graph never changes (static_graph=True)",
+    "ddp_overlap_embeddings": "all-reduce the embeddings' gradient (complete only when the backward ends) "
+    "outside DDP while the optimizer steps the other parameters; the same update (default: on)",
     "ddp_comm_hook": "none, or bf16: all-reduce gradients in bf16 (half the bytes; changes numerics slightly)",
     "device": "auto, cuda or cpu",
     "out": "run folder (torchrig-run)",

@@ -63,6 +63,9 @@ class TrainConfig:
     ddp_bucket_mb: float = 100.0  # measured on 2x H200: docs/benchmarks.md, run 6
     ddp_static_graph: bool = False
     ddp_comm_hook: str = "none"
+    # All-reduce the embeddings' gradient (complete only when the backward ends) outside DDP, while the
+    # optimizer steps the other parameters (train/lategrads.py).
+    ddp_overlap_embeddings: bool = True
     device: str = "auto"
     out: str = "torchrig-run"
     ckpt_every: int = 0  # steps; 0: only at the end (when --ckpt-final)

@@ -27,10 +27,11 @@ from torchrig.train import checkpoint as ckpt
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
 from torchrig.train.gpuwatch import GpuWatch
+from torchrig.train.lategrads import LateGrads
 from torchrig.train.metrics import Metrics, peak_tflops, rewind_jsonl
 from torchrig.train.models import build_model, model_spec
 from torchrig.train.profile import StepProfiler
-from torchrig.train.setup import Runtime, init, optimizer, teardown, wrap
+from torchrig.train.setup import Runtime, init, late_params, optimizer, teardown, wrap
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -186,6 +187,7 @@ class Job:
     out: Path
     root: Path
     watch: GpuWatch | None = None  # this rank's GPU clocks and power (NVML); None on CPU or without NVML
+    late: LateGrads | None = None  # DDP only: gradients all-reduced outside DDP (--ddp-overlap-embeddings)
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -214,7 +216,8 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     model = build_model(cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=classes)
     model = model.to(rt.device)
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
-    run_model = wrap(model, rt, cfg)
+    late = late_params(model, rt, cfg)
+    run_model = wrap(model, rt, cfg, late)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.precision)
     gpt = cfg.model == "gpt"
     return Job(
@@ -234,6 +237,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
         autocast=(lambda: torch.autocast(rt.device.type, dtype=dtype)) if dtype else contextlib.nullcontext,
         out=Path(cfg.out),
         root=Path(cfg.out) / "checkpoints",
+        late=LateGrads.for_backend(late) if late else None,
     )
 
 
@@ -262,12 +266,18 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
             loss = job.run_model(x, y) / cfg.grad_accum
         (job.scaler.scale(loss) if job.scaler is not None else loss).backward()
         loss_sum += loss.detach()
+    if job.late is not None:
+        job.late.start()  # the embeddings' all-reduce, on NCCL's stream
+        if job.scaler is not None or cfg.clip_grad:
+            job.late.finish()  # a global norm and the GradScaler's inf check need every gradient
     if job.scaler is not None:
         job.scaler.unscale_(job.opt)
     norm = torch.nn.utils.clip_grad_norm_(job.model.parameters(), cfg.clip_grad) if cfg.clip_grad else None
     if job.scaler is not None:
         job.scaler.step(job.opt)
         job.scaler.update()
+    elif job.late is not None and job.late.pending:
+        job.late.step(job.opt)  # the other parameters while the all-reduce runs, then the embeddings
     else:
         job.opt.step()
     job.opt.zero_grad(set_to_none=not keep_grads)
@@ -382,6 +392,11 @@ def _finish(
             "bucket_mb": cfg.ddp_bucket_mb,
             "static_graph": cfg.ddp_static_graph,
             "comm_hook": cfg.ddp_comm_hook,
+            "outside_ddp": [
+                n
+                for n, p in job.model.named_parameters()
+                if job.late and any(p is q for q in job.late.params)
+            ],
         }
         if rt.parallel == "ddp"
         else None,

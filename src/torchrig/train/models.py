@@ -74,6 +74,11 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
+    def late_grad_params(self) -> list[torch.Tensor]:
+        """The parameters whose gradient is complete only when the backward ends: the embeddings (the tied
+        ``wte`` gets the output projection's gradient first, the lookup's last); see train/lategrads.py."""
+        return [self.wte.weight, self.wpe.weight]
+
     def flops_per_token(self, seq_len: int) -> float:
         """PaLM's count (Chowdhery et al. 2022, appendix B): 6N + 12·L·H·Q·T, N without position embeddings."""
         c = self.config

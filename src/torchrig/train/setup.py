@@ -75,11 +75,23 @@ def init(cfg: TrainConfig) -> Runtime:
     )
 
 
-def wrap(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
+def late_params(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> list[nn.Parameter]:
+    """The parameters the trainer all-reduces itself, outside DDP (``--ddp-overlap-embeddings``), or []."""
+    if rt.parallel != "ddp" or rt.world < 2 or not cfg.ddp_overlap_embeddings:
+        return []
+    from torchrig.train import lategrads
+
+    return lategrads.late_params(model)
+
+
+def wrap(
+    model: nn.Module, rt: Runtime, cfg: TrainConfig, late: list[nn.Parameter] | None = None
+) -> nn.Module:
     """The module the loop calls: FSDP2 (shard, then compile) or DDP with ``cfg``'s DDP knobs, or the model.
 
     DDP with ``--ddp-compile inner`` is DDP(compile(model)); ``outer`` is compile(DDP(model)), where dynamo's
-    DDP optimizer splits the graph at bucket boundaries so the all-reduce can overlap the backward.
+    DDP optimizer splits the graph at bucket boundaries so the all-reduce can overlap the backward. DDP
+    leaves out the ``late`` parameters (dynamo's DDP optimizer honours that too): the loop all-reduces them.
     """
     if rt.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
@@ -104,7 +116,7 @@ def wrap(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
         return _compile(model, cfg) if cfg.compile else model
     outer = cfg.compile and cfg.ddp_compile == "outer"
     inner = _compile(model, cfg) if cfg.compile and not outer else model
-    ddp = _ddp(inner, rt, cfg)
+    ddp = _ddp(inner, rt, cfg, late or [])
     return _compile(ddp, cfg) if outer else ddp
 
 
@@ -116,10 +128,18 @@ def _compile(module: nn.Module, cfg: TrainConfig) -> nn.Module:
     return torch.compile(module, mode=_mode(cfg))  # type: ignore[return-value]
 
 
-def _ddp(module: nn.Module, rt: Runtime, cfg: TrainConfig) -> nn.Module:
+def _ddp(module: nn.Module, rt: Runtime, cfg: TrainConfig, late: list[nn.Parameter]) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [rt.device.index] if rt.device.type == "cuda" else None
+    if late:
+        # By name as the wrapped module spells it (a compiled module prefixes "_orig_mod.").
+        ids_late = {id(p) for p in late}
+        names = [n for n, p in module.named_parameters() if id(p) in ids_late]
+        DDP._set_params_and_buffers_to_ignore_for_model(module, names)
+        with torch.no_grad():  # DDP broadcasts rank 0's parameters at start, but not the ones it ignores
+            for p in late:
+                dist.broadcast(p.data, src=0)
     ddp = DDP(
         module,
         device_ids=ids,
