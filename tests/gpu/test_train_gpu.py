@@ -89,3 +89,29 @@ def test_two_gpus_ddp_and_fsdp(tmp_path):
     r = torchrig("export", str(tmp_path / "fsdp"), "--out", str(tmp_path / "exp"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert Path(tmp_path / "exp" / "model.onnx").is_file()
+
+
+def test_two_gpus_embeddings_outside_ddp_with_cuda_graphs_and_accumulation(tmp_path):
+    """The embeddings' gradient all-reduced by the trainer (NCCL, ReduceOp.AVG) while the optimizer steps the
+    rest, under DDP with CUDA graphs and accumulation: the same losses as DDP all-reducing everything."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    base = [*TINY[:-1], "2", "--precision", "bf16", "--compile", "--compile-mode", "reduce-overhead"]
+    base += ["--grad-accum", "2", "--clip-grad", "0", "--warmup-steps", "0", "--no-ckpt-final"]
+    losses, outside = {}, {}
+    for flag in ("--ddp-overlap-embeddings", "--no-ddp-overlap-embeddings"):
+        out = tmp_path / flag
+        s = summary(torchrig(*base, flag, "--out", str(out)))
+        outside[flag] = s["ddp"]["outside_ddp"]
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        losses[flag] = [r["loss"] for r in rows if "loss" in r and r.get("step")]
+    assert outside == {
+        "--ddp-overlap-embeddings": ["wte.weight", "wpe.weight"],
+        "--no-ddp-overlap-embeddings": [],
+    }
+    on, off = losses.values()
+    assert len(on) == 3 and on[-1] < on[0]
+    for a, b in zip(on, off, strict=True):
+        assert abs(a - b) < 1e-3 * abs(a), losses
