@@ -115,3 +115,60 @@ def test_two_gpus_embeddings_outside_ddp_with_cuda_graphs_and_accumulation(tmp_p
     assert len(on) == 3 and on[-1] < on[0]
     for a, b in zip(on, off, strict=True):
         assert abs(a - b) < 1e-3 * abs(a), losses
+
+
+def test_embeddings_outside_ddp_on_one_nccl_rank_step_like_ddp_alone(tmp_path):
+    """The pieces on a GPU, in one process (one NCCL rank): DDP leaving the embeddings out under
+    compile(DDP(model)) with CUDA graphs, NCCL's ReduceOp.AVG on them, and the fused AdamW step in two parts,
+    against DDP all-reducing everything with one step."""
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from torchrig.train.config import TrainConfig, sizes
+    from torchrig.train.lategrads import LateGrads, late_params
+    from torchrig.train.models import build_model
+    from torchrig.train.setup import Runtime, optimizer, wrap
+
+    dist.init_process_group(
+        "nccl",
+        store=dist.FileStore(str(tmp_path / "store"), 1),
+        rank=0,
+        world_size=1,
+        device_id=torch.device("cuda", 0),
+    )
+    try:
+        rt = Runtime(0, 0, 1, torch.device("cuda", 0), "bf16", "ddp", 0)
+        cfg = TrainConfig(device="cuda", compile=True, compile_mode="reduce-overhead", clip_grad=0)
+        torch.manual_seed(0)
+        plain = build_model("gpt", sizes()["gpt"]["tiny"], context=64, vocab=None, num_classes=0).cuda()
+        split = build_model("gpt", sizes()["gpt"]["tiny"], context=64, vocab=None, num_classes=0).cuda()
+        split.load_state_dict(plain.state_dict())
+        late = LateGrads.for_backend(late_params(split))
+        assert late.average_op  # NCCL: ReduceOp.AVG
+        runs = {"plain": (plain, wrap(plain, rt, cfg)), "split": (split, wrap(split, rt, cfg, late.params))}
+        opts = {k: optimizer(m, cfg, rt) for k, (m, _) in runs.items()}
+        losses: dict[str, list[float]] = {"plain": [], "split": []}
+        torch.manual_seed(1)
+        batches = [torch.randint(0, 512, (8, 64), device="cuda") for _ in range(6)]
+        for idx in batches:
+            for k, (_, run) in runs.items():
+                torch.compiler.cudagraph_mark_step_begin()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = run(idx, idx.roll(1, dims=1))
+                loss.backward()
+                losses[k].append(loss.item())
+                if k == "split":
+                    late.start()
+                    late.step(opts[k])
+                else:
+                    opts[k].step()
+                opts[k].zero_grad()
+        assert losses["split"][-1] < losses["split"][0]
+        for a, b in zip(losses["plain"], losses["split"], strict=True):
+            assert abs(a - b) < 1e-3 * abs(a), losses
+        for (name, p), q in zip(plain.named_parameters(), split.parameters(), strict=True):
+            assert torch.allclose(p, q, atol=1e-4), name
+    finally:
+        dist.destroy_process_group()
