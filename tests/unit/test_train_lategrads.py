@@ -13,8 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torchrig.train.config import TrainConfig, sizes
 from torchrig.train.lategrads import LateGrads, late_params
 from torchrig.train.models import build_model
-from torchrig.train.setup import Runtime, optimizer, wrap
-from torchrig.train.setup import late_params as setup_late_params
+from torchrig.train.setup import Runtime, optimizer, outside_ddp, wrap
 
 CPU = Runtime(0, 0, 1, torch.device("cpu"), "fp32", "ddp", 0)
 
@@ -81,13 +80,13 @@ def test_the_two_part_step_is_one_optimizer_step(group, others_zeroed_in_place):
 def test_ddp_leaves_the_embeddings_out_and_the_option_turns_it_off(group):
     m = gpt()
     two = Runtime(0, 0, 2, torch.device("cpu"), "fp32", "ddp", 0)  # only the world size matters here
-    late = setup_late_params(m, two, TrainConfig(device="cpu"))
+    late = outside_ddp(m, two, TrainConfig(device="cpu"))
     assert [id(p) for p in late] == [id(m.wte.weight), id(m.wpe.weight)]
     ddp = wrap(m, CPU, TrainConfig(device="cpu"), late)
     assert isinstance(ddp, DDP)
     assert ddp.parameters_to_ignore == {"wte.weight", "wpe.weight"}
     assert all(getattr(p, "_ddp_ignored", False) for p in late)  # dynamo's DDP optimizer reads this mark
-    assert setup_late_params(gpt(), two, TrainConfig(device="cpu", ddp_overlap_embeddings=False)) == []
-    assert setup_late_params(gpt(), CPU, TrainConfig(device="cpu")) == []  # one rank: no DDP work to move
+    assert outside_ddp(gpt(), two, TrainConfig(device="cpu", ddp_overlap_embeddings=False)) == []
+    assert outside_ddp(gpt(), CPU, TrainConfig(device="cpu")) == []  # one rank: no DDP work to move
     fsdp = Runtime(0, 0, 2, torch.device("cpu"), "fp32", "fsdp", 0)
-    assert setup_late_params(gpt(), fsdp, TrainConfig(device="cpu")) == []
+    assert outside_ddp(gpt(), fsdp, TrainConfig(device="cpu")) == []

@@ -31,7 +31,7 @@ from torchrig.train.lategrads import LateGrads
 from torchrig.train.metrics import Metrics, peak_tflops, rewind_jsonl
 from torchrig.train.models import build_model, model_spec
 from torchrig.train.profile import StepProfiler
-from torchrig.train.setup import Runtime, init, late_params, optimizer, teardown, wrap
+from torchrig.train.setup import Runtime, init, optimizer, outside_ddp, teardown, wrap
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -216,7 +216,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     model = build_model(cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=classes)
     model = model.to(rt.device)
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
-    late = late_params(model, rt, cfg)
+    late = outside_ddp(model, rt, cfg)
     run_model = wrap(model, rt, cfg, late)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.precision)
     gpt = cfg.model == "gpt"

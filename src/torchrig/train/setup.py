@@ -75,7 +75,7 @@ def init(cfg: TrainConfig) -> Runtime:
     )
 
 
-def late_params(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> list[nn.Parameter]:
+def outside_ddp(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> list[nn.Parameter]:
     """The parameters the trainer all-reduces itself, outside DDP (``--ddp-overlap-embeddings``), or []."""
     if rt.parallel != "ddp" or rt.world < 2 or not cfg.ddp_overlap_embeddings:
         return []
