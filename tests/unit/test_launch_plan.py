@@ -151,3 +151,34 @@ def test_flight_record_dump_goes_next_to_the_rank_logs():
     assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in build_plan(LaunchRequest(script="t.py"), mine).env
     gloo = build_plan(LaunchRequest(script="t.py", cpu=True, log_dir="/runs/logs"), host)
     assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in gloo.env
+    newer = HostFacts(visible_gpus=(0, 1), cpu_count=8, python="py", env={"TORCH_FR_DUMP_TEMP_FILE": "/y/"})
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in build_plan(LaunchRequest(script="t.py"), newer).env
+
+
+@pytest.mark.parametrize(
+    "torch_version, name",
+    [
+        (None, "TORCH_NCCL_TRACE_BUFFER_SIZE"),  # no GPU probe: the name every release reads
+        ("2.8.0+cu128", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+        ("2.11.0+cu130", "TORCH_FR_BUFFER_SIZE"),  # the release that warned the old name is deprecated
+        ("2.13.0a0+git1234", "TORCH_FR_BUFFER_SIZE"),
+        ("10.0.0", "TORCH_FR_BUFFER_SIZE"),
+    ],
+)
+def test_flight_recorder_size_under_the_name_the_ranks_torch_reads(torch_version, name):
+    host = HostFacts(visible_gpus=(0, 1), cpu_count=8, python="py", env={}, torch_version=torch_version)
+    plan = build_plan(LaunchRequest(script="t.py"), host)
+    other = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"} - {name}
+    assert plan.env[name] == "2000" and not other & set(plan.env)
+
+
+@pytest.mark.parametrize("exported", ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"])
+def test_flight_recorder_size_exported_under_either_name_is_the_users(exported):
+    for version in ("2.8.0", "2.11.0"):
+        host = HostFacts(
+            visible_gpus=(0,), cpu_count=8, python="py", env={exported: "0"}, torch_version=version
+        )
+        plan = build_plan(LaunchRequest(script="t.py"), host)
+        assert not {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"} & set(plan.env)
+        fr = [e for e in plan.env_settings if "BUFFER_SIZE" in e.name]
+        assert len(fr) == 1 and fr[0].overridden_by_user

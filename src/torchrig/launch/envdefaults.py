@@ -5,7 +5,9 @@ A value the user already exported wins: the launcher only fills what is unset (s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,17 @@ class EnvDefault:
     reason: str
     source: str
     nccl_only: bool = False  # only meaningful when the ranks use NCCL (GPUs)
+    # PyTorch renamed some settings: (the new name, the first torch release known to read it). From that release
+    # on the launcher sets the new name (the old one still works there but logs a deprecation warning per rank)
+    renamed: tuple[str, tuple[int, int]] | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """Every name PyTorch reads this setting under."""
+        return (self.name, self.renamed[0]) if self.renamed else (self.name,)
+
+    def set_by(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` already holds this setting, under either name: then the user's value wins."""
+        return any(n in env for n in self.names())
 
 
 ENV_DEFAULTS: tuple[EnvDefault, ...] = (
@@ -30,8 +43,12 @@ ENV_DEFAULTS: tuple[EnvDefault, ...] = (
         "TORCH_NCCL_TRACE_BUFFER_SIZE",
         "2000",
         "keep the flight recorder of the last collectives so a timeout names the collective and sequence number",
-        "https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html",
+        "https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html; the new name: torch 2.11 on "
+        "2x H200 logged 'TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use TORCH_FR_BUFFER_SIZE instead' "
+        "(tests/fixtures/launch/nccl-2rank-h200-rank1-sleeps-hang-watchdog), and torch 2.13's "
+        "torch/csrc/distributed/c10d/FlightRecorder.hpp reads TORCH_FR_BUFFER_SIZE first",
         nccl_only=True,
+        renamed=("TORCH_FR_BUFFER_SIZE", (2, 11)),
     ),
     EnvDefault(
         "TORCH_NCCL_DUMP_ON_TIMEOUT",
@@ -75,13 +92,25 @@ ENV_DEFAULTS: tuple[EnvDefault, ...] = (
 )
 
 
-def defaults_for(*, uses_nccl: bool, omp_threads: int) -> list[EnvDefault]:
-    """The defaults that apply to a job, with ``{omp_threads}`` filled in."""
+def torch_minor(version: str | None) -> tuple[int, int] | None:
+    """``"2.11.0+cu130"`` -> ``(2, 11)``; None when unknown or unreadable."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def defaults_for(*, uses_nccl: bool, omp_threads: int, torch_version: str | None = None) -> list[EnvDefault]:
+    """The defaults that apply to a job, with ``{omp_threads}`` filled in.
+
+    A renamed setting goes under its new name when ``torch_version`` (the ranks' torch) is known to read it, and
+    under the old name otherwise (every release reads that one).
+    """
+    have = torch_minor(torch_version)
     out = []
     for d in ENV_DEFAULTS:
         if d.nccl_only and not uses_nccl:
             continue
-        out.append(
-            EnvDefault(d.name, d.value.format(omp_threads=omp_threads), d.reason, d.source, d.nccl_only)
-        )
+        d = replace(d, value=d.value.format(omp_threads=omp_threads))
+        if d.renamed and have is not None and have >= d.renamed[1]:
+            d = replace(d, name=d.renamed[0], renamed=(d.name, d.renamed[1]))
+        out.append(d)
     return out

@@ -41,6 +41,7 @@ class HostFacts:
     python: str
     env: Mapping[str, str] = field(default_factory=dict)
     no_p2p: tuple[tuple[int, int], ...] = ()  # physical id pairs (i, j) where i cannot access j's memory
+    torch_version: str | None = None  # the ranks' torch (``torch.__version__``), when the GPU probe ran
 
 
 @dataclass(frozen=True)
@@ -204,9 +205,9 @@ def _env(
 ) -> tuple[dict[str, str], tuple[EnvSetting, ...]]:
     settings: list[EnvSetting] = []
     omp = max(1, host.cpu_count // max(1, nproc))
-    for d in defaults_for(uses_nccl=bool(gpus), omp_threads=omp):
+    for d in defaults_for(uses_nccl=bool(gpus), omp_threads=omp, torch_version=host.torch_version):
         settings.append(
-            EnvSetting(d.name, d.value, d.reason, d.source, overridden_by_user=d.name in host.env)
+            EnvSetting(d.name, d.value, d.reason, d.source, overridden_by_user=d.set_by(host.env))
         )
     blocked = [(i, j) for i, j in host.no_p2p if i in gpus and j in gpus]
     if blocked:
@@ -247,7 +248,10 @@ def _env(
                 "the flight record a timed-out rank dumps goes next to the rank logs (file name + global rank; "
                 "PyTorch's default is /tmp/nccl_trace_rank_<rank>)",
                 "https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html",
-                overridden_by_user="TORCH_NCCL_DEBUG_INFO_TEMP_FILE" in host.env,
+                # torch 2.13 also reads the flight recorder's own name for it, TORCH_FR_DUMP_TEMP_FILE
+                overridden_by_user=any(
+                    n in host.env for n in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+                ),
             )
         )
     settings.append(EnvSetting("TORCHRIG_LOG_DIR", req.log_dir, "where the per-rank logs go", None))

@@ -19,7 +19,8 @@ _GPU_PROBE = """
 import json, torch
 n = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pairs = [[i, j] for i in range(n) for j in range(n) if i != j and not torch.cuda.can_device_access_peer(i, j)]
-print(json.dumps({"count": n, "no_p2p": pairs, "names": [torch.cuda.get_device_name(i) for i in range(n)]}))
+names = [torch.cuda.get_device_name(i) for i in range(n)]
+print(json.dumps({"count": n, "no_p2p": pairs, "names": names, "torch": torch.__version__}))
 """
 
 
@@ -29,6 +30,7 @@ class GpuProbe:
     names: tuple[str, ...]
     no_p2p: tuple[tuple[int, int], ...]  # (i, j) in torch's numbering where i cannot access j
     error: str | None = None
+    torch_version: str | None = None
 
 
 def probe_gpus(timeout_s: float = 60.0) -> GpuProbe:
@@ -43,7 +45,12 @@ def probe_gpus(timeout_s: float = 60.0) -> GpuProbe:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         return GpuProbe(0, (), (), error=f"the CUDA probe failed: {last}")
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    return GpuProbe(int(data["count"]), tuple(data["names"]), tuple(tuple(p) for p in data["no_p2p"]))
+    return GpuProbe(
+        int(data["count"]),
+        tuple(data["names"]),
+        tuple(tuple(p) for p in data["no_p2p"]),
+        torch_version=data.get("torch"),
+    )
 
 
 def visible_ids(count: int, env: dict[str, str]) -> tuple[int, ...]:
@@ -63,6 +70,7 @@ def host_facts(gpus: GpuProbe | None) -> HostFacts:
         cpu_count=os.cpu_count() or 1,
         python=sys.executable,
         env=env,
+        torch_version=gpus.torch_version if gpus else None,
     )
 
 
