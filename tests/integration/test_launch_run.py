@@ -78,6 +78,28 @@ def test_hang_watchdog_dumps_stacks_and_stops_the_job(tmp_path):
     assert took < 30 + 60
 
 
+def test_nccl_watchdog_timeout_stops_a_job_pytorch_leaves_running(tmp_path):
+    """Rank 0 logs NCCL's watchdog timeout (lines recorded on 2x H200, where torch 2.11 then kept the process
+    alive) and waits in a collective rank 1 never joins: the job ends the grace after that line, without a
+    hang timeout, and the summary quotes the watchdog."""
+    r, took = launch(
+        "--no-preflight", "--nccl-timeout-grace", "5", "--log-dir", str(tmp_path), SCRIPT, mode="nccl"
+    )
+    assert r.returncode == 1, r.stderr[-2000:]
+    res = json.loads(r.stdout)["result"]
+    assert res["hung"] and res["stopped_by"] == "nccl-timeout"
+    assert res["stop_reason"].startswith("rank 0's NCCL watchdog caught a collective timeout")
+    s = res["summary"]
+    assert s["headline"] == "hang: rank 1 never joined the collective that rank 0 wait(s) in"
+    assert (
+        "ALLREDUCE #11 timed out after 15 s (NCCL watchdog), but the process did not end by itself"
+        in s["likely_cause"]
+    )
+    assert (
+        took < 5 + 60
+    )  # the grace plus start-up and teardown on a loaded 2-core machine (collective timeout 600)
+
+
 def test_port_in_use_stops_before_the_script_runs(tmp_path):
     with socket.socket() as s:
         s.bind(("", 0))

@@ -153,6 +153,11 @@ def test_flight_record_dump_goes_next_to_the_rank_logs():
     assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in gloo.env
     newer = HostFacts(visible_gpus=(0, 1), cpu_count=8, python="py", env={"TORCH_FR_DUMP_TEMP_FILE": "/y/"})
     assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in build_plan(LaunchRequest(script="t.py"), newer).env
+    # torch 2.11 logs the old name as deprecated: from 2.11 on the dump path goes under the new one
+    h211 = HostFacts(visible_gpus=(0, 1), cpu_count=8, python="py", env={}, torch_version="2.11.0+cu130")
+    env = build_plan(LaunchRequest(script="t.py", log_dir="/runs/logs"), h211).env
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/runs/logs/nccl_trace_rank_"
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
 
 
 @pytest.mark.parametrize(

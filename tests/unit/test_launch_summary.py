@@ -167,6 +167,21 @@ def test_nccl_watchdog_line_alone_marks_the_waiting_rank():
     assert v[1].role == "culprit"
 
 
+# One NCCL rank on 1 H200 whose all_reduce waits behind a 60 s kernel (tests/fixtures/launch/nccl_kernel_ahead.py
+# under torchrig launch --gpus 1 --collective-timeout 10; the launcher stopped it 30 s after the watchdog's line).
+NCCL_ALONE = "nccl-1rank-h200-kernel-ahead-launch"
+
+
+def test_one_rank_waiting_for_its_own_collective_blames_the_work_ahead_not_a_desync():
+    ranks = read(NCCL_ALONE)
+    assert [(r.global_rank, r.world_size) for r in ranks] == [(0, 1)]
+    s = summarize_hang(ranks, 0, 0, source=lambda path, line: "    print(x[0].item())")
+    assert s.headline == "hang: the only rank waits for its own collective (rank 0)"
+    assert "work queued on the GPU ahead of the collective has not finished" in s.likely_cause
+    assert "rank 0: ALLREDUCE #2 timed out after 10 s (NCCL watchdog)" in s.likely_cause
+    assert by_rank(s)[0].status.startswith("hung: blocked in .item()")
+
+
 def test_host_sync_without_watchdog_line_is_still_a_wait():
     ranks = [dataclasses.replace(r, text=r.text.replace("Watchdog caught", "x")) for r in read(NCCL_HANG)]
     s = summarize_hang(ranks, 0, 40, source=recorded_source)
@@ -244,3 +259,21 @@ def test_abort_after_an_uncaught_exception_blames_the_exception():
     assert "ValueError: planted failure" in s.likely_cause and "aborted while shutting down" in s.likely_cause
     bare = RankLog(global_rank=0, local_rank=0, host=None, pid=1, attempt=0, text="step 5\n", exit_code=-6)
     assert "native assertion" in summarize_failure([bare], 0).likely_cause  # no traceback: the abort itself
+
+
+def test_log_tail_finds_a_marker_once_even_when_a_read_cuts_its_line(tmp_path):
+    att = tmp_path / "attempt_0"
+    for r in ("0", "1"):
+        (att / r).mkdir(parents=True)
+        (att / r / "stderr.log").write_text("")
+    tail = logs.LogTail()
+    assert tail.find(att, logs.NCCL_WATCHDOG_TIMEOUT) is None
+    line = (FIX / "nccl-2rank-h200-rank1-sleeps-hang-watchdog/attempt_0/0/stderr.log").read_text()
+    line = line.splitlines()[2]  # the watchdog's timeout line, recorded on 2x H200
+    with (att / "1" / "stderr.log").open("a") as f:
+        f.write("step 5\n" + line[:40])
+    assert tail.find(att, logs.NCCL_WATCHDOG_TIMEOUT) is None  # the line is not complete yet
+    with (att / "1" / "stderr.log").open("a") as f:
+        f.write(line[40:] + "\n")
+    assert tail.find(att, logs.NCCL_WATCHDOG_TIMEOUT) == (1, line.strip())
+    assert tail.find(att, logs.NCCL_WATCHDOG_TIMEOUT) is None  # already read

@@ -4,7 +4,8 @@ torchrig launch builds a plan (torchrun argv, environment, per-rank devices), ru
 (GPUs visible, rendezvous port free, P2P between the chosen GPUs, every rank can create a process group
 and finish an all_reduce), then runs the plan with torch.distributed.run. Each rank logs to its own file
 under --log-dir; when a rank fails or the job hangs, a summary names the rank, its last log lines and the
-likely cause. Environment defaults (NCCL async error handling, flight recorder, unbuffered output, ...)
+likely cause. A rank whose NCCL watchdog logs a collective timeout ends the job --nccl-timeout-grace
+seconds later if PyTorch leaves it running. Environment defaults (NCCL async error handling, flight recorder, unbuffered output, ...)
 are set only where you have not set them; --dry-run lists each with its reason.
 
 examples:
@@ -68,6 +69,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="no rank output for S seconds = hang: dump stacks, stop, summarise (0: off)",
     )
+    f.add_argument(
+        "--nccl-timeout-grace",
+        type=int,
+        default=30,
+        metavar="S",
+        help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
+        "dump stacks, stop, summarise (30; 0: leave it to PyTorch)",
+    )
     f.add_argument("--log-dir", default="torchrig-logs", help="per-rank logs go under here (torchrig-logs)")
     r = parser.add_argument_group("plan")
     r.add_argument(
@@ -120,6 +129,7 @@ def request_from_args(
         log_dir=args.log_dir,
         collective_timeout_s=args.collective_timeout,
         hang_timeout_s=args.hang_timeout,
+        nccl_timeout_grace_s=args.nccl_timeout_grace,
         extra_env=tuple(extra),
     )
 
@@ -185,6 +195,8 @@ class LaunchReport:
                     f"job finished in {r.elapsed_s:.1f} s ({r.attempts} attempt(s)); logs: {r.run_dir}"
                 )
             elif r.summary is not None:
+                if r.stop_reason:
+                    out.append(f"stopped by torchrig: {r.stop_reason}")
                 out.append(render(r.summary))
                 out.append(f"logs: {r.run_dir}")
             else:

@@ -107,6 +107,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hang-timeout", type=int, default=0, metavar="S", help="no output for S s = hang (0: off)"
     )
+    g.add_argument(
+        "--nccl-timeout-grace",
+        type=int,
+        default=30,
+        metavar="S",
+        help="stop the job S s after a rank's NCCL watchdog logs a collective timeout (30; 0: never)",
+    )
     g.add_argument("--no-preflight", action="store_true", help="skip the launcher's pre-flight checks")
 
 
@@ -195,6 +202,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         log_dir=args.log_dir or str(Path(cfg.out) / "logs"),
         collective_timeout_s=args.collective_timeout,
         hang_timeout_s=args.hang_timeout,
+        nccl_timeout_grace_s=args.nccl_timeout_grace,
         rdzv_id="torchrig-train",
     )
     report = launch(req, dry_run=False, preflight=not args.no_preflight, preflight_timeout_s=60)

@@ -92,6 +92,13 @@ ENV_DEFAULTS: tuple[EnvDefault, ...] = (
 )
 
 
+# The flight record's dump path (set by the launch plan, not a fixed default): (old name, new name, first
+# torch release known to read the new one). Source: torch 2.11 on 1x H200 logged "Environment variable
+# TORCH_NCCL_DEBUG_INFO_TEMP_FILE is deprecated; use TORCH_FR_DUMP_TEMP_FILE instead"
+# (tests/fixtures/launch/nccl-1rank-h200-kernel-ahead-timeout/stderr.log).
+FR_DUMP_FILE = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE", (2, 11))
+
+
 def torch_minor(version: str | None) -> tuple[int, int] | None:
     """``"2.11.0+cu130"`` -> ``(2, 11)``; None when unknown or unreadable."""
     m = re.match(r"(\d+)\.(\d+)", version or "")

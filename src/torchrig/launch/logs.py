@@ -75,6 +75,7 @@ def read_attempt(attempt_dir: Path, codes: dict[int, int]) -> list[RankLog]:
         head = parse_header(text) or {}
         pid = int(head["pid"]) if head.get("pid", "").isdigit() else None
         rank = int(head["rank"]) if head.get("rank", "").isdigit() else None
+        world = int(head["world"]) if head.get("world", "").isdigit() else None
         out.append(
             RankLog(
                 global_rank=rank,
@@ -86,9 +87,43 @@ def read_attempt(attempt_dir: Path, codes: dict[int, int]) -> list[RankLog]:
                 error_message=_error_message(d / "error.json"),
                 exit_code=codes.get(pid) if pid is not None else None,
                 stack=parse_stack(text),
+                world_size=world,
             )
         )
     return out
+
+
+NCCL_WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"  # ProcessGroupNCCL's watchdog
+
+
+class LogTail:
+    """The text the ranks of one attempt appended to their logs since the last look, for markers that appear
+    while the job runs. Reads only new bytes; a line cut by a read is completed at the next one."""
+
+    def __init__(self) -> None:
+        self._pos: dict[Path, int] = {}
+        self._rest: dict[Path, str] = {}
+
+    def find(self, attempt_dir: Path, needle: str) -> tuple[int, str] | None:
+        """(local rank, the line) of the first new line holding ``needle``, or None."""
+        for f in sorted(attempt_dir.glob("*/*.log")):
+            if not f.parent.name.isdigit():
+                continue
+            try:
+                with f.open("rb") as fh:
+                    fh.seek(self._pos.get(f, 0))
+                    data = fh.read()
+            except OSError:
+                continue
+            if not data:
+                continue
+            self._pos[f] = self._pos.get(f, 0) + len(data)
+            lines = (self._rest.pop(f, "") + data.decode(errors="replace")).split("\n")
+            self._rest[f] = lines.pop()  # the last, unfinished line
+            for line in lines:
+                if needle in line:
+                    return int(f.parent.name), line.strip()
+        return None
 
 
 def activity_mark(run_dir: Path | None) -> tuple[int, float]:

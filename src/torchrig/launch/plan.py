@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torchrig.errors import UsageError
-from torchrig.launch.envdefaults import defaults_for
+from torchrig.launch.envdefaults import FR_DUMP_FILE, defaults_for, torch_minor
 
 DEFAULT_PORT = 29500
 _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
@@ -64,6 +64,10 @@ class LaunchRequest:
     log_dir: str = "torchrig-logs"
     collective_timeout_s: int = 600
     hang_timeout_s: int = 0  # 0: off; else no rank output for this long counts as a hang
+    # after a rank's NCCL watchdog logs a collective timeout, the job is stopped if it has not ended this many
+    # seconds later (0: never): torch 2.11 on H200 logged the timeout, dumped the flight record and kept the
+    # process running (docs/benchmarks.md, "NCCL's watchdog and the end of the job")
+    nccl_timeout_grace_s: int = 30
     extra_env: tuple[tuple[str, str], ...] = ()
     monitor_interval_s: float = 1.0
 
@@ -91,6 +95,10 @@ class LaunchRequest:
             raise UsageError("timeouts must be at least 1 second")
         if self.hang_timeout_s < 0:
             raise UsageError(f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout_s}")
+        if self.nccl_timeout_grace_s < 0:
+            raise UsageError(
+                f"--nccl-timeout-grace must be 0 (never stop) or more seconds, got {self.nccl_timeout_grace_s}"
+            )
         if self.cpu and self.gpus is not None:
             raise UsageError("--cpu and --gpus exclude each other", hint="drop one of them")
         if self.nproc_per_node is not None and self.nproc_per_node < 1:
@@ -140,6 +148,7 @@ class LaunchPlan:
     log_dir: str
     hang_timeout_s: int
     collective_timeout_s: int
+    nccl_timeout_grace_s: int = 30
 
 
 def parse_endpoint(text: str) -> tuple[str, int | None]:
@@ -241,17 +250,16 @@ def _env(
         )
     )
     if gpus:
+        old, new, since = FR_DUMP_FILE
+        have = torch_minor(host.torch_version)
         settings.append(
             EnvSetting(
-                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+                new if have is not None and have >= since else old,
                 f"{req.log_dir}/{FLIGHT_RECORD_PREFIX}",
                 "the flight record a timed-out rank dumps goes next to the rank logs (file name + global rank; "
                 "PyTorch's default is /tmp/nccl_trace_rank_<rank>)",
                 "https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html",
-                # torch 2.13 also reads the flight recorder's own name for it, TORCH_FR_DUMP_TEMP_FILE
-                overridden_by_user=any(
-                    n in host.env for n in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
-                ),
+                overridden_by_user=old in host.env or new in host.env,
             )
         )
     settings.append(EnvSetting("TORCHRIG_LOG_DIR", req.log_dir, "where the per-rank logs go", None))
@@ -337,4 +345,5 @@ def build_plan(req: LaunchRequest, host: HostFacts, *, free_port: int | None = N
         log_dir=req.log_dir,
         hang_timeout_s=req.hang_timeout_s,
         collective_timeout_s=req.collective_timeout_s,
+        nccl_timeout_grace_s=req.nccl_timeout_grace_s,
     )

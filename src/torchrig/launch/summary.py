@@ -73,7 +73,7 @@ VANISHED = (
 _FRAME_RE = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _HEADER_RE = re.compile(
-    r"torchrig-worker: rank=(?P<rank>\S+) local_rank=(?P<local>\S+) world_size=\S+ "
+    r"torchrig-worker: rank=(?P<rank>\S+) local_rank=(?P<local>\S+) world_size=(?P<world>\S+) "
     r"restart=(?P<restart>\d+) pid=(?P<pid>\d+) host=(?P<host>\S+)"
 )
 _EXC_RE = re.compile(r"^(?:\[rank\d+\]: )?(?P<exc>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$")
@@ -103,6 +103,7 @@ class RankLog:
     error_message: str | None = None  # from torchelastic's error.json
     exit_code: int | None = None  # from torchrun's report; negative: killed by that signal
     stack: tuple[Frame, ...] = ()  # main thread, innermost first (last dump in the log)
+    world_size: int | None = None  # from the rank's header
 
 
 @dataclass(frozen=True)
@@ -294,6 +295,13 @@ def summarize_hang(
         headline = f"hang: {_name(elsewhere)} never joined the collective that {_name(waiting)} wait(s) in"
         cause = f"{_name(elsewhere)} is stuck outside any collective (see 'where'): a rank-dependent branch, a deadlock or a data loader that never returns"
         fix = "make every rank reach the same collectives in the same order; fix the code at 'where'"
+    elif waiting and len(logs) == 1 and logs[0].world_size == 1:
+        headline = f"hang: the only rank waits for its own collective ({_name(waiting)})"
+        cause = (
+            "with one rank no peer can be missing: the work queued on the GPU ahead of the collective has not "
+            "finished (a kernel that runs long or never ends, or a stuck GPU)"
+        )
+        fix = "see 'where' for the wait; check the GPU with 'torchrig doctor' and time the kernels before it"
     elif waiting:
         headline = f"hang: every rank waits in a collective ({_name(waiting)})"
         cause = "the ranks called different collectives, or the same one with different shapes (a desync)"

@@ -39,6 +39,9 @@ class LaunchResult:
     summary: FailureSummary | None  # why the job failed (final attempt), or None
     earlier_failures: tuple[FailureSummary, ...]  # attempts that failed and were restarted
     flight_records: tuple[str, ...] = ()  # NCCL flight-recorder dumps this job wrote (read with torchfrtrace)
+    # why torchrig stopped the job, when it did: "hang-timeout", "nccl-timeout" or "wall-timeout"
+    stopped_by: str | None = None
+    stop_reason: str | None = None  # that, in words
 
 
 def _pump(stream, sink, keep: collections.deque) -> None:
@@ -62,12 +65,29 @@ def _stop(proc: subprocess.Popen) -> None:
     guard.stop(proc)
 
 
+def _rank_name(attempt_dir: Path, local_rank: int) -> str:
+    """ "rank G" from the rank's log header, else "local rank L"."""
+    for r in logs.read_attempt(attempt_dir, {}):
+        if r.local_rank == local_rank and r.global_rank is not None:
+            return f"rank {r.global_rank}"
+    return f"local rank {local_rank}"
+
+
 def _watch(
     proc: subprocess.Popen, plan: LaunchPlan, log_dir: Path, start: float, wall_timeout_s: float | None
-) -> bool:
-    """Wait for torchrun; True when the job hung (no rank output for ``hang_timeout_s``, or past the wall
-    timeout): then every rank is asked for its stack (SIGUSR1) and the job is stopped."""
+) -> tuple[str, str] | None:
+    """Wait for torchrun. When the job hangs, every rank is asked for its stack (SIGUSR1), the job is stopped
+    and (what stopped it, why) is returned; None when torchrun ended by itself. A hang is one of:
+
+    - no rank output for ``hang_timeout_s`` ("hang-timeout");
+    - a rank's NCCL watchdog logged a collective timeout and the job is still running
+      ``nccl_timeout_grace_s`` later ("nccl-timeout"): PyTorch may dump its flight record and keep the
+      process alive, and the grace lets a process that does end by itself end (and torchrun restart it);
+    - past the wall timeout ("wall-timeout").
+    """
     last_mark, last_change = (0, 0.0), time.monotonic()
+    tail, tail_of = logs.LogTail(), None
+    nccl: tuple[float, str] | None = None  # when the current attempt's first NCCL timeout was seen, and where
     while proc.poll() is None:
         time.sleep(0.5)
         found = logs.run_dirs(log_dir, plan.rdzv_id, start)
@@ -75,15 +95,30 @@ def _watch(
         mark, now = logs.activity_mark(run_dir), time.monotonic()
         if mark != last_mark:
             last_mark, last_change = mark, now
-        silent = bool(plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s)
-        if silent or (wall_timeout_s and time.time() - start > wall_timeout_s):
-            att = logs.attempts(run_dir) if run_dir else []
+        att = logs.attempts(run_dir) if run_dir else []
+        stop: tuple[str, str] | None = None
+        if plan.nccl_timeout_grace_s and att:
+            if att[-1] != tail_of:  # a new attempt (a restart): watch its logs afresh
+                tail, tail_of, nccl = logs.LogTail(), att[-1], None
+            if nccl is None and (hit := tail.find(att[-1], logs.NCCL_WATCHDOG_TIMEOUT)):
+                nccl = (now, _rank_name(att[-1], hit[0]))
+            if nccl and now - nccl[0] > plan.nccl_timeout_grace_s:
+                stop = (
+                    "nccl-timeout",
+                    f"{nccl[1]}'s NCCL watchdog caught a collective timeout and the job was still running "
+                    f"{plan.nccl_timeout_grace_s} s later (--nccl-timeout-grace)",
+                )
+        if plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s:
+            stop = ("hang-timeout", f"no rank wrote to its log for {plan.hang_timeout_s} s (--hang-timeout)")
+        if wall_timeout_s and time.time() - start > wall_timeout_s:
+            stop = ("wall-timeout", f"the job ran past its time limit of {wall_timeout_s:.0f} s")
+        if stop:
             if att:
                 _signal_workers(att[-1], signal.SIGUSR1)  # every rank prints its stack into its log
                 time.sleep(2.0)
             _stop(proc)
-            return True
-    return False
+            return stop
+    return None
 
 
 def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.stderr) -> LaunchResult:
@@ -112,7 +147,7 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     for t in pumps:
         t.start()
     try:
-        hung = _watch(proc, plan, log_dir, start, wall_timeout_s)
+        stopped = _watch(proc, plan, log_dir, start, wall_timeout_s)
     except KeyboardInterrupt:
         _stop(proc)
         raise
@@ -124,8 +159,13 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     agent_text = "".join(agent_out)
     found = logs.run_dirs(log_dir, plan.rdzv_id, start)
     run_dir = found[-1] if found else None
-    result = _result(plan, run_dir, code, hung, agent_text, time.time() - start)
-    return replace(result, flight_records=flight_records(log_dir, start))
+    result = _result(plan, run_dir, code, stopped is not None, agent_text, time.time() - start)
+    return replace(
+        result,
+        flight_records=flight_records(log_dir, start),
+        stopped_by=stopped[0] if stopped else None,
+        stop_reason=stopped[1] if stopped else None,
+    )
 
 
 def flight_records(log_dir: Path, since_s: float) -> tuple[str, ...]:

@@ -1,0 +1,52 @@
+"""torchrig launch with real NCCL on a GPU: a collective that times out ends the job. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "nccl_kernel_ahead.py"
+
+
+def test_nccl_timeout_ends_the_job_after_the_grace_with_the_flight_record(tmp_path):
+    """One rank's all_reduce queued behind a 60 s kernel times out after 10 s. torch 2.11 logs the timeout,
+    dumps the flight record and keeps the process running; torchrig stops the job 10 s later, long before
+    the kernel ends, names the watchdog as the reason and lists the flight record it put in the log folder."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_PORT")}
+    t0 = time.monotonic()
+    args = [
+        "launch",
+        "--gpus",
+        "1",
+        "--no-preflight",
+        "--collective-timeout",
+        "10",
+        "--nccl-timeout-grace",
+        "10",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "torchrig", "--json", *args, "--log-dir", str(tmp_path), str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-3000:]
+    res = json.loads(r.stdout)["result"]
+    assert res["stopped_by"] == "nccl-timeout", res
+    assert res["stop_reason"].startswith("rank 0's NCCL watchdog caught a collective timeout")
+    assert "timed out after 10 s (NCCL watchdog)" in res["summary"]["likely_cause"]
+    assert took < 58, took  # timeout 10 + grace 10 + stop + start-up: before the 60 s kernel ends
+    assert [Path(f).name for f in res["flight_records"]] == ["nccl_trace_rank_0"]
+    assert Path(res["flight_records"][0]).parent == tmp_path
