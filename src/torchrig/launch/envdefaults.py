@@ -96,7 +96,7 @@ ENV_DEFAULTS: tuple[EnvDefault, ...] = (
 # torch release known to read the new one). Source: torch 2.11 on 1x H200 logged "Environment variable
 # TORCH_NCCL_DEBUG_INFO_TEMP_FILE is deprecated; use TORCH_FR_DUMP_TEMP_FILE instead"
 # (tests/fixtures/launch/nccl-1rank-h200-kernel-ahead-timeout/stderr.log).
-FR_DUMP_FILE = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE", (2, 11))
+FR_DUMP_FILE = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", ("TORCH_FR_DUMP_TEMP_FILE", (2, 11)))
 
 
 def torch_minor(version: str | None) -> tuple[int, int] | None:
@@ -105,19 +105,25 @@ def torch_minor(version: str | None) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
+def name_for(name: str, renamed: tuple[str, tuple[int, int]] | None, torch_version: str | None) -> str:
+    """The name to set a setting under: the new one when ``torch_version`` is known to read it, else ``name``
+    (every release reads the old one)."""
+    have = torch_minor(torch_version)
+    return renamed[0] if renamed and have is not None and have >= renamed[1] else name
+
+
 def defaults_for(*, uses_nccl: bool, omp_threads: int, torch_version: str | None = None) -> list[EnvDefault]:
     """The defaults that apply to a job, with ``{omp_threads}`` filled in.
 
     A renamed setting goes under its new name when ``torch_version`` (the ranks' torch) is known to read it, and
     under the old name otherwise (every release reads that one).
     """
-    have = torch_minor(torch_version)
     out = []
     for d in ENV_DEFAULTS:
         if d.nccl_only and not uses_nccl:
             continue
         d = replace(d, value=d.value.format(omp_threads=omp_threads))
-        if d.renamed and have is not None and have >= d.renamed[1]:
-            d = replace(d, name=d.renamed[0], renamed=(d.name, d.renamed[1]))
+        if d.renamed and (new := name_for(d.name, d.renamed, torch_version)) != d.name:
+            d = replace(d, name=new, renamed=(d.name, d.renamed[1]))  # names() still gives both
         out.append(d)
     return out

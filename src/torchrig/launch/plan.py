@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torchrig.errors import UsageError
-from torchrig.launch.envdefaults import FR_DUMP_FILE, defaults_for, torch_minor
+from torchrig.launch.envdefaults import FR_DUMP_FILE, defaults_for, name_for
 
 DEFAULT_PORT = 29500
 _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
@@ -250,16 +250,15 @@ def _env(
         )
     )
     if gpus:
-        old, new, since = FR_DUMP_FILE
-        have = torch_minor(host.torch_version)
+        old, renamed = FR_DUMP_FILE
         settings.append(
             EnvSetting(
-                new if have is not None and have >= since else old,
+                name_for(old, renamed, host.torch_version),
                 f"{req.log_dir}/{FLIGHT_RECORD_PREFIX}",
                 "the flight record a timed-out rank dumps goes next to the rank logs (file name + global rank; "
                 "PyTorch's default is /tmp/nccl_trace_rank_<rank>)",
                 "https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html",
-                overridden_by_user=old in host.env or new in host.env,
+                overridden_by_user=old in host.env or renamed[0] in host.env,
             )
         )
     settings.append(EnvSetting("TORCHRIG_LOG_DIR", req.log_dir, "where the per-rank logs go", None))
