@@ -114,6 +114,7 @@ def test_module_script():
         ({"rdzv_endpoint": "a:b:c"}, "malformed"),
         ({"cpu": True, "gpus": "1"}, "exclude"),
         ({"rdzv_id": "a b"}, "rdzv-id"),
+        ({"nccl_timeout_grace_s": -1}, "--nccl-timeout-grace must be 0"),
     ],
 )
 def test_bad_requests(kw, msg):
@@ -132,6 +133,14 @@ def test_no_gpu_visible():
     host = HostFacts(visible_gpus=(), cpu_count=2, python="py")
     with pytest.raises(UsageError, match="no GPU is visible"):
         build_plan(LaunchRequest(script="t", gpus="1"), host)
+
+
+@pytest.mark.parametrize("command", ["launch", "train"])
+def test_negative_nccl_timeout_grace_is_one_line_exit_2(cli, command, tmp_path):
+    args = ["--cpu", "x.py"] if command == "launch" else ["--device", "cpu", "--out", str(tmp_path / "o")]
+    r = cli(command, "--nccl-timeout-grace", "-1", *args)
+    assert r.code == 2 and r.err.count("\n") == 1 and "--nccl-timeout-grace must be 0" in r.err
+    assert not (tmp_path / "o").exists()  # nothing trained
 
 
 def test_missing_script_or_module_is_one_line_exit_2_before_any_preflight(cli, tmp_path):

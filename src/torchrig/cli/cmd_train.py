@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from torchrig.errors import JobFailed
+from torchrig.errors import JobFailed, UsageError
 from torchrig.train.gpuwatch import render as render_gpus
 
 _HELP = {
@@ -181,6 +181,17 @@ def run(args: argparse.Namespace) -> TrainReport:
     from pathlib import Path
 
     cfg = config_from_args(args)
+    # the launcher's options are checked even when one process trains without it, so a mistake never passes
+    for flag, value, least in (
+        ("--max-restarts", args.max_restarts, 0),
+        ("--collective-timeout", args.collective_timeout, 1),
+        ("--hang-timeout", args.hang_timeout, 0),
+        ("--nccl-timeout-grace", args.nccl_timeout_grace, 0),
+    ):
+        if value < least:
+            raise UsageError(
+                f"{flag} must be {least} or more, got {value}", hint="see 'torchrig train --help'"
+            )
     if args.gpus is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
     if not _wants_launch(args):
