@@ -1,4 +1,5 @@
-"""torchrig launch with real NCCL on a GPU: a collective that times out ends the job. Skipped without CUDA."""
+"""torchrig launch with real NCCL on a GPU: a collective that times out ends the job, and the ranks' flight
+records say which collective is stuck. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -50,3 +51,36 @@ def test_nccl_timeout_ends_the_job_after_the_grace_with_the_flight_record(tmp_pa
     assert took < 58, took  # timeout 10 + grace 10 + stop + start-up: before the 60 s kernel ends
     assert [Path(f).name for f in res["flight_records"]] == ["nccl_trace_rank_0"]
     assert Path(res["flight_records"][0]).parent == tmp_path
+    assert res["flight"]["headline"].startswith("collective #2 (nccl:all_reduce Float[1048576])")
+    assert res["flight"]["headline"].endswith(
+        "is pending on rank 0: it never started on the GPU: the work queued ahead of it there has not finished"
+    )
+
+
+def test_a_hang_without_an_nccl_timeout_still_gets_the_flight_record_from_the_rank(tmp_path):
+    """The same rank with a 600 s collective timeout: NCCL never dumps. torchrig's hang watchdog (15 s of
+    silence) asks the rank for its record, which the rank shim writes while the main thread waits in .item()."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_PORT")}
+    t0 = time.monotonic()
+    args = ["launch", "--gpus", "1", "--no-preflight", "--collective-timeout", "600", "--hang-timeout", "15"]
+    r = subprocess.run(
+        [sys.executable, "-m", "torchrig", "--json", *args, "--log-dir", str(tmp_path), str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-3000:]
+    res = json.loads(r.stdout)["result"]
+    assert res["stopped_by"] == "hang-timeout", res
+    assert took < 58, took  # before the 60 s kernel ends
+    assert [Path(f).name for f in res["flight_records"]] == ["nccl_trace_rank_0"]
+    assert res["flight"]["headline"].startswith("collective #2 (nccl:all_reduce Float[1048576])"), res[
+        "flight"
+    ]
+    assert "never started on the GPU" in res["flight"]["headline"]

@@ -75,7 +75,30 @@ def test_hang_watchdog_dumps_stacks_and_stops_the_job(tmp_path):
     res = json.loads(r.stdout)["result"]
     assert res["hung"] and res["summary"]["kind"] == "hang"
     assert res["summary"]["headline"] == "hang: rank 1 never joined the collective that rank 0 wait(s) in"
+    # Asked by the launcher, both gloo ranks wrote their flight records, and those name the missed call.
+    assert [Path(p).name for p in res["flight_records"]] == ["nccl_trace_rank_0", "nccl_trace_rank_1"]
+    assert res["flight"]["culprits"] == [1]
+    assert res["flight"]["headline"].startswith(
+        "rank 1 never called collective #2 (gloo:all_reduce Float[3]) of process group 0 (default_pg), "
+        "which rank 0 waits in at "
+    )
     assert took < 30 + 60
+
+
+def test_a_desync_is_named_by_the_flight_records(tmp_path):
+    """Rank 1 broadcasts where rank 0 all-reduces: both wait forever in a collective, and only the flight
+    records tell that the two calls differ."""
+    r, took = launch(
+        "--no-preflight", "--hang-timeout", "15", "--log-dir", str(tmp_path), SCRIPT, mode="desync"
+    )
+    assert r.returncode == 1
+    res = json.loads(r.stdout)["result"]
+    assert res["stopped_by"] == "hang-timeout"
+    assert res["summary"]["headline"] == "hang: every rank waits in a collective (rank 0, rank 1)"
+    h = res["flight"]["headline"]
+    assert h.startswith("the ranks called collective #2 of process group 0 (default_pg) differently")
+    assert "rank 0: gloo:all_reduce Float[3]" in h and "rank 1: gloo:broadcast Float[5]" in h
+    assert took < 15 + 60
 
 
 def test_nccl_watchdog_timeout_stops_a_job_pytorch_leaves_running(tmp_path):

@@ -223,11 +223,31 @@ def test_report_points_at_the_flight_records():
         1, 1, True, 20.0, "/l/job_x", summary, (), ("/l/nccl_trace_rank_0", "/l/nccl_trace_rank_1")
     )
     text = LaunchReport(plan=None, findings=(), result=result, dry_run=False).render_text()
-    assert "NCCL flight records: nccl_trace_rank_0, nccl_trace_rank_1 in /l" in text
+    assert "flight records: nccl_trace_rank_0, nccl_trace_rank_1 in /l" in text
     assert "torchfrtrace /l --prefix nccl_trace_rank_" in text
     assert LaunchReport(None, (), result, False).to_json()["result"]["flight_records"] == list(
         result.flight_records
     )
+
+
+def test_report_gives_the_flight_records_verdict_before_the_files():
+    from torchrig.cli.cmd_launch import LaunchReport
+    from torchrig.launch.flightrec import FlightVerdict
+    from torchrig.launch.summary import FailureSummary
+    from torchrig.launch.supervise import LaunchResult
+
+    summary = FailureSummary("hang", "hang: rank 1 never joined", "cause", "fix", (), 0)
+    verdict = FlightVerdict(
+        "rank 1 never called collective #2", (1,), ("process group 0: rank 0: called #2",)
+    )
+    result = LaunchResult(
+        1, 1, True, 20.0, "/l/job_x", summary, (), ("/l/nccl_trace_rank_0",), flight=verdict
+    )
+    lines = LaunchReport(plan=None, findings=(), result=result, dry_run=False).render_text().splitlines()
+    at = lines.index("flight record: rank 1 never called collective #2")
+    assert lines[at + 1] == "  process group 0: rank 0: called #2"
+    assert lines[at + 2].startswith("flight records: nccl_trace_rank_0 in /l")
+    assert LaunchReport(None, (), result, False).to_json()["result"]["flight"]["culprits"] == [1]
 
 
 def test_report_says_finished_or_failed_once_whatever_the_flight_records():
@@ -243,7 +263,7 @@ def test_report_says_finished_or_failed_once_whatever_the_flight_records():
     failed = text(1)
     assert "job failed: torchrun exit 1; logs: /l/job_x" in failed and "finished" not in failed
     both = text(1, ("/l/nccl_trace_rank_0",))
-    assert "job failed: torchrun exit 1" in both and "NCCL flight records: nccl_trace_rank_0" in both
+    assert "job failed: torchrun exit 1" in both and "flight records: nccl_trace_rank_0" in both
 
 
 def test_abort_after_an_uncaught_exception_blames_the_exception():

@@ -5,7 +5,9 @@ torchrig launch builds a plan (torchrun argv, environment, per-rank devices), ru
 and finish an all_reduce), then runs the plan with torch.distributed.run. Each rank logs to its own file
 under --log-dir; when a rank fails or the job hangs, a summary names the rank, its last log lines and the
 likely cause. A rank whose NCCL watchdog logs a collective timeout ends the job --nccl-timeout-grace
-seconds later if PyTorch leaves it running. Environment defaults (NCCL async error handling, flight recorder, unbuffered output, ...)
+seconds later if PyTorch leaves it running. Before a hung job is stopped, every rank writes its flight
+record next to the logs, and the summary says which rank never called which collective (or a desync).
+Environment defaults (NCCL async error handling, flight recorder, unbuffered output, ...)
 are set only where you have not set them; --dry-run lists each with its reason.
 
 examples:
@@ -67,7 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="S",
-        help="no rank output for S seconds = hang: dump stacks, stop, summarise (0: off)",
+        help="no rank output for S seconds = hang: dump stacks and flight records, stop, summarise (0: off)",
     )
     f.add_argument(
         "--nccl-timeout-grace",
@@ -75,7 +77,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=30,
         metavar="S",
         help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
-        "dump stacks, stop, summarise (30; 0: leave it to PyTorch)",
+        "dump stacks and flight records, stop, summarise (30; 0: leave it to PyTorch)",
     )
     f.add_argument("--log-dir", default="torchrig-logs", help="per-rank logs go under here (torchrig-logs)")
     r = parser.add_argument_group("plan")
@@ -201,11 +203,15 @@ class LaunchReport:
                 out.append(f"logs: {r.run_dir}")
             else:
                 out.append(f"job failed: torchrun exit {r.exit_code}; logs: {r.run_dir}")
+            if r.flight is not None:
+                from torchrig.launch.flightrec import render as render_flight
+
+                out += render_flight(r.flight)
             if r.flight_records:
                 folder = str(Path(r.flight_records[0]).parent)
                 out.append(
-                    f"NCCL flight records: {', '.join(Path(f).name for f in r.flight_records)} in {folder} "
-                    f"(read them with: torchfrtrace {folder} --prefix {FLIGHT_RECORD_PREFIX})"
+                    f"flight records: {', '.join(Path(f).name for f in r.flight_records)} in {folder} "
+                    f"(PyTorch's analyser reads them too: torchfrtrace {folder} --prefix {FLIGHT_RECORD_PREFIX})"
                 )
         return "\n".join(out)
 

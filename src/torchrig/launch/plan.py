@@ -19,13 +19,17 @@ from dataclasses import dataclass, field
 
 from torchrig.errors import UsageError
 from torchrig.launch.envdefaults import FR_DUMP_FILE, defaults_for, name_for
+from torchrig.launch.flightrec import PREFIX
 
 DEFAULT_PORT = 29500
 _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-FLIGHT_RECORD_PREFIX = "nccl_trace_rank_"  # + global rank: the files torchfrtrace reads
+FLIGHT_RECORD_PREFIX = PREFIX  # + global rank: the files torchfrtrace reads
+FLIGHT_RECORD_REQUEST = (
+    ".flight-record-request"  # + ".<attempt>": the launcher asks the ranks for their records
+)
 
 
 @dataclass(frozen=True)
@@ -214,7 +218,9 @@ def _env(
 ) -> tuple[dict[str, str], tuple[EnvSetting, ...]]:
     settings: list[EnvSetting] = []
     omp = max(1, host.cpu_count // max(1, nproc))
-    for d in defaults_for(uses_nccl=bool(gpus), omp_threads=omp, torch_version=host.torch_version):
+    for d in defaults_for(
+        uses_nccl=bool(gpus), omp_threads=omp, torch_version=host.torch_version, gloo_records=True
+    ):
         settings.append(
             EnvSetting(d.name, d.value, d.reason, d.source, overridden_by_user=d.set_by(host.env))
         )
@@ -262,6 +268,16 @@ def _env(
             )
         )
     settings.append(EnvSetting("TORCHRIG_LOG_DIR", req.log_dir, "where the per-rank logs go", None))
+    settings.append(
+        EnvSetting(
+            "TORCHRIG_FR_REQUEST",
+            f"{req.log_dir}/{FLIGHT_RECORD_REQUEST}",
+            "when the launcher stops a hung job it creates this file (+ '.<attempt>'), and every rank writes its "
+            f"flight record to {req.log_dir}/{FLIGHT_RECORD_PREFIX}<rank>, for any backend, not only on an NCCL "
+            "timeout",
+            None,
+        )
+    )
     for k, v in req.extra_env:
         settings.append(EnvSetting(k, v, "given with --env", None))
     env = {s.name: s.value for s in settings if not s.overridden_by_user}

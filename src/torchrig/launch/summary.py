@@ -152,8 +152,13 @@ def parse_stack(text: str) -> tuple[Frame, ...]:
     if not dumps:
         return ()
     blocks = dumps[-1]
+    for block in blocks:  # the main thread: it started in the shim's module body (its helper threads did not)
+        if any("torchrig/launch/worker.py" in f.path and f.func == "<module>" for f in block):
+            return tuple(block)
     for block in blocks:
-        if any("torchrig/launch/worker.py" in f.path for f in block):
+        if any("torchrig/launch/worker.py" in f.path for f in block) and not any(
+            f.path.endswith("threading.py") for f in block
+        ):
             return tuple(block)
     return tuple(blocks[0])
 

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from torchrig.launch import guard, logs
-from torchrig.launch.plan import FLIGHT_RECORD_PREFIX, LaunchPlan
+from torchrig.launch import flightrec, guard, logs
+from torchrig.launch.plan import FLIGHT_RECORD_PREFIX, FLIGHT_RECORD_REQUEST, LaunchPlan
 from torchrig.launch.summary import (
     RDZV_TIMEOUT,
     FailureSummary,
@@ -38,7 +38,8 @@ class LaunchResult:
     run_dir: str | None  # torchrun's per-run log directory
     summary: FailureSummary | None  # why the job failed (final attempt), or None
     earlier_failures: tuple[FailureSummary, ...]  # attempts that failed and were restarted
-    flight_records: tuple[str, ...] = ()  # NCCL flight-recorder dumps this job wrote (read with torchfrtrace)
+    flight_records: tuple[str, ...] = ()  # flight-recorder dumps this job wrote (also read by torchfrtrace)
+    flight: flightrec.FlightVerdict | None = None  # what those records say, after a hang or a failure
     # why torchrig stopped the job, when it did: "hang-timeout", "nccl-timeout" or "wall-timeout"
     stopped_by: str | None = None
     stop_reason: str | None = None  # that, in words
@@ -114,11 +115,40 @@ def _watch(
             stop = ("wall-timeout", f"the job ran past its time limit of {wall_timeout_s:.0f} s")
         if stop:
             if att:
+                _ask_flight_records(log_dir, att[-1])  # every rank writes its flight record next to the logs
                 _signal_workers(att[-1], signal.SIGUSR1)  # every rank prints its stack into its log
-                time.sleep(2.0)
+                _await_flight_records(log_dir, att[-1], start, 2.0, 5.0)
             _stop(proc)
             return stop
     return None
+
+
+def _request_path(log_dir: Path, attempt_dir: Path) -> Path:
+    return log_dir / f"{FLIGHT_RECORD_REQUEST}.{attempt_dir.name.removeprefix('attempt_')}"
+
+
+def _ask_flight_records(log_dir: Path, attempt_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        _request_path(log_dir, attempt_dir).touch()
+
+
+def _await_flight_records(
+    log_dir: Path, attempt_dir: Path, since_s: float, at_least_s: float, at_most_s: float
+) -> None:
+    """Give the ranks ``at_least_s`` for their stacks, and up to ``at_most_s`` for every rank's flight record."""
+    t0 = time.monotonic()
+    ranks = {r.global_rank for r in logs.read_attempt(attempt_dir, {}) if r.global_rank is not None}
+    while time.monotonic() - t0 < at_most_s:
+        time.sleep(0.25)
+        have = {flightrec.rank_of(p) for p in flight_records(log_dir, since_s)}
+        if time.monotonic() - t0 >= at_least_s and ranks <= have:
+            return
+
+
+def _clear_requests(log_dir: Path) -> None:
+    for p in log_dir.glob(f"{FLIGHT_RECORD_REQUEST}.*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
 
 
 def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.stderr) -> LaunchResult:
@@ -157,27 +187,37 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
     agent_text = "".join(agent_out)
+    _clear_requests(log_dir)
     found = logs.run_dirs(log_dir, plan.rdzv_id, start)
     run_dir = found[-1] if found else None
     result = _result(plan, run_dir, code, stopped is not None, agent_text, time.time() - start)
+    records = flight_records(log_dir, start)
     return replace(
         result,
-        flight_records=flight_records(log_dir, start),
+        flight_records=records,
+        flight=read_flight_records(records) if code != 0 or stopped else None,
         stopped_by=stopped[0] if stopped else None,
         stop_reason=stopped[1] if stopped else None,
     )
 
 
 def flight_records(log_dir: Path, since_s: float) -> tuple[str, ...]:
-    """The flight-recorder dumps written into ``log_dir`` since ``since_s`` (NCCL ranks after a timeout)."""
+    """The flight-recorder dumps written into ``log_dir`` since ``since_s`` (by NCCL's watchdog at a timeout, or
+    by the ranks when the launcher stopped a hung job)."""
     found = []
     for p in log_dir.glob(f"{FLIGHT_RECORD_PREFIX}*"):
         try:
-            if p.is_file() and p.stat().st_mtime >= since_s - 1:
+            if flightrec.rank_of(p) is not None and p.is_file() and p.stat().st_mtime >= since_s - 1:
                 found.append(str(p))
         except OSError:
             continue
     return tuple(sorted(found))
+
+
+def read_flight_records(paths: tuple[str, ...]) -> flightrec.FlightVerdict | None:
+    """What the dumps say; None without any, or when none could be read."""
+    records, problems = flightrec.load_all(paths)
+    return flightrec.analyze(records, problems)
 
 
 def _result(

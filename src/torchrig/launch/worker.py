@@ -3,8 +3,12 @@
 torchrun starts it once per rank. It (1) prints one header line naming the rank, so a log file can be
 traced to its rank and host; (2) makes the rank dump every thread's Python stack into its log on SIGUSR1
 (the launcher's hang watchdog sends it) and on SIGTERM (what torchrun sends the surviving ranks when one
-fails), so the failure summary can say where each rank was; (3) runs the script as ``python SCRIPT`` would,
-under torchelastic's ``record`` so an uncaught exception lands in the rank's error file.
+fails), so the failure summary can say where each rank was; (3) writes the rank's PyTorch flight record
+(its last collectives) next to the logs when the launcher asks for it by creating the file
+``$TORCHRIG_FR_REQUEST.<attempt>`` (a daemon thread looks for it twice a second; a rank blocked inside a
+collective still answers, since PyTorch releases the GIL while it waits); (4) runs the script as
+``python SCRIPT`` would, under torchelastic's ``record`` so an uncaught exception lands in the rank's error
+file.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ import runpy
 import signal
 import socket
 import sys
+import threading
+import time
+
+from torchrig.launch.flightrec import PREFIX
 
 HEADER = "torchrig-worker:"
 
@@ -28,6 +36,52 @@ def header() -> str:
     )
 
 
+def _dump_flight_record(path: str, started: float) -> None:
+    """Write this rank's flight record to ``path``, unless NCCL's watchdog already wrote one there for this
+    process (its dump at the timeout comes first)."""
+    try:
+        if os.stat(path).st_mtime >= started:
+            return
+    except OSError:
+        pass
+    from torch._C import _distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:  # a torch without a flight recorder
+        return
+    data = dump()
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)  # torchfrtrace and the launcher never see half a file
+
+
+def _serve_flight_record(request: str, path: str, started: float, every_s: float = 0.5) -> None:
+    while not os.path.exists(request):
+        time.sleep(every_s)
+    try:
+        _dump_flight_record(path, started)
+    except Exception as e:  # the dump is a diagnosis aid: never let it disturb the rank
+        print(f"torchrig-worker: could not write the flight record: {e}", file=sys.stderr, flush=True)
+
+
+def serve_flight_record(env: dict[str, str] | None = None) -> threading.Thread | None:
+    """Start the thread that writes the flight record on the launcher's request (None when not launched so)."""
+    e = os.environ if env is None else env
+    request, logs, rank = e.get("TORCHRIG_FR_REQUEST"), e.get("TORCHRIG_LOG_DIR"), e.get("RANK")
+    if not (request and logs and rank):
+        return None
+    restart = e.get("TORCHELASTIC_RESTART_COUNT", "0")
+    t = threading.Thread(
+        target=_serve_flight_record,
+        args=(f"{request}.{restart}", os.path.join(logs, f"{PREFIX}{rank}"), time.time()),
+        name="torchrig-flight-record",
+        daemon=True,
+    )
+    t.start()
+    return t
+
+
 def main(argv: list[str]) -> None:
     module = False
     if argv and argv[0] == "--module":
@@ -39,6 +93,7 @@ def main(argv: list[str]) -> None:
     print(header(), file=sys.stderr, flush=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
+    serve_flight_record()
 
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -1,0 +1,317 @@
+"""What the ranks' flight records say about a hang: which rank never called which collective.
+
+PyTorch's flight recorder keeps each rank's last collectives (operation, sequence number, shapes, state, the
+Python stack that called it) and per process group the last collective enqueued, started and completed.
+NCCL dumps it when its watchdog fires; ``torchrig launch`` also asks every rank for it when it stops a hung
+job (``torchrig.launch.worker``), for any backend that records (NCCL, and gloo in recent releases).
+
+This module is the pure reading: ``load`` a dump (PyTorch's pickle of plain data, or its JSON), then
+``analyze`` the ranks' records into a ``FlightVerdict``. The pickles are read with an unpickler that refuses
+every class, so a dump can only ever yield dicts, lists, strings and numbers, never run code.
+``torchfrtrace`` (PyTorch's own analyser) reads the same files in more depth.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import pickle
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PREFIX = "nccl_trace_rank_"  # + global rank: PyTorch's file name for a dump, and what torchfrtrace reads
+_RANK_RE = re.compile(rf"{PREFIX}(\d+)$")
+_LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "torchrig/launch/worker.py")
+
+
+class _PlainData(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a flight record holds plain data only, not {module}.{name}")
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """One rank's dump. Raises ``ValueError`` (with the reason) for a file that is not a flight record."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        record = json.loads(data) if data[:1] == b"{" else _PlainData(io.BytesIO(data)).load()
+    except Exception as e:  # a truncated or foreign file: any unpickling error
+        raise ValueError(f"{Path(path).name} is not a flight record ({e})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("entries", []), list):
+        raise ValueError(f"{Path(path).name} is not a flight record (no entries)")
+    return record
+
+
+def rank_of(path: str | Path) -> int | None:
+    """The global rank in a dump's file name (``nccl_trace_rank_3`` -> 3)."""
+    m = _RANK_RE.search(Path(path).name)
+    return int(m[1]) if m else None
+
+
+def load_all(paths: list[str] | tuple[str, ...]) -> tuple[dict[int, dict[str, Any]], tuple[str, ...]]:
+    """``{global rank: record}`` for the readable dumps, and a note for each file that could not be read."""
+    records, problems = {}, []
+    for p in paths:
+        rank = rank_of(p)
+        if rank is None:
+            continue
+        try:
+            records[rank] = load(p)
+        except ValueError as e:
+            problems.append(f"rank {rank}: {e}")
+    return records, tuple(problems)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective as a rank's flight record has it."""
+
+    seq: int
+    op: str  # e.g. "nccl:all_reduce"
+    shapes: str  # e.g. "Float[1048576]"
+    state: str  # "scheduled", "started" or "completed"
+    where: str | None  # the innermost frame of the caller outside Python's and torch's files
+
+    def __str__(self) -> str:
+        return f"#{self.seq} ({self.op} {self.shapes})"
+
+    def at(self) -> str:
+        return f" at {self.where}" if self.where else ""
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """One rank's position in one process group."""
+
+    rank: int
+    enqueued: int  # the last collective this rank called (0: none)
+    started: int  # the last one the GPU started (-1: unknown, as with gloo)
+    completed: int  # the last one that completed
+    calls: tuple[Call, ...]  # the recorded collectives after the last completed one, oldest first
+
+
+@dataclass(frozen=True)
+class FlightVerdict:
+    headline: str
+    culprits: tuple[int, ...]  # global ranks at fault, when the records name them
+    details: tuple[str, ...]  # one line per finding: a group's state, a missing or unreadable record
+
+
+def _where(frames: Any) -> str | None:
+    for f in frames if isinstance(frames, list) else ():
+        name = str(f.get("filename", "")) if isinstance(f, dict) else ""
+        if not name or name.startswith("<") or any(s in name for s in _LIBRARY):
+            continue
+        if "torch/distributed/" in name or "torch/nn/" in name:
+            continue
+        return f"{name}:{f.get('line', '?')} in {f.get('name', '?')}"
+    return None
+
+
+def _shapes(entry: Mapping[str, Any]) -> str:
+    dtypes = entry.get("input_dtypes") or []
+    sizes = entry.get("input_sizes") or []
+    parts = [f"{d}{list(s)}" for d, s in zip(dtypes, sizes, strict=False)]
+    return ", ".join(parts) if parts else "-"
+
+
+def _call(entry: Mapping[str, Any]) -> Call:
+    return Call(
+        seq=int(entry.get("collective_seq_id", 0)),
+        op=str(entry.get("profiling_name", "?")),
+        shapes=_shapes(entry),
+        state=str(entry.get("state", "?")),
+        where=_where(entry.get("frames")),
+    )
+
+
+def _group_ranks(config: Any) -> tuple[int, ...] | None:
+    """The global ranks of a group from its ``pg_config`` (``"[0, 1]"``), or None when not listed."""
+    raw = config.get("ranks") if isinstance(config, dict) else None
+    try:
+        ranks = ast.literal_eval(raw) if isinstance(raw, str) else raw
+        return tuple(int(r) for r in ranks) if isinstance(ranks, (list, tuple)) else None
+    except (ValueError, SyntaxError, TypeError):
+        return None
+
+
+def _states(records: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[int, GroupState]]:
+    """``{group name: {rank: GroupState}}`` from each record's ``pg_status`` and entries."""
+    groups: dict[str, dict[int, GroupState]] = {}
+    for rank, rec in records.items():
+        status = rec.get("pg_status") or {}
+        entries = [e for e in rec.get("entries") or [] if isinstance(e, dict) and not e.get("is_p2p")]
+        for pg, st in status.items() if isinstance(status, dict) else ():
+            if not isinstance(st, dict):
+                continue
+            done = int(st.get("last_completed_collective", -1))
+            calls = sorted(
+                (
+                    _call(e)
+                    for e in entries
+                    if str((e.get("process_group") or ("",))[0]) == str(pg)
+                    and int(e.get("collective_seq_id", 0)) > done
+                ),
+                key=lambda c: c.seq,
+            )
+            groups.setdefault(str(pg), {})[rank] = GroupState(
+                rank=rank,
+                enqueued=int(st.get("last_enqueued_collective", -1)),
+                started=int(st.get("last_started_collective", -1)),
+                completed=done,
+                calls=tuple(calls),
+            )
+    return groups
+
+
+def _names(ranks: list[int] | tuple[int, ...]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
+
+
+def _config(rec: Mapping[str, Any], pg: str) -> Mapping[str, Any]:
+    """A group's ``pg_config`` entry. gloo (torch 2.13) files its only group under the name "" while
+    ``pg_status`` and the entries call it "0": a lone unnamed entry is taken for a lone group."""
+    configs = rec.get("pg_config") or {}
+    if not isinstance(configs, dict):
+        return {}
+    if pg in configs and isinstance(configs[pg], dict):
+        return configs[pg]
+    status = rec.get("pg_status") or {}
+    if (
+        list(configs) == [""]
+        and isinstance(status, dict)
+        and len(status) == 1
+        and isinstance(configs[""], dict)
+    ):
+        return configs[""]
+    return {}
+
+
+def _verb(ranks: Any, one: str, many: str) -> str:
+    return one if len(ranks) == 1 else many
+
+
+def _label(pg: str, records: Mapping[int, Mapping[str, Any]]) -> str:
+    for rec in records.values():
+        desc = _config(rec, pg).get("desc")
+        for e in rec.get("entries") or []:
+            group = e.get("process_group") if isinstance(e, dict) else None
+            if not desc and isinstance(group, (list, tuple)) and len(group) == 2 and str(group[0]) == pg:
+                desc = group[1]
+        if desc:
+            return f"process group {pg} ({desc})"
+    return f"process group {pg}"
+
+
+def _find(states: Mapping[int, GroupState], seq: int) -> Call | None:
+    for st in states.values():
+        for c in st.calls:
+            if c.seq == seq:
+                return c
+    return None
+
+
+def _group_finding(
+    pg: str, states: dict[int, GroupState], expected: tuple[int, ...] | None, label: str
+) -> tuple[int, str, tuple[int, ...], str] | None:
+    """(severity, headline, culprits, detail) for one group, or None when nothing is pending in it.
+    Severity orders the findings across groups: a named culprit first, then a desync, then a stuck call."""
+    missing = sorted(set(expected or ()) - set(states))
+    waiting = {r: st for r, st in states.items() if st.completed < st.enqueued}
+    positions = "; ".join(
+        f"rank {r}: called #{st.enqueued}, completed #{st.completed}" for r, st in sorted(states.items())
+    )
+    detail = f"{label}: {positions}" + (f"; no record from {_names(missing)}" if missing else "")
+    if not waiting:
+        return None
+    top = max(st.enqueued for st in states.values())
+    behind = sorted(r for r, st in states.items() if st.enqueued < top)
+    if behind:
+        ahead = sorted(r for r, st in states.items() if st.enqueued == top)
+        first = min(states[r].enqueued for r in behind) + 1
+        call = _find({r: states[r] for r in ahead}, first)
+        last = {r: states[r].enqueued for r in behind}
+        lasts = ", ".join(f"rank {r} last called #{n}" for r, n in sorted(last.items()))
+        what, at = (str(call), call.at()) if call else (f"#{first}", "")
+        return (
+            0,
+            f"{_names(behind)} never called collective {what} of {label}, which {_names(ahead)} "
+            f"{_verb(ahead, 'waits', 'wait')} in{at} ({lasts})",
+            tuple(behind),
+            detail,
+        )
+    # Every rank called the same number of collectives: do they agree on the first pending one?
+    first = min(st.completed for st in waiting.values()) + 1
+    seen = {r: c for r, st in states.items() for c in st.calls if c.seq == first}
+    if len({(c.op, c.shapes) for c in seen.values()}) > 1:
+        calls = "; ".join(f"rank {r}: {c.op} {c.shapes}{c.at()}" for r, c in sorted(seen.items()))
+        return (
+            1,
+            f"the ranks called collective #{first} of {label} differently ({calls}): a desync",
+            (),
+            detail,
+        )
+    call = next(iter(seen.values()), None)
+    what, at = (str(call), call.at()) if call else (f"#{first}", "")
+    if missing:
+        return (
+            0,
+            f"{_names(sorted(waiting))} {_verb(waiting, 'waits', 'wait')} in collective {what} of {label}{at}; "
+            f"{_names(missing)} left no flight record (died, or hung where it could not write one)",
+            tuple(missing),
+            detail,
+        )
+    nccl = call is not None and call.op.startswith("nccl:")
+    not_started = sorted(r for r, st in waiting.items() if nccl and st.started < first)
+    if not_started and len(not_started) == len(states):
+        why = "it never started on the GPU: the work queued ahead of it there has not finished"
+    elif not_started:
+        why = (
+            f"it never started on {_names(not_started)}'s GPU (the work queued ahead of it there has not "
+            "finished), while the others wait for it"
+        )
+    else:
+        why = "every rank called it and it did not complete: a slow or stuck link, or a peer outside the records"
+    return (
+        2,
+        f"collective {what} of {label}{at} is pending on {_names(sorted(waiting))}: {why}",
+        (),
+        detail,
+    )
+
+
+def analyze(records: Mapping[int, Mapping[str, Any]], problems: tuple[str, ...] = ()) -> FlightVerdict | None:
+    """The verdict of the records of one attempt's ranks (``{global rank: record}``); None without records."""
+    if not records:
+        return FlightVerdict("no flight record could be read", (), problems) if problems else None
+    groups = _states(records)
+    findings, details = [], []
+    for pg in sorted(groups, key=lambda g: (len(g), g)):
+        expected = next(
+            (r for rec in records.values() if (r := _group_ranks(_config(rec, pg))) is not None),
+            None,
+        )
+        found = _group_finding(pg, groups[pg], expected, _label(pg, records))
+        if found:
+            findings.append(found)
+            details.append(found[3])
+    details += [f"unreadable record: {p}" for p in problems]
+    if not findings:
+        n = len(records)
+        return FlightVerdict(
+            f"no collective is pending in the flight records of {n} rank(s): the hang is outside communication",
+            (),
+            tuple(details),
+        )
+    _, headline, culprits, _ = min(findings, key=lambda f: f[0])
+    return FlightVerdict(headline, culprits, tuple(details))
+
+
+def render(verdict: FlightVerdict) -> list[str]:
+    return [f"flight record: {verdict.headline}"] + [f"  {d}" for d in verdict.details]
