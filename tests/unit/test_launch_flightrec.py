@@ -51,6 +51,15 @@ def test_a_lone_nccl_rank_whose_collective_never_started_points_at_the_gpu_work_
     )
 
 
+def test_the_record_the_rank_shim_wrote_on_an_h200_reads_the_same():
+    """Written by the shim on request during a hang (no NCCL timeout): the NCCL recorder's own dump."""
+    v = flightrec.analyze(*records("nccl-1rank-h200-kernel-ahead-hang-record"))
+    assert v is not None and v.headline.startswith("collective #2 (nccl:all_reduce Float[1048576])")
+    assert v.headline.endswith(
+        "it never started on the GPU: the work queued ahead of it there has not finished"
+    )
+
+
 def test_a_rank_without_a_record_is_the_suspect_when_the_others_wait():
     recs, _ = records("gloo-2rank-rank1-sleeps-flight-record")
     v = flightrec.analyze({0: recs[0]})

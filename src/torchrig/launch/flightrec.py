@@ -39,12 +39,17 @@ def load(path: str | Path) -> dict[str, Any]:
         data = Path(path).read_bytes()
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    return loads(data, Path(path).name)
+
+
+def loads(data: bytes, name: str = "the dump") -> dict[str, Any]:
+    """A dump's bytes (pickle or JSON) as plain data; ``ValueError`` when they are not a flight record."""
     try:
         record = json.loads(data) if data[:1] == b"{" else _PlainData(io.BytesIO(data)).load()
     except Exception as e:  # a truncated or foreign file: any unpickling error
-        raise ValueError(f"{Path(path).name} is not a flight record ({e})") from None
+        raise ValueError(f"{name} is not a flight record ({e})") from None
     if not isinstance(record, dict) or not isinstance(record.get("entries", []), list):
-        raise ValueError(f"{Path(path).name} is not a flight record (no entries)")
+        raise ValueError(f"{name} is not a flight record (no entries)")
     return record
 
 

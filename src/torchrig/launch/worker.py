@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from torchrig.launch.flightrec import PREFIX
+from torchrig.launch.flightrec import PREFIX, loads
 
 HEADER = "torchrig-worker:"
 
@@ -44,16 +44,34 @@ def _dump_flight_record(path: str, started: float) -> None:
             return
     except OSError:
         pass
-    from torch._C import _distributed_c10d as c10d
-
-    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
-    if dump is None:  # a torch without a flight recorder
+    data = _flight_record()
+    if data is None:  # a torch without a flight recorder
         return
-    data = dump()
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)  # torchfrtrace and the launcher never see half a file
+
+
+def _flight_record() -> bytes | None:
+    """This process's flight record. torch 2.11 (measured on an H200) keeps NCCL's collectives in a recorder
+    of their own, dumped by ``_dump_nccl_trace``, apart from the generic one (gloo's) that ``_dump_fr_trace``
+    dumps: the first of the two that holds collectives is the record."""
+    from torch._C import _distributed_c10d as c10d
+
+    found = None
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        data = dump()
+        try:
+            if loads(data).get("entries"):
+                return data
+        except ValueError:
+            continue
+        found = found or data
+    return found
 
 
 def _serve_flight_record(request: str, path: str, started: float, every_s: float = 0.5) -> None:
