@@ -9,6 +9,8 @@
 #      wire; changes numerics slightly)
 # Prints tokens/s, MFU and the scaling efficiency (2-GPU tok/s / (2 x 1-GPU tok/s)) of each.
 # Usage (repository root, 2 GPUs): OUT=/some/dir tools/gpu/train_scaling.sh     about 5-6 min
+#   the README's figure (about 4 min): OUT=... MICRO_BATCH=64 STEPS=100 BOTH=1 ONE_TAG=cg \
+#     VARIANTS="baseline2 cg outer" tools/gpu/train_scaling.sh
 #   EXTRA=1 adds outer + --ddp-static-graph; HANG=1 adds the NCCL hang demo (HANG_BUDGET_S: only if started by then)
 #   VARIANTS="outer ctas8 bucket100 baseline2" picks the 2-GPU runs and their order (default:
 #   "baseline2 inner outer bf16hook"); ONE=0 skips the 1-GPU pair; tags: baseline2, inner, outer, bf16hook,
