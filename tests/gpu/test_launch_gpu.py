@@ -15,28 +15,17 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "nccl_kernel_ahead.py"
 
 
-def test_nccl_timeout_ends_the_job_after_the_grace_with_the_flight_record(tmp_path):
-    """One rank's all_reduce queued behind a 60 s kernel times out after 10 s. torch 2.11 logs the timeout,
-    dumps the flight record and keeps the process running; torchrig stops the job 10 s later, long before
-    the kernel ends, names the watchdog as the reason and lists the flight record it put in the log folder."""
+def launch_kernel_ahead(tmp_path: Path, *options: str) -> tuple[dict, float]:
+    """``torchrig --json launch --gpus 1`` of the script with ``options``: (its result, seconds taken)."""
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_PORT")}
     t0 = time.monotonic()
-    args = [
-        "launch",
-        "--gpus",
-        "1",
-        "--no-preflight",
-        "--collective-timeout",
-        "10",
-        "--nccl-timeout-grace",
-        "10",
-    ]
+    argv = ["launch", "--gpus", "1", "--no-preflight", *options, "--log-dir", str(tmp_path), str(SCRIPT)]
     r = subprocess.run(
-        [sys.executable, "-m", "torchrig", "--json", *args, "--log-dir", str(tmp_path), str(SCRIPT)],
+        [sys.executable, "-m", "torchrig", "--json", *argv],
         capture_output=True,
         text=True,
         env=env,
@@ -44,7 +33,14 @@ def test_nccl_timeout_ends_the_job_after_the_grace_with_the_flight_record(tmp_pa
     )
     took = time.monotonic() - t0
     assert r.returncode == 1, r.stderr[-3000:]
-    res = json.loads(r.stdout)["result"]
+    return json.loads(r.stdout)["result"], took
+
+
+def test_nccl_timeout_ends_the_job_after_the_grace_with_the_flight_record(tmp_path):
+    """One rank's all_reduce queued behind a 60 s kernel times out after 10 s. torch 2.11 logs the timeout,
+    dumps the flight record and keeps the process running; torchrig stops the job 10 s later, long before
+    the kernel ends, names the watchdog as the reason and lists the flight record it put in the log folder."""
+    res, took = launch_kernel_ahead(tmp_path, "--collective-timeout", "10", "--nccl-timeout-grace", "10")
     assert res["stopped_by"] == "nccl-timeout", res
     assert res["stop_reason"].startswith("rank 0's NCCL watchdog caught a collective timeout")
     assert "timed out after 10 s (NCCL watchdog)" in res["summary"]["likely_cause"]
@@ -60,23 +56,7 @@ def test_nccl_timeout_ends_the_job_after_the_grace_with_the_flight_record(tmp_pa
 def test_a_hang_without_an_nccl_timeout_still_gets_the_flight_record_from_the_rank(tmp_path):
     """The same rank with a 600 s collective timeout: NCCL never dumps. torchrig's hang watchdog (15 s of
     silence) asks the rank for its record, which the rank shim writes while the main thread waits in .item()."""
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_PORT")}
-    t0 = time.monotonic()
-    args = ["launch", "--gpus", "1", "--no-preflight", "--collective-timeout", "600", "--hang-timeout", "15"]
-    r = subprocess.run(
-        [sys.executable, "-m", "torchrig", "--json", *args, "--log-dir", str(tmp_path), str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    took = time.monotonic() - t0
-    assert r.returncode == 1, r.stderr[-3000:]
-    res = json.loads(r.stdout)["result"]
+    res, took = launch_kernel_ahead(tmp_path, "--collective-timeout", "600", "--hang-timeout", "15")
     assert res["stopped_by"] == "hang-timeout", res
     assert took < 58, took  # before the 60 s kernel ends
     assert [Path(f).name for f in res["flight_records"]] == ["nccl_trace_rank_0"]
