@@ -27,6 +27,7 @@ from torchrig.launch.summary import (
     summarize_failure,
     summarize_hang,
 )
+from torchrig.launch.worker import SYMBOLIZING
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def _watch(
             if att:
                 _ask_flight_records(log_dir, att[-1])  # every rank writes its flight record next to the logs
                 _signal_workers(att[-1], signal.SIGUSR1)  # every rank prints its stack into its log
-                _await_flight_records(log_dir, att[-1], start, 2.0, 5.0)
+                _await_flight_records(log_dir, att[-1], start, 2.0, 15.0)
             _stop(proc)
             return stop
     return None
@@ -135,13 +136,16 @@ def _ask_flight_records(log_dir: Path, attempt_dir: Path) -> None:
 def _await_flight_records(
     log_dir: Path, attempt_dir: Path, since_s: float, at_least_s: float, at_most_s: float
 ) -> None:
-    """Give the ranks ``at_least_s`` for their stacks, and up to ``at_most_s`` for every rank's flight record."""
+    """Give the ranks ``at_least_s`` for their stacks, and up to ``at_most_s`` for every rank's flight record
+    with its Python stacks (a rank marks the record it is still symbolising: the first took up to 5.8 s on an
+    H200)."""
     t0 = time.monotonic()
     ranks = {r.global_rank for r in logs.read_attempt(attempt_dir, {}) if r.global_rank is not None}
     while time.monotonic() - t0 < at_most_s:
         time.sleep(0.25)
         have = {flightrec.rank_of(p) for p in flight_records(log_dir, since_s)}
-        if time.monotonic() - t0 >= at_least_s and ranks <= have:
+        busy = any(log_dir.glob(f"{FLIGHT_RECORD_PREFIX}*{SYMBOLIZING}"))
+        if time.monotonic() - t0 >= at_least_s and ranks <= have and not busy:
             return
 
 
