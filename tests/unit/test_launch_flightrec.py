@@ -69,6 +69,14 @@ def test_a_rank_without_a_record_is_the_suspect_when_the_others_wait():
     assert v.details[0].endswith("; no record from rank 1")
 
 
+def test_a_rank_of_another_node_is_not_taken_for_one_that_left_no_record():
+    recs, _ = records("gloo-2rank-rank1-sleeps-flight-record")
+    v = flightrec.analyze({0: recs[0]}, present={0})  # rank 1 ran on another node: its record is there
+    assert v is not None and v.culprits == () and "left no flight record" not in v.headline
+    assert v.headline.startswith("collective #2 (gloo:all_reduce Float[3]) of process group 0 (default_pg)")
+    assert "a peer outside the records" in v.headline
+
+
 def test_nothing_pending_means_the_hang_is_outside_communication():
     recs, _ = records("gloo-2rank-rank1-sleeps-flight-record")
     done = {

@@ -223,11 +223,17 @@ def _find(states: Mapping[int, GroupState], seq: int) -> Call | None:
 
 
 def _group_finding(
-    pg: str, states: dict[int, GroupState], expected: tuple[int, ...] | None, label: str
+    pg: str,
+    states: dict[int, GroupState],
+    expected: tuple[int, ...] | None,
+    label: str,
+    present: set[int] | None = None,
 ) -> tuple[int, str, tuple[int, ...], str] | None:
     """(severity, headline, culprits, detail) for one group, or None when nothing is pending in it.
-    Severity orders the findings across groups: a named culprit first, then a desync, then a stuck call."""
-    missing = sorted(set(expected or ()) - set(states))
+    Severity orders the findings across groups: a named culprit first, then a desync, then a stuck call.
+    ``present``: the ranks that ran here (the others' records are on their own nodes)."""
+    here = set(expected or ()) if present is None else set(expected or ()) & present
+    missing = sorted(here - set(states))
     waiting = {r: st for r, st in states.items() if st.completed < st.enqueued}
     positions = "; ".join(
         f"rank {r}: called #{st.enqueued}, completed #{st.completed}" for r, st in sorted(states.items())
@@ -291,8 +297,12 @@ def _group_finding(
     )
 
 
-def analyze(records: Mapping[int, Mapping[str, Any]], problems: tuple[str, ...] = ()) -> FlightVerdict | None:
-    """The verdict of the records of one attempt's ranks (``{global rank: record}``); None without records."""
+def analyze(
+    records: Mapping[int, Mapping[str, Any]], problems: tuple[str, ...] = (), present: set[int] | None = None
+) -> FlightVerdict | None:
+    """The verdict of the records of one attempt's ranks (``{global rank: record}``); None without records.
+    ``present``: the global ranks that ran on this node, when known; a rank of another node without a record
+    here is not taken for one that left none."""
     if not records:
         return FlightVerdict("no flight record could be read", (), problems) if problems else None
     groups = _states(records)
@@ -302,7 +312,7 @@ def analyze(records: Mapping[int, Mapping[str, Any]], problems: tuple[str, ...] 
             (r for rec in records.values() if (r := _group_ranks(_config(rec, pg))) is not None),
             None,
         )
-        found = _group_finding(pg, groups[pg], expected, _label(pg, records))
+        found = _group_finding(pg, groups[pg], expected, _label(pg, records), present)
         if found:
             findings.append(found)
             details.append(found[3])

@@ -150,7 +150,11 @@ def _await_flight_records(
 
 
 def _clear_requests(log_dir: Path) -> None:
-    for p in log_dir.glob(f"{FLIGHT_RECORD_REQUEST}.*"):
+    """Remove the requests, and the markers of ranks stopped while they symbolised their record."""
+    for p in [
+        *log_dir.glob(f"{FLIGHT_RECORD_REQUEST}.*"),
+        *log_dir.glob(f"{FLIGHT_RECORD_PREFIX}*{SYMBOLIZING}"),
+    ]:
         with contextlib.suppress(OSError):
             p.unlink()
 
@@ -196,10 +200,14 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     run_dir = found[-1] if found else None
     result = _result(plan, run_dir, code, stopped is not None, agent_text, time.time() - start)
     records = flight_records(log_dir, start)
+    att = logs.attempts(run_dir) if run_dir else []
+    here = (
+        {r.global_rank for r in logs.read_attempt(att[-1], {}) if r.global_rank is not None} if att else None
+    )
     return replace(
         result,
         flight_records=records,
-        flight=read_flight_records(records) if code != 0 or stopped else None,
+        flight=read_flight_records(records, here or None) if code != 0 or stopped else None,
         stopped_by=stopped[0] if stopped else None,
         stop_reason=stopped[1] if stopped else None,
     )
@@ -218,10 +226,12 @@ def flight_records(log_dir: Path, since_s: float) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def read_flight_records(paths: tuple[str, ...]) -> flightrec.FlightVerdict | None:
-    """What the dumps say; None without any, or when none could be read."""
+def read_flight_records(
+    paths: tuple[str, ...], present: set[int] | None = None
+) -> flightrec.FlightVerdict | None:
+    """What the dumps say (``present``: the global ranks that ran on this node); None without any dump."""
     records, problems = flightrec.load_all(paths)
-    return flightrec.analyze(records, problems)
+    return flightrec.analyze(records, problems, present)
 
 
 def _result(
