@@ -16,6 +16,10 @@ SCRIPT = str(
 )  # MODE=fail|hang plants faults
 
 
+# gloo ranks keep a flight record only when asked to (torchrig sets the buffer size for NCCL ranks alone).
+GLOO_FR = ("--env", "TORCH_FR_BUFFER_SIZE=2000")
+
+
 def launch(*args: str, mode: str = "", timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID")}
     env["MODE"] = mode
@@ -64,18 +68,19 @@ def test_planted_hang_is_summarised_within_the_collective_timeout(tmp_path):
     assert s["headline"] == "rank 0 timed out in a collective that rank 1 never joined"
     culprit = next(v for v in s["ranks"] if v["role"] == "culprit")
     assert culprit["rank"] == 1 and culprit["where"].endswith("ok.py:6 in <module>")
+    assert json.loads(r.stdout)["result"]["flight_records"] == []  # gloo without a recorder: none
     assert took < 10 + 60  # the timeout plus start-up and teardown on a loaded 2-core machine
 
 
 def test_hang_watchdog_dumps_stacks_and_stops_the_job(tmp_path):
     r, took = launch(
-        "--no-preflight", "--hang-timeout", "30", "--log-dir", str(tmp_path), SCRIPT, mode="hang"
+        "--no-preflight", "--hang-timeout", "30", *GLOO_FR, "--log-dir", str(tmp_path), SCRIPT, mode="hang"
     )
     assert r.returncode == 1
     res = json.loads(r.stdout)["result"]
     assert res["hung"] and res["summary"]["kind"] == "hang"
     assert res["summary"]["headline"] == "hang: rank 1 never joined the collective that rank 0 wait(s) in"
-    # Asked by the launcher, both gloo ranks wrote their flight records, and those name the missed call.
+    # Asked by the launcher, both gloo ranks (recorder on) wrote their flight records, naming the missed call.
     assert [Path(p).name for p in res["flight_records"]] == ["nccl_trace_rank_0", "nccl_trace_rank_1"]
     assert res["flight"]["culprits"] == [1]
     assert res["flight"]["headline"].startswith(
@@ -89,7 +94,7 @@ def test_a_desync_is_named_by_the_flight_records(tmp_path):
     """Rank 1 broadcasts where rank 0 all-reduces: both wait forever in a collective, and only the flight
     records tell that the two calls differ."""
     r, took = launch(
-        "--no-preflight", "--hang-timeout", "15", "--log-dir", str(tmp_path), SCRIPT, mode="desync"
+        "--no-preflight", "--hang-timeout", "15", *GLOO_FR, "--log-dir", str(tmp_path), SCRIPT, mode="desync"
     )
     assert r.returncode == 1
     res = json.loads(r.stdout)["result"]

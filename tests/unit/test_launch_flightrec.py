@@ -125,9 +125,13 @@ def test_unreadable_records_are_listed_and_the_rest_still_read(tmp_path):
     assert only_bad is not None and only_bad.headline == "no flight record could be read"
 
 
-def test_the_worker_writes_its_record_when_asked_and_keeps_nccls_own(tmp_path):
+def test_the_worker_writes_its_record_when_asked_and_keeps_nccls_own(tmp_path, monkeypatch):
     from torchrig.launch import worker
 
+    recorded = (FIX / "gloo-2rank-rank1-sleeps-flight-record" / "nccl_trace_rank_0").read_bytes()
+    asked = []
+    # The hardware boundary: this test process keeps no flight record, so the dump is the recorded one.
+    monkeypatch.setattr(worker, "_flight_record", lambda stacks: asked.append(stacks) or recorded)
     env = {
         "TORCHRIG_FR_REQUEST": str(tmp_path / ".flight-record-request"),
         "TORCHRIG_LOG_DIR": str(tmp_path),
@@ -143,14 +147,26 @@ def test_the_worker_writes_its_record_when_asked_and_keeps_nccls_own(tmp_path):
     assert not (tmp_path / "nccl_trace_rank_3").exists()
     (tmp_path / ".flight-record-request.2").touch()
     t.join(timeout=10)
-    rec = flightrec.load(tmp_path / "nccl_trace_rank_3")
-    assert isinstance(rec["entries"], list)
+    assert asked == [False, True]  # without the stacks at once, then with them
+    assert flightrec.load(tmp_path / "nccl_trace_rank_3") == pickle.loads(recorded)
     assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name or p.name.endswith(".symbolizing")] == []
     # A record NCCL's watchdog wrote for this process stays as it is.
     (tmp_path / "nccl_trace_rank_3").write_bytes(b"nccl's")
     worker._dump_flight_record(str(tmp_path / "nccl_trace_rank_3"), time.time() - 60)
     assert (tmp_path / "nccl_trace_rank_3").read_bytes() == b"nccl's"
     assert worker.serve_flight_record({"RANK": "0"}) is None  # not started by torchrig launch
+
+
+def test_a_rank_whose_recorder_was_off_writes_nothing(tmp_path):
+    """This process keeps no flight record (no buffer size set): torch's real dump is empty, and no file is
+    written, so the launcher does not read an empty record as "nothing pending"."""
+    from torchrig.launch import worker
+
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ
+    data = worker._flight_record(stacks=False)
+    assert data is not None and flightrec.loads(data)["entries"] == []
+    worker._dump_flight_record(str(tmp_path / "nccl_trace_rank_0"), time.time())
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_parse_stack_skips_the_flight_record_thread():

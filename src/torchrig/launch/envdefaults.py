@@ -112,21 +112,8 @@ def name_for(name: str, renamed: tuple[str, tuple[int, int]] | None, torch_versi
     return renamed[0] if renamed and have is not None and have >= renamed[1] else name
 
 
-# gloo records into the same flight recorder (torch 2.13.0+cpu wrote the records in
-# tests/fixtures/launch/gloo-2rank-*-flight-record; https://github.com/pytorch/pytorch/pull/189363 calls
-# ProcessGroupGloo's recording native), so a launcher that asks its gloo ranks for their records keeps it on.
-FR_BUFFER = "TORCH_NCCL_TRACE_BUFFER_SIZE"
-GLOO_FR_REASON = (
-    "keep the flight recorder of the last collectives (gloo records too), so that when torchrig launch stops a "
-    "hung job the ranks' records name the rank that never called a collective, and the collective"
-)
-
-
-def defaults_for(
-    *, uses_nccl: bool, omp_threads: int, torch_version: str | None = None, gloo_records: bool = False
-) -> list[EnvDefault]:
-    """The defaults that apply to a job, with ``{omp_threads}`` filled in. ``gloo_records``: a job without
-    NCCL keeps the flight recorder too (its launcher asks the ranks for their records on a hang).
+def defaults_for(*, uses_nccl: bool, omp_threads: int, torch_version: str | None = None) -> list[EnvDefault]:
+    """The defaults that apply to a job, with ``{omp_threads}`` filled in.
 
     A renamed setting goes under its new name when ``torch_version`` (the ranks' torch) is known to read it, and
     under the old name otherwise (every release reads that one).
@@ -134,9 +121,7 @@ def defaults_for(
     out = []
     for d in ENV_DEFAULTS:
         if d.nccl_only and not uses_nccl:
-            if not (gloo_records and d.name == FR_BUFFER):
-                continue
-            d = replace(d, reason=GLOO_FR_REASON)
+            continue
         d = replace(d, value=d.value.format(omp_threads=omp_threads))
         if d.renamed and (new := name_for(d.name, d.renamed, torch_version)) != d.name:
             d = replace(d, name=new, renamed=(d.name, d.renamed[1]))  # names() still gives both

@@ -218,9 +218,7 @@ def _env(
 ) -> tuple[dict[str, str], tuple[EnvSetting, ...]]:
     settings: list[EnvSetting] = []
     omp = max(1, host.cpu_count // max(1, nproc))
-    for d in defaults_for(
-        uses_nccl=bool(gpus), omp_threads=omp, torch_version=host.torch_version, gloo_records=True
-    ):
+    for d in defaults_for(uses_nccl=bool(gpus), omp_threads=omp, torch_version=host.torch_version):
         settings.append(
             EnvSetting(d.name, d.value, d.reason, d.source, overridden_by_user=d.set_by(host.env))
         )
@@ -272,9 +270,9 @@ def _env(
         EnvSetting(
             "TORCHRIG_FR_REQUEST",
             f"{req.log_dir}/{FLIGHT_RECORD_REQUEST}",
-            "when the launcher stops a hung job it creates this file (+ '.<attempt>'), and every rank writes its "
-            f"flight record to {req.log_dir}/{FLIGHT_RECORD_PREFIX}<rank>, for any backend, not only on an NCCL "
-            "timeout",
+            "when the launcher stops a hung job it creates this file (+ '.<attempt>'), and every rank that keeps a "
+            f"flight record writes it to {req.log_dir}/{FLIGHT_RECORD_PREFIX}<rank>, not only on an NCCL timeout "
+            "(gloo ranks keep one with --env TORCH_FR_BUFFER_SIZE=2000)",
             None,
         )
     )

@@ -50,7 +50,7 @@ def _dump_flight_record(path: str, started: float) -> None:
     except OSError:
         pass
     quick = _flight_record(stacks=False)
-    if quick is None:  # a torch without a flight recorder
+    if quick is None or not _kept(quick):  # no flight recorder, or it was off (gloo without a buffer size)
         return
     _write(path, quick)
     marker = path + SYMBOLIZING
@@ -61,6 +61,15 @@ def _dump_flight_record(path: str, started: float) -> None:
             _write(path, full)
     finally:
         os.unlink(marker)
+
+
+def _kept(data: bytes) -> bool:
+    """Whether a dump holds anything: a recorder that was off dumps no entries and no process group."""
+    try:
+        record = loads(data)
+    except ValueError:
+        return True  # not ours to judge: the launcher reports it as unreadable
+    return bool(record.get("entries") or record.get("pg_status"))
 
 
 def _write(path: str, data: bytes) -> None:
