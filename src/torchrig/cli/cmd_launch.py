@@ -158,7 +158,7 @@ class LaunchReport:
         return 0 if self.result is None else (0 if self.result.exit_code == 0 else 1)
 
     def render_text(self) -> str:
-        from torchrig.launch.plan import FLIGHT_RECORD_PREFIX
+        from torchrig.launch.flightrec import PREFIX
         from torchrig.launch.summary import render
 
         out = []
@@ -211,7 +211,7 @@ class LaunchReport:
                 folder = str(Path(r.flight_records[0]).parent)
                 out.append(
                     f"flight records: {', '.join(Path(f).name for f in r.flight_records)} in {folder} "
-                    f"(PyTorch's analyser reads them too: torchfrtrace {folder} --prefix {FLIGHT_RECORD_PREFIX})"
+                    f"(PyTorch's analyser reads them too: torchfrtrace {folder} --prefix {PREFIX})"
                 )
         return "\n".join(out)
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig.launch.summary import Frame, user_frame
+
 PREFIX = "nccl_trace_rank_"  # + global rank: PyTorch's file name for a dump, and what torchfrtrace reads
 _RANK_RE = re.compile(rf"{PREFIX}(\d+)$")
-_LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "torchrig/launch/worker.py")
 
 
 class _PlainData(pickle.Unpickler):
@@ -80,7 +81,6 @@ class Call:
     seq: int
     op: str  # e.g. "nccl:all_reduce"
     shapes: str  # e.g. "Float[1048576]"
-    state: str  # "scheduled", "started" or "completed"
     where: str | None  # the innermost frame of the caller outside Python's and torch's files
 
     def __str__(self) -> str:
@@ -94,7 +94,6 @@ class Call:
 class GroupState:
     """One rank's position in one process group."""
 
-    rank: int
     enqueued: int  # the last collective this rank called (0: none)
     started: int  # the last one the GPU started (-1: unknown, as with gloo)
     completed: int  # the last one that completed
@@ -109,14 +108,14 @@ class FlightVerdict:
 
 
 def _where(frames: Any) -> str | None:
-    for f in frames if isinstance(frames, list) else ():
-        name = str(f.get("filename", "")) if isinstance(f, dict) else ""
-        if not name or name.startswith("<") or any(s in name for s in _LIBRARY):
-            continue
-        if "torch/distributed/" in name or "torch/nn/" in name:
-            continue
-        return f"{name}:{f.get('line', '?')} in {f.get('name', '?')}"
-    return None
+    """The caller's innermost frame in user code, as the stack summary picks it (``summary.user_frame``)."""
+    stack = tuple(
+        Frame(str(f.get("filename", "")), int(f.get("line", 0) or 0), str(f.get("name", "?")))
+        for f in (frames if isinstance(frames, list) else ())
+        if isinstance(f, dict) and f.get("filename")
+    )
+    found = user_frame(stack)
+    return str(found) if found else None
 
 
 def _shapes(entry: Mapping[str, Any]) -> str:
@@ -131,7 +130,6 @@ def _call(entry: Mapping[str, Any]) -> Call:
         seq=int(entry.get("collective_seq_id", 0)),
         op=str(entry.get("profiling_name", "?")),
         shapes=_shapes(entry),
-        state=str(entry.get("state", "?")),
         where=_where(entry.get("frames")),
     )
 
@@ -166,7 +164,6 @@ def _states(records: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[int, Gro
                 key=lambda c: c.seq,
             )
             groups.setdefault(str(pg), {})[rank] = GroupState(
-                rank=rank,
                 enqueued=int(st.get("last_enqueued_collective", -1)),
                 started=int(st.get("last_started_collective", -1)),
                 completed=done,

@@ -26,7 +26,6 @@ _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-FLIGHT_RECORD_PREFIX = PREFIX  # + global rank: the files torchfrtrace reads
 FLIGHT_RECORD_REQUEST = (
     ".flight-record-request"  # + ".<attempt>": the launcher asks the ranks for their records
 )
@@ -258,7 +257,7 @@ def _env(
         settings.append(
             EnvSetting(
                 name_for(old, renamed, host.torch_version),
-                f"{req.log_dir}/{FLIGHT_RECORD_PREFIX}",
+                f"{req.log_dir}/{PREFIX}",
                 "the flight record a timed-out rank dumps goes next to the rank logs (file name + global rank; "
                 "PyTorch's default is /tmp/nccl_trace_rank_<rank>)",
                 "https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html",
@@ -271,8 +270,8 @@ def _env(
             "TORCHRIG_FR_REQUEST",
             f"{req.log_dir}/{FLIGHT_RECORD_REQUEST}",
             "when the launcher stops a hung job it creates this file (+ '.<attempt>'), and every rank that keeps a "
-            f"flight record writes it to {req.log_dir}/{FLIGHT_RECORD_PREFIX}<rank>, not only on an NCCL timeout "
-            "(gloo ranks keep one with --env TORCH_FR_BUFFER_SIZE=2000)",
+            f"flight record writes it to {req.log_dir}/{PREFIX}<rank>, not only on an NCCL timeout "
+            "(gloo ranks too: torch 2.13 records their collectives by default)",
             None,
         )
     )

@@ -70,19 +70,8 @@ def host_facts(gpus: GpuProbe | None) -> HostFacts:
         cpu_count=os.cpu_count() or 1,
         python=sys.executable,
         env=env,
-        torch_version=(gpus.torch_version if gpus else None) or installed_torch(),
+        torch_version=gpus.torch_version if gpus else None,
     )
-
-
-def installed_torch() -> str | None:
-    """The version of the torch the ranks will import (this interpreter's), from its package metadata: no
-    import of torch."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def port_is_free(port: int, host: str = "") -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torchrig.launch import flightrec, guard, logs
-from torchrig.launch.plan import FLIGHT_RECORD_PREFIX, FLIGHT_RECORD_REQUEST, LaunchPlan
+from torchrig.launch.plan import FLIGHT_RECORD_REQUEST, LaunchPlan
 from torchrig.launch.summary import (
     RDZV_TIMEOUT,
     FailureSummary,
@@ -144,7 +144,7 @@ def _await_flight_records(
     while time.monotonic() - t0 < at_most_s:
         time.sleep(0.25)
         have = {flightrec.rank_of(p) for p in flight_records(log_dir, since_s)}
-        busy = any(log_dir.glob(f"{FLIGHT_RECORD_PREFIX}*{SYMBOLIZING}"))
+        busy = any(log_dir.glob(f"{flightrec.PREFIX}*{SYMBOLIZING}"))
         if time.monotonic() - t0 >= at_least_s and ranks <= have and not busy:
             return
 
@@ -153,7 +153,7 @@ def _clear_requests(log_dir: Path) -> None:
     """Remove the requests, and the markers of ranks stopped while they symbolised their record."""
     for p in [
         *log_dir.glob(f"{FLIGHT_RECORD_REQUEST}.*"),
-        *log_dir.glob(f"{FLIGHT_RECORD_PREFIX}*{SYMBOLIZING}"),
+        *log_dir.glob(f"{flightrec.PREFIX}*{SYMBOLIZING}"),
     ]:
         with contextlib.suppress(OSError):
             p.unlink()
@@ -217,7 +217,7 @@ def flight_records(log_dir: Path, since_s: float) -> tuple[str, ...]:
     """The flight-recorder dumps written into ``log_dir`` since ``since_s`` (by NCCL's watchdog at a timeout, or
     by the ranks when the launcher stopped a hung job)."""
     found = []
-    for p in log_dir.glob(f"{FLIGHT_RECORD_PREFIX}*"):
+    for p in log_dir.glob(f"{flightrec.PREFIX}*"):
         try:
             if flightrec.rank_of(p) is not None and p.is_file() and p.stat().st_mtime >= since_s - 1:
                 found.append(str(p))

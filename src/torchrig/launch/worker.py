@@ -50,7 +50,7 @@ def _dump_flight_record(path: str, started: float) -> None:
     except OSError:
         pass
     quick = _flight_record(stacks=False)
-    if quick is None or not _kept(quick):  # no flight recorder, or it was off (gloo without a buffer size)
+    if quick is None:  # no flight recorder, or it was off (gloo without a buffer size)
         return
     _write(path, quick)
     marker = path + SYMBOLIZING
@@ -63,15 +63,6 @@ def _dump_flight_record(path: str, started: float) -> None:
         os.unlink(marker)
 
 
-def _kept(data: bytes) -> bool:
-    """Whether a dump holds anything: a recorder that was off dumps no entries and no process group."""
-    try:
-        record = loads(data)
-    except ValueError:
-        return True  # not ours to judge: the launcher reports it as unreadable
-    return bool(record.get("entries") or record.get("pg_status"))
-
-
 def _write(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -80,12 +71,14 @@ def _write(path: str, data: bytes) -> None:
 
 
 def _flight_record(stacks: bool) -> bytes | None:
-    """This process's flight record. torch 2.11 (measured on an H200) keeps NCCL's collectives in a recorder
-    of their own, dumped by ``_dump_nccl_trace``, apart from the generic one (gloo's) that ``_dump_fr_trace``
-    dumps: the first of the two that holds collectives is the record."""
+    """This process's flight record, or None when there is nothing to write (no recorder, or it was off: then
+    a dump holds no entries and no process group). torch 2.11 (measured on an H200) keeps NCCL's collectives
+    in a recorder of their own, dumped by ``_dump_nccl_trace``, apart from the generic one (gloo's) that
+    ``_dump_fr_trace`` dumps: the first of the two that holds collectives is the record, else the first that
+    knows a process group."""
     from torch._C import _distributed_c10d as c10d
 
-    found = None
+    groups_only = None
     for name in ("_dump_nccl_trace", "_dump_fr_trace"):
         dump = getattr(c10d, name, None)
         if dump is None:
@@ -95,12 +88,14 @@ def _flight_record(stacks: bool) -> bytes | None:
         except TypeError:  # a release without these options
             data = dump()
         try:
-            if loads(data).get("entries"):
-                return data
+            record = loads(data)
         except ValueError:
             continue
-        found = found or data
-    return found
+        if record.get("entries"):
+            return data
+        if record.get("pg_status") and groups_only is None:
+            groups_only = data
+    return groups_only
 
 
 def _serve_flight_record(request: str, path: str, started: float, every_s: float = 0.5) -> None:
