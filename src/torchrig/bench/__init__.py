@@ -3,7 +3,7 @@
 Layout (pure core, thin adapters):
 
 - measuring, inside torchrun workers (``torch`` passed in): ``device`` (GEMM, device memory, host<->device),
-  ``comm`` (P2P matrix, collectives), ``scaling`` (reference model), ``timing``; the entry is ``worker``;
+  ``comm`` (P2P matrix, collectives), ``scaling`` (torchrig train on 1..N GPUs), ``timing``; the entry is ``worker``;
 - launching: ``config`` (what to measure), ``launch`` (the torchrun plan and its execution);
 - pure: ``busbw`` (nccl-tests arithmetic), ``records`` (typed results), ``grading`` (against the knowledge
   base's datasheet peaks and ``thresholds.toml``), ``render`` (text, Markdown), ``plots`` (PNG), ``run``.

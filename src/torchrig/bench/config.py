@@ -116,8 +116,8 @@ def make_config(
             host_repeats=10,
             p2p_bytes=256 * MiB,
             p2p_iterations=20,
-            scaling_steps=20,
-            scaling_warmup=5,
+            scaling_steps=60,
+            scaling_warmup=20,
         )
     elif cuda:
         lo, hi = 64 * KiB, 256 * MiB
@@ -130,8 +130,8 @@ def make_config(
             host_repeats=5,
             p2p_bytes=64 * MiB,
             p2p_iterations=10,
-            scaling_steps=6,
-            scaling_warmup=3,
+            scaling_steps=20,
+            scaling_warmup=5,
         )
     else:  # the CPU/gloo path: small sizes, the same code
         lo, hi = 1 * KiB, (256 * KiB if quick else 1 * MiB)
@@ -144,8 +144,8 @@ def make_config(
             host_repeats=0,
             p2p_bytes=256 * KiB,
             p2p_iterations=5,
-            scaling_steps=3,
-            scaling_warmup=1,
+            scaling_steps=6,
+            scaling_warmup=2,
         )
     sizes = size_sweep(min_size or lo, max_size or hi)
     return BenchConfig(

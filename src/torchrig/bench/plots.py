@@ -82,7 +82,19 @@ def _gemm(ax: Any, m: Measurements, peaks: Mapping[int, Peaks | None]) -> None:
     ax.legend(fontsize=7, loc="upper left")  # the highest peak line (fp8) is on the right
 
 
-def _p2p(ax: Any, m: Measurements) -> None:
+def p2p_scale(m: Measurements, peaks: Mapping[int, Peaks | None]) -> tuple[float, float, str]:
+    """The heat map's colour range: from 0 to the link's one-way peak (or the best pair when the datasheet
+    has none), so equal links get one colour and a slow pair stands out by how far it falls short."""
+    from torchrig.bench.grading import link_per_direction_gbps
+
+    peak, name = link_per_direction_gbps(peaks.get(0))
+    best = max(p.oneway_gbps for p in m.p2p)
+    if peak and peak >= best:
+        return 0.0, peak, f"0 to the {name} peak"
+    return 0.0, best, "0 to the best pair"
+
+
+def _p2p(ax: Any, m: Measurements, peaks: Mapping[int, Peaks | None]) -> None:
     if not m.p2p:
         _empty(ax, "P2P", "needs 2 or more GPUs")
         return
@@ -90,14 +102,15 @@ def _p2p(ax: Any, m: Measurements) -> None:
     grid = [[float("nan")] * n for _ in range(n)]
     for p in m.p2p:
         grid[p.src][p.dst] = p.oneway_gbps
-    im = ax.imshow(grid, cmap="viridis")
+    low, high, scale = p2p_scale(m, peaks)
+    im = ax.imshow(grid, cmap="viridis", vmin=low, vmax=high)
     for p in m.p2p:
         ax.text(p.dst, p.src, f"{p.oneway_gbps:.3g}", ha="center", va="center", color="w", fontsize=8)
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
     ax.set_xlabel("destination GPU")
     ax.set_ylabel("source GPU")
-    ax.set_title("P2P one way, GB/s")
+    ax.set_title(f"P2P one way, GB/s (colour: {scale})")
     ax.figure.colorbar(im, ax=ax, fraction=0.046)
 
 
@@ -114,7 +127,7 @@ def _scaling(ax: Any, m: Measurements) -> None:
     ax.set_xticks(xs)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("thousand tokens/s")
-    ax.set_title("training scaling (reference model)")
+    ax.set_title("training scaling (torchrig train)")
     ax.legend(fontsize=7)
 
 
@@ -124,7 +137,7 @@ def render_png(m: Measurements, peaks: Mapping[int, Peaks | None], path: str) ->
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     _collectives(axes[0][0], m)
     _gemm(axes[0][1], m, peaks)
-    _p2p(axes[1][0], m)
+    _p2p(axes[1][0], m, peaks)
     _scaling(axes[1][1], m)
     names = ", ".join(sorted({g.name for g in m.gpus}))
     fig.suptitle(f"torchrig bench: {len(m.gpus)}x {names} - {m.meta.hostname} - {m.meta.date_utc}")

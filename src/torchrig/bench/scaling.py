@@ -1,41 +1,63 @@
-"""Training scaling: a reference model's throughput on 1, 2, 4 ... N GPUs and the scaling efficiency.
+"""Training scaling: ``torchrig train``'s own throughput on 1, 2, 4 ... N GPUs and the scaling efficiency.
 
-The reference model is self-contained (a GPT-style decoder: pre-norm blocks, causal SDPA attention, GELU MLP,
-tied embeddings) so that the figure does not depend on anything else in the package. On a GPU it is the
-GPT-2-small shape (12 layers, 768 wide, 12 heads, sequence 1024, 124M parameters) in bf16 autocast with
-fused AdamW and DDP; on the CPU path a tiny one. Each group size ``k`` trains on ranks ``0..k-1`` of the
-workers through its own process group while the other ranks wait, so one torchrun launch covers every ``k``.
-Efficiency is ``tokens/s at k / (k x tokens/s at 1)``. ``torch`` and ``dist`` are passed in.
+The figure comes from the trainer itself, not from a second model written for the bench: for each group size
+``k`` bench runs ``python -m torchrig train --gpus k ...`` (GPT-2 small, synthetic data, bf16, compiled, the
+trainer's defaults otherwise; ``--quick`` leaves out the compile) and reads the steady tokens/s from the run's
+``summary.json``. A bench figure and a ``torchrig train`` run with the same options are therefore one
+measurement of one code path. On the CPU path the same commands run a tiny GPT on gloo ranks.
+Efficiency is ``tokens/s at k / (k x tokens/s at 1)``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import time
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable
-from typing import Any
 
 from torchrig.bench.records import ScalingResult
+from torchrig.errors import JobFailed
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    width: int
-    heads: int
-    seq_len: int
-    vocab: int
+class TrainerShape:
+    """What each scaling run trains: the options given to ``torchrig train``."""
+
+    size: str
     micro_batch: int
+    seq_len: int
+    compile: bool
+    cpu: bool
 
-    def describe(self) -> str:
-        return (
-            f"GPT-style decoder, {self.layers} layers x {self.width} wide, {self.heads} heads, "
-            f"seq {self.seq_len}, vocab {self.vocab}, micro-batch {self.micro_batch} per GPU"
-        )
+    def options(self, steps: int, warmup: int) -> list[str]:
+        opts = ["--model", "gpt", "--size", self.size, "--data", "synthetic"]
+        opts += ["--micro-batch", str(self.micro_batch), "--steps", str(steps)]
+        opts += ["--timing-warmup-steps", str(warmup), "--log-every", str(max(1, (steps - warmup) // 8))]
+        # The CPU path loads its tiny batches in the rank itself (no DataLoader processes to start).
+        cpu = ["--device", "cpu", "--precision", "fp32", "--workers", "0"]
+        opts += cpu if self.cpu else ["--precision", "bf16"]
+        opts += ["--compile"] if self.compile else ["--no-compile"]
+        return opts
+
+    def describe(self, steps: int, warmup: int) -> str:
+        return "torchrig train " + shlex.join(self.options(steps, warmup))
 
 
-GPU_SHAPE = ModelShape(layers=12, width=768, heads=12, seq_len=1024, vocab=50304, micro_batch=16)
-CPU_SHAPE = ModelShape(layers=2, width=64, heads=4, seq_len=64, vocab=256, micro_batch=4)
+# GPT-2 small's context is 1024 (train/sizes.toml); the tiny test size's is 64.
+GPU_SHAPE = TrainerShape(size="small", micro_batch=16, seq_len=1024, compile=True, cpu=False)
+GPU_QUICK_SHAPE = dataclasses.replace(GPU_SHAPE, compile=False)
+CPU_SHAPE = TrainerShape(size="tiny", micro_batch=4, seq_len=64, compile=False, cpu=True)
+
+
+def shape_for(device_kind: str, quick: bool) -> TrainerShape:
+    if device_kind != "cuda":
+        return CPU_SHAPE
+    return GPU_QUICK_SHAPE if quick else GPU_SHAPE
 
 
 def group_sizes(world: int) -> list[int]:
@@ -48,101 +70,94 @@ def group_sizes(world: int) -> list[int]:
     return sizes
 
 
-def build_model(torch: Any, shape: ModelShape) -> Any:
-    nn, F = torch.nn, torch.nn.functional
-    Module: Any = nn.Module
-
-    class Block(Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(shape.width), nn.LayerNorm(shape.width)
-            self.qkv = nn.Linear(shape.width, 3 * shape.width)
-            self.proj = nn.Linear(shape.width, shape.width)
-            self.fc, self.out = (
-                nn.Linear(shape.width, 4 * shape.width),
-                nn.Linear(4 * shape.width, shape.width),
-            )
-
-        def forward(self, x: Any) -> Any:
-            b, s, w = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, shape.heads, w // shape.heads).unbind(2)
-            a = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-            )
-            x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class Decoder(Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok = nn.Embedding(shape.vocab, shape.width)
-            self.pos = nn.Embedding(shape.seq_len, shape.width)
-            self.blocks = nn.ModuleList(Block() for _ in range(shape.layers))
-            self.ln = nn.LayerNorm(shape.width)
-
-        def forward(self, idx: Any) -> Any:
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-            for blk in self.blocks:
-                x = blk(x)
-            return self.ln(x) @ self.tok.weight.t()
-
-    return Decoder()
+def trainer_argv(
+    shape: TrainerShape, k: int, steps: int, warmup: int, out_dir: str, python: str = sys.executable
+) -> list[str]:
+    """The ``torchrig train`` command for ``k`` ranks (GPUs 0..k-1, or k gloo ranks on the CPU path)."""
+    ranks = ["--nproc-per-node", str(k)] if shape.cpu else ["--gpus", ",".join(str(i) for i in range(k))]
+    # The launcher's pre-flight checks were already made by the bench workers on these same GPUs.
+    extra = ["--no-preflight"] if k > 1 else []
+    return [
+        python,
+        "-m",
+        "torchrig",
+        "train",
+        *shape.options(steps, warmup),
+        *ranks,
+        *extra,
+        "--out",
+        out_dir,
+    ]
 
 
-def _throughput(
-    torch: Any, dist: Any, device: Any, shape: ModelShape, group: Any, k: int, steps: int, warmup: int
-) -> tuple[float, float]:
-    """(tokens/s over the group, ms per step) for DDP on ``k`` ranks (plain training when k == 1)."""
-    torch.manual_seed(0)
-    model = build_model(torch, shape).to(device)
-    cuda = device.type == "cuda"
-    if k > 1:
-        ids = [device.index] if cuda else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if cuda else {}))
-    gen = torch.Generator(device=device).manual_seed(dist.get_rank())
-    data = torch.randint(0, shape.vocab, (shape.micro_batch, shape.seq_len + 1), device=device, generator=gen)
-    x, y = data[:, :-1], data[:, 1:]
+def _read_summary(out_dir: pathlib.Path, shape: TrainerShape, k: int) -> ScalingResult:
+    path = out_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+        tokens_per_s = float(summary["tokens_per_s"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise JobFailed(
+            f"the {k}-GPU scaling run wrote no throughput to {path} ({type(err).__name__})",
+            hint="rerun with --debug to see the trainer's output",
+        ) from None
+    tokens_per_step = shape.micro_batch * shape.seq_len * k
+    return ScalingResult(
+        gpus=k, tokens_per_s=tokens_per_s, step_ms=tokens_per_step / tokens_per_s * 1e3, efficiency=None
+    )
 
-    def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, shape.vocab), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
-        step()
-    if cuda:
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if cuda:
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
-    return k * shape.micro_batch * shape.seq_len * steps / elapsed, elapsed / steps * 1e3
+def _run_one(argv: list[str], cpu: bool, on_line: Callable[[str], None] | None) -> None:
+    from torchrig.launch import guard
+
+    env = dict(os.environ)
+    if cpu:
+        # One thread per rank, as torchrun gives each of its ranks: the one-rank run (no torchrun) would
+        # otherwise spin every core's thread against the others' and measure the contention.
+        env.setdefault("OMP_NUM_THREADS", "1")
+    src = str(pathlib.Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    tail: collections.deque[str] = collections.deque(maxlen=30)
+    proc = guard.start(argv, env=env, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if on_line:
+                on_line(line.rstrip("\n"))
+    except BaseException:  # Ctrl-C: the trainer must not run on
+        guard.stop(proc)
+        raise
+    code = proc.wait()
+    if code != 0:
+        last = next((t for t in reversed(tail) if t.strip()), "no output")
+        raise JobFailed(
+            f"the scaling run 'torchrig train' failed (exit {code}): {last[:300]}",
+            hint="rerun with --debug to see the trainer's output, or leave scaling out with --only",
+        )
 
 
 def measure_scaling(
-    torch: Any, dist: Any, device: Any, steps: int, warmup: int, progress: Callable[[str], None]
+    device_kind: str,
+    quick: bool,
+    world: int,
+    steps: int,
+    warmup: int,
+    workdir: str,
+    progress: Callable[[str], None],
+    on_line: Callable[[str], None] | None = None,
 ) -> tuple[list[ScalingResult], str]:
-    """Throughput for each group size; rows on rank 0 (every rank returns them)."""
-    shape = GPU_SHAPE if device.type == "cuda" else CPU_SHAPE
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """Run the trainer for each group size; the rows and the command they ran (without its ranks)."""
+    shape = shape_for(device_kind, quick)
     rows: list[ScalingResult] = []
     base: float | None = None
     for k in group_sizes(world):
-        group = dist.new_group(list(range(k))) if k > 1 else None
-        progress(f"scaling on {k} GPU{'s' if k > 1 else ''}")
-        result = _throughput(torch, dist, device, shape, group, k, steps, warmup) if rank < k else None
-        got: list[Any] = [None] * world
-        dist.all_gather_object(got, result)
-        tokens_per_s, step_ms = got[0]
-        base = tokens_per_s if k == 1 else base
-        eff = tokens_per_s / (k * base) if base else None
-        rows.append(ScalingResult(gpus=k, tokens_per_s=tokens_per_s, step_ms=step_ms, efficiency=eff))
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return rows, shape.describe()
+        progress(
+            f"scaling: torchrig train on {k} {'GPU' if device_kind == 'cuda' else 'rank'}{'s' * (k > 1)}"
+        )
+        out = pathlib.Path(workdir) / f"scaling-{k}"
+        _run_one(trainer_argv(shape, k, steps, warmup, str(out)), shape.cpu, on_line)
+        row = _read_summary(out, shape, k)
+        base = row.tokens_per_s if k == 1 else base
+        eff = row.tokens_per_s / (k * base) if base else None
+        rows.append(dataclasses.replace(row, efficiency=eff))
+    return rows, shape.describe(steps, warmup)

@@ -20,7 +20,6 @@ from typing import Any
 
 from torchrig.bench.config import BenchConfig, Part
 from torchrig.bench.records import GpuInfo, Measurements, Meta, Skipped
-from torchrig.bench.scaling import group_sizes
 
 PROGRESS_TAG = "@torchrig-bench-progress "
 # NCCL/torch settings worth recording with the figures: they change what the links deliver.
@@ -58,7 +57,7 @@ def _steps(cfg: BenchConfig, world: int) -> int:
         Part.HOST.value: 4 * world if cfg.device_kind == "cuda" else 0,
         Part.P2P.value: world * (world - 1),
         Part.COLLECTIVES.value: len(cfg.collectives) * len(cfg.collective_sizes),
-        Part.SCALING.value: len(group_sizes(world)),
+        Part.SCALING.value: 0,  # run by the bench itself after the workers: scaling.measure_scaling
     }
     return sum(per[p] for p in cfg.parts)
 
@@ -203,7 +202,6 @@ def _link_parts(
     torch: Any, dist: Any, device: Any, cfg: BenchConfig, progress: Progress
 ) -> dict[str, list[Any]]:
     from torchrig.bench import comm
-    from torchrig.bench.scaling import measure_scaling
 
     out: dict[str, list[Any]] = {"p2p": [], "collectives": [], "scaling": [], "skipped": [], "model": []}
     world = dist.get_world_size()
@@ -227,11 +225,6 @@ def _link_parts(
                     )
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    if Part.SCALING.value in cfg.parts:
-        out["scaling"], model = measure_scaling(
-            torch, dist, device, cfg.scaling_steps, cfg.scaling_warmup, progress
-        )
-        out["model"] = [model]
     return out
 
 

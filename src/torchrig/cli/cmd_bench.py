@@ -4,8 +4,8 @@ Per GPU: GEMM TFLOP/s (fp32, tf32, bf16, fp16, fp8 where the GPU has it), device
 triad: bytes read + written), host<->device bandwidth (pinned, pageable). Between GPUs: P2P bandwidth one way
 and both ways, and latency, for every pair; NCCL collectives (all_reduce, all_gather, reduce_scatter,
 broadcast, all_to_all, sendrecv) over a size sweep with algbw and busbw as nccl-tests defines them
-(doc/PERFORMANCE.md), every result checked. Training scaling: a reference GPT-style model's throughput on
-1, 2, 4 ... N GPUs and the scaling efficiency.
+(doc/PERFORMANCE.md), every result checked. Training scaling: 'torchrig train' itself (GPT-2 small,
+bf16, compiled) on 1, 2, 4 ... N GPUs and the scaling efficiency, so the figure is the trainer's own.
 
 Workers start through torchrun (torch.distributed.run), one process per GPU. Every figure is shown as a
 percentage of the GPU's datasheet peak from the knowledge base and graded pass / warn / fail; a GPU pair
@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> Any:
             f"--nproc-per-node {nproc} but only {count} GPU(s) are visible",
             hint=f"use --nproc-per-node {count} or fewer",
         )
+    from torchrig.bench.config import Part
     from torchrig.bench.launch import execute, plan_launch
 
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
@@ -171,4 +172,26 @@ def run(args: argparse.Namespace) -> Any:
         on_line = (lambda line: print(line, file=sys.stderr)) if args.debug else None
         with ProgressDisplay() as display:
             m = execute(plan, cfg, display.update, on_line)
+            if Part.SCALING.value in cfg.parts:
+                m = _scaling(m, cfg, nproc, work, display, on_line)
     return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
+
+
+def _scaling(m: Any, cfg: Any, nproc: int, work: str, display: Any, on_line: Any) -> Any:
+    """The training-scaling rows, from ``torchrig train`` runs on 1, 2, 4 ... ``nproc`` GPUs."""
+    import dataclasses
+
+    from torchrig.bench.scaling import group_sizes, measure_scaling
+
+    total, done = len(group_sizes(nproc)), [0]
+
+    def progress(label: str) -> None:
+        display.update(done[0], total, label)
+        done[0] += 1
+
+    rows, command = measure_scaling(
+        cfg.device_kind, cfg.quick, nproc, cfg.scaling_steps, cfg.scaling_warmup, work, progress, on_line
+    )
+    return dataclasses.replace(
+        m, scaling=tuple(rows), meta=dataclasses.replace(m.meta, scaling_model=command)
+    )
