@@ -64,7 +64,10 @@ def main() -> int:
     if check:
         current = TARGET.read_text() if TARGET.exists() else ""
         if current != text:
-            print(f"{TARGET.relative_to(ROOT)} is out of date: run python tools/gen_cli_reference.py", file=sys.stderr)
+            print(
+                f"{TARGET.relative_to(ROOT)} is out of date: run python tools/gen_cli_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     TARGET.parent.mkdir(parents=True, exist_ok=True)
