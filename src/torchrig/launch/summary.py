@@ -293,6 +293,8 @@ SENT_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT")  # signals 
 def _status(log: RankLog) -> str:
     sig = signal_name(log.exit_code)
     if sig == "SIGTERM" and log.closed_by_agent:
+        if log.error_message:
+            return "raised an exception, then stopped by torchrun (SIGTERM) while exiting"
         return "stopped by torchrun (SIGTERM)"
     if sig:
         sent = sig in SENT_SIGNALS and not log.closed_by_agent  # SIGSEGV, SIGABRT...: the process's own crash
@@ -317,12 +319,12 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
         )
     if sig in SIGNAL_CAUSES:
         return SIGNAL_CAUSES[sig]
-    if sig == "SIGTERM":
+    if sig == "SIGTERM" and not log.closed_by_agent:
         return (
             f"the rank was terminated with SIGTERM {FROM_OUTSIDE} (a scheduler, a user, a job manager)",
             "find who stops processes on this host (a scheduler's preemption or time limit, a kill command)",
         )
-    if sig:
+    if sig and not (sig == "SIGTERM" and exc):
         return f"the rank was killed by {sig}", "read the rank's last lines"
     if exc:
         return (
@@ -480,8 +482,9 @@ def _order(v: RankVerdict) -> tuple[int, int]:
 def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
     """Verdict for an attempt where torchrun reported failed ranks."""
 
-    def closed(r: RankLog) -> bool:  # ended by torchrun's own stop after another rank's failure
-        return signal_name(r.exit_code) == "SIGTERM" and r.closed_by_agent
+    def closed(r: RankLog) -> bool:  # ended by torchrun's own stop after another rank's failure, unless
+        # it had raised by then itself (its error file is written): then it failed as well
+        return signal_name(r.exit_code) == "SIGTERM" and r.closed_by_agent and not r.error_message
 
     failed = [r for r in logs if r.exit_code not in (None, 0) and not closed(r)]
     stopped = [r for r in logs if closed(r)]

@@ -205,6 +205,25 @@ def serve_flight_record(env: dict[str, str] | None = None) -> threading.Thread |
     return t
 
 
+_SHIM_FILES = (
+    os.path.abspath(__file__),
+    "runpy.py",
+    "<frozen runpy>",
+    os.path.join("torch", "distributed", "elastic", "multiprocessing", "errors", "__init__.py"),
+)
+
+
+def _script_excepthook(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
+    """Print an uncaught exception as plain ``python SCRIPT`` would: from the script's first frame on, without
+    the shim's and runpy's frames in front of it."""
+    t = tb
+    while t is not None and t.tb_frame.f_code.co_filename.endswith(_SHIM_FILES):  # type: ignore[attr-defined]
+        t = t.tb_next  # type: ignore[attr-defined]
+    if t is not None:
+        exc.__traceback__ = t  # type: ignore[assignment]  # what the printer reads (3.12 ignores ``tb``)
+    sys.__excepthook__(exc_type, exc, t or tb)  # type: ignore[arg-type]
+
+
 def main(argv: list[str]) -> None:
     module = False
     if argv and argv[0] == "--module":
@@ -223,6 +242,8 @@ def main(argv: list[str]) -> None:
     serve_flight_record()
 
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    sys.excepthook = _script_excepthook  # after torch's import; the script may set its own, which then prints
 
     @record
     def run() -> None:
