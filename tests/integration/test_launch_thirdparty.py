@@ -25,13 +25,15 @@ pytestmark = pytest.mark.integration
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 NANOGPT = FIX / "thirdparty" / "nanogpt"
-# bench.py on the CPU, small enough for a loaded 2-core machine: fixed random data, no compile
+# bench.py on the CPU, small enough for a loaded 2-core machine: fixed random data, no compile, and its
+# profiler loop (15 steps, one "k/15 loss" line each; its other loop calls torch.cuda.synchronize())
 BENCH = (
     "bench.py",
     "--device=cpu",
     "--dtype=float32",
     "--compile=False",
     "--real_data=False",
+    "--profile=True",
     "--batch_size=1",
     "--block_size=16",
 )
@@ -44,7 +46,17 @@ def _env() -> dict[str, str]:
     return env
 
 
-def start(log_dir: Path, *argv: str, cwd: Path = NANOGPT) -> subprocess.Popen:
+def nanogpt(tmp_path: Path) -> Path:
+    """A copy of the nanoGPT files to run from (bench.py reads configurator.py from, and writes its profile
+    to, the working directory)."""
+    job = tmp_path / "nanogpt"
+    job.mkdir()
+    for f in ("bench.py", "model.py", "configurator.py"):
+        (job / f).write_bytes((NANOGPT / f).read_bytes())
+    return job
+
+
+def start(log_dir: Path, *argv: str, cwd: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torchrig", "--json", "launch", "--cpu", "--nproc-per-node", "2"]
     cmd += ["--no-preflight", "--log-dir", str(log_dir), *argv]
     return subprocess.Popen(
@@ -64,10 +76,13 @@ def output_log(log_dir: Path, local_rank: int) -> Path | None:
     return found[-1] if found else None
 
 
-def wait_for(log_dir: Path, local_rank: int, pattern: str, timeout: float = 300) -> int:
+def wait_for(
+    log_dir: Path, local_rank: int, pattern: str, proc: subprocess.Popen, timeout: float = 300
+) -> int:
     """The rank's pid (from its log header) once its merged log holds a line matching ``pattern``."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
+        assert proc.poll() is None, f"the job ended first: {proc.communicate()[1][-3000:]}"
         path = output_log(log_dir, local_rank)
         text = path.read_text() if path else ""
         m = _PID_RE.search(text)
@@ -86,7 +101,8 @@ def loss_lines(text: str) -> list[str]:
 
 
 def test_an_argument_the_script_rejects_names_the_exception_and_the_scripts_line(tmp_path):
-    r, console = finish(start(tmp_path, *BENCH, "--no_such_key=1"))
+    job = nanogpt(tmp_path)
+    r, console = finish(start(tmp_path / "logs", *BENCH, "--no_such_key=1", cwd=job))
     s = r["summary"]
     assert (
         s["likely_cause"]
@@ -97,7 +113,7 @@ def test_an_argument_the_script_rejects_names_the_exception_and_the_scripts_line
     assert culprits, s
     for k in culprits:
         # nanoGPT runs configurator.py through exec(): the script's own line is bench.py's exec line
-        assert v[k]["where"] == f"{NANOGPT}/bench.py:21 in <module>"
+        assert v[k]["where"] == f"{job}/bench.py:21 in <module>"
         assert v[k]["last_lines"][-1].endswith("ValueError: Unknown config key: no_such_key")
     # torchrun's own traceback and report (naming the shim, not the script) stay in its log, off the console
     assert "ChildFailedError" in Path(r["agent_log"]).read_text() and "ChildFailedError" not in console
@@ -121,9 +137,10 @@ def test_an_argument_the_script_rejects_names_the_exception_and_the_scripts_line
     ],
 )
 def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tmp_path, sig, status, cause):
-    proc = start(tmp_path, *BENCH)
+    job, logs = nanogpt(tmp_path), tmp_path / "logs"
+    proc = start(logs, *BENCH, cwd=job)
     try:
-        os.kill(wait_for(tmp_path, 1, r"out\| 3/10 loss: "), sig)
+        os.kill(wait_for(logs, 1, r"out\| 3/15 loss: ", proc), sig)
         r, _ = finish(proc)
     finally:
         if proc.poll() is None:
@@ -136,7 +153,7 @@ def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tm
     assert v[0]["role"] == "bystander" and v[0]["status"] == "stopped by torchrun (SIGTERM)"
     # the last lines are the rank's own, stdout and stderr merged in the order written: its last loss line
     # is the last line it wrote (the summary keeps the time stamp)
-    written = loss_lines(output_log(tmp_path, 1).read_text())
+    written = loss_lines(output_log(logs, 1).read_text())
     last = v[1]["last_lines"]
     assert written and all(re.match(r"\d\d:\d\d:\d\d\.\d{3} ", ln) for ln in last)
     if sig != signal.SIGSEGV:
@@ -144,7 +161,7 @@ def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tm
     else:  # faulthandler's report comes after the last loss line; its dump gives the script's frame
         texts = [ln[13:] for ln in last]
         assert texts.index("Fatal Python error: Segmentation fault") > texts.index(written[-1])
-        assert re.fullmatch(rf"{NANOGPT}/(bench|model)\.py:\d+ in \S+", v[1]["where"]), v[1]
+        assert re.fullmatch(rf"{job}/(bench|model)\.py:\d+ in \S+", v[1]["where"]), v[1]
 
 
 def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victim(tmp_path):
@@ -158,8 +175,8 @@ def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victi
     proc = start(tmp_path / "logs", *argv, cwd=tmp_path)
     pid = None
     try:
-        wait_for(tmp_path / "logs", 0, r"step 3/")  # rank 0 prints the progress
-        pid = wait_for(tmp_path / "logs", 1, r"torchrig-worker")
+        wait_for(tmp_path / "logs", 0, r"step 3/", proc)  # rank 0 prints the progress
+        pid = wait_for(tmp_path / "logs", 1, r"torchrig-worker", proc)
         os.kill(pid, signal.SIGSTOP)
         r, _ = finish(proc)
     finally:
