@@ -617,6 +617,6 @@ def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path, kind, api):
     assert d.code == 0, d.err
     plan = d.json()["plan"]
     assert (plan["nnodes"], plan["node_rank"], plan["world_size"], plan["backend"]) == (2, 0, 2, "gloo")
-    assert plan["log_dir"] == "torchrig-logs/torchrig-train/node0"
+    assert plan["log_dir"] == str(tmp_path / "torchrig-logs/torchrig-train/node0")  # made absolute
     assert plan["argv"][-4:] == ["--module", "torchrig.train", "--size", "tiny"]
     assert "--rdzv-conf=join_timeout=60,is_host=true" in plan["argv"]

@@ -22,8 +22,8 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 
 def read(case):
     d = FIX / case
-    codes = logs.exit_codes_by_pid((d / "torchrun.txt").read_text())
-    return logs.read_attempt(d / "attempt_0", codes)
+    agent = (d / "torchrun.txt").read_text()
+    return logs.read_attempt(d / "attempt_0", logs.exit_codes_by_pid(agent), logs.closed_by_agent(agent))
 
 
 def by_rank(summary):
@@ -63,7 +63,8 @@ def test_hang_watchdog_stacks():
 def test_sigkill_is_named():
     log = RankLog(global_rank=3, local_rank=1, host="n1", pid=9, attempt=0, text="step 5\n", exit_code=-9)
     s = summarize_failure([log], 0)
-    assert s.ranks[0].status == "killed by SIGKILL" and "OOM killer" in s.likely_cause
+    assert s.ranks[0].status == "killed by SIGKILL from outside the job: neither torchrun nor torchrig sent it"
+    assert "OOM killer" in s.likely_cause
 
 
 def test_oom_and_nccl_watchdog_patterns():
@@ -214,7 +215,7 @@ def test_flight_records_of_this_job_only(tmp_path):
 
 
 def test_report_points_at_the_flight_records():
-    from torchrig.cli.cmd_launch import LaunchReport
+    from torchrig.launch.run import LaunchReport
     from torchrig.launch.summary import FailureSummary
     from torchrig.launch.supervise import LaunchResult
 
@@ -231,7 +232,7 @@ def test_report_points_at_the_flight_records():
 
 
 def test_report_gives_the_flight_records_verdict_before_the_files():
-    from torchrig.cli.cmd_launch import LaunchReport
+    from torchrig.launch.run import LaunchReport
     from torchrig.launch.flightrec import FlightVerdict
     from torchrig.launch.summary import FailureSummary
     from torchrig.launch.supervise import LaunchResult
@@ -251,7 +252,7 @@ def test_report_gives_the_flight_records_verdict_before_the_files():
 
 
 def test_report_says_finished_or_failed_once_whatever_the_flight_records():
-    from torchrig.cli.cmd_launch import LaunchReport
+    from torchrig.launch.run import LaunchReport
     from torchrig.launch.supervise import LaunchResult
 
     def text(code, records=()):

@@ -1,12 +1,16 @@
 """Run a training script on 1..N GPUs (or CPU ranks) and nodes through PyTorch's elastic launcher.
 
 torchrig launch builds a plan (torchrun argv, environment, per-rank devices), runs pre-flight checks
-(GPUs visible, rendezvous port free, P2P between the chosen GPUs, every rank can create a process group
-and finish an all_reduce), then runs the plan with torch.distributed.run. Each rank logs to its own file
-under --log-dir; when a rank fails or the job hangs, a summary names the rank, its last log lines and the
-likely cause. A rank whose NCCL watchdog logs a collective timeout ends the job --nccl-timeout-grace
-seconds later if PyTorch leaves it running. Before a hung job is stopped, every rank writes its flight
-record next to the logs, and the summary says which rank never called which collective (or a desync).
+(GPUs visible, rendezvous port free, P2P between the chosen GPUs) and runs the plan with
+torch.distributed.run; on one node the last check (every rank creates a process group and finishes an
+all_reduce) runs beside the job, which it stops if the check fails. Each rank logs to its own files under
+--log-dir (output.log: stdout and stderr merged in the order written, timestamped). When a rank fails, the
+summary names it, the signal or exception, the script's FILE:LINE and its last lines. A job is stopped as
+hung only on evidence: a rank's NCCL watchdog logged a collective timeout and the job still runs
+--nccl-timeout-grace seconds later; a rank stopped by a signal for --stopped-grace seconds while another
+waits in a collective; or, if you ask for it, --hang-timeout seconds without output. Before a hung job is
+stopped, every rank writes its flight record next to the logs, and the summary says which rank never
+called which collective (or a desync), and what the verdict rests on.
 Environment defaults (NCCL async error handling, flight recorder, unbuffered output, ...)
 are set only where you have not set them; --dry-run lists each with its reason.
 
@@ -26,13 +30,9 @@ In your script, read the collective timeout the launcher chose:
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torchrig.errors import UsageError
-from torchrig.report import jsonable, table
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +69,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="S",
-        help="no rank output for S seconds = hang: dump stacks and flight records, stop, summarise (0: off)",
+        help="only if you ask: no rank output for S seconds = hang: dump stacks and flight records, stop, "
+        "summarise (0: off; a job that logs only to TensorBoard is silent)",
     )
     f.add_argument(
         "--nccl-timeout-grace",
@@ -79,7 +80,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
         "dump stacks and flight records, stop, summarise (30; 0: leave it to PyTorch)",
     )
-    f.add_argument("--log-dir", default="torchrig-logs", help="per-rank logs go under here (torchrig-logs)")
+    f.add_argument(
+        "--stopped-grace",
+        type=int,
+        default=30,
+        metavar="S",
+        help="a rank stopped by a signal (state T) for S s while another waits in a collective = hang: "
+        "stop and summarise (30; 0: never)",
+    )
+    f.add_argument(
+        "--log-dir",
+        default="torchrig-logs",
+        help="per-rank logs go under here, made absolute (torchrig-logs)",
+    )
     r = parser.add_argument_group("plan")
     r.add_argument(
         "--env", action="append", default=[], metavar="K=V", help="extra environment for every rank"
@@ -132,146 +145,17 @@ def request_from_args(
         collective_timeout_s=args.collective_timeout,
         hang_timeout_s=args.hang_timeout,
         nccl_timeout_grace_s=args.nccl_timeout_grace,
+        stopped_grace_s=args.stopped_grace,
         extra_env=tuple(extra),
     )
 
 
-@dataclass(frozen=True)
-class LaunchReport:
-    plan: Any
-    findings: tuple[Any, ...]
-    result: Any | None
-    dry_run: bool
+def run(args: argparse.Namespace) -> Any:
+    from torchrig.launch import launch
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "dry_run": self.dry_run,
-            "plan": jsonable(self.plan),
-            "preflight": jsonable(self.findings),
-            "result": jsonable(self.result),
-        }
-
-    @property
-    def exit_code(self) -> int:
-        if any(f.severity.value == "error" for f in self.findings):
-            return 1
-        return 0 if self.result is None else (0 if self.result.exit_code == 0 else 1)
-
-    def render_text(self) -> str:
-        from torchrig.launch.flightrec import PREFIX
-        from torchrig.launch.summary import render
-
-        out = []
-        if self.dry_run:
-            p = self.plan
-            out.append(
-                f"plan: {p.nnodes} node(s) x {p.nproc_per_node} rank(s) = world {p.world_size} ({p.backend}), "
-                f"node rank {p.node_rank}, rendezvous {p.rdzv_host}:{p.rdzv_port} id {p.rdzv_id}"
-            )
-            out.append("argv: " + " ".join(p.argv))
-            out.append("ranks:")
-            out.append(
-                table(
-                    ["local", "global", "device", "physical GPU"],
-                    [[r.local_rank, r.global_rank, r.device, r.physical_gpu] for r in p.ranks],
-                    indent="  ",
-                )
-            )
-            out.append("environment:")
-            for e in p.env_settings:
-                mark = " (yours kept)" if e.overridden_by_user else ""
-                out.append(f"  {e.name}={e.value}{mark}  # {e.reason}")
-        for f in self.findings:
-            out.append(
-                f"pre-flight {f.id}: {f.severity.value}: {f.summary}"
-                + (f" — fix: {f.fix}" if f.severity.value != "ok" and f.fix else "")
-            )
-            if f.severity.value == "error" and f.evidence:
-                out.append("  " + f.evidence.replace("\n", "\n  "))
-        r = self.result
-        if r is not None:
-            for s in r.earlier_failures:
-                out.append(f"restarted after attempt {s.attempt}: {s.headline}")
-            if r.exit_code == 0:
-                out.append(
-                    f"job finished in {r.elapsed_s:.1f} s ({r.attempts} attempt(s)); logs: {r.run_dir}"
-                )
-            elif r.summary is not None:
-                if r.stop_reason:
-                    out.append(f"stopped by torchrig: {r.stop_reason}")
-                out.append(render(r.summary))
-                out.append(f"logs: {r.run_dir}")
-            else:
-                out.append(f"job failed: torchrun exit {r.exit_code}; logs: {r.run_dir}")
-            if r.flight is not None:
-                from torchrig.launch.flightrec import render as render_flight
-
-                out += render_flight(r.flight)
-            if r.flight_records:
-                folder = str(Path(r.flight_records[0]).parent)
-                out.append(
-                    f"flight records: {', '.join(Path(f).name for f in r.flight_records)} in {folder} "
-                    f"(PyTorch's analyser reads them too: torchfrtrace {folder} --prefix {PREFIX})"
-                )
-        return "\n".join(out)
-
-
-def plan_for(req: Any) -> tuple[Any, tuple[str, ...]]:
-    """The plan for this host, and the GPU names (probing CUDA only when GPUs may be used)."""
-    from torchrig.launch import probe
-    from torchrig.launch.plan import build_plan
-
-    gpu = None
-    if not req.cpu:
-        gpu = probe.probe_gpus()
-        if gpu.error and req.gpus is not None:
-            raise UsageError(f"cannot see the GPUs: {gpu.error}", hint="run 'torchrig doctor', or use --cpu")
-    host = probe.host_facts(gpu)
-    if gpu:
-        # P2P pairs come back in torch's numbering; map them to the physical ids the plan uses.
-        ids = host.visible_gpus
-        host = type(host)(**{**host.__dict__, "no_p2p": tuple((ids[i], ids[j]) for i, j in gpu.no_p2p)})
-    port = None if req.rdzv_endpoint else probe.free_port()
-    return build_plan(req, host, free_port=port), (gpu.names if gpu else ())
-
-
-def launch(req: Any, *, dry_run: bool, preflight: bool, preflight_timeout_s: int) -> LaunchReport:
-    from torchrig.launch import preflight as pf
-    from torchrig.launch.supervise import execute
-
-    plan, names = plan_for(req)
-    if dry_run:
-        return LaunchReport(plan, (), None, True)
-    # Say so now, not after the pre-flight and a rendezvous: every rank would fail the same way.
-    if not req.module and not Path(req.script).is_file():
-        raise UsageError(f"no script at {req.script}", hint="check the path, or pass -m for a module name")
-    if req.module and not _module_exists(req.script):
-        raise UsageError(
-            f"no module named {req.script}", hint="check the name and that its package is installed"
-        )
-    findings = [pf.check_gpus(plan, names), pf.check_port(plan), pf.check_p2p(plan)]
-    if preflight and not any(f.severity.value == "error" for f in findings):
-        print(f"torchrig launch: pre-flight all_reduce on {plan.world_size} rank(s)...", file=sys.stderr)
-        findings.append(pf.check_process_group(plan, preflight_timeout_s))
-    for f in findings:
-        print(f"torchrig launch: pre-flight {f.id}: {f.severity.value}: {f.summary}", file=sys.stderr)
-    if any(f.severity.value == "error" for f in findings):
-        return LaunchReport(plan, tuple(findings), None, False)
-    result = execute(plan)
-    return LaunchReport(plan, tuple(findings), result, False)
-
-
-def _module_exists(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a missing parent package, or an empty/relative name
-        return False
-
-
-def run(args: argparse.Namespace) -> LaunchReport:
-    req = request_from_args(args)
     return launch(
-        req, dry_run=args.dry_run, preflight=not args.no_preflight, preflight_timeout_s=args.preflight_timeout
+        request_from_args(args),
+        dry_run=args.dry_run,
+        preflight=not args.no_preflight,
+        preflight_timeout_s=args.preflight_timeout,
     )

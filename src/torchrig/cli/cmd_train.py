@@ -30,66 +30,7 @@ from typing import Any
 
 from torchrig.errors import JobFailed, UsageError
 from torchrig.train.gpuwatch import render as render_gpus
-
-_HELP = {
-    "model": "gpt or resnet (gpt)",
-    "size": "gpt: tiny, mini, small (GPT-2 124M), medium, large, xl; resnet: tiny, resnet18, resnet34 (tiny)",
-    "data": "synthetic, generated (learnable, the default), a token file (.bin/.npy) or an image folder",
-    "seq_len": "GPT context length (default: the size's)",
-    "micro_batch": "samples per rank per micro-step (8)",
-    "grad_accum": "micro-steps per optimizer step (1)",
-    "steps": "optimizer steps in total (100)",
-    "parallel": "auto (ddp with several ranks), ddp, fsdp, none",
-    "precision": "auto (bf16 on GPU), bf16, fp16, fp32",
-    "compile": "torch.compile the model",
-    "compile_mode": "torch.compile mode with --compile: default, reduce-overhead (CUDA graphs: less host time "
-    "per step), max-autotune, max-autotune-no-cudagraphs",
-    "ddp_compile": "with --compile and DDP: outer (the default) = compile(DDP(model)), all-reduce overlapped "
-    "with the backward, measured faster on 2xH200; inner = DDP(compile(model)), all-reduce after the backward",
-    "ddp_bucket_mb": "DDP gradient bucket size in MB (default 100; PyTorch's own is 25: fewer, larger buckets measured faster with compile(DDP))",
-    "ddp_static_graph": "tell DDP the graph never changes (static_graph=True)",
-    "ddp_overlap_embeddings": "all-reduce the embeddings' gradient (complete only when the backward ends) "
-    "outside DDP while the optimizer steps the other parameters; the same update (default: on)",
-    "ddp_comm_hook": "none, or bf16: all-reduce gradients in bf16 (half the bytes; changes numerics slightly)",
-    "device": "auto, cuda or cpu",
-    "out": "run folder (torchrig-run)",
-    "ckpt_every": "checkpoint every N steps (0: only the final one)",
-    "resume": "continue from OUT's latest checkpoint",
-    "log_every": "log (one host sync) every N steps (10)",
-    "peak_tflops": "peak TFLOP/s for MFU (default: from the knowledge base)",
-    "workers": "DataLoader workers per rank (2)",
-    "profile_steps": "profile the last N steps with torch.profiler: a Chrome trace per rank in OUT/profile/ and "
-    "where each step's GPU time went (compute, NCCL, NCCL not hidden behind compute, idle); those steps are "
-    "left out of the throughput (0: off)",
-    "gc_every": "run Python's garbage collector every N steps, at the same step on every rank, instead of "
-    "whenever Python decides: one rank paused by a collection holds the others up (50; 0: Python's automatic "
-    "collection)",
-    "test_kill_at_step": "TEST HOOK: rank --test-kill-rank SIGKILLs itself at this step (first attempt only)",
-    "test_kill_in_save": "TEST HOOK: rank 0 SIGKILLs itself inside the save of this step (first attempt only)",
-    "test_hang_at_step": "TEST HOOK: rank --test-hang-rank stops joining collectives at this step",
-}
-
-
-def add_train_options(parser: argparse.ArgumentParser) -> None:
-    from torchrig.train.config import TrainConfig
-
-    g = parser.add_argument_group("training")
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = _HELP.get(f.name, f"(default {f.default})")
-        if f.type in ("bool", bool):
-            g.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-            continue
-        kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
-        g.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help_text)
-
-
-def config_from_args(args: argparse.Namespace) -> Any:
-    from torchrig.train.config import TrainConfig
-
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+from torchrig.train.options import add_train_options, config_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -198,7 +139,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         from torchrig.train.loop import train
 
         return TrainReport(train(cfg), None)
-    from torchrig.cli.cmd_launch import launch
+    from torchrig.launch import launch
     from torchrig.launch.plan import LaunchRequest
 
     cpu = args.nproc_per_node is not None or cfg.device == "cpu"
@@ -216,7 +157,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         nccl_timeout_grace_s=args.nccl_timeout_grace,
         rdzv_id="torchrig-train",
     )
-    report = launch(req, dry_run=False, preflight=not args.no_preflight, preflight_timeout_s=60)
+    report = launch(req, preflight=not args.no_preflight, preflight_timeout_s=60)
     summary_path = Path(cfg.out) / "summary.json"
     summary = (
         json.loads(summary_path.read_text()) if report.exit_code == 0 and summary_path.is_file() else None

@@ -1,6 +1,12 @@
 """Run a script on 1..N GPUs and nodes through ``torch.distributed.run``: plan, pre-flight, run, summary.
 
-The pieces, each usable on its own (front ends such as ``torchrig train`` and ``torchrig cluster`` call them):
+The API every front end calls (``torchrig launch``, ``torchrig train``)::
+
+    from torchrig.launch import LaunchRequest, launch
+    report = launch(LaunchRequest(script="train.py", gpus="all"))   # -> run.LaunchReport
+    report.exit_code, report.result.summary                        # the failure summary, if any
+
+The pieces, each usable on its own (``torchrig cluster`` calls the plan's):
 
 - ``plan.build_plan(LaunchRequest, HostFacts, free_port=None) -> LaunchPlan`` — pure: the torchrun argv,
   the environment added to the parent's (each variable with its reason in ``env_settings``), the device of
@@ -15,5 +21,36 @@ The pieces, each usable on its own (front ends such as ``torchrig train`` and ``
 - ``guard`` — the process between the launcher and torchrun: one SIGTERM for torchrun however many stops
   come, SIGKILL for what is left after the grace, no orphaned rank (also used by ``torchrig bench``).
 
+- ``run.launch(LaunchRequest) -> LaunchReport`` — the steps above in order; the process-group check runs
+  beside the job on one node.
+
 See docs/training.md for the options and an example.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchrig.launch.plan import LaunchRequest
+    from torchrig.launch.run import LaunchReport
+
+
+def launch(request: LaunchRequest, **options: Any) -> LaunchReport:
+    """``run.launch``: plan, pre-flight and run ``request``; imported only when called (the rank shim imports
+    this package before the script runs, so it stays light)."""
+    from torchrig.launch.run import launch as run_launch
+
+    return run_launch(request, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LaunchRequest":
+        from torchrig.launch.plan import LaunchRequest
+
+        return LaunchRequest
+    if name == "LaunchReport":
+        from torchrig.launch.run import LaunchReport
+
+        return LaunchReport
+    raise AttributeError(f"module 'torchrig.launch' has no attribute {name!r}")

@@ -105,6 +105,7 @@ class FlightVerdict:
     headline: str
     culprits: tuple[int, ...]  # global ranks at fault, when the records name them
     details: tuple[str, ...]  # one line per finding: a group's state, a missing or unreadable record
+    waiting: tuple[int, ...] = ()  # global ranks with a collective pending (called, not completed): victims
 
 
 def _where(frames: Any) -> str | None:
@@ -225,8 +226,8 @@ def _group_finding(
     expected: tuple[int, ...] | None,
     label: str,
     present: set[int] | None = None,
-) -> tuple[int, str, tuple[int, ...], str] | None:
-    """(severity, headline, culprits, detail) for one group, or None when nothing is pending in it.
+) -> tuple[int, str, tuple[int, ...], str, tuple[int, ...]] | None:
+    """(severity, headline, culprits, detail, waiting ranks) for one group, or None when nothing is pending in it.
     Severity orders the findings across groups: a named culprit first, then a desync, then a stuck call.
     ``present``: the ranks that ran here (the others' records are on their own nodes)."""
     here = set(expected or ()) if present is None else set(expected or ()) & present
@@ -253,6 +254,7 @@ def _group_finding(
             f"{_verb(ahead, 'waits', 'wait')} in{at} ({lasts})",
             tuple(behind),
             detail,
+            tuple(ahead),
         )
     # Every rank called the same number of collectives: do they agree on the first pending one?
     first = min(st.completed for st in waiting.values()) + 1
@@ -264,6 +266,7 @@ def _group_finding(
             f"the ranks called collective #{first} of {label} differently ({calls}): a desync",
             (),
             detail,
+            tuple(sorted(waiting)),
         )
     call = next(iter(seen.values()), None)
     what, at = (str(call), call.at()) if call else (f"#{first}", "")
@@ -274,6 +277,7 @@ def _group_finding(
             f"{_names(missing)} left no flight record (died, or hung where it could not write one)",
             tuple(missing),
             detail,
+            tuple(sorted(waiting)),
         )
     nccl = call is not None and call.op.startswith("nccl:")
     not_started = sorted(r for r, st in waiting.items() if nccl and st.started < first)
@@ -291,6 +295,7 @@ def _group_finding(
         f"collective {what} of {label}{at} is pending on {_names(sorted(waiting))}: {why}",
         (),
         detail,
+        tuple(sorted(waiting)),
     )
 
 
@@ -321,8 +326,8 @@ def analyze(
             (),
             tuple(details),
         )
-    _, headline, culprits, _ = min(findings, key=lambda f: f[0])
-    return FlightVerdict(headline, culprits, tuple(details))
+    _, headline, culprits, _, waiting = min(findings, key=lambda f: f[0])
+    return FlightVerdict(headline, culprits, tuple(details), waiting)
 
 
 def render(verdict: FlightVerdict) -> list[str]:

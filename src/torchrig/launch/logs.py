@@ -12,6 +12,8 @@ from pathlib import Path
 
 from torchrig.launch.summary import RankLog, parse_header, parse_stack
 
+OUTPUT_LOG = "output.log"  # the worker's merged, timestamped stream (``worker.OUTPUT_LOG``)
+
 _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _SIGTERM_RE = re.compile(r"Sending process (\d+) closing signal SIGTERM")
 _BLOCK_RE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
@@ -46,6 +48,12 @@ def exit_codes_by_pid(agent_output: str) -> dict[int, int]:
     return codes
 
 
+def closed_by_agent(agent_output: str) -> frozenset[int]:
+    """The pids torchrun itself sent its closing signal (the survivors, after a rank failed or a stop): a
+    rank that ended by SIGTERM and is not among them was terminated from outside the job."""
+    return frozenset(int(m[1]) for m in _SIGTERM_RE.finditer(agent_output))
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -53,25 +61,59 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _error_message(path: Path) -> str | None:
+def _error_file(path: Path) -> tuple[str | None, str | None]:
+    """(message, traceback) from torchelastic's error.json."""
     if not path.is_file():
-        return None
+        return None, None
     try:
         data = json.loads(path.read_text())
         msg = data.get("message", {})
-        return str(msg.get("message") if isinstance(msg, dict) else msg)
-    except (OSError, ValueError):
+        if not isinstance(msg, dict):
+            return str(msg), None
+        trace = (msg.get("extraInfo") or {}).get("py_callstack")
+        return str(msg.get("message")), str(trace) if trace else None
+    except (OSError, ValueError, AttributeError):
+        return None, None
+
+
+def rank_pids(attempt_dir: Path) -> dict[int, int | None]:
+    """pid -> global rank of an attempt's ranks, from the worker's header near the top of each stderr.log
+    (read cheaply: the watcher calls this twice a second)."""
+    out: dict[int, int | None] = {}
+    for f in attempt_dir.glob("*/stderr.log"):
+        try:
+            with f.open("rb") as fh:
+                head = parse_header(fh.read(65536).decode(errors="replace")) or {}
+        except OSError:
+            continue
+        if head.get("pid", "").isdigit():
+            out[int(head["pid"])] = int(head["rank"]) if head.get("rank", "").isdigit() else None
+    return out
+
+
+def process_state(pid: int | None) -> str | None:
+    """The state letter of ``/proc/PID/stat`` (R, S, D, T stopped, t traced, Z zombie), or None if gone."""
+    if pid is None:
         return None
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split(" ", 1)[0] or None
 
 
-def read_attempt(attempt_dir: Path, codes: dict[int, int]) -> list[RankLog]:
-    """One RankLog per local rank directory of an attempt."""
+def read_attempt(
+    attempt_dir: Path, codes: dict[int, int], closed: frozenset[int] = frozenset(), states: bool = False
+) -> list[RankLog]:
+    """One RankLog per local rank directory of an attempt (``closed``: the pids torchrun sent its closing
+    signal; ``states``: read each live rank's process state)."""
     out = []
     k = int(attempt_dir.name[8:])
     for d in sorted(
         (p for p in attempt_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
     ):
         text = _read(d / "stdout.log") + "\n" + _read(d / "stderr.log")
+        message, trace = _error_file(d / "error.json")
         head = parse_header(text) or {}
         pid = int(head["pid"]) if head.get("pid", "").isdigit() else None
         rank = int(head["rank"]) if head.get("rank", "").isdigit() else None
@@ -84,10 +126,14 @@ def read_attempt(attempt_dir: Path, codes: dict[int, int]) -> list[RankLog]:
                 pid=pid,
                 attempt=k,
                 text=text,
-                error_message=_error_message(d / "error.json"),
+                error_message=message,
                 exit_code=codes.get(pid) if pid is not None else None,
                 stack=parse_stack(text),
                 world_size=world,
+                output=_read(d / OUTPUT_LOG),
+                closed_by_agent=pid in closed,
+                error_trace=trace,
+                state=process_state(pid) if states else None,
             )
         )
     return out

@@ -71,6 +71,9 @@ class LaunchRequest:
     # seconds later (0: never): torch 2.11 on H200 logged the timeout, dumped the flight record and kept the
     # process running (docs/benchmarks.md, "NCCL's watchdog and the end of the job")
     nccl_timeout_grace_s: int = 30
+    # a rank stopped by a signal (process state T) this long, while another rank waits in a collective (its
+    # flight record), is a hang: the job is stopped and summarised (0: never)
+    stopped_grace_s: int = 30
     extra_env: tuple[tuple[str, str], ...] = ()
     monitor_interval_s: float = 1.0
 
@@ -101,6 +104,10 @@ class LaunchRequest:
         if self.nccl_timeout_grace_s < 0:
             raise UsageError(
                 f"--nccl-timeout-grace must be 0 (never stop) or more seconds, got {self.nccl_timeout_grace_s}"
+            )
+        if self.stopped_grace_s < 0:
+            raise UsageError(
+                f"--stopped-grace must be 0 (never stop) or more seconds, got {self.stopped_grace_s}"
             )
         if self.cpu and self.gpus is not None:
             raise UsageError("--cpu and --gpus exclude each other", hint="drop one of them")
@@ -152,6 +159,7 @@ class LaunchPlan:
     hang_timeout_s: int
     collective_timeout_s: int
     nccl_timeout_grace_s: int = 30
+    stopped_grace_s: int = 30
 
 
 def parse_endpoint(text: str) -> tuple[str, int | None]:
@@ -315,8 +323,11 @@ def _torchrun_argv(
     ]
 
 
-def build_plan(req: LaunchRequest, host: HostFacts, *, free_port: int | None = None) -> LaunchPlan:
-    """The plan for this node. ``free_port`` is a port the caller found free, used when none is given."""
+def build_plan(
+    req: LaunchRequest, host: HostFacts, *, free_port: int | None = None, preflight_port: int | None = None
+) -> LaunchPlan:
+    """The plan for this node. ``free_port`` is a port the caller found free, used when none is given;
+    ``preflight_port``, another one for the pre-flight probe when it runs beside the job (one node only)."""
     if req.cpu:
         gpus: tuple[int, ...] = ()
         nproc = req.nproc_per_node or 1
@@ -337,7 +348,8 @@ def build_plan(req: LaunchRequest, host: HostFacts, *, free_port: int | None = N
     argv = _torchrun_argv(req, host.python, nproc, f"{rhost}:{port}", req.rdzv_id, req.max_restarts)
     argv += ["--module", req.script] if req.module else [req.script]
     argv += list(req.script_args)
-    pre = _torchrun_argv(req, host.python, nproc, f"{rhost}:{port}", f"{req.rdzv_id}-preflight", 0)
+    pre_endpoint = f"{rhost}:{preflight_port or port}"
+    pre = _torchrun_argv(req, host.python, nproc, pre_endpoint, f"{req.rdzv_id}-preflight", 0)
     pre += ["--module", "torchrig.launch.pgprobe"]
     return LaunchPlan(
         argv=tuple(argv),
@@ -358,4 +370,5 @@ def build_plan(req: LaunchRequest, host: HostFacts, *, free_port: int | None = N
         hang_timeout_s=req.hang_timeout_s,
         collective_timeout_s=req.collective_timeout_s,
         nccl_timeout_grace_s=req.nccl_timeout_grace_s,
+        stopped_grace_s=req.stopped_grace_s,
     )

@@ -6,6 +6,7 @@ subprocess with a timeout, so a wedged driver cannot hang ``torchrig launch`` it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -51,6 +52,70 @@ def probe_gpus(timeout_s: float = 60.0) -> GpuProbe:
         tuple(tuple(p) for p in data["no_p2p"]),
         torch_version=data.get("torch"),
     )
+
+
+def _cache_path() -> str:
+    base = os.environ.get("TORCHRIG_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchrig"
+    )
+    return os.path.join(base, "launch-gpu-probe.json")
+
+
+def probe_key() -> dict[str, object]:
+    """What the GPU probe's answer depends on, read without CUDA: the interpreter and its torch, the driver
+    (``/proc/driver/nvidia/version``), the GPU device nodes and the visibility variables. Any change to one
+    of them probes again."""
+    from importlib import metadata
+
+    try:
+        torch_version: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            driver: str | None = f.read()
+    except OSError:
+        driver = None
+    nodes = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+    return {
+        "python": sys.executable,
+        "torch": torch_version,
+        "driver": driver,
+        "devices": nodes,
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")},
+    }
+
+
+def probe_gpus_cached(timeout_s: float = 60.0) -> GpuProbe:
+    """``probe_gpus``, answered from the last probe when nothing it depends on changed (``probe_key``): the
+    probe imports torch and initialises CUDA, seconds before every launch on a GPU host. Only successful
+    probes are kept."""
+    key = probe_key()
+    path = _cache_path()
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("key") == key:
+            g = saved["probe"]
+            return GpuProbe(
+                int(g["count"]),
+                tuple(g["names"]),
+                tuple((int(i), int(j)) for i, j in g["no_p2p"]),
+                torch_version=g.get("torch_version"),
+            )
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = probe_gpus(timeout_s)
+    if found.error is None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump({"key": key, "probe": dataclasses.asdict(found)}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home: probe every time
+    return found
 
 
 def visible_ids(count: int, env: dict[str, str]) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import linecache
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from torchrig.launch.gpuwait import GpuWait, SourceLine, gpu_wait
 
@@ -70,7 +71,11 @@ VANISHED = (
     "the process vanished without an exit status or error report: killed by a signal such as SIGKILL "
     "(the kernel's OOM killer, a scheduler, a user) or a native crash"
 )
-_FRAME_RE = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# faulthandler writes 'File "x", line 3 in f'; a Python traceback 'File "x", line 3, in f'.
+_FRAME_RE = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
+_TRACEBACK = "Traceback (most recent call last):"
+# one line of the worker's output.log: "16:01:02.345 err| text"
+_STAMPED_RE = re.compile(r"^(?P<stamp>\d\d:\d\d:\d\d\.\d{3}) (?:out|err)\| (?P<text>.*)$")
 _THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _HEADER_RE = re.compile(
     r"torchrig-worker: rank=(?P<rank>\S+) local_rank=(?P<local>\S+) world_size=(?P<world>\S+) "
@@ -104,6 +109,12 @@ class RankLog:
     exit_code: int | None = None  # from torchrun's report; negative: killed by that signal
     stack: tuple[Frame, ...] = ()  # main thread, innermost first (last dump in the log)
     world_size: int | None = None  # from the rank's header
+    output: str = ""  # the worker's output.log: stdout and stderr merged in the order written, timestamped
+    closed_by_agent: bool = (
+        False  # torchrun sent it its closing signal (after another rank failed, or a stop)
+    )
+    error_trace: str | None = None  # the traceback in torchelastic's error.json
+    state: str | None = None  # the process state when the launcher looked ("T": stopped by a signal)
 
 
 @dataclass(frozen=True)
@@ -114,8 +125,8 @@ class RankVerdict:
     role: str  # "culprit", "victim" or "bystander"
     status: str  # e.g. "exit 1", "killed by SIGKILL", "stopped by the launcher", "hung"
     cause: str | None
-    where: str | None  # the rank's innermost frame in user code, when a stack was dumped
-    last_lines: tuple[str, ...]
+    where: str | None  # FILE:LINE in FUNC in the script: from its traceback, error file or stack dump
+    last_lines: tuple[str, ...]  # its last lines, stdout and stderr in the order written (timestamped)
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,7 @@ class FailureSummary:
     fix: str
     ranks: tuple[RankVerdict, ...]
     attempt: int
+    evidence: str | None = None  # what a hang verdict rests on (flight records, process states, silence)
 
 
 def parse_header(text: str) -> dict[str, str] | None:
@@ -161,6 +173,23 @@ def parse_stack(text: str) -> tuple[Frame, ...]:
         ):
             return tuple(block)
     return tuple(blocks[0])
+
+
+def parse_traceback(text: str) -> tuple[Frame, ...]:
+    """The frames of the last Python traceback in ``text``, innermost first (a chained exception's last)."""
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.strip().endswith(_TRACEBACK)]
+    if not starts:
+        return ()
+    frames = []
+    for ln in lines[starts[-1] + 1 :]:
+        ln = re.sub(r"^\[rank\d+\]: ", "", ln)
+        m = _FRAME_RE.match(ln)
+        if m:
+            frames.append(Frame(m["path"], int(m["line"]), m["func"]))
+        elif ln.strip() and not ln.startswith(" "):
+            break  # the exception line ends the traceback
+    return tuple(reversed(frames))
 
 
 def user_frame(stack: tuple[Frame, ...]) -> Frame | None:
@@ -205,9 +234,12 @@ def last_exception(text: str) -> str | None:
 
 
 def tail(text: str, n: int = 8) -> tuple[str, ...]:
-    """The last ``n`` informative lines: no stack-frame lines, no caret markers, no gloo retry noise."""
+    """The last ``n`` informative lines: no stack-frame lines, no caret markers, no gloo retry noise. Lines of
+    the worker's merged ``output.log`` keep their time stamp (``16:01:02.345 text``)."""
     keep, after_frame = [], False
     for raw in text.splitlines():
+        m = _STAMPED_RE.match(raw)
+        stamp, raw = (m["stamp"] + " ", m["text"]) if m else ("", raw)
         ln = re.sub(r"^\[rank\d+\]: ", "", raw).rstrip()
         s = ln.strip()
         code_line, after_frame = after_frame and ln.startswith("    "), s.startswith('File "')
@@ -219,17 +251,28 @@ def tail(text: str, n: int = 8) -> tuple[str, ...]:
             or set(s) <= set("^~ ")
             or "debug_logger.cc" in s
             or s == "<no Python frame>"
+            or s.startswith("torchrig-worker:")
         ):
             continue
-        keep.append(ln[:300])
+        keep.append((stamp + ln)[:300])
     return tuple(keep[-n:])
 
 
 _VICTIM_CAUSES = ("a collective timed out", "a peer rank went away")
 
 
+def where_of(log: RankLog) -> Frame | None:
+    """The script's own frame: the innermost user frame of the rank's last traceback (its log, else its error
+    file), else of its last stack dump (faulthandler's, on a crash or when the launcher asked)."""
+    for stack in (parse_traceback(log.text), parse_traceback(log.error_trace or ""), log.stack):
+        found = user_frame(stack)
+        if found:
+            return found
+    return None
+
+
 def _verdict(log: RankLog, role: str, status: str, cause: str | None) -> RankVerdict:
-    where = user_frame(log.stack)
+    where = where_of(log)
     return RankVerdict(
         rank=log.global_rank,
         local_rank=log.local_rank,
@@ -238,16 +281,24 @@ def _verdict(log: RankLog, role: str, status: str, cause: str | None) -> RankVer
         status=status,
         cause=cause,
         where=str(where) if where else None,
-        last_lines=tail(log.text),
+        last_lines=tail(log.output or log.text),
     )
+
+
+# who sends a rank a signal, when the launcher can tell
+FROM_OUTSIDE = "from outside the job: neither torchrun nor torchrig sent it"
+SENT_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT")  # signals another process sends
 
 
 def _status(log: RankLog) -> str:
     sig = signal_name(log.exit_code)
-    if sig == "SIGTERM":
-        return "stopped by the launcher (SIGTERM)"
+    if sig == "SIGTERM" and log.closed_by_agent:
+        if log.error_message:
+            return "raised an exception, then stopped by torchrun (SIGTERM) while exiting"
+        return "stopped by torchrun (SIGTERM)"
     if sig:
-        return f"killed by {sig}"
+        sent = sig in SENT_SIGNALS and not log.closed_by_agent  # SIGSEGV, SIGABRT...: the process's own crash
+        return f"killed by {sig}" + (f" {FROM_OUTSIDE}" if sent else "")
     return f"exit {log.exit_code}" if log.exit_code is not None else "vanished without an exit status"
 
 
@@ -268,6 +319,13 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
         )
     if sig in SIGNAL_CAUSES:
         return SIGNAL_CAUSES[sig]
+    if sig == "SIGTERM" and not log.closed_by_agent:
+        return (
+            f"the rank was terminated with SIGTERM {FROM_OUTSIDE} (a scheduler, a user, a job manager)",
+            "find who stops processes on this host (a scheduler's preemption or time limit, a kill command)",
+        )
+    if sig and not (sig == "SIGTERM" and exc):
+        return f"the rank was killed by {sig}", "read the rank's last lines"
     if exc:
         return (
             f"an uncaught exception in the script: {exc}",
@@ -283,19 +341,43 @@ def _name(ranks: list[RankLog]) -> str:
 
 
 def summarize_hang(
-    logs: list[RankLog], attempt: int, timeout_s: int, source: SourceLine = linecache.getline
+    logs: list[RankLog],
+    attempt: int,
+    timeout_s: int,
+    source: SourceLine = linecache.getline,
+    *,
+    flight: Any = None,
+    evidence: str | None = None,
 ) -> FailureSummary:
-    """Verdict after the watchdog saw no output for ``timeout_s`` and asked every rank for its stack.
-
-    A rank waits for its peers either inside a Python collective call (gloo, or a blocking NCCL wait) or, with
-    NCCL's asynchronous collectives, at its next host sync or with a timed-out collective in its log.
+    """Verdict on a hung job, from the evidence of the collectives first: the ranks' flight records
+    (``flight``, a ``flightrec.FlightVerdict``: who never called the collective the others wait in) and the
+    ranks' process states (a rank stopped by a signal, state T, never arrives). The rank that never arrived is
+    the culprit; a rank waiting in a collective (a Python collective call, DDP's all-reduce inside
+    ``backward()``, a host sync behind an NCCL collective) is a victim. Without such evidence the ranks' stacks
+    decide, as before: a rank outside any collective while others wait in one is the culprit.
     """
+    by_rank = {r.global_rank: r for r in logs}
+    stopped = [r for r in logs if r.state in ("T", "t")]
+    named = [
+        by_rank[g] for g in (flight.culprits if flight else ()) if g in by_rank and by_rank[g] not in stopped
+    ]
+    culprits = stopped + named
     on_gpu = {id(r): _gpu_wait(r, source) for r in logs if r.stack}
-    waiting = [r for r in logs if r.stack and (in_collective(r.stack) or on_gpu[id(r)])]
+    pending = set(flight.waiting) if flight else set()
+    waiting = [
+        r
+        for r in logs
+        if r not in culprits
+        and (r.global_rank in pending or (r.stack and (in_collective(r.stack) or on_gpu.get(id(r)))))
+    ]
+    if culprits:
+        return _hang_with_culprits(logs, attempt, culprits, stopped, waiting, on_gpu, flight, evidence)
     elsewhere = [r for r in logs if r.stack and r not in waiting]
-    silent = [r for r in logs if not r.stack]
-    verdicts = [_verdict(r, "victim", _wait_status(on_gpu[id(r)]), None) for r in waiting]
-    timeouts = [f"{_name([r])}: {w.nccl_timeout}" for r in waiting if (w := on_gpu[id(r)]) and w.nccl_timeout]
+    silent = [r for r in logs if not r.stack and r not in waiting]
+    verdicts = [_verdict(r, "victim", _wait_status(r, on_gpu.get(id(r))), None) for r in waiting]
+    timeouts = [
+        f"{_name([r])}: {w.nccl_timeout}" for r in waiting if (w := on_gpu.get(id(r))) and w.nccl_timeout
+    ]
     if waiting and elsewhere:
         headline = f"hang: {_name(elsewhere)} never joined the collective that {_name(waiting)} wait(s) in"
         cause = f"{_name(elsewhere)} is stuck outside any collective (see 'where'): a rank-dependent branch, a deadlock or a data loader that never returns"
@@ -325,7 +407,56 @@ def summarize_hang(
     verdicts += [
         _verdict(r, "culprit" if not waiting else "bystander", "hung: no stack", None) for r in silent
     ]
-    return FailureSummary("hang", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt)
+    return FailureSummary(
+        "hang", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt, evidence
+    )
+
+
+STOPPED_STATUS = "stopped by a signal (SIGSTOP or SIGTSTP: process state T), so it cannot arrive"
+
+
+def _hang_with_culprits(
+    logs: list[RankLog],
+    attempt: int,
+    culprits: list[RankLog],
+    stopped: list[RankLog],
+    waiting: list[RankLog],
+    on_gpu: dict[int, GpuWait | None],
+    flight: Any,
+    evidence: str | None,
+) -> FailureSummary:
+    others = f" that {_name(waiting)} wait(s) in" if waiting else ""
+    headline = f"hang: {_name(culprits)} never arrived at the collective{others}"
+    if stopped:
+        headline += f" ({_name(stopped)} stopped by a signal)"
+        cause = (
+            f"{_name(stopped)} was stopped by a signal (SIGSTOP or SIGTSTP; its process state is T: a debugger, a "
+            "job manager or 'kill -STOP'), so it never reaches the collective the others wait in"
+        )
+        fix = "find what stopped it; 'kill -CONT <pid>' resumes it (pid in the rank's log header)"
+    else:
+        cause = f"{_name(culprits)} never called the collective (see 'where'): a rank-dependent branch, a deadlock or a data loader that never returns"
+        fix = "make every rank reach the same collectives in the same order; fix the code at the culprit's 'where'"
+    if flight is not None:
+        cause += f"; flight record: {flight.headline}"
+    verdicts = [
+        _verdict(r, "culprit", STOPPED_STATUS if r in stopped else "hung: never called the collective", None)
+        for r in culprits
+    ]
+    verdicts += [_verdict(r, "victim", _wait_status(r, on_gpu.get(id(r))), None) for r in waiting]
+    verdicts += [
+        _verdict(r, "bystander", "hung", None) for r in logs if r not in culprits and r not in waiting
+    ]
+    return FailureSummary(
+        "hang", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt, evidence
+    )
+
+
+def in_backward(stack: tuple[Frame, ...]) -> bool:
+    """The main thread is in autograd's backward: with DDP, where its gradient all-reduce waits."""
+    return any(
+        "torch/autograd/" in f.path or (f.func == "backward" and "torch/_tensor.py" in f.path) for f in stack
+    )
 
 
 def _gpu_wait(log: RankLog, source: SourceLine) -> GpuWait | None:
@@ -333,8 +464,12 @@ def _gpu_wait(log: RankLog, source: SourceLine) -> GpuWait | None:
     return gpu_wait(log.text, f.path if f else None, f.line if f else None, source)
 
 
-def _wait_status(w: GpuWait | None) -> str:
-    return f"hung: {w.how}" if w else "hung: waiting in a collective"
+def _wait_status(log: RankLog, w: GpuWait | None) -> str:
+    if w:
+        return f"hung: {w.how}"
+    if in_backward(log.stack):
+        return "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)"
+    return "hung: waiting in a collective"
 
 
 def _order(v: RankVerdict) -> tuple[int, int]:
@@ -346,8 +481,13 @@ def _order(v: RankVerdict) -> tuple[int, int]:
 
 def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
     """Verdict for an attempt where torchrun reported failed ranks."""
-    failed = [r for r in logs if r.exit_code not in (None, 0) and signal_name(r.exit_code) != "SIGTERM"]
-    stopped = [r for r in logs if signal_name(r.exit_code) == "SIGTERM"]
+
+    def closed(r: RankLog) -> bool:  # ended by torchrun's own stop after another rank's failure, unless
+        # it had raised by then itself (its error file is written): then it failed as well
+        return signal_name(r.exit_code) == "SIGTERM" and r.closed_by_agent and not r.error_message
+
+    failed = [r for r in logs if r.exit_code not in (None, 0) and not closed(r)]
+    stopped = [r for r in logs if closed(r)]
     causes = {id(r): _own_cause(r) for r in failed}
     victims = [r for r in failed if causes[id(r)][0].startswith(_VICTIM_CAUSES)]
     culprits = [r for r in failed if r not in victims]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,14 +43,36 @@ class LaunchResult:
     earlier_failures: tuple[FailureSummary, ...]  # attempts that failed and were restarted
     flight_records: tuple[str, ...] = ()  # flight-recorder dumps this job wrote (also read by torchfrtrace)
     flight: flightrec.FlightVerdict | None = None  # what those records say, after a hang or a failure
-    # why torchrig stopped the job, when it did: "hang-timeout", "nccl-timeout" or "wall-timeout"
+    # why torchrig stopped the job, when it did: "hang-timeout", "nccl-timeout", "stopped-rank" or "wall-timeout"
     stopped_by: str | None = None
     stop_reason: str | None = None  # that, in words
+    agent_log: str | None = None  # torchrun's own output (its report and traceback), kept out of the console
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why the watcher stopped the job, and the evidence it saw before stopping it."""
+
+    by: str
+    reason: str
+    stopped_pids: frozenset[int] = frozenset()  # ranks in process state T when the job was stopped
+    flight: flightrec.FlightVerdict | None = None  # the records read before the stop (stopped-rank)
+
+
+_RANK_LINE = re.compile(r"^\[(?:rank|default)\d+\]:")  # torchrun's tee prefix of a rank's own line
 
 
 def _pump(stream, sink, keep: collections.deque) -> None:
+    """Copy torchrun's output to ``sink`` and ``keep``. Once torchrun prints its own traceback (the
+    ChildFailedError and its report, which name the shim, not the script), its lines go to the log only; the
+    ranks' own lines still reach the console. torchrig's summary says what failed."""
+    own_report = False
     for line in iter(stream.readline, ""):
         keep.append(line)
+        if not _RANK_LINE.match(line) and line.startswith("Traceback (most recent call last):"):
+            own_report = True
+        if own_report and not _RANK_LINE.match(line):
+            continue
         sink.write(line)
         sink.flush()
     stream.close()
@@ -76,20 +100,30 @@ def _rank_name(attempt_dir: Path, local_rank: int) -> str:
 
 
 def _watch(
-    proc: subprocess.Popen, plan: LaunchPlan, log_dir: Path, start: float, wall_timeout_s: float | None
-) -> tuple[str, str] | None:
-    """Wait for torchrun. When the job hangs, every rank is asked for its stack (SIGUSR1), the job is stopped
-    and (what stopped it, why) is returned; None when torchrun ended by itself. A hang is one of:
+    proc: subprocess.Popen,
+    plan: LaunchPlan,
+    log_dir: Path,
+    start: float,
+    wall_timeout_s: float | None,
+    abort: Callable[[], str | None] | None = None,
+) -> Stop | None:
+    """Wait for torchrun. When the job hangs, every rank is asked for its flight record and its stack
+    (SIGUSR1), the job is stopped and the ``Stop`` returned; None when torchrun ended by itself. A hang is
+    decided on evidence, in this order:
 
-    - no rank output for ``hang_timeout_s`` ("hang-timeout");
     - a rank's NCCL watchdog logged a collective timeout and the job is still running
       ``nccl_timeout_grace_s`` later ("nccl-timeout"): PyTorch may dump its flight record and keep the
       process alive, and the grace lets a process that does end by itself end (and torchrun restart it);
-    - past the wall timeout ("wall-timeout").
+    - a rank has been stopped by a signal (process state T) for ``stopped_grace_s`` while another rank's flight
+      record shows it waiting in a collective ("stopped-rank");
+    - only when asked (``hang_timeout_s``): no rank output for that long ("hang-timeout"); a healthy job that
+      writes only to TensorBoard is never stopped by default;
+    - past the wall timeout ("wall-timeout", the pre-flight's deadline).
     """
     last_mark, last_change = (0, 0.0), time.monotonic()
     tail, tail_of = logs.LogTail(), None
     nccl: tuple[float, str] | None = None  # when the current attempt's first NCCL timeout was seen, and where
+    stopped_since: dict[int, float] = {}  # pid -> when it was first seen stopped
     while proc.poll() is None:
         time.sleep(0.5)
         found = logs.run_dirs(log_dir, plan.rdzv_id, start)
@@ -98,30 +132,79 @@ def _watch(
         if mark != last_mark:
             last_mark, last_change = mark, now
         att = logs.attempts(run_dir) if run_dir else []
-        stop: tuple[str, str] | None = None
+        stop: Stop | None = None
+        if att and att[-1] != tail_of:  # a new attempt (a restart): watch its logs afresh
+            tail, tail_of, nccl, stopped_since = logs.LogTail(), att[-1], None, {}
         if plan.nccl_timeout_grace_s and att:
-            if att[-1] != tail_of:  # a new attempt (a restart): watch its logs afresh
-                tail, tail_of, nccl = logs.LogTail(), att[-1], None
             if nccl is None and (hit := tail.find(att[-1], logs.NCCL_WATCHDOG_TIMEOUT)):
                 nccl = (now, _rank_name(att[-1], hit[0]))
             if nccl and now - nccl[0] > plan.nccl_timeout_grace_s:
-                stop = (
+                stop = Stop(
                     "nccl-timeout",
                     f"{nccl[1]}'s NCCL watchdog caught a collective timeout and the job was still running "
                     f"{plan.nccl_timeout_grace_s} s later (--nccl-timeout-grace)",
                 )
-        if plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s:
-            stop = ("hang-timeout", f"no rank wrote to its log for {plan.hang_timeout_s} s (--hang-timeout)")
+        if plan.stopped_grace_s and att and stop is None:
+            stop = _stopped_rank(plan, log_dir, att[-1], stopped_since, now)
+        if plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s and stop is None:
+            stop = Stop(
+                "hang-timeout",
+                f"no rank wrote to its log for {plan.hang_timeout_s} s (--hang-timeout, as asked)",
+            )
+        if abort is not None and (why := abort()):
+            _stop(proc)  # not a hang: no records or stacks to gather
+            return Stop("preflight", why)
         if wall_timeout_s and time.time() - start > wall_timeout_s:
-            stop = ("wall-timeout", f"the job ran past its time limit of {wall_timeout_s:.0f} s")
+            stop = Stop("wall-timeout", f"the job ran past its time limit of {wall_timeout_s:.0f} s")
         if stop:
             if att:
+                asked = time.time()
                 _ask_flight_records(log_dir, att[-1])  # every rank writes its flight record next to the logs
                 _signal_workers(att[-1], signal.SIGUSR1)  # every rank prints its stack into its log
-                _await_flight_records(log_dir, att[-1], start, 2.0, 15.0)
+                _await_flight_records(log_dir, att[-1], asked, 2.0, 15.0)
             _stop(proc)
             return stop
     return None
+
+
+def _stopped_rank(
+    plan: LaunchPlan, log_dir: Path, attempt_dir: Path, since: dict[int, float], now: float
+) -> Stop | None:
+    """A Stop when a rank has been in process state T (stopped by SIGSTOP/SIGTSTP) for the grace while another
+    rank's flight record shows a collective it waits in (or no rank keeps a record to tell)."""
+    pids = logs.rank_pids(attempt_dir)
+    states = {pid: logs.process_state(pid) for pid in pids}
+    stopped = {pid for pid, st in states.items() if st in ("T", "t")}
+    for pid in list(since):
+        if pid not in stopped:
+            del since[pid]
+    for pid in stopped:
+        since.setdefault(pid, now)
+    running = [pid for pid, st in states.items() if st not in (None, "T", "t", "Z")]
+    due = [pid for pid in stopped if now - since[pid] >= plan.stopped_grace_s]
+    if not due or not running:  # every rank stopped: the user paused the whole job, not a hang
+        return None
+    asked = time.time()
+    _ask_flight_records(log_dir, attempt_dir)
+    _await_flight_records(log_dir, attempt_dir, asked, 0.5, 5.0, expect={pids[p] for p in running})
+    records = flight_records(log_dir, asked)
+    verdict = read_flight_records(records, None) if records else None
+    for pid in due:
+        since[pid] = now  # look again after another grace if the others are not waiting yet
+    if verdict is not None and not verdict.waiting:
+        return None
+    names = ", ".join(f"rank {pids[p]} (pid {p})" for p in sorted(due))
+    waits = (
+        f"; {', '.join(f'rank {r}' for r in verdict.waiting)} wait(s) in a collective (flight record)"
+        if verdict
+        else "; the ranks keep no flight record to tell whether the others wait"
+    )
+    return Stop(
+        "stopped-rank",
+        f"{names} stopped by a signal (process state T) for {plan.stopped_grace_s} s (--stopped-grace){waits}",
+        frozenset(stopped),
+        verdict,
+    )
 
 
 def _request_path(log_dir: Path, attempt_dir: Path) -> Path:
@@ -134,16 +217,25 @@ def _ask_flight_records(log_dir: Path, attempt_dir: Path) -> None:
 
 
 def _await_flight_records(
-    log_dir: Path, attempt_dir: Path, since_s: float, at_least_s: float, at_most_s: float
+    log_dir: Path,
+    attempt_dir: Path,
+    since_s: float,
+    at_least_s: float,
+    at_most_s: float,
+    expect: set[int | None] | None = None,
 ) -> None:
-    """Give the ranks ``at_least_s`` for their stacks, and up to ``at_most_s`` for every rank's flight record
-    with its Python stacks (a rank marks the record it is still symbolising: the first took up to 5.8 s on an
-    H200)."""
+    """Give the ranks ``at_least_s`` for their stacks, and up to ``at_most_s`` for every rank's (or the
+    ``expect``ed ranks') flight record written since ``since_s``, with its Python stacks (a rank marks the
+    record it is still symbolising: the first took up to 5.8 s on an H200)."""
     t0 = time.monotonic()
-    ranks = {r.global_rank for r in logs.read_attempt(attempt_dir, {}) if r.global_rank is not None}
+    ranks = (
+        {r for r in expect if r is not None}
+        if expect is not None
+        else {r.global_rank for r in logs.read_attempt(attempt_dir, {}) if r.global_rank is not None}
+    )
     while time.monotonic() - t0 < at_most_s:
         time.sleep(0.25)
-        have = {flightrec.rank_of(p) for p in flight_records(log_dir, since_s)}
+        have = {flightrec.rank_of(p) for p in flight_records(log_dir, since_s, slack_s=0)}
         busy = any(log_dir.glob(f"{flightrec.PREFIX}*{SYMBOLIZING}"))
         if time.monotonic() - t0 >= at_least_s and ranks <= have and not busy:
             return
@@ -159,9 +251,16 @@ def _clear_requests(log_dir: Path) -> None:
             p.unlink()
 
 
-def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.stderr) -> LaunchResult:
-    """Run the plan to the end; returns what happened. Output of torchrun and the ranks goes to ``echo``."""
-    log_dir = Path(plan.log_dir)
+def execute(
+    plan: LaunchPlan,
+    *,
+    wall_timeout_s: float | None = None,
+    echo=sys.stderr,
+    abort: Callable[[], str | None] | None = None,
+) -> LaunchResult:
+    """Run the plan to the end; returns what happened. Output of torchrun and the ranks goes to ``echo``.
+    ``abort``, polled while the job runs, returns a reason to stop it (the pre-flight beside it failed)."""
+    log_dir = Path(plan.log_dir).absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     env = {**os.environ, **plan.env}
@@ -185,7 +284,7 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     for t in pumps:
         t.start()
     try:
-        stopped = _watch(proc, plan, log_dir, start, wall_timeout_s)
+        stopped = _watch(proc, plan, log_dir, start, wall_timeout_s, abort)
     except KeyboardInterrupt:
         _stop(proc)
         raise
@@ -198,28 +297,39 @@ def execute(plan: LaunchPlan, *, wall_timeout_s: float | None = None, echo=sys.s
     _clear_requests(log_dir)
     found = logs.run_dirs(log_dir, plan.rdzv_id, start)
     run_dir = found[-1] if found else None
-    result = _result(plan, run_dir, code, stopped is not None, agent_text, time.time() - start)
+    agent_log = None
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            (run_dir / "torchrun.log").write_text(agent_text)
+            agent_log = str(run_dir / "torchrun.log")
     records = flight_records(log_dir, start)
     att = logs.attempts(run_dir) if run_dir else []
     here = (
         {r.global_rank for r in logs.read_attempt(att[-1], {}) if r.global_rank is not None} if att else None
     )
+    flight = None
+    if stopped is not None and stopped.flight is not None:
+        flight = stopped.flight  # what the records said before the stop, when the verdict rests on them
+    elif code != 0 or stopped:
+        flight = read_flight_records(records, here or None)
+    result = _result(plan, run_dir, code, stopped, agent_text, time.time() - start, flight)
     return replace(
         result,
         flight_records=records,
-        flight=read_flight_records(records, here or None) if code != 0 or stopped else None,
-        stopped_by=stopped[0] if stopped else None,
-        stop_reason=stopped[1] if stopped else None,
+        flight=flight,
+        stopped_by=stopped.by if stopped else None,
+        stop_reason=stopped.reason if stopped else None,
+        agent_log=agent_log,
     )
 
 
-def flight_records(log_dir: Path, since_s: float) -> tuple[str, ...]:
+def flight_records(log_dir: Path, since_s: float, slack_s: float = 1.0) -> tuple[str, ...]:
     """The flight-recorder dumps written into ``log_dir`` since ``since_s`` (by NCCL's watchdog at a timeout, or
-    by the ranks when the launcher stopped a hung job)."""
+    by the ranks when the launcher asked for them)."""
     found = []
     for p in log_dir.glob(f"{flightrec.PREFIX}*"):
         try:
-            if flightrec.rank_of(p) is not None and p.is_file() and p.stat().st_mtime >= since_s - 1:
+            if flightrec.rank_of(p) is not None and p.is_file() and p.stat().st_mtime >= since_s - slack_s:
                 found.append(str(p))
         except OSError:
             continue
@@ -234,28 +344,54 @@ def read_flight_records(
     return flightrec.analyze(records, problems, present)
 
 
+def _evidence(stop: Stop, flight: flightrec.FlightVerdict | None) -> str:
+    """What a hang verdict rests on, in words."""
+    parts = [stop.reason]
+    if flight is not None:
+        parts.append(f"flight records: {flight.headline}")
+    else:
+        parts.append("no flight record was written (recorder off, or every rank stopped)")
+    return "; ".join(parts)
+
+
 def _result(
-    plan: LaunchPlan, run_dir: Path | None, code: int, hung: bool, agent_text: str, elapsed_s: float
+    plan: LaunchPlan,
+    run_dir: Path | None,
+    code: int,
+    stopped: Stop | None,
+    agent_text: str,
+    elapsed_s: float,
+    flight: flightrec.FlightVerdict | None = None,
 ) -> LaunchResult:
     codes = logs.exit_codes_by_pid(agent_text)
+    closed = logs.closed_by_agent(agent_text)
     att = logs.attempts(run_dir) if run_dir else []
+    hung = stopped is not None
     rdzv_failed = code != 0 and not hung and RDZV_TIMEOUT in agent_text
     earlier = []
     # After a rendezvous timeout the last attempt's ranks are gone too: its failure is history as well.
     for a in att if rdzv_failed else att[:-1]:
-        ranks = logs.read_attempt(a, codes)
+        ranks = logs.read_attempt(a, codes, closed)
         if any(r.exit_code not in (None, 0) for r in ranks):
             earlier.append(summarize_failure(ranks, int(a.name[8:])))
     summary = None
     if rdzv_failed:
         first = earlier[-1].headline if earlier else None
         summary = rendezvous_timeout(agent_text, plan.nnodes, len(att), first)
-    elif att and hung:
+    elif att and stopped is not None:
+        ranks = [
+            replace(r, state="T") if r.pid in stopped.stopped_pids else r
+            for r in logs.read_attempt(att[-1], codes, closed)
+        ]
         summary = summarize_hang(
-            logs.read_attempt(att[-1], codes), int(att[-1].name[8:]), plan.hang_timeout_s
+            ranks,
+            int(att[-1].name[8:]),
+            plan.hang_timeout_s,
+            flight=flight,
+            evidence=_evidence(stopped, flight),
         )
     elif att and code != 0:
-        summary = summarize_failure(logs.read_attempt(att[-1], codes), int(att[-1].name[8:]))
+        summary = summarize_failure(logs.read_attempt(att[-1], codes, closed), int(att[-1].name[8:]))
     return LaunchResult(
         exit_code=1 if hung and code == 0 else code,
         attempts=len(att),

@@ -5,10 +5,13 @@ traced to its rank and host; (2) makes the rank dump every thread's Python stack
 (the launcher's hang watchdog sends it) and on SIGTERM (what torchrun sends the surviving ranks when one
 fails), so the failure summary can say where each rank was; (3) writes the rank's PyTorch flight record
 (its last collectives) next to the logs when the launcher asks for it by creating the file
-``$TORCHRIG_FR_REQUEST.<attempt>`` (a daemon thread looks for it twice a second; a rank blocked inside a
-collective still answers, since PyTorch releases the GIL while it waits); (4) runs the script as
-``python SCRIPT`` would, under torchelastic's ``record`` so an uncaught exception lands in the rank's error
-file.
+``$TORCHRIG_FR_REQUEST.<attempt>``, and again each time the launcher touches that file (a daemon thread
+looks for it twice a second; a rank blocked inside a collective still answers, since PyTorch releases the GIL
+while it waits); (4) keeps one merged, timestamped copy of the rank's stdout and stderr in the order they
+were written (``output.log`` next to torchrun's ``stdout.log``/``stderr.log``), written by a small process
+forked before the script starts, so the last lines survive a SIGKILL of the rank; (5) runs the script as
+``python SCRIPT`` would (``__file__`` absolute, as under plain ``python``), under torchelastic's ``record``
+so an uncaught exception lands in the rank's error file.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import runpy
+import select
 import signal
 import socket
 import sys
@@ -23,6 +27,7 @@ import threading
 import time
 
 from torchrig.launch.flightrec import PREFIX, loads
+from torchrig.launch.logs import OUTPUT_LOG
 
 HEADER = "torchrig-worker:"
 
@@ -36,16 +41,83 @@ def header() -> str:
     )
 
 
+OUTPUT_TAGS = {1: "out", 2: "err"}
+
+
+def output_line(stamp_s: float, fd: int, text: str) -> str:
+    """One line of ``output.log``: ``16:01:02.345 err| text`` (UTC)."""
+    t = time.gmtime(stamp_s)
+    return f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.{int(stamp_s * 1000) % 1000:03d} {OUTPUT_TAGS[fd]}| {text}"
+
+
+def _pump_output(sources: dict[int, int], path: str) -> None:
+    """Copy each pipe to its original stream (``{pipe fd: original fd}``) and every line, stamped, to ``path``,
+    until every writer has closed its end."""
+    rest = {fd: b"" for fd in sources}
+    with open(path, "a", encoding="utf-8", errors="replace") as merged:
+        while rest:
+            ready, _, _ = select.select(list(rest), [], [])
+            now = time.time()
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if data:
+                    os.write(sources[fd], data)
+                lines = (rest[fd] + data).split(b"\n")
+                rest[fd] = lines.pop() if data else b""
+                if not data and lines[-1:] == [b""]:
+                    lines.pop()
+                for ln in lines:
+                    merged.write(output_line(now, sources[fd], ln.decode(errors="replace")) + "\n")
+                if not data:
+                    os.close(fd)
+                    del rest[fd]
+            merged.flush()
+
+
+def start_output_log() -> str | None:
+    """Route fds 1 and 2 through pipes to a forked pump that writes them on and keeps ``output.log``; the path,
+    or None when stdout/stderr are not torchrun's per-rank files (then nothing changes)."""
+    try:
+        target = os.readlink("/proc/self/fd/2")
+    except OSError:
+        return None
+    if os.path.basename(target) != "stderr.log":
+        return None
+    path = os.path.join(os.path.dirname(target), OUTPUT_LOG)
+    pipes = {1: os.pipe(), 2: os.pipe()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() == 0:  # the pump: outlives the rank until every writer (the rank, its children) is gone
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+                signal.signal(sig, signal.SIG_IGN)
+            os.setpgid(0, 0)  # out of the rank's process group: a group-wide stop leaves the pump to drain
+            for _, w in pipes.values():
+                os.close(w)
+            _pump_output({r: fd for fd, (r, _) in pipes.items()}, path)
+        finally:
+            os._exit(0)
+    for fd, (r, w) in pipes.items():
+        os.dup2(w, fd)
+        os.close(r)
+        os.close(w)
+    return path
+
+
 SYMBOLIZING = ".symbolizing"  # + on a record's path: the rank is still writing the record with its stacks
+
+
+_OURS: set[int] = set()  # st_mtime_ns of the records this process wrote itself
 
 
 def _dump_flight_record(path: str, started: float) -> None:
     """Write this rank's flight record to ``path``, unless NCCL's watchdog already wrote one there for this
-    process (its dump at the timeout comes first). The record without Python stacks comes first: on an H200
+    process (its dump at the timeout comes first; a record this process wrote before is replaced). The record without Python stacks comes first: on an H200
     with torch 2.11 it took 0.0 s where the first one with stacks took 4.4-5.8 s (their symbolisation);
     the one with stacks then replaces it, while a ``.symbolizing`` marker tells the launcher to wait."""
     try:
-        if os.stat(path).st_mtime >= started:
+        st = os.stat(path)
+        if st.st_mtime >= started and st.st_mtime_ns not in _OURS:
             return
     except OSError:
         pass
@@ -67,6 +139,7 @@ def _write(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
+    _OURS.add(os.stat(tmp).st_mtime_ns)
     os.replace(tmp, path)  # torchfrtrace and the launcher never see half a file
 
 
@@ -99,12 +172,20 @@ def _flight_record(stacks: bool) -> bytes | None:
 
 
 def _serve_flight_record(request: str, path: str, started: float, every_s: float = 0.5) -> None:
-    while not os.path.exists(request):
+    """Write the record each time the launcher creates or touches ``request``."""
+    served = None
+    while True:
+        try:
+            asked = os.stat(request).st_mtime_ns
+        except OSError:
+            asked = None
+        if asked is not None and asked != served:
+            served = asked
+            try:
+                _dump_flight_record(path, started)
+            except Exception as e:  # the dump is a diagnosis aid: never let it disturb the rank
+                print(f"torchrig-worker: could not write the flight record: {e}", file=sys.stderr, flush=True)
         time.sleep(every_s)
-    try:
-        _dump_flight_record(path, started)
-    except Exception as e:  # the dump is a diagnosis aid: never let it disturb the rank
-        print(f"torchrig-worker: could not write the flight record: {e}", file=sys.stderr, flush=True)
 
 
 def serve_flight_record(env: dict[str, str] | None = None) -> threading.Thread | None:
@@ -124,6 +205,25 @@ def serve_flight_record(env: dict[str, str] | None = None) -> threading.Thread |
     return t
 
 
+_SHIM_FILES = (
+    os.path.abspath(__file__),
+    "runpy.py",
+    "<frozen runpy>",
+    os.path.join("torch", "distributed", "elastic", "multiprocessing", "errors", "__init__.py"),
+)
+
+
+def _script_excepthook(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
+    """Print an uncaught exception as plain ``python SCRIPT`` would: from the script's first frame on, without
+    the shim's and runpy's frames in front of it."""
+    t = tb
+    while t is not None and t.tb_frame.f_code.co_filename.endswith(_SHIM_FILES):  # type: ignore[attr-defined]
+        t = t.tb_next  # type: ignore[attr-defined]
+    if t is not None:
+        exc.__traceback__ = t  # type: ignore[assignment]  # what the printer reads (3.12 ignores ``tb``)
+    sys.__excepthook__(exc_type, exc, t or tb)  # type: ignore[arg-type]
+
+
 def main(argv: list[str]) -> None:
     module = False
     if argv and argv[0] == "--module":
@@ -131,7 +231,11 @@ def main(argv: list[str]) -> None:
     if not argv:
         print("usage: python -m torchrig.launch.worker [--module] SCRIPT [ARGS...]", file=sys.stderr)
         raise SystemExit(2)
-    target, args = argv[0], argv[1:]
+    given, args = argv[0], argv[1:]
+    target = (
+        given if module else os.path.abspath(given)
+    )  # as plain ``python SCRIPT`` sets ``__file__``; a chdir changes nothing
+    start_output_log()
     print(header(), file=sys.stderr, flush=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
@@ -139,14 +243,16 @@ def main(argv: list[str]) -> None:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    sys.excepthook = _script_excepthook  # after torch's import; the script may set its own, which then prints
+
     @record
     def run() -> None:
         if module:
-            sys.argv = [target, *args]
+            sys.argv = [given, *args]
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [target, *args]
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            sys.argv = [given, *args]
+            sys.path[0] = os.path.dirname(target)
             runpy.run_path(target, run_name="__main__")
 
     run()

@@ -1,0 +1,241 @@
+"""The launch API: ``launch(LaunchRequest) -> LaunchReport``. Every front end calls this one function
+(``torchrig launch``, ``torchrig train`` with several ranks); nothing here imports the CLI.
+
+>>> from torchrig.launch import LaunchRequest, launch
+>>> report = launch(LaunchRequest(script="train.py", cpu=True, nproc_per_node=2))   # doctest: +SKIP
+>>> report.exit_code, report.result.summary                                          # doctest: +SKIP
+
+Steps: the plan for this host (``plan_for``: GPUs, ports, every path absolute), the quick pre-flight checks
+(GPUs, port, P2P), then the job. The process-group check (a real all_reduce on every rank) runs *beside* the
+job on a node of its own, through a second torchrun on another port, so the script's first line runs as
+soon as under plain torchrun; when it fails, the job is stopped and the report says why. With several nodes
+it runs before the job, as the nodes share one rendezvous port.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.errors import UsageError
+from torchrig.launch import preflight as pf
+from torchrig.launch import probe
+from torchrig.launch.plan import LaunchPlan, LaunchRequest, build_plan
+from torchrig.report import jsonable, table
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LaunchReport:
+    """What a launch did: the plan, the pre-flight findings, and the job's result (None: not run)."""
+
+    plan: LaunchPlan
+    findings: tuple[pf.Finding, ...]
+    result: Any | None  # supervise.LaunchResult
+    dry_run: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "plan": jsonable(self.plan),
+            "preflight": jsonable(self.findings),
+            "result": jsonable(self.result),
+        }
+
+    @property
+    def exit_code(self) -> int:
+        if any(f.severity is pf.Severity.ERROR for f in self.findings):
+            return 1
+        return 0 if self.result is None else (0 if self.result.exit_code == 0 else 1)
+
+    def render_text(self) -> str:
+        """The human view. Pre-flight checks that passed were shown while the job started; only the others
+        appear here (and every one in a dry run's plan)."""
+        out = _render_plan(self.plan) if self.dry_run else []
+        for f in self.findings:
+            if f.severity is pf.Severity.OK and not self.dry_run:
+                continue
+            out.append(
+                f"pre-flight {f.id}: {f.severity.value}: {f.summary}"
+                + (f" — fix: {f.fix}" if f.severity is not pf.Severity.OK and f.fix else "")
+            )
+            if f.severity is pf.Severity.ERROR and f.evidence:
+                out.append("  " + f.evidence.replace("\n", "\n  "))
+        if self.result is not None:
+            out += _render_result(self.result)
+        return "\n".join(out)
+
+
+def _render_plan(p: LaunchPlan) -> list[str]:
+    out = [
+        f"plan: {p.nnodes} node(s) x {p.nproc_per_node} rank(s) = world {p.world_size} ({p.backend}), "
+        f"node rank {p.node_rank}, rendezvous {p.rdzv_host}:{p.rdzv_port} id {p.rdzv_id}",
+        "argv: " + " ".join(p.argv),
+        "ranks:",
+        table(
+            ["local", "global", "device", "physical GPU"],
+            [[r.local_rank, r.global_rank, r.device, r.physical_gpu] for r in p.ranks],
+            indent="  ",
+        ),
+        "environment:",
+    ]
+    for e in p.env_settings:
+        mark = " (yours kept)" if e.overridden_by_user else ""
+        out.append(f"  {e.name}={e.value}{mark}  # {e.reason}")
+    return out
+
+
+def _render_result(r: Any) -> list[str]:
+    from torchrig.launch.flightrec import PREFIX
+    from torchrig.launch.flightrec import render as render_flight
+    from torchrig.launch.summary import render
+
+    out = [f"restarted after attempt {s.attempt}: {s.headline}" for s in r.earlier_failures]
+    logs = f"logs: {r.run_dir}" + (f" (torchrun's own report: {r.agent_log})" if r.agent_log else "")
+    if r.exit_code == 0:
+        out.append(f"job finished in {r.elapsed_s:.1f} s ({r.attempts} attempt(s)); logs: {r.run_dir}")
+    elif r.summary is not None:
+        if r.stop_reason:
+            out.append(f"stopped by torchrig: {r.stop_reason}")
+        out.append(render(r.summary))
+        out.append(logs)
+    else:
+        out.append(f"job failed: torchrun exit {r.exit_code}; {logs}")
+    if r.flight is not None:
+        out += render_flight(r.flight)
+    if r.flight_records:
+        folder = str(Path(r.flight_records[0]).parent)
+        out.append(
+            f"flight records: {', '.join(Path(f).name for f in r.flight_records)} in {folder} "
+            f"(PyTorch's analyser reads them too: torchfrtrace {folder} --prefix {PREFIX})"
+        )
+    return out
+
+
+def absolute(req: LaunchRequest) -> LaunchRequest:
+    """The request with its log folder absolute: every path the ranks get (logs, flight records, the
+    launcher's requests) is then absolute, as torchrun's own are, and a script that changes directory
+    changes nothing."""
+    return dataclasses.replace(req, log_dir=os.path.abspath(req.log_dir))
+
+
+def beside(req: LaunchRequest) -> bool:
+    """Whether the process-group check runs beside the job: one node (the others would need the port too)."""
+    return req.nnodes == 1
+
+
+def plan_for(req: LaunchRequest) -> tuple[LaunchPlan, tuple[str, ...]]:
+    """The plan for this host, and the GPU names (probing CUDA only when GPUs may be used)."""
+    req = absolute(req)
+    gpu = None
+    if not req.cpu:
+        gpu = probe.probe_gpus_cached()
+        if gpu.error and req.gpus is not None:
+            raise UsageError(f"cannot see the GPUs: {gpu.error}", hint="run 'torchrig doctor', or use --cpu")
+    host = probe.host_facts(gpu)
+    if gpu:
+        # P2P pairs come back in torch's numbering; map them to the physical ids the plan uses.
+        ids = host.visible_gpus
+        host = dataclasses.replace(host, no_p2p=tuple((ids[i], ids[j]) for i, j in gpu.no_p2p))
+    port = None if req.rdzv_endpoint else probe.free_port()
+    pre_port = probe.free_port() if beside(req) else None
+    while pre_port is not None and pre_port == port:
+        pre_port = probe.free_port()
+    return build_plan(req, host, free_port=port, preflight_port=pre_port), (gpu.names if gpu else ())
+
+
+def _stderr(line: str) -> None:
+    print(f"torchrig launch: {line}", file=sys.stderr, flush=True)
+
+
+def launch(
+    req: LaunchRequest,
+    *,
+    dry_run: bool = False,
+    preflight: bool = True,
+    preflight_timeout_s: int = 60,
+    progress: Progress | None = _stderr,
+) -> LaunchReport:
+    """Plan, check and run the job; ``progress`` gets one line per step (None: silent)."""
+    from torchrig.launch.supervise import execute
+
+    say = progress or (lambda _line: None)
+    plan, names = plan_for(req)
+    if dry_run:
+        return LaunchReport(plan, (), None, True)
+    # Say so now, not after a rendezvous: every rank would fail the same way.
+    if not req.module and not Path(req.script).is_file():
+        raise UsageError(f"no script at {req.script}", hint="check the path, or pass -m for a module name")
+    if req.module and not _module_exists(req.script):
+        raise UsageError(
+            f"no module named {req.script}", hint="check the name and that its package is installed"
+        )
+    findings = [pf.check_gpus(plan, names), pf.check_port(plan), pf.check_p2p(plan)]
+    for f in findings:
+        say(f"pre-flight {f.id}: {f.severity.value}: {f.summary}")
+    if any(f.severity is pf.Severity.ERROR for f in findings):
+        return LaunchReport(plan, tuple(findings), None, False)
+    if not preflight:
+        return LaunchReport(plan, tuple(findings), execute(plan), False)
+    if not beside(req):
+        say(f"pre-flight process-group: all_reduce on {plan.world_size} rank(s) before the job...")
+        found = pf.check_process_group(plan, preflight_timeout_s)
+        say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
+        findings.append(found)
+        if found.severity is pf.Severity.ERROR:
+            return LaunchReport(plan, tuple(findings), None, False)
+        return LaunchReport(plan, tuple(findings), execute(plan), False)
+    check = _Beside(plan, preflight_timeout_s, say)
+    say(f"pre-flight process-group: all_reduce on {plan.world_size} rank(s), beside the job")
+    result = execute(plan, abort=check.failure)
+    findings.append(check.wait())
+    return LaunchReport(plan, tuple(findings), result, False)
+
+
+class _Beside:
+    """The process-group check in a thread of its own, while the job starts."""
+
+    def __init__(self, plan: LaunchPlan, timeout_s: int, say: Progress) -> None:
+        self._found: pf.Finding | None = None
+        self._say = say
+        self._thread = threading.Thread(target=self._run, args=(plan, timeout_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, plan: LaunchPlan, timeout_s: int) -> None:
+        try:
+            found = pf.check_process_group(plan, timeout_s)
+        except Exception as e:  # the check must never take the job down with it
+            found = pf.Finding(
+                "process-group", pf.Severity.WARNING, f"the pre-flight all_reduce could not run: {e}"
+            )
+        self._found = found
+        self._say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
+
+    def failure(self) -> str | None:
+        """Why the job must stop (the check failed), or None."""
+        f = self._found
+        if f is not None and f.severity is pf.Severity.ERROR:
+            return f"the pre-flight process-group check failed beside the job: {f.summary}"
+        return None
+
+    def wait(self) -> pf.Finding:
+        self._thread.join()
+        return self._found or pf.Finding(
+            "process-group", pf.Severity.WARNING, "the pre-flight all_reduce gave no answer"
+        )
+
+
+def _module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or an empty/relative name
+        return False

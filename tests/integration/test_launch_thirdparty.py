@@ -1,0 +1,215 @@
+"""torchrig launch on scripts nobody here wrote, on CPU ranks with gloo: each failure's summary names the exact
+culprit, its cause and where, and the rank's last lines in the order written.
+
+The scripts run unedited: nanoGPT's bench.py (tests/fixtures/thirdparty/nanogpt, MIT, see SOURCE.md) and
+torchrig's own trainer for DDP (no third-party DDP script runs on CPU: nanoGPT's and PyTorch examples' DDP
+paths call torch.cuda unconditionally). Faults come from outside: a signal the test sends to a rank's pid
+(read from the rank's own log header, as a user would read it), or an argument the script rejects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+NANOGPT = FIX / "thirdparty" / "nanogpt"
+# bench.py on the CPU, small enough for a loaded 2-core machine: fixed random data, no compile, and its
+# profiler loop (15 steps, one "k/15 loss" line each; its other loop calls torch.cuda.synchronize())
+BENCH = (
+    "bench.py",
+    "--device=cpu",
+    "--dtype=float32",
+    "--compile=False",
+    "--real_data=False",
+    "--profile=True",
+    "--batch_size=1",
+    "--block_size=16",
+)
+_PID_RE = re.compile(r"torchrig-worker: rank=(\d+) .*? pid=(\d+)")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID")}
+    env["TORCHRIG_CACHE_DIR"] = "/nonexistent-torchrig-test-cache"  # CPU runs never probe GPUs anyway
+    return env
+
+
+def nanogpt(tmp_path: Path) -> Path:
+    """A copy of the nanoGPT files to run from (bench.py reads configurator.py from, and writes its profile
+    to, the working directory)."""
+    job = tmp_path / "nanogpt"
+    job.mkdir()
+    for f in ("bench.py", "model.py", "configurator.py"):
+        (job / f).write_bytes((NANOGPT / f).read_bytes())
+    return job
+
+
+def start(log_dir: Path, *argv: str, cwd: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torchrig", "--json", "launch", "--cpu", "--nproc-per-node", "2"]
+    cmd += ["--no-preflight", "--log-dir", str(log_dir), *argv]
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[dict, str]:
+    """The launch's result and its console (stderr)."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 1, err[-3000:]
+    return json.loads(out)["result"], err
+
+
+def output_log(log_dir: Path, local_rank: int) -> Path | None:
+    found = sorted(log_dir.glob(f"torchrig_*/attempt_0/{local_rank}/output.log"))
+    return found[-1] if found else None
+
+
+def wait_for(
+    log_dir: Path, local_rank: int, pattern: str, proc: subprocess.Popen, timeout: float = 300
+) -> int:
+    """The rank's pid (from its log header) once its merged log holds a line matching ``pattern``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        assert proc.poll() is None, f"the job ended first: {proc.communicate()[1][-3000:]}"
+        path = output_log(log_dir, local_rank)
+        text = path.read_text() if path else ""
+        m = _PID_RE.search(text)
+        if m and re.search(pattern, text, re.M):
+            return int(m[2])
+        time.sleep(0.5)
+    raise AssertionError(f"rank {local_rank} never printed {pattern!r}")
+
+
+def by_rank(summary: dict) -> dict[int, dict]:
+    return {v["rank"]: v for v in summary["ranks"]}
+
+
+def loss_lines(text: str) -> list[str]:
+    return re.findall(r"^\S+ out\| (\d+/\d+ loss: \S+)$", text, re.M)
+
+
+def test_an_argument_the_script_rejects_names_the_exception_and_the_scripts_line(tmp_path):
+    job = nanogpt(tmp_path)
+    r, console = finish(start(tmp_path / "logs", *BENCH, "--no_such_key=1", cwd=job))
+    s = r["summary"]
+    assert (
+        s["likely_cause"]
+        == "an uncaught exception in the script: ValueError: Unknown config key: no_such_key"
+    )
+    v = by_rank(s)
+    culprits = [k for k, x in v.items() if x["role"] == "culprit"]
+    assert culprits, s
+    for k in culprits:
+        # nanoGPT runs configurator.py through exec(): the script's own line is bench.py's exec line
+        assert v[k]["where"] == f"{job}/bench.py:21 in <module>"
+        assert v[k]["last_lines"][-1].endswith("ValueError: Unknown config key: no_such_key")
+    # torchrun's own traceback and report (naming the shim, not the script) stay in its log, off the console
+    assert "ChildFailedError" in Path(r["agent_log"]).read_text() and "ChildFailedError" not in console
+    assert "torchrig/launch/worker.py" not in console  # the ranks' tracebacks start at the script, as plain
+
+
+@pytest.mark.parametrize(
+    ("sig", "status", "cause"),
+    [
+        (
+            signal.SIGKILL,
+            "killed by SIGKILL from outside the job: neither torchrun nor torchrig sent it",
+            "the process was killed with SIGKILL",
+        ),
+        (
+            signal.SIGTERM,
+            "killed by SIGTERM from outside the job: neither torchrun nor torchrig sent it",
+            "the rank was terminated with SIGTERM from outside the job",
+        ),
+        (signal.SIGSEGV, "killed by SIGSEGV", "the process crashed with a segmentation fault"),
+    ],
+)
+def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tmp_path, sig, status, cause):
+    job, logs = nanogpt(tmp_path), tmp_path / "logs"
+    proc = start(logs, *BENCH, cwd=job)
+    try:
+        os.kill(wait_for(logs, 1, r"out\| 3/15 loss: ", proc), sig)
+        r, _ = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = r["summary"]
+    assert s["headline"] == f"rank 1 failed ({status})"
+    assert s["likely_cause"].startswith(cause)
+    v = by_rank(s)
+    assert v[1]["role"] == "culprit" and v[1]["status"] == status
+    assert v[0]["role"] == "bystander" and v[0]["status"] == "stopped by torchrun (SIGTERM)"
+    # the last lines are the rank's own, stdout and stderr merged in the order written: its last loss line
+    # is the last line it wrote (the summary keeps the time stamp)
+    written = loss_lines(output_log(logs, 1).read_text())
+    last = v[1]["last_lines"]
+    assert written and all(re.match(r"\d\d:\d\d:\d\d\.\d{3} ", ln) for ln in last)
+    if sig != signal.SIGSEGV:
+        assert last[-1].endswith(written[-1]) and v[1]["where"] is None
+    else:  # faulthandler's report comes after the last loss line; its dump gives the script's frame
+        texts = [ln[13:] for ln in last]
+        assert texts.index("Fatal Python error: Segmentation fault") > texts.index(written[-1])
+        assert re.fullmatch(rf"{job}/(bench|model)\.py:\d+ in \S+", v[1]["where"]), v[1]
+
+
+def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victim(tmp_path):
+    """SIGSTOP to rank 1 of a two-rank DDP job: rank 0 waits in DDP's gradient all-reduce inside backward().
+    After --stopped-grace the launcher stops the job on that evidence (rank 1's process state, rank 0's
+    flight record) and names rank 1, not rank 0."""
+    out = tmp_path / "run"
+    argv = ["--stopped-grace", "10", "--env", "TORCH_FR_BUFFER_SIZE=2000", "-m", "torchrig.train"]
+    argv += ["--model", "gpt", "--size", "tiny", "--device", "cpu", "--parallel", "ddp", "--steps", "100000"]
+    argv += ["--log-every", "1", "--workers", "0", "--out", str(out)]
+    proc = start(tmp_path / "logs", *argv, cwd=tmp_path)
+    pid = None
+    try:
+        wait_for(tmp_path / "logs", 0, r"step 3/", proc)  # rank 0 prints the progress
+        pid = wait_for(tmp_path / "logs", 1, r"torchrig-worker", proc)
+        os.kill(pid, signal.SIGSTOP)
+        r, _ = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert r["stopped_by"] == "stopped-rank", r
+    s = r["summary"]
+    assert (
+        s["headline"]
+        == "hang: rank 1 never arrived at the collective that rank 0 wait(s) in (rank 1 stopped by a signal)"
+    )
+    v = by_rank(s)
+    assert v[1]["role"] == "culprit" and v[1]["status"].startswith("stopped by a signal")
+    assert v[0]["role"] == "victim"
+    assert v[0]["status"] == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)"
+    assert r["flight"]["culprits"] == [1] and r["flight"]["waiting"] == [0]
+    assert s["evidence"].startswith("rank 1 (pid ")
+    assert "flight records: " in s["evidence"]
+
+
+def test_a_script_that_changes_directory_changes_nothing(tmp_path):
+    """A relative --log-dir and a script that chdirs before it fails: the summary still has the script's own
+    exception and line, read from the rank's error file in the (absolute) log folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = FIX / "launch" / "chdir_then_fail.py"
+    r, _ = finish(start(Path("logs"), str(script), cwd=work))
+    s = r["summary"]
+    assert s["likely_cause"] == "an uncaught exception in the script: ValueError: bad value after chdir"
+    v = by_rank(s)
+    assert v[1]["role"] == "culprit" and v[1]["where"] == f"{script}:9 in <module>"
+    assert r["run_dir"].startswith(str(work / "logs"))
+    assert (Path(r["run_dir"]) / "attempt_0" / "1" / "error.json").is_file()

@@ -1,0 +1,167 @@
+"""The launch API and the summary's pure parts added for scripts nobody here wrote: the script's FILE:LINE from
+a traceback, last lines from the merged stream, signals from outside, hang verdicts from the collectives'
+evidence, the GPU probe's cache, and the seams (no CLI import in train, no test hooks in --help)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from torchrig.launch import flightrec, probe
+from torchrig.launch.summary import (
+    Frame,
+    RankLog,
+    parse_traceback,
+    summarize_failure,
+    summarize_hang,
+    tail,
+    where_of,
+)
+
+TRACEBACK = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/job/train.py", line 79, in <module>
+[rank1]:     exec(open('configurator.py').read())
+[rank1]:   File "<string>", line 47, in <module>
+[rank1]: ValueError: Unknown config key: nonsense
+"""
+
+
+def test_the_scripts_own_line_comes_from_the_traceback():
+    assert parse_traceback(TRACEBACK) == (
+        Frame("<string>", 47, "<module>"),
+        Frame("/job/train.py", 79, "<module>"),
+    )
+    log = RankLog(global_rank=1, local_rank=1, host=None, pid=1, attempt=0, text=TRACEBACK, exit_code=1)
+    assert str(where_of(log)) == "/job/train.py:79 in <module>"  # exec'd code has no file of its own
+    # without the log's traceback, the error file's
+    bare = RankLog(global_rank=1, local_rank=1, host=None, pid=1, attempt=0, text="", error_trace=TRACEBACK)
+    assert str(where_of(bare)) == "/job/train.py:79 in <module>"
+    chained = TRACEBACK + "\nDuring handling...\n\nTraceback (most recent call last):\n"
+    chained += '  File "/job/b.py", line 3, in f\nKeyError: 1\n'
+    assert parse_traceback(chained) == (Frame("/job/b.py", 3, "f"),)
+
+
+def test_last_lines_keep_the_order_written_and_the_time_stamps():
+    merged = (
+        "16:00:01.000 err| torchrig-worker: rank=0 local_rank=0 world_size=2 restart=0 pid=5 host=h\n"
+        "16:00:02.000 err| UserWarning: something early\n"
+        "16:00:03.000 out| step 7 loss 2.5\n"
+        "16:00:04.000 out| step 8 loss 2.4\n"
+    )
+    assert tail(merged) == (
+        "16:00:02.000 UserWarning: something early",
+        "16:00:03.000 step 7 loss 2.5",
+        "16:00:04.000 step 8 loss 2.4",
+    )
+
+
+def _log(rank: int, **kw) -> RankLog:
+    return RankLog(global_rank=rank, local_rank=rank, host="h", pid=100 + rank, attempt=0, text="", **kw)
+
+
+def test_a_sigterm_torchrun_did_not_send_is_from_outside():
+    s = summarize_failure([_log(0, exit_code=-15, closed_by_agent=True), _log(1, exit_code=-15)], 0)
+    v = {r.rank: r for r in s.ranks}
+    assert (
+        s.headline
+        == "rank 1 failed (killed by SIGTERM from outside the job: neither torchrun nor torchrig sent it)"
+    )
+    assert s.likely_cause.startswith("the rank was terminated with SIGTERM from outside the job")
+    assert (v[1].role, v[0].role, v[0].status) == ("culprit", "bystander", "stopped by torchrun (SIGTERM)")
+    # SIGSEGV is the process's own crash: nobody is said to have sent it
+    assert summarize_failure([_log(0, exit_code=-11)], 0).ranks[0].status == "killed by SIGSEGV"
+
+
+def test_a_stopped_rank_is_the_culprit_and_the_rank_in_backward_a_victim():
+    in_backward = (
+        Frame("/venv/lib/python3.12/site-packages/torch/autograd/graph.py", 829, "_engine_run_backward"),
+        Frame("/venv/lib/python3.12/site-packages/torch/_tensor.py", 626, "backward"),
+        Frame("/job/train.py", 40, "step"),
+    )
+    flight = flightrec.FlightVerdict("rank 0 waits in collective #9 ...", (1,), (), waiting=(0,))
+    ranks = [_log(0, stack=in_backward), _log(1, state="T")]
+    s = summarize_hang(ranks, 0, 0, flight=flight, evidence="rank 1 (pid 101) stopped ...")
+    v = {r.rank: r for r in s.ranks}
+    assert s.headline == (
+        "hang: rank 1 never arrived at the collective that rank 0 wait(s) in (rank 1 stopped by a signal)"
+    )
+    assert v[1].role == "culprit" and v[1].status.startswith("stopped by a signal")
+    assert v[0].role == "victim" and v[0].where == "/job/train.py:40 in step"
+    assert v[0].status == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)"
+    assert s.evidence == "rank 1 (pid 101) stopped ..."
+    # the flight records alone name the culprit too: the rank that never called the collective
+    s = summarize_hang(
+        [_log(0, stack=in_backward), _log(1, stack=(Frame("/job/train.py", 12, "load"),))],
+        0,
+        0,
+        flight=flight,
+    )
+    assert [(r.rank, r.role) for r in s.ranks] == [(1, "culprit"), (0, "victim")]
+
+
+def test_the_gpu_probe_is_reused_until_something_it_depends_on_changes(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setenv("TORCHRIG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(
+        probe,
+        "probe_gpus",
+        lambda timeout_s=60.0: calls.append(1) or probe.GpuProbe(2, ("H200", "H200"), ((0, 1),)),
+    )
+    first = probe.probe_gpus_cached()
+    again = probe.probe_gpus_cached()
+    assert first == again == probe.GpuProbe(2, ("H200", "H200"), ((0, 1),)) and len(calls) == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a change the answer depends on: probe again
+    probe.probe_gpus_cached()
+    assert len(calls) == 2
+    saved = json.loads((tmp_path / "launch-gpu-probe.json").read_text())
+    assert saved["key"]["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_the_api_plans_with_absolute_paths(tmp_path, monkeypatch):
+    from torchrig.launch import LaunchRequest, launch
+
+    monkeypatch.chdir(tmp_path)
+    report = launch(LaunchRequest(script="train.py", cpu=True, nproc_per_node=2), dry_run=True)
+    p = report.plan
+    assert p.log_dir == str(tmp_path / "torchrig-logs")
+    assert p.env["TORCHRIG_LOG_DIR"] == str(tmp_path / "torchrig-logs")
+    assert Path(p.env["TORCHRIG_FR_REQUEST"]).is_absolute()
+    rdzv = [a for a in p.argv if a.startswith("--rdzv-endpoint=")]
+    pre = [a for a in p.preflight_argv if a.startswith("--rdzv-endpoint=")]
+    assert rdzv != pre  # the pre-flight runs beside the job, on a port of its own
+    assert report.exit_code == 0 and report.to_json()["dry_run"] is True
+
+
+def _run(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+
+
+def test_the_rank_entry_point_imports_no_cli_module():
+    out = _run(
+        "import sys, torchrig.train.__main__ as m, argparse\n"
+        "from torchrig.train.options import add_train_options\n"
+        "add_train_options(argparse.ArgumentParser())\n"
+        "print(sorted(n for n in sys.modules if n.startswith('torchrig.cli')))"
+    )
+    assert out.strip() == "[]"
+
+
+def test_test_hooks_stay_out_of_help_but_still_parse():
+    for cmd in ("train", "launch"):
+        r = subprocess.run([sys.executable, "-m", "torchrig", cmd, "--help"], capture_output=True, text=True)
+        assert r.returncode == 0 and "--test-" not in r.stdout and "TEST HOOK" not in r.stdout
+    import argparse
+
+    from torchrig.train.options import add_train_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_train_options(parser)
+    cfg = config_from_args(parser.parse_args(["--test-kill-at-step", "3"]))
+    assert cfg.test_kill_at_step == 3
