@@ -199,6 +199,14 @@ class KnowledgeBase:
         arch_platform = plat.arch_platform
         arch_ok = arch_platform == DEFAULT_PLATFORM and plat.id != "windows"
         remarks: list[tuple[str, str]] = []
+        if not variant.confirmed:
+            remarks.append(
+                (
+                    "build_not_confirmed",
+                    f"torch {release.version}+{variant.name} is not confirmed: reported, not read from its wheel "
+                    f"or index ({variant.source})",
+                )
+            )
         if arch_platform != DEFAULT_PLATFORM and not variant.is_cpu:
             row = next(
                 (
@@ -337,6 +345,7 @@ def _variant(row: Mapping[str, Any]) -> Variant:
         nccl=_opt(row, "nccl"),
         source=row.get("source", ""),
         verified=str(row.get("verified", "")),
+        confirmed=bool(row.get("confirmed", True)),
     )
 
 

@@ -126,6 +126,7 @@ class Variant:
     nccl: str | None = None
     source: str = ""
     verified: str = ""
+    confirmed: bool = True  # False: reported, not read from the wheel or the index
 
     @property
     def is_cpu(self) -> bool:
