@@ -165,3 +165,16 @@ def detect_platform(facts: HostFacts) -> Platform:
     if machine in ("aarch64", "arm64"):
         return Platform("linux-aarch64")
     return Platform()
+
+
+def platform_of_kernel(
+    machine: str | None, kernel_release: str | None, wsl: bool, tegra_release: str | None
+) -> Platform | None:
+    """The platform of doctor's recorded kernel facts; None when they do not say (facts recorded before the
+    machine was). The kernel release stands in for /proc/version: it names "-tegra" and "-microsoft-standard-WSL2"."""
+    if machine is None and not wsl and not tegra_release:
+        return None
+    proc = " ".join(x for x in (kernel_release, "microsoft" if wsl else None) if x)
+    return detect_platform(
+        HostFacts(system="Linux", machine=machine, proc_version=proc, tegra_release=tegra_release)
+    )
