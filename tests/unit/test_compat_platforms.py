@@ -143,3 +143,30 @@ def test_doctor_names_the_platform_of_a_recorded_aarch64_machine(cli):
     assert "platform linux-aarch64" in r.json()["machine"]
     x86 = cli("doctor", "--facts", str(DOCTOR / "h200x1-driver580-cu130.json"), "--json")
     assert "platform" not in x86.json()["machine"]  # recorded before the machine was: unknown, not guessed
+
+
+def test_init_target_is_given_detected_or_the_cpu_build():
+    from torchrig.compat.host import LocalGpus
+    from torchrig.compat.target import choose_target
+
+    given = choose_target(["RTX 4090"], "550.54.15", "auto", None)
+    assert given.gpus == ("RTX 4090",) and given.driver == "550.54.15" and "--gpu RTX 4090" in given.why
+    found = choose_target([], None, "auto", LocalGpus(("NVIDIA H100 80GB HBM3",) * 8, "550.54.15"))
+    assert found.gpus == ("NVIDIA H100 80GB HBM3",) and found.driver == "550.54.15"
+    assert "detected here with NVML: 8x NVIDIA H100 80GB HBM3, driver 550.54.15" in found.why
+    none = choose_target([], None, "auto", LocalGpus(error="NVML Shared Library Not Found"))
+    assert none.variant == "cpu" and not none.gpus and "NVML Shared Library Not Found" in none.why
+    assert choose_target([], None, "cpu", None).variant == "cpu"
+
+
+def test_init_on_a_machine_without_gpu_writes_the_cpu_build_and_says_why(cli, tmp_path):
+    path = tmp_path / "torchrig.toml"
+    r = cli("init", str(path), "--platform", "linux-x86_64", "--json")
+    assert r.code == 0, r.err
+    chosen = r.json()["chosen"]
+    if chosen["gpus"]:  # a machine with a GPU and a driver: detected, never a silent H100
+        assert chosen["driver"] and "detected here with NVML" in chosen["why"]
+    else:
+        assert chosen["variant"] == "cpu" and "none found here" in chosen["why"]
+        assert 'variant = "cpu"' in path.read_text() and "H100" not in path.read_text()
+    assert "# Chosen by torchrig init:" in path.read_text()
