@@ -94,7 +94,7 @@ class ResolveReport:
                 ("native", f"{r.native_alternative.label} is the newest build this driver runs natively")
             )
         if r.newer_alternative:
-            rows.append(("newer", f"{r.newer_alternative.label} (needs CUDA minor-version compatibility)"))
+            rows.append(("newer", f"{r.newer_alternative.label} (works with caveats, below)"))
         if r.cuda is None:
             rows = [row for row in rows if row[0] not in ("CUDA", "cuDNN", "NCCL", "min driver")]
         width = max(len(k) for k, _ in rows)

@@ -3,10 +3,11 @@ platform, with the exact pip command and the pins that come with it; without GPU
 
 Policy, with a driver (as uv's ``--torch-backend=auto`` picks the newest CUDA the driver runs natively):
 
-1. the newest release that has a build this driver runs natively ranks first; within a release, a build whose
-   cuDNN/NCCL pins are known before one whose pins are unknown;
-2. a newer release that works only under CUDA minor-version compatibility is offered beside it
-   (``newer_alternative``) with its caveat, never instead of it;
+1. the newest release that has a confirmed build this driver runs natively ranks first; within a release, a
+   build whose cuDNN/NCCL pins are known before one whose pins are unknown (torchrig does not go back whole
+   releases for pins: unknown pins are shown as unknown);
+2. a newer release that works only with caveats (CUDA minor-version compatibility, a build not confirmed) is
+   offered beside it (``newer_alternative``) with its caveats, never instead of it;
 3. when no release runs natively, the newest that works under minor-version compatibility.
 
 Ranking of a release's variants that work: a CUDA the driver runs natively before minor-version
@@ -191,17 +192,17 @@ def resolve(
             continue
         if newest is None:
             newest = (i, found)
-        if driver is None or found[0].native:
+        if driver is None or (found[0].native and found[0].build.variant.confirmed):
             res = _resolution(kb, found, gpus, driver, python, plat)
             top = newest[1][0]
-            if top.build != found[0].build:  # a newer release runs only under minor-version compatibility
-                caveat = next((r.message for r in top.reasons if r.code == "driver_minor_compat"), None)
+            if top.build != found[0].build:  # a newer release works only with caveats (minor compat, unconfirmed)
+                caveats = [r.message for r in top.reasons if r.severity is Severity.CAVEAT]
                 res = dataclasses.replace(
                     res,
                     newer_alternative=top.build,
-                    newer_caveat=caveat,
-                    why=f"the newest build driver {driver} runs natively; torch {top.build.label} is newer but "
-                    f"needs CUDA minor-version compatibility",
+                    newer_caveat="; ".join(caveats) or None,
+                    why=f"the newest confirmed build driver {driver} runs natively; torch {top.build.label} is "
+                    f"newer but works only with caveats",
                 )
             elif driver is not None:
                 res = dataclasses.replace(res, why=f"the newest build driver {driver} runs natively")
