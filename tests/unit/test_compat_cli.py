@@ -62,7 +62,7 @@ def test_check_without_driver_notes_it(cli):
             "malformed torch build",
         ),
         (["check", "--gpu", "RTX 5090", "--driver", "570.86", "--torch", "2.7.5"], "closest releases: 2.7."),
-        (["check", "--gpu", "RTX 5090", "--driver", "570.86", "--torch", "2.7.0+cu121"], "published: cu1"),
+        (["check", "--gpu", "RTX 5090", "--driver", "570.86", "--torch", "2.7.0+cu121"], "known builds: cu1"),
         (["check", "--gpu", "RTX 5090", "--torch"], "expected one argument"),
         (
             ["resolve", "--gpu", "H100", "--driver", "550.54.14", "--torch", "=>2.6"],

@@ -247,7 +247,7 @@ def test_unknown_release_and_variant(kb):
     assert "closest releases: 2.7.0" in one_line(e)
     with pytest.raises(InputError) as e:
         kb.find_build("2.7.0+cu121")
-    assert "published: cu126, cu128" in one_line(e)
+    assert "known builds: cu126, cu128" in one_line(e) and "not confirmed" in one_line(e)
     with pytest.raises(UsageError):
         kb.find_build("2.7.0+cuda")
 
@@ -280,10 +280,18 @@ def test_resolve_prefers_native_over_newer_minor_compat(kb):
     assert res.build.label == "2.9.0+cu126"  # cu128 would need minor compat on R560; cu130 fails
 
 
-def test_resolve_minor_compat_when_nothing_native(kb):
+def test_resolve_native_release_before_a_newer_minor_compat_one(kb):
+    # R535 runs CUDA 12.2 natively: the newest native build ranks first, the newer cu128 is offered beside it
     res = resolve(kb, gpus=[kb.find_gpu("A100")], driver="535.104.05")
+    assert res.build.label == "2.6.0+cu118" and res.verdict is Verdict.WORKS
+    assert res.newer_alternative is not None and res.newer_alternative.label == "2.9.0+cu128"
+    assert res.newer_caveat and "minor-version compatibility" in res.newer_caveat
+
+
+def test_resolve_minor_compat_when_nothing_native(kb):
+    res = resolve(kb, gpus=[kb.find_gpu("A100")], driver="535.104.05", torch_spec=">=2.7")
     assert res.build.label == "2.9.0+cu128" and res.pip_command == "pip install torch==2.9.0"  # PyPI default
-    assert res.verdict is Verdict.WORKS_WITH_CAVEATS
+    assert res.verdict is Verdict.WORKS_WITH_CAVEATS and res.newer_alternative is None
 
 
 def test_resolve_all_gpus_and_spec(kb):

@@ -450,7 +450,9 @@ def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
 # --------------------------------------------------------------------------------------------------
 
 TORCH_VARIANT_NAME = re.compile(r"^(cpu|cu(\d{2})(\d))$")
-TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page", "torch-output", "index-pin"}
+# "reported": a build public reports name but that was not read from its wheel or index; such rows carry
+# confirmed = false and torchrig says "not confirmed" wherever it uses them.
+TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page", "torch-output", "index-pin", "reported"}
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 
 
@@ -511,6 +513,7 @@ def test_torch_variants_have_the_schema_fields():
         assert match, where
         assert variant["index_url"] == TORCH_INDEX + variant["name"], where
         assert variant.get("evidence") in TORCH_EVIDENCE, where
+        assert (variant["evidence"] == "reported") == (variant.get("confirmed") is False), where
         if variant["name"] == "cpu":
             assert not {"cuda", "arch_list", "ptx", "cudnn", "nccl"} & set(variant), where
             continue

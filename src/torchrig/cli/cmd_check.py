@@ -8,9 +8,15 @@ examples:
   torchrig check --gpu "GTX 1080 Ti" --driver 550.54.14 --torch 2.8.0         # the PyPI build
   torchrig check --gpu A100 --gpu "RTX 4090" --driver 535.104.05 --torch 2.8.0+cu126 --json
   torchrig check --gpu V100 --torch 2.9.0+cu130                              # arch only, no driver check
+  torchrig check --gpu GB200 --driver 570.133.20 --torch 2.8.0 --platform linux-aarch64  # PyPI: CPU-only
+  torchrig check --gpu "NVIDIA Thor" --driver 580.00 --torch 2.10.0+cu130 --platform jetson7
+  torchrig check --gpu "RTX 4070 Laptop GPU" --driver 551.88 --torch 2.4.0+cu121 --platform wsl
 
---torch takes VERSION (the build `pip install torch==VERSION` gets from PyPI), VERSION+cuXYZ or VERSION+cpu.
---driver is the version nvidia-smi prints (e.g. 535.104.05); without it only the architecture is checked.
+--torch takes VERSION (the build `pip install torch==VERSION` gets from PyPI on the platform), VERSION+cuXYZ,
+VERSION+cpu, or a nightly as torch prints it (2.10.0.dev20250915+cu128: judged as its release line).
+--driver is the version nvidia-smi prints (e.g. 535.104.05; on Windows/WSL the Windows number, e.g. 566.36;
+on Jetson the JetPack's, e.g. 540.4.0); without it only the architecture is checked.
+--platform defaults to this machine's (a Jetson GPU implies jetson).
 exit status: 0 works or works_with_caveats, 1 fails, 2 bad input (unknown GPU, malformed or unpublished version).
 """
 
@@ -27,16 +33,40 @@ MARK = {"info": "ok  ", "caveat": "warn", "fail": "FAIL"}
 TITLE = {"works": "WORKS", "works_with_caveats": "WORKS WITH CAVEATS", "fails": "FAILS"}
 
 
-def add_gpu_driver_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--gpu`` (repeatable) and ``--driver``: the hardware half that check and resolve share."""
+PLATFORM_HELP = (
+    "linux-x86_64, linux-aarch64 (Grace, DGX Spark), jetson (jetson5/6/7 for a JetPack), windows or wsl "
+    "(default: this machine's)"
+)
+
+
+def add_platform_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--platform", metavar="PLATFORM", help=PLATFORM_HELP)
+
+
+def add_gpu_driver_arguments(parser: argparse.ArgumentParser, gpu_required: bool = True) -> None:
+    """``--gpu`` (repeatable), ``--driver`` and ``--platform``: the hardware half that check and resolve share."""
     parser.add_argument(
         "--gpu",
         action="append",
-        required=True,
+        required=gpu_required,
         metavar="GPU",
         help="GPU name as nvidia-smi or the datasheet spells it (repeat for several GPUs)",
     )
-    parser.add_argument("--driver", metavar="VERSION", help="NVIDIA driver version, e.g. 535.104.05")
+    parser.add_argument(
+        "--driver", metavar="VERSION", help="NVIDIA driver version as nvidia-smi prints it, e.g. 535.104.05"
+    )
+    add_platform_argument(parser)
+
+
+def platform_from(args: argparse.Namespace) -> Any:
+    """``--platform``, else this machine's (torchrig.compat.host)."""
+    from torchrig.compat.platforms import parse_platform
+
+    if getattr(args, "platform", None):
+        return parse_platform(args.platform)
+    from torchrig.compat.host import host_platform
+
+    return host_platform()
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +91,7 @@ class CheckReport:
         r = self.result
         gpus = ", ".join(f"{g.name} ({g.sm})" for g in r.gpus)
         driver = f"driver {r.driver}" if r.driver else "driver not given"
-        lines = [f"torch {r.build.label} on {gpus}, {driver}: {TITLE[r.verdict.value]}", ""]
+        lines = [f"torch {r.build.label} on {gpus}, {driver}, {r.platform}: {TITLE[r.verdict.value]}", ""]
         for reason in r.reasons:
             lines.append(f"  {MARK[reason.severity.value]}  {reason.message}  [{reason.code}]")
         if r.fixes:
@@ -81,7 +111,8 @@ def run(args: argparse.Namespace) -> CheckReport:
 
     if args.driver is not None:
         V.parse_driver(args.driver)
+    plat = platform_from(args)
     kb = load_kb()
-    build = kb.find_build(args.torch)
+    build = kb.find_build(args.torch, plat)
     gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())  # 8x the same GPU: once
-    return CheckReport(check(kb, gpus=gpus, driver=args.driver, build=build))
+    return CheckReport(check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat))

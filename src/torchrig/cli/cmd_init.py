@@ -5,8 +5,11 @@ GPUs and the oldest driver it must run on), Python, extra pip and apt packages, 
 SSH), the non-root user, the working directory and the variant (runtime, or devel with nvcc and headers).
 Then `torchrig image render` prints its Dockerfile and `torchrig image build` builds it.
 
+Without --gpu, init looks for this machine's GPUs and driver (NVML) and targets them; with none found it
+writes the CPU build. It says what it chose and why (also as a comment in the file).
+
 examples:
-  torchrig init                                         # auto: newest torch for an H100 on driver 535+
+  torchrig init                                         # this machine's GPUs and driver, else the CPU build
   torchrig init --gpu "RTX 4090" --gpu A100 --driver 550.54.15
   torchrig init --torch 2.8.0 --variant cu128 --devel
   torchrig init --variant cpu --python 3.11 ci/torchrig.toml
@@ -15,14 +18,17 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 from torchrig.errors import UsageError
 from torchrig.report import SimpleReport
 
 TEMPLATE = """\
 # torchrig image spec. `torchrig image render` prints the Dockerfile, `torchrig image build` builds it.
+# Chosen by torchrig init: {why}
 schema_version = 1
 
 [torch]
@@ -75,15 +81,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", default="3.11", help="Python version (default: 3.11)")
     parser.add_argument("--devel", action="store_true", help="the devel variant (nvcc and headers)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    from torchrig.cli.cmd_check import add_platform_argument
+
+    add_platform_argument(parser)
 
 
-def render_spec(args: argparse.Namespace) -> str:
-    gpus = args.gpu or ([] if args.variant == "cpu" else ["H100"])
-    driver = args.driver or (None if args.variant == "cpu" else "535.104.05")
+def choose(args: argparse.Namespace) -> Any:
+    """The target (GPUs, driver, variant) and why: as given, else detected here (NVML), else the CPU build."""
+    from torchrig.compat.host import detect_local_gpus
+    from torchrig.compat.target import choose_target
+
+    looked = args.variant != "cpu" and not args.gpu
+    return choose_target(args.gpu, args.driver, args.variant, detect_local_gpus() if looked else None)
+
+
+def render_spec(args: argparse.Namespace, target: Any) -> str:
+    driver = target.driver
     return TEMPLATE.format(
+        why=target.why,
         version=json.dumps(args.torch),
-        variant=json.dumps(args.variant),
-        gpus=json.dumps(gpus),
+        variant=json.dumps(target.variant),
+        gpus=json.dumps(list(target.gpus)),
         driver_line=f"min_driver = {json.dumps(driver)}" if driver else '# min_driver = "535.104.05"',
         python=json.dumps(args.python),
         image_variant=json.dumps("devel" if args.devel else "runtime"),
@@ -103,7 +121,18 @@ def run(args: argparse.Namespace) -> SimpleReport:
     path = Path(args.path)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or give another path")
-    text = render_spec(args)
+    if args.driver is not None:
+        from torchrig.compat import versions as V
+
+        V.parse_driver(args.driver)
+    from torchrig.cli.cmd_check import platform_from
+
+    plat = platform_from(args)
+    target = choose(args)
+    if plat.id != "linux-x86_64":
+        # The image is a Linux container: x86_64 wheels under WSL 2 or Docker Desktop on Windows.
+        target = dataclasses.replace(target, why=f"{target.why}; host platform {plat.label}")
+    text = render_spec(args, target)
     parse_spec(tomllib.loads(text), str(path))  # what we write must be valid (bad --torch etc. fail here)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +141,17 @@ def run(args: argparse.Namespace) -> SimpleReport:
         raise UsageError(
             f"cannot write {path}: {err.strerror}", hint="give a path in a writable folder"
         ) from None
+    chosen = {
+        "gpus": list(target.gpus),
+        "driver": target.driver,
+        "variant": target.variant,
+        "why": target.why,
+    }
+    gpus = ", ".join(target.gpus) or "no GPU"
+    nxt = f"torchrig image render {path if str(path) != 'torchrig.toml' else ''}".rstrip()
     return SimpleReport(
-        data={"path": str(path), "spec": text},
-        text=f"wrote {path}; next: torchrig image render {path if str(path) != 'torchrig.toml' else ''}".rstrip(),
+        data={"path": str(path), "spec": text, "chosen": chosen},
+        text=f"wrote {path}: torch {args.torch}, variant {target.variant}, for {gpus}"
+        + (f", driver {target.driver}" if target.driver else "")
+        + f"\nwhy: {target.why}\nnext: {nxt}",
     )

@@ -8,6 +8,8 @@ examples:
   torchrig matrix --torch 2.8.0 --format markdown   # every variant of 2.8.0
   torchrig matrix --torch 2.7.0 --driver 535.104.05
   torchrig matrix --torch 2.9.0 --format html > matrix.html
+  torchrig matrix --platform linux-aarch64          # PyPI's aarch64 wheels: CPU-only up to 2.10
+  torchrig matrix --platform jetson7 --torch 2.10.0 # Jetson Thor on JetPack 7
 
 exit status: 0, or 2 for bad input (malformed or unpublished version).
 """
@@ -32,6 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", choices=("table", "markdown", "html"), default="table", help="output format"
     )
+    from torchrig.cli.cmd_check import add_platform_argument
+
+    add_platform_argument(parser)
     parser.add_argument(
         "--newest",
         type=int,
@@ -65,6 +70,10 @@ def run(args: argparse.Namespace) -> MatrixReport:
 
     if args.newest < 1:
         raise UsageError(f"--newest must be at least 1, got {args.newest}")
+    from torchrig.cli.cmd_check import platform_from
+
+    plat = platform_from(args)
     return MatrixReport(
-        build_matrix(load_kb(), torch=args.torch, driver=args.driver, newest=args.newest), args.format
+        build_matrix(load_kb(), torch=args.torch, driver=args.driver, newest=args.newest, platform=plat),
+        args.format,
     )

@@ -8,8 +8,12 @@ examples:
   torchrig resolve --gpu "Tesla V100-SXM2-32GB" --driver 535.104.05 --python 3.11
   torchrig resolve --gpu A100 --gpu "RTX 4090" --driver 550.54.14 --torch '>=2.6,<2.9'
   torchrig resolve --gpu "GTX 1080 Ti" --driver 580.65.06 --torch '==2.8.*' --json
+  torchrig resolve                                  # no GPU: the CPU build for this machine
+  torchrig resolve --gpu GH200 --driver 570.133.20 --platform linux-aarch64
 
-Without --driver the choice ignores the driver and `min_driver` says what it must be.
+Without --driver the choice ignores the driver and `min_driver` says what it must be. Without --gpu: the CPU
+build for the platform. With a driver, the newest build it runs natively ranks first; a newer one that needs
+CUDA minor-version compatibility is shown beside it ("newer") with its caveat (docs/knowledge-base.md).
 exit status: 0 a build was found, 1 none works (the reason per GPU and what would change it), 2 bad input.
 """
 
@@ -26,7 +30,7 @@ if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
 def configure(parser: argparse.ArgumentParser) -> None:
     from torchrig.cli.cmd_check import add_gpu_driver_arguments
 
-    add_gpu_driver_arguments(parser)
+    add_gpu_driver_arguments(parser, gpu_required=False)
     parser.add_argument(
         "--torch", metavar="SPEC", help="torch version range, e.g. '>=2.6' or '==2.7.*' (default: any)"
     )
@@ -70,6 +74,7 @@ class ResolveReport:
         r = self.resolution
         rows = [
             ("torch", r.build.label + (" (the PyPI default)" if r.build.is_pypi_default else "")),
+            ("platform", r.platform),
             ("verdict", r.verdict.value),
             ("CUDA", r.cuda),
             ("torchvision", r.torchvision),
@@ -88,12 +93,20 @@ class ResolveReport:
             rows.append(
                 ("native", f"{r.native_alternative.label} is the newest build this driver runs natively")
             )
+        if r.newer_alternative:
+            rows.append(("newer", f"{r.newer_alternative.label} (works with caveats, below)"))
+        if r.cuda is None:
+            rows = [row for row in rows if row[0] not in ("CUDA", "cuDNN", "NCCL", "min driver")]
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v if v is not None else 'unknown'}" for k, v in rows]
+        if r.why:
+            lines += ["", f"why: {r.why}"]
         lines += ["", r.pip_command_full]
         caveats = [x for x in r.reasons if x.severity.value == "caveat"]
         if caveats:
             lines += ["", "caveats:"] + [f"  warn  {c.message}  [{c.code}]" for c in caveats]
+        if r.newer_alternative:
+            lines += ["", f"also: {r.newer_alternative.pip_command}", f"  warn  {r.newer_caveat}"]
         return "\n".join(lines)
 
 
@@ -108,11 +121,16 @@ def run(args: argparse.Namespace) -> ResolveReport:
         V.parse_spec(args.torch)
     if args.python is not None:
         V.parse_python(args.python)
+    from torchrig.cli.cmd_check import platform_from
+
+    plat = platform_from(args)
     kb = load_kb()
-    gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())
+    gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu or [])}.values())
     try:
         return ResolveReport(
-            resolve(kb, gpus=gpus, driver=args.driver, torch_spec=args.torch, python=args.python)
+            resolve(
+                kb, gpus=gpus, driver=args.driver, torch_spec=args.torch, python=args.python, platform=plat
+            )
         )
     except NoBuildFound as err:
         return ResolveReport(None, err)

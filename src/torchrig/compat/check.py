@@ -14,6 +14,7 @@ from typing import Any
 
 from torchrig.compat import versions as V
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase
+from torchrig.compat.platforms import JetPack, Platform
 from torchrig.compat.rules import (
     Coverage,
     CoverageKind,
@@ -21,6 +22,7 @@ from torchrig.compat.rules import (
     arch_coverage,
     driver_cuda_support,
     driver_supports_arch,
+    driver_view,
 )
 
 
@@ -71,6 +73,7 @@ class CheckResult:
     driver: str | None
     driver_support: DriverSupportKind | None = None
     notes: list[str] = field(default_factory=list)
+    platform: str = "linux-x86_64"
 
     def reasons_for(self, severity: Severity) -> list[Reason]:
         return [r for r in self.reasons if r.severity is severity]
@@ -97,6 +100,7 @@ class CheckResult:
             "driver": self.driver,
             "driver_support": self.driver_support.value if self.driver_support else None,
             "notes": self.notes,
+            "platform": self.platform,
         }
 
 
@@ -184,16 +188,25 @@ def _arch_reason(kb: KnowledgeBase, gpu: Gpu, build: Build, driver_kind: DriverS
 
 
 def _driver_reasons(
-    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str, build: Build
+    kb: KnowledgeBase,
+    gpus: Sequence[Gpu],
+    driver: str,
+    build: Build,
+    platform: Platform,
+    jetpack: JetPack | None,
 ) -> tuple[list[Reason], DriverSupportKind | None]:
     reasons: list[Reason] = []
-    for gpu in gpus:
-        bs = driver_supports_arch(kb, driver, gpu)
-        if not bs.ok:
-            reasons.append(Reason(bs.code, Severity.FAIL, bs.message, gpu.name))
+    view = driver_view(kb, driver, platform, jetpack)
+    if view.note:
+        reasons.append(Reason("driver_numbering", Severity.INFO, view.note))
+    if view.branch is not None:
+        for gpu in gpus:
+            bs = driver_supports_arch(kb, driver, gpu, view.branch)
+            if not bs.ok:
+                reasons.append(Reason(bs.code, Severity.FAIL, bs.message, gpu.name))
     if build.cuda is None:
         return reasons, None
-    ds = driver_cuda_support(kb, driver, build.cuda)
+    ds = driver_cuda_support(kb, driver, build.cuda, view.native_max_cuda)
     if ds.kind is DriverSupportKind.NATIVE:
         reasons.append(Reason("driver_native", Severity.INFO, ds.message))
     elif ds.kind is DriverSupportKind.MINOR_COMPAT:
@@ -203,14 +216,97 @@ def _driver_reasons(
     return reasons, ds.kind
 
 
+def _jetpack(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, platform: Platform
+) -> JetPack | None:
+    """The JetPack asked for, else the one the driver number names, else JetPack 7 for a Thor (it runs no other)."""
+    if platform.jetpack:
+        return kb.jetpack(platform.jetpack)
+    if driver is not None:
+        found = kb.jetpack_for_driver(driver)
+        if found:
+            return found
+    if gpus and all(g.compute_capability == "11.0" for g in gpus):
+        return kb.jetpack("7")
+    return None
+
+
+def _jetson_wheels_reasons(gpus: Sequence[Gpu], build: Build, jetpack: JetPack | None) -> list[Reason]:
+    which = (
+        f"JetPack {jetpack.version} (CUDA {jetpack.max_cuda})"
+        if jetpack
+        else "this JetPack (pass --platform jetson7 for JetPack 7)"
+    )
+    return [
+        Reason(
+            "embedded_platform",
+            Severity.FAIL,
+            f"{gpu.name} on {which}: PyTorch comes from NVIDIA's JetPack builds, not torch {build.label} "
+            f"(download.pytorch.org has no wheel for the Jetson's integrated GPU before JetPack 7)",
+            gpu.name,
+        )
+        for gpu in gpus
+    ]
+
+
+def _remark_reasons(build: Build) -> list[Reason]:
+    out = []
+    for code, text in build.remarks:
+        if code == "pypi_default_not_confirmed":
+            out.append(Reason(code, Severity.INFO, text))
+        elif code == "arch_list_not_confirmed" and build.variant.is_cpu:
+            continue
+        else:  # a pre-release, or kernels taken from another platform's wheel: a caveat until confirmed
+            out.append(Reason(code, Severity.CAVEAT, text))
+    return out
+
+
+def _ptxas_reason(kb: KnowledgeBase, gpu: Gpu, build: Build) -> Reason | None:
+    gap = kb.ptxas_gap(gpu, build.release) if build.cuda else None
+    if gap is None:
+        return None
+    return Reason(
+        "compile_ptxas_unsupported",
+        Severity.CAVEAT,
+        f"{gpu.name} ({gpu.compute_capability}): eager mode runs, but torch.compile fails: the ptxas that "
+        f"torch {build.release.version}'s Triton bundles does not know {gap.target} (\"ptxas fatal : Value "
+        f"'{gap.target}' is not defined for option 'gpu-name'\"); workaround: {gap.workaround}",
+        gpu.name,
+    )
+
+
+def _cpu_reason(gpu: Gpu, build: Build, platform: Platform) -> Reason:
+    why = ""
+    if build.is_pypi_default and platform.id != "linux-x86_64":
+        why = f" (it is what PyPI serves {platform.label} for torch {build.release.version})"
+    return Reason(
+        "cpu_only_build",
+        Severity.FAIL,
+        f"torch {build.label} is a CPU-only build{why}: it runs on the CPU only "
+        f"(torch.cuda.is_available() is False), {gpu.name} goes unused",
+        gpu.name,
+    )
+
+
 def evaluate(
-    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build
+    kb: KnowledgeBase,
+    gpus: Sequence[Gpu],
+    driver: str | None,
+    build: Build,
+    platform: Platform | None = None,
 ) -> tuple[list[Reason], DriverSupportKind | None]:
-    """The reasons (no fixes) for one build: the building block of check, resolve and matrix."""
+    """The reasons (no fixes) for one build on ``platform`` (default: the build's): the building block of
+    check, resolve and matrix."""
+    plat = platform or Platform(build.platform)
     reasons: list[Reason] = []
+    jetpack = _jetpack(kb, gpus, driver, plat) if plat.id == "jetson" else None
+    if plat.id == "jetson" and (jetpack is None or jetpack.torch != "sbsa"):
+        # JetPack 5/6: Jetson modules run NVIDIA's JetPack wheels
+        # (https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/), not these.
+        return _jetson_wheels_reasons(gpus, build, jetpack), None
     driver_kind = None
     if driver is not None:
-        reasons, driver_kind = _driver_reasons(kb, gpus, driver, build)
+        reasons, driver_kind = _driver_reasons(kb, gpus, driver, build, plat, jetpack)
     else:
         reasons.append(
             Reason(
@@ -219,57 +315,61 @@ def evaluate(
                 "no --driver given: only the GPU architecture was checked against the build",
             )
         )
+    reasons += _remark_reasons(build)
     for gpu in gpus:
-        if gpu.segment == "embedded":
-            # Jetson modules are aarch64 systems with an integrated GPU: PyTorch for them comes from NVIDIA's
-            # JetPack wheels (https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/),
-            # not from these Linux x86_64 builds.
-            reasons.append(
-                Reason(
-                    "embedded_platform",
-                    Severity.FAIL,
-                    f"{gpu.name} is a Jetson (aarch64, JetPack) module: torch {build.label} is a Linux "
-                    f"x86_64 wheel; install NVIDIA's JetPack build of PyTorch instead",
-                    gpu.name,
-                )
-            )
-            continue
         if build.variant.is_cpu:
-            reasons.append(
-                Reason(
-                    "cpu_only_build",
-                    Severity.FAIL,
-                    f"torch {build.label} is a CPU-only build: it runs on the CPU only "
-                    f"(torch.cuda.is_available() is False), {gpu.name} goes unused",
-                    gpu.name,
-                )
-            )
-        else:
-            reasons.append(_arch_reason(kb, gpu, build, driver_kind))
+            reasons.append(_cpu_reason(gpu, build, plat))
+            continue
+        arch = _arch_reason(kb, gpu, build, driver_kind)
+        reasons.append(arch)
+        ptxas = _ptxas_reason(kb, gpu, build) if arch.severity is not Severity.FAIL else None
+        if ptxas:
+            reasons.append(ptxas)
     return reasons, driver_kind
 
 
-def check(kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build) -> CheckResult:
-    """Verdict for ``build`` on all ``gpus`` with ``driver`` (None: architecture only), with the nearest fixes."""
+def platform_for(gpus: Sequence[Gpu], platform: Platform | None) -> tuple[Platform, str | None]:
+    """The platform to judge on: a Jetson GPU means Jetson whatever the host; else ``platform`` (default x86_64)."""
+    plat = platform or Platform()
+    if gpus and any(g.segment == "embedded" for g in gpus) and plat.id != "jetson":
+        return Platform(
+            "jetson"
+        ), f"{gpus[0].name} is a Jetson module: judged for --platform jetson, not {plat.label}"
+    return plat, None
+
+
+def check(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build, platform: Platform | None = None
+) -> CheckResult:
+    """Verdict for ``build`` on all ``gpus`` with ``driver`` (None: architecture only) on ``platform``
+    (default: the build's), with the nearest fixes."""
     if not gpus:
         from torchrig.errors import UsageError
 
         raise UsageError("no GPU given", hint="pass --gpu at least once, e.g. --gpu 'RTX 4090'")
     if driver is not None:
         V.parse_driver(driver)
-    reasons, driver_kind = evaluate(kb, gpus, driver, build)
+    plat, switched = platform_for(gpus, platform or Platform(build.platform))
+    if plat.id == "jetson" and not plat.jetpack:
+        found = _jetpack(kb, gpus, driver, plat)
+        plat = Platform("jetson", found.version) if found else plat
+    if plat.id != build.platform:
+        build = (
+            kb.find_build(f"{build.prerelease or build.release.version}+{build.variant.name}", plat)
+            if build.prerelease
+            else kb.build(build.release, build.release.variant(build.variant.name), plat)
+        )
+    reasons, driver_kind = evaluate(kb, gpus, driver, build, plat)
     verdict = verdict_of(reasons)
     fixes: list[Fix] = []
     if verdict is Verdict.FAILS:
         from torchrig.compat.fixes import nearest_fixes
 
-        fixes = nearest_fixes(kb, gpus, driver, build, reasons)
-    notes = (
-        []
-        if driver
-        else [
+        fixes = nearest_fixes(kb, gpus, driver, build, reasons, plat)
+    notes = [switched] if switched else []
+    if not driver:
+        notes.append(
             "no --driver given: only the GPU architecture was checked; pass --driver "
             "(nvidia-smi's first line) to check the driver too"
-        ]
-    )
-    return CheckResult(verdict, reasons, fixes, build, list(gpus), driver, driver_kind, notes)
+        )
+    return CheckResult(verdict, reasons, fixes, build, list(gpus), driver, driver_kind, notes, plat.label)

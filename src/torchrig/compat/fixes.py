@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from torchrig.compat import versions as V
 from torchrig.compat.check import Fix, Reason, Severity
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release
+from torchrig.compat.platforms import Platform
 from torchrig.compat.resolve import Candidate, candidates
 
 _DRIVER_CODES = {"driver_too_old", "arch_ptx_jit_driver_too_old"}
@@ -34,10 +35,10 @@ def _by_distance(kb: KnowledgeBase, release: Release) -> list[Release]:
 
 
 def _nearest_release(
-    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build, platform: Platform | None = None
 ) -> Candidate | None:
     for release in _by_distance(kb, build.release):
-        found = candidates(kb, gpus, driver, release)
+        found = candidates(kb, gpus, driver, release, platform)
         if found:
             return found[0]
     return None
@@ -53,11 +54,13 @@ def _branch_floor(kb: KnowledgeBase, gpus: Sequence[Gpu]) -> int | None:
     return max(firsts) if firsts else None
 
 
-def _driver_fix(kb: KnowledgeBase, gpus: Sequence[Gpu], build: Build, codes: set[str]) -> Fix | None:
+def _driver_fix(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], build: Build, codes: set[str], platform: Platform | None = None
+) -> Fix | None:
     """Upgrade (or downgrade) the driver so that ``build`` works, if some branch supports every GPU."""
     if build.cuda is None:
         return None
-    arch_only = candidates(kb, gpus, None, build.release)
+    arch_only = candidates(kb, gpus, None, build.release, platform)
     if not any(c.build == build for c in arch_only):
         return None  # the build's kernels do not run on these GPUs whatever the driver
     tk = kb.toolkit(build.cuda)
@@ -98,9 +101,11 @@ def _driver_fix(kb: KnowledgeBase, gpus: Sequence[Gpu], build: Build, codes: set
     return None
 
 
-def _fallback(kb: KnowledgeBase, gpus: Sequence[Gpu], build: Build) -> Fix | None:
+def _fallback(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], build: Build, platform: Platform | None = None
+) -> Fix | None:
     """No torch change works with this driver: the nearest release whose kernels run, and the driver it needs."""
-    found = _nearest_release(kb, gpus, None, build)
+    found = _nearest_release(kb, gpus, None, build, platform)
     if found is None or found.build.cuda is None:
         return None
     tk = kb.toolkit(found.build.cuda)
@@ -119,7 +124,12 @@ def _fallback(kb: KnowledgeBase, gpus: Sequence[Gpu], build: Build) -> Fix | Non
 
 
 def nearest_fixes(
-    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, build: Build, reasons: Sequence[Reason]
+    kb: KnowledgeBase,
+    gpus: Sequence[Gpu],
+    driver: str | None,
+    build: Build,
+    reasons: Sequence[Reason],
+    platform: Platform | None = None,
 ) -> list[Fix]:
     codes = {r.code for r in reasons if r.severity is Severity.FAIL}
     if "embedded_platform" in codes:
@@ -127,25 +137,26 @@ def nearest_fixes(
             Fix(
                 "platform",
                 None,
-                "Jetson: install NVIDIA's JetPack build of PyTorch "
-                "(https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/)",
+                "Jetson before JetPack 7: install NVIDIA's JetPack build of PyTorch "
+                "(https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/); on JetPack 7 "
+                "(Thor) the aarch64 CUDA wheels apply: pass --platform jetson7",
             )
         ]
     torch_fix: Fix | None = None
-    same = [c for c in candidates(kb, gpus, driver, build.release) if c.build != build]
+    same = [c for c in candidates(kb, gpus, driver, build.release, platform) if c.build != build]
     if same:
         torch_fix = Fix("variant", same[0].build.pip_command, _describe(same[0]))
     else:
-        other = _nearest_release(kb, gpus, driver, build)
+        other = _nearest_release(kb, gpus, driver, build, platform)
         if other:
             torch_fix = Fix("release", other.build.pip_command, _describe(other))
-    driver_fix = _driver_fix(kb, gpus, build, codes) if driver is not None else None
+    driver_fix = _driver_fix(kb, gpus, build, codes, platform) if driver is not None else None
     fixes = [f for f in (torch_fix, driver_fix) if f]
     driver_only = bool(codes) and codes <= (_DRIVER_CODES | _BRANCH_CODES)
     if driver_only and driver_fix and torch_fix:
         fixes = [driver_fix, torch_fix]
     if not fixes and driver is not None:
-        fb = _fallback(kb, gpus, build)
+        fb = _fallback(kb, gpus, build, platform)
         if fb:
             fixes.append(fb)
     return fixes

@@ -12,6 +12,7 @@ choices; malformed text raises :class:`~torchrig.errors.UsageError` (``torchrig.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -22,6 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchrig.compat import versions as V
+from torchrig.compat.platforms import (
+    DEFAULT_PLATFORM,
+    ArchOverride,
+    JetPack,
+    Platform,
+    PlatformInfo,
+    PtxasGap,
+    PypiDefault,
+)
 from torchrig.compat.records import (
     PYTORCH_INDEX,
     Branch,
@@ -78,6 +88,11 @@ class KnowledgeBase:
     branches: tuple[Branch, ...]
     releases: tuple[Release, ...]  # newest first
     _gpu_index: Mapping[str, Gpu] = field(default_factory=dict, repr=False, compare=False)
+    platforms: tuple[PlatformInfo, ...] = ()
+    pypi_defaults: tuple[PypiDefault, ...] = ()
+    arch_overrides: tuple[ArchOverride, ...] = ()
+    jetpacks: tuple[JetPack, ...] = ()
+    ptxas_gaps: tuple[PtxasGap, ...] = ()
 
     # ---- GPUs
     def find_gpu(self, name: str) -> Gpu:
@@ -147,25 +162,134 @@ class KnowledgeBase:
             hint=f"closest releases: {', '.join(choices)}",
         )
 
-    def find_build(self, text: str) -> Build:
-        """``"2.8.0+cu126"`` -> that build; ``"2.8.0"`` -> the build PyPI serves; ``"2.8.0+cpu"`` -> CPU-only."""
-        version, variant = V.parse_torch_build(text)
-        rel = self.release(version)
-        return Build(rel, rel.variant(variant or rel.pypi_variant))
+    def find_build(self, text: str, platform: Platform | None = None) -> Build:
+        """``"2.8.0+cu126"`` -> that build; ``"2.8.0"`` -> the build PyPI serves on ``platform``; ``"2.8.0+cpu"``
+        -> CPU-only. A nightly (``2.10.0.dev20250915+cu128``) is read as its release line, with a remark."""
+        parsed = V.parse_torch_build_text(text)
+        rel = self.release(parsed.release)
+        plat = platform or Platform()
+        name = parsed.variant or self.pypi_default(rel, plat)[0]
+        build = self.build(rel, rel.variant(name), plat)
+        if parsed.prerelease:
+            remark = (
+                f"{parsed.prerelease} is a nightly or pre-release build, read as the {rel.version} release line: "
+                f"nightlies move from day to day (kernels, CUDA, pins), so this verdict is the release's"
+            )
+            build = dataclasses.replace(
+                build, prerelease=parsed.prerelease, remarks=(*build.remarks, ("prerelease_build", remark))
+            )
+        return build
 
-    def builds_for_release(self, version: str) -> list[Build]:
-        rel = self.release(version)
-        return [Build(rel, v) for v in rel.variants]
+    # ---- platforms
+    def platform_info(self, platform_id: str) -> PlatformInfo | None:
+        return next((p for p in self.platforms if p.id == platform_id), None)
 
-    def all_builds(self) -> list[Build]:
-        return [Build(r, v) for r in self.releases for v in r.variants]
+    def pypi_default(self, release: Release, platform: Platform) -> tuple[str, bool]:
+        """The variant PyPI serves for ``release`` on ``platform``, and whether that is confirmed."""
+        for row in self.pypi_defaults:
+            if row.platform == platform.id and V.parse_spec(row.releases).admits(release.version):
+                name = release.pypi_variant if row.variant == "release" else row.variant
+                return name, row.confirmed
+        return release.pypi_variant, platform.id in (DEFAULT_PLATFORM, "wsl")
+
+    def build(self, release: Release, variant: Variant, platform: Platform | None = None) -> Build:
+        """``release`` + ``variant`` as the wheel for ``platform``: its kernels and its PyPI default."""
+        plat = platform or Platform()
+        pypi, pypi_ok = self.pypi_default(release, plat)
+        arch_platform = plat.arch_platform
+        arch_ok = arch_platform == DEFAULT_PLATFORM and plat.id != "windows"
+        remarks: list[tuple[str, str]] = []
+        if not variant.confirmed:
+            remarks.append(
+                (
+                    "build_not_confirmed",
+                    f"torch {release.version}+{variant.name} is not confirmed: reported, not read from its wheel "
+                    f"or index ({variant.source})",
+                )
+            )
+        if arch_platform != DEFAULT_PLATFORM and not variant.is_cpu:
+            row = next(
+                (
+                    a
+                    for a in self.arch_overrides
+                    if a.platform == arch_platform
+                    and a.variant == variant.name
+                    and V.parse_spec(a.releases).admits(release.version)
+                ),
+                None,
+            )
+            if row is not None:
+                variant = dataclasses.replace(
+                    variant, arch_list=row.arch_list, ptx=row.ptx, source=row.source, verified=row.verified
+                )
+                arch_ok = True
+            else:
+                remarks.append(
+                    (
+                        "arch_list_not_confirmed",
+                        f"the kernels of torch {release.version}+{variant.name}'s {arch_platform} wheel are not "
+                        f"confirmed: the Linux x86_64 wheel's arch list was used",
+                    )
+                )
+        elif plat.id == "windows" and not variant.is_cpu:
+            remarks.append(
+                (
+                    "arch_list_not_confirmed",
+                    f"the kernels of torch {release.version}+{variant.name}'s Windows wheel are not confirmed: "
+                    f"the Linux x86_64 wheel's arch list was used",
+                )
+            )
+        if not pypi_ok and variant.name == pypi:
+            remarks.append(
+                (
+                    "pypi_default_not_confirmed",
+                    f"that PyPI serves {plat.label} the {pypi} build of torch {release.version} is not confirmed",
+                )
+            )
+        return Build(release, variant, plat.id, pypi, pypi_ok, arch_ok, remarks=tuple(remarks))
+
+    def jetpack(self, version: str | None) -> JetPack | None:
+        return next((j for j in self.jetpacks if j.version == version), None)
+
+    def jetpack_for_driver(self, driver: str) -> JetPack | None:
+        """The JetPack whose driver number this is (exact, else the same major: 580.x -> JetPack 7)."""
+        exact = next((j for j in self.jetpacks if j.driver == driver), None)
+        if exact:
+            return exact
+        major = V.parse_driver(driver)[0]
+        return next((j for j in self.jetpacks if j.driver and V.parse_driver(j.driver)[0] == major), None)
+
+    def windows_branch(self, driver: str) -> Branch | None:
+        """The Linux branch a Windows driver number belongs to: the newest listed branch not above it."""
+        major = V.parse_driver(driver)[0]
+        below = [b for b in self.branches if int(b.branch) <= major]
+        return max(below, key=lambda b: int(b.branch)) if below else None
+
+    def ptxas_gap(self, gpu: Gpu, release: Release) -> PtxasGap | None:
+        return next(
+            (
+                g
+                for g in self.ptxas_gaps
+                if g.compute_capability == gpu.compute_capability
+                and V.parse_spec(g.releases).admits(release.version)
+            ),
+            None,
+        )
+
+    def builds_for_release(self, version: str, platform: Platform | None = None) -> list[Build]:
+        rel = self.release(version)
+        return [self.build(rel, v, platform) for v in rel.variants]
+
+    def all_builds(self, platform: Platform | None = None) -> list[Build]:
+        return [self.build(r, v, platform) for r in self.releases for v in r.variants]
 
     def other_builds_with_native_cubin(self, build: Build, gpu: Gpu) -> list[Build]:
         """Variants of ``build``'s release that carry an exact cubin for ``gpu`` (used to flag forward runs)."""
         want = gpu.sm
+        plat = Platform(build.platform)
         return [
             b
-            for b in self.builds_for_release(build.release.version)
+            for b in self.builds_for_release(build.release.version, plat)
             if b.variant.name != build.variant.name and want in b.variant.arch_list
         ]
 
@@ -221,6 +345,7 @@ def _variant(row: Mapping[str, Any]) -> Variant:
         nccl=_opt(row, "nccl"),
         source=row.get("source", ""),
         verified=str(row.get("verified", "")),
+        confirmed=bool(row.get("confirmed", True)),
     )
 
 
@@ -287,11 +412,64 @@ def _branch(r: Mapping[str, Any]) -> Branch:
     )
 
 
+def _platform_rows(doc: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    def rows(key: str, make: Any) -> tuple[Any, ...]:
+        return tuple(_row(key, r, make) for r in doc.get(key, ()))
+
+    return {
+        "platforms": rows(
+            "platform",
+            lambda r: PlatformInfo(r["id"], r["name"], r["wheel_tag"], r["driver_numbering"], **_sourced(r)),
+        ),
+        "pypi_defaults": rows(
+            "pypi_default",
+            lambda r: PypiDefault(
+                r["platform"], r["releases"], r["variant"], bool(r.get("confirmed", True)), **_sourced(r)
+            ),
+        ),
+        "arch_overrides": rows(
+            "arch_list",
+            lambda r: ArchOverride(
+                r["platform"],
+                r["releases"],
+                r["variant"],
+                _tuple(r, "arch_list"),
+                _tuple(r, "ptx"),
+                r.get("evidence", ""),
+                **_sourced(r),
+            ),
+        ),
+        "jetpacks": rows(
+            "jetpack",
+            lambda r: JetPack(
+                str(r["version"]), str(r["l4t"]), r["max_cuda"], r["torch"], _opt(r, "driver"), **_sourced(r)
+            ),
+        ),
+        "ptxas_gaps": rows(
+            "ptxas_gap",
+            lambda r: PtxasGap(
+                r["compute_capability"], r["target"], r["releases"], r["workaround"], **_sourced(r)
+            ),
+        ),
+    }
+
+
 def build_kb(
-    gpus: Mapping[str, Any], cuda: Mapping[str, Any], drivers: Mapping[str, Any], torch: Mapping[str, Any]
+    gpus: Mapping[str, Any],
+    cuda: Mapping[str, Any],
+    drivers: Mapping[str, Any],
+    torch: Mapping[str, Any],
+    platforms: Mapping[str, Any] | None = None,
 ) -> KnowledgeBase:
-    """Build a KnowledgeBase from the four parsed data files (tests pass small in-memory ones)."""
-    for name, doc in (("gpus", gpus), ("cuda", cuda), ("drivers", drivers), ("torch", torch)):
+    """Build a KnowledgeBase from the parsed data files (tests pass small in-memory ones; platforms optional)."""
+    platforms = platforms if platforms is not None else {"schema_version": 1}
+    for name, doc in (
+        ("gpus", gpus),
+        ("cuda", cuda),
+        ("drivers", drivers),
+        ("torch", torch),
+        ("platforms", platforms),
+    ):
         if doc.get("schema_version") != 1:
             raise ValueError(
                 f"knowledge base: {name}.toml has schema_version {doc.get('schema_version')!r}, expected 1"
@@ -309,10 +487,11 @@ def build_kb(
         branches=tuple(_row("branch", r, _branch) for r in drivers.get("branch", ())),
         releases=tuple(releases),
         _gpu_index=_index_gpus(gpu_rows),
+        **_platform_rows(platforms),
     )
 
 
-_KB_FILES = ("gpus", "cuda", "drivers", "torch")
+_KB_FILES = ("gpus", "cuda", "drivers", "torch", "platforms")
 
 
 def _cache_dir() -> str:
@@ -322,7 +501,7 @@ def _cache_dir() -> str:
 
 
 def _sources() -> tuple[list[bytes], str]:
-    """The four data files' bytes, and a cache key: their checksums, this module's and the Python version."""
+    """The data files' bytes, and a cache key: their checksums, this module's and the Python version."""
     here = os.path.abspath(__file__)
     data_dir = os.path.join(os.path.dirname(os.path.dirname(here)), "data")
     raws = []
@@ -330,7 +509,7 @@ def _sources() -> tuple[list[bytes], str]:
         with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:
             raws.append(fh.read())
     code = b""
-    for module in (here, os.path.join(os.path.dirname(here), "records.py")):  # the pickled classes' code
+    for module in (here, *(os.path.join(os.path.dirname(here), m) for m in ("records.py", "platforms.py"))):
         with open(module, "rb") as fh:
             code += fh.read()
     key = "-".join(f"{zlib.crc32(r):08x}" for r in (*raws, code))
@@ -367,7 +546,7 @@ def load_kb() -> KnowledgeBase:
     except Exception:  # a missing, partial or stale cache only costs the parse
         pass
     docs = _load_docs()
-    kb = build_kb(docs["gpus"], docs["cuda"], docs["drivers"], docs["torch"])
+    kb = build_kb(docs["gpus"], docs["cuda"], docs["drivers"], docs["torch"], docs["platforms"])
     try:
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         tmp = f"{cache}.{os.getpid()}.tmp"

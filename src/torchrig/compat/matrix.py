@@ -1,6 +1,7 @@
 """The support matrix: GPU families (one row per family and compute capability) x PyTorch builds.
 
-Jetson modules (segment "embedded") are left out: they run NVIDIA's aarch64 JetPack builds, not these wheels.
+The matrix is for one platform (``--platform``): its builds' kernels and PyPI defaults (platforms.toml). Jetson
+modules (segment "embedded") are rows only for ``--platform jetson``: elsewhere they run NVIDIA's JetPack builds.
 
 Each cell is the :func:`~torchrig.compat.check.evaluate` verdict of the row's representative GPU on the
 column's build (with ``driver`` if given, else the architecture alone). Rendered as a plain table,
@@ -16,6 +17,7 @@ from typing import Any
 from torchrig.compat import versions as V
 from torchrig.compat.check import Severity, Verdict, evaluate, verdict_of
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase
+from torchrig.compat.platforms import Platform
 
 LEGEND = {
     Verdict.WORKS: "native kernels for the GPU (or binary-compatible ones of the same major)"
@@ -54,9 +56,11 @@ class Matrix:
     columns: list[Build]
     cells: list[list[Cell]]
     driver: str | None
+    platform: str = "linux-x86_64"
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "platform": self.platform,
             "driver": self.driver,
             "columns": [b.to_json() for b in self.columns],
             "rows": [
@@ -76,12 +80,11 @@ class Matrix:
         }
 
 
-def family_rows(kb: KnowledgeBase) -> list[tuple[Row, Gpu]]:
+def family_rows(kb: KnowledgeBase, platform: Platform | None = None) -> list[tuple[Row, Gpu]]:
+    jetson = platform is not None and platform.id == "jetson"
     groups: dict[tuple[str, str], list[Gpu]] = {}
     for g in kb.gpus:
-        if (
-            g.segment == "embedded"
-        ):  # Jetson: aarch64 JetPack builds, not the x86_64 wheels the columns describe
+        if (g.segment == "embedded") is not jetson:  # Jetson modules only on --platform jetson, and only they
             continue
         groups.setdefault((g.family, g.compute_capability), []).append(g)
     rows = [
@@ -91,8 +94,8 @@ def family_rows(kb: KnowledgeBase) -> list[tuple[Row, Gpu]]:
     return sorted(rows, key=lambda rg: (V.parse_cc(rg[0].compute_capability), rg[0].family))
 
 
-def _cell(kb: KnowledgeBase, gpu: Gpu, driver: str | None, build: Build) -> Cell:
-    reasons, _ = evaluate(kb, [gpu], driver, build)
+def _cell(kb: KnowledgeBase, gpu: Gpu, driver: str | None, build: Build, platform: Platform) -> Cell:
+    reasons, _ = evaluate(kb, [gpu], driver, build, platform)
     verdict = verdict_of(reasons)
     order = {Severity.FAIL: 2, Severity.CAVEAT: 1, Severity.INFO: 0}
     deciding = max(reasons, key=lambda r: (order[r.severity], r.code != "driver_not_checked"))
@@ -100,19 +103,26 @@ def _cell(kb: KnowledgeBase, gpu: Gpu, driver: str | None, build: Build) -> Cell
 
 
 def build_matrix(
-    kb: KnowledgeBase, torch: str | None = None, driver: str | None = None, newest: int = 4
+    kb: KnowledgeBase,
+    torch: str | None = None,
+    driver: str | None = None,
+    newest: int = 4,
+    platform: Platform | None = None,
 ) -> Matrix:
-    """Columns: ``torch``'s variants, or the PyPI builds of the ``newest`` releases."""
+    """Columns: ``torch``'s variants, or the PyPI builds of the ``newest`` releases, on ``platform``."""
+    plat = platform or Platform()
     if driver is not None:
         V.parse_driver(driver)
     if torch:
-        release, variant = V.parse_torch_build(torch)
-        columns = [kb.find_build(torch)] if variant else kb.builds_for_release(release)
+        parsed = V.parse_torch_build_text(torch)
+        columns = (
+            [kb.find_build(torch, plat)] if parsed.variant else kb.builds_for_release(parsed.release, plat)
+        )
     else:
-        columns = [Build(r, r.variant(r.pypi_variant)) for r in kb.releases[:newest]]
-    rows = family_rows(kb)
-    cells = [[_cell(kb, gpu, driver, b) for b in columns] for _, gpu in rows]
-    return Matrix([r for r, _ in rows], columns, cells, driver)
+        columns = [kb.find_build(r.version, plat) for r in kb.releases[:newest]]
+    rows = family_rows(kb, plat)
+    cells = [[_cell(kb, gpu, driver, b, plat) for b in columns] for _, gpu in rows]
+    return Matrix([r for r, _ in rows], columns, cells, driver, plat.label)
 
 
 def _header(b: Build) -> str:
@@ -127,7 +137,14 @@ def render_text(m: Matrix) -> str:
     driver = f"driver {m.driver}" if m.driver else "architecture only (no --driver)"
     legend = [f"  {TEXT[v]:<8} {text}" for v, text in LEGEND.items()]
     return "\n".join(
-        [f"PyTorch support by GPU family, {driver}", "", table(headers, body), "", "legend:", *legend]
+        [
+            f"PyTorch support by GPU family on {m.platform}, {driver}",
+            "",
+            table(headers, body),
+            "",
+            "legend:",
+            *legend,
+        ]
     )
 
 
@@ -138,7 +155,7 @@ def render_markdown(m: Matrix) -> str:
         lines.append("| " + " | ".join([r.label, *(MARKDOWN[c.verdict] for c in cells)]) + " |")
     driver = f"driver {m.driver}" if m.driver else "architecture only (no `--driver`)"
     legend = [f"- {MARKDOWN[v]}: {text}" for v, text in LEGEND.items()]
-    return "\n".join([f"PyTorch support by GPU family, {driver}.", "", *lines, "", *legend])
+    return "\n".join([f"PyTorch support by GPU family on {m.platform}, {driver}.", "", *lines, "", *legend])
 
 
 def render_html(m: Matrix) -> str:
@@ -162,7 +179,7 @@ def render_html(m: Matrix) -> str:
 <style>body {{ font-family: sans-serif; margin: 2em; }} table {{ border-collapse: collapse; }}
 th, td {{ border: 1px solid #999; padding: 4px 8px; text-align: center; }} th[scope=row] {{ text-align: left; }}
 small {{ font-weight: normal; color: #555; }} span {{ padding: 0 6px; }} {css}</style></head>
-<body><h1>PyTorch support by GPU family</h1><p>{e(driver)}; hover a cell for the reason.</p>
+<body><h1>PyTorch support by GPU family on {e(m.platform)}</h1><p>{e(driver)}; hover a cell for the reason.</p>
 <table><thead><tr><th>GPU family (arch, compute capability)</th>{head}</tr></thead>
 <tbody>
 {chr(10).join(rows)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torchrig.compat import versions as V
@@ -126,6 +126,7 @@ class Variant:
     nccl: str | None = None
     source: str = ""
     verified: str = ""
+    confirmed: bool = True  # False: reported, not read from the wheel or the index
 
     @property
     def is_cpu(self) -> bool:
@@ -148,18 +149,31 @@ class Release:
         for v in self.variants:
             if v.name == name:
                 return v
+        known = ", ".join(_closest_versions(name, [v.name for v in self.variants], n=8))
         raise InputError(
-            f"torch {self.version} has no {name} build",
-            hint=f"published: {', '.join(_closest_versions(name, [v.name for v in self.variants], n=8))}",
+            f"torch {self.version} has no {name} build in torchrig's knowledge base (not confirmed either way)",
+            hint=f"known builds: {known}; 'torchrig matrix --torch {self.version}' lists them",
         )
 
 
 @dataclass(frozen=True)
 class Build:
-    """One installable wheel: a release and one of its variants."""
+    """One installable wheel: a release and one of its variants, on a platform.
+
+    ``variant`` carries the platform's kernels (``KnowledgeBase.build`` swaps in platforms.toml's arch list);
+    ``pypi_variant`` is what PyPI serves on the platform for this release (None: the release's own).
+    ``prerelease`` is the nightly or pre-release version the user gave (``2.10.0.dev20250915``), understood as
+    this release line; ``remarks`` say what about this build is not confirmed. Neither takes part in equality.
+    """
 
     release: Release
     variant: Variant
+    platform: str = "linux-x86_64"
+    pypi_variant: str | None = None
+    pypi_confirmed: bool = True
+    arch_confirmed: bool = True
+    prerelease: str | None = field(default=None, compare=False)
+    remarks: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (reason code, text)
 
     @property
     def label(self) -> str:
@@ -167,7 +181,7 @@ class Build:
 
     @property
     def is_pypi_default(self) -> bool:
-        return self.variant.name == self.release.pypi_variant
+        return self.variant.name == (self.pypi_variant or self.release.pypi_variant)
 
     @property
     def cuda(self) -> str | None:
@@ -203,4 +217,9 @@ class Build:
             "cudnn": v.cudnn,
             "nccl": v.nccl,
             "pip_command": self.pip_command,
+            "platform": self.platform,
+            "pypi_confirmed": self.pypi_confirmed,
+            "arch_confirmed": self.arch_confirmed,
+            "prerelease": self.prerelease,
+            "remarks": [{"code": c, "message": m} for c, m in self.remarks],
         }

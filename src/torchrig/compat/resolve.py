@@ -1,10 +1,19 @@
-"""``resolve``: the newest PyTorch release (within ``--torch`` and ``--python``) and its best variant for ALL
-given GPUs with this driver, with the exact pip command and the pins that come with it.
+"""``resolve``: the PyTorch build (within ``--torch`` and ``--python``) for ALL given GPUs with this driver on this
+platform, with the exact pip command and the pins that come with it; without GPUs, the CPU build.
+
+Policy, with a driver (as uv's ``--torch-backend=auto`` picks the newest CUDA the driver runs natively):
+
+1. the newest release that has a confirmed build this driver runs natively ranks first; within a release, a
+   build whose cuDNN/NCCL pins are known before one whose pins are unknown (torchrig does not go back whole
+   releases for pins: unknown pins are shown as unknown);
+2. a newer release that works only with caveats (CUDA minor-version compatibility, a build not confirmed) is
+   offered beside it (``newer_alternative``) with its caveats, never instead of it;
+3. when no release runs natively, the newest that works under minor-version compatibility.
 
 Ranking of a release's variants that work: a CUDA the driver runs natively before minor-version
-compatibility, kernels without PTX JIT before JIT, then the newest CUDA, then the PyPI default. Without a
-driver: kernels without JIT, then the PyPI default, then the newest CUDA (the driver is then yours to pick:
-``min_driver`` says what it must be).
+compatibility, kernels without PTX JIT before JIT, known pins before unknown, then the newest CUDA, then the
+PyPI default. Without a driver: kernels without JIT, then the PyPI default, then the newest CUDA (the driver is
+then yours to pick: ``min_driver`` says what it must be).
 """
 
 from __future__ import annotations
@@ -17,8 +26,9 @@ from typing import Any
 from torchrig.compat import versions as V
 from torchrig.compat.check import Fix, Reason, Severity, Verdict, evaluate, verdict_of
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release
+from torchrig.compat.platforms import Platform
 from torchrig.compat.rules import DriverSupportKind
-from torchrig.errors import InputError, JobFailed, UsageError
+from torchrig.errors import InputError, JobFailed
 
 
 @dataclass(frozen=True)
@@ -31,26 +41,37 @@ class Candidate:
     def verdict(self) -> Verdict:
         return verdict_of(self.reasons)
 
+    @property
+    def native(self) -> bool:
+        return self.driver_kind is DriverSupportKind.NATIVE
+
+    @property
+    def pins_known(self) -> bool:
+        return self.build.variant.cudnn is not None and self.build.variant.nccl is not None
+
     def rank(self, with_driver: bool) -> tuple[int, ...]:
         jit = any(r.code == "arch_ptx_jit" for r in self.reasons)
         cuda = V.parse_cuda(self.build.cuda) if self.build.cuda else (0, 0)
         pypi = int(self.build.is_pypi_default)
         if with_driver:
-            native = int(self.driver_kind is DriverSupportKind.NATIVE)
-            return (native, int(not jit), *cuda, pypi)
+            return (int(self.native), int(not jit), int(self.pins_known), *cuda, pypi)
         return (int(not jit), pypi, *cuda)
 
 
 def candidates(
-    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str | None, release: Release
+    kb: KnowledgeBase,
+    gpus: Sequence[Gpu],
+    driver: str | None,
+    release: Release,
+    platform: Platform | None = None,
 ) -> list[Candidate]:
-    """The release's GPU variants that do not fail, best first."""
+    """The release's GPU variants that do not fail on ``platform``, best first."""
     out = []
     for variant in release.variants:
         if variant.is_cpu:
             continue
-        build = Build(release, variant)
-        reasons, kind = evaluate(kb, gpus, driver, build)
+        build = kb.build(release, variant, platform)
+        reasons, kind = evaluate(kb, gpus, driver, build, platform)
         cand = Candidate(build, reasons, kind)
         if cand.verdict is not Verdict.FAILS:
             out.append(cand)
@@ -81,6 +102,10 @@ class Resolution:
     native_alternative: Build | None = (
         None  # when the pick needs minor-version compatibility: the newest native one
     )
+    newer_alternative: Build | None = None  # a newer release that needs minor-version compatibility
+    newer_caveat: str | None = None
+    platform: str = "linux-x86_64"
+    why: str | None = None  # one line: why this build was chosen
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,6 +130,10 @@ class Resolution:
             ],
             "alternatives": [b.label for b in self.alternatives],
             "native_alternative": self.native_alternative.label if self.native_alternative else None,
+            "newer_alternative": self.newer_alternative.label if self.newer_alternative else None,
+            "newer_caveat": self.newer_caveat,
+            "platform": self.platform,
+            "why": self.why,
         }
 
 
@@ -144,36 +173,97 @@ def resolve(
     driver: str | None = None,
     torch_spec: str | None = None,
     python: str | None = None,
+    platform: Platform | None = None,
 ) -> Resolution:
-    """The newest release in range and its best variant that works on all ``gpus``; NoBuildFound (exit 1) if none."""
-    if not gpus:
-        raise UsageError("no GPU given", hint="pass --gpu at least once, e.g. --gpu 'RTX 4090'")
+    """The build for all ``gpus`` by the policy above; without GPUs the CPU build for ``platform``;
+    NoBuildFound (exit 1) if none works."""
     if driver is not None:
         V.parse_driver(driver)
+    from torchrig.compat.check import platform_for
+
+    plat, _switched = platform_for(gpus, platform)
     releases = _releases_in_range(kb, torch_spec, python)
+    if not gpus:
+        return _resolve_cpu(kb, releases, python, plat)
+    newest: tuple[int, list[Candidate]] | None = None
     for i, release in enumerate(releases):
-        found = candidates(kb, gpus, driver, release)
-        if found:
-            res = _resolution(kb, found, gpus, driver, python)
-            if driver is not None and found[0].driver_kind is DriverSupportKind.MINOR_COMPAT:
-                native = _newest_native(kb, gpus, driver, releases[i:])
-                res = dataclasses.replace(res, native_alternative=native)
+        found = candidates(kb, gpus, driver, release, plat)
+        if not found:
+            continue
+        if newest is None:
+            newest = (i, found)
+        if driver is None or (found[0].native and found[0].build.variant.confirmed):
+            res = _resolution(kb, found, gpus, driver, python, plat)
+            top = newest[1][0]
+            if top.build != found[0].build:  # a newer release works only with caveats (minor compat, unconfirmed)
+                caveats = [r.message for r in top.reasons if r.severity is Severity.CAVEAT]
+                res = dataclasses.replace(
+                    res,
+                    newer_alternative=top.build,
+                    newer_caveat="; ".join(caveats) or None,
+                    why=f"the newest confirmed build driver {driver} runs natively; torch {top.build.label} is "
+                    f"newer but works only with caveats",
+                )
+            elif driver is not None:
+                res = dataclasses.replace(res, why=f"the newest build driver {driver} runs natively")
             return res
-    raise _no_build(kb, gpus, driver, releases, torch_spec, python)
+    if newest is not None:  # nothing native: the newest that works under minor-version compatibility
+        res = _resolution(kb, newest[1], gpus, driver, python, plat)
+        return dataclasses.replace(
+            res,
+            why=f"no release in range runs natively on driver {driver}: the newest under minor-version compatibility",
+        )
+    raise _no_build(kb, gpus, driver, releases, torch_spec, python, plat)
 
 
-def _newest_native(
-    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str, releases: list[Release]
-) -> Build | None:
+def _resolve_cpu(
+    kb: KnowledgeBase, releases: list[Release], python: str | None, plat: Platform
+) -> Resolution:
+    """No GPU: the newest release in range with a CPU build for ``plat``."""
     for release in releases:
-        for c in candidates(kb, gpus, driver, release):
-            if c.driver_kind is DriverSupportKind.NATIVE:
-                return c.build
-    return None
+        cpu = next((v for v in release.variants if v.is_cpu), None)
+        if cpu is None:
+            continue
+        b = kb.build(release, cpu, plat)
+        where = "PyPI's default there" if b.is_pypi_default else "from download.pytorch.org/whl/cpu"
+        reason = Reason(
+            "cpu_build",
+            Severity.INFO,
+            f"no GPU given: torch {b.label} is the CPU build for {plat.label} ({where}); "
+            f"pass --gpu (and --driver) to get a CUDA build",
+        )
+        return Resolution(
+            build=b,
+            verdict=Verdict.WORKS,
+            reasons=[reason],
+            pip_command=b.pip_command,
+            pip_command_full=b.pip_command_for(("torch", "torchvision", "torchaudio")),
+            index_url=b.variant.index_url,
+            cuda=None,
+            torchvision=release.torchvision,
+            torchaudio=release.torchaudio,
+            cudnn=None,
+            nccl=None,
+            min_driver=None,
+            min_driver_minor_compat=None,
+            python=V.parse_python(python) if python else None,
+            driver=None,
+            gpus=[],
+            platform=plat.label,
+            why=f"no GPU given: the newest CPU build for {plat.label}",
+        )
+    raise InputError(
+        "no release in range has a CPU build in torchrig's knowledge base", hint="widen --torch or --python"
+    )
 
 
 def _resolution(
-    kb: KnowledgeBase, found: list[Candidate], gpus: Sequence[Gpu], driver: str | None, python: str | None
+    kb: KnowledgeBase,
+    found: list[Candidate],
+    gpus: Sequence[Gpu],
+    driver: str | None,
+    python: str | None,
+    plat: Platform,
 ) -> Resolution:
     best = found[0]
     b = best.build
@@ -196,6 +286,7 @@ def _resolution(
         driver=driver,
         gpus=list(gpus),
         alternatives=[c.build for c in found[1:]],
+        platform=plat.label,
     )
 
 
@@ -206,20 +297,21 @@ def _no_build(
     releases: list[Release],
     torch_spec: str | None,
     python: str | None,
+    plat: Platform,
 ) -> NoBuildFound:
     newest = releases[0]
-    # Why the newest release in range fails, per GPU: its PyPI build's failing reasons.
-    pypi = Build(newest, newest.variant(newest.pypi_variant))
-    reasons, _ = evaluate(kb, gpus, driver, pypi)
+    # Why the newest release in range fails, per GPU: its Linux default build's failing reasons.
+    pypi = kb.build(newest, newest.variant(newest.pypi_variant), plat)
+    reasons, _ = evaluate(kb, gpus, driver, pypi, plat)
     blockers = [r for r in reasons if r.severity is Severity.FAIL]
     suggestions: list[Fix] = []
     if driver is not None:  # what would change it: a driver branch, another release, or both
         from torchrig.compat.fixes import nearest_fixes
 
-        suggestions = nearest_fixes(kb, gpus, driver, pypi, reasons)
+        suggestions = nearest_fixes(kb, gpus, driver, pypi, reasons, plat)
     if not suggestions and (torch_spec or python):  # would a wider range help?
         try:
-            wider = resolve(kb, gpus, driver)
+            wider = resolve(kb, gpus, driver, platform=plat)
             suggestions.append(
                 Fix(
                     "release",

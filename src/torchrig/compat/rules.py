@@ -13,9 +13,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torchrig.compat import versions as V
 from torchrig.compat.kb import Branch, Gpu, GpuArch, KnowledgeBase
+from torchrig.compat.platforms import JetPack, Platform
 
 # Binary compatibility, from the CUDA C++ Programming Guide, "Binary Compatibility" and "Application
 # Compatibility" (https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#binary-compatibility):
@@ -148,11 +150,64 @@ def max_native_cuda(kb: KnowledgeBase, driver: str) -> str | None:
     return max(ok, key=lambda t: V.parse_cuda(t.version)).version if ok else None
 
 
-def driver_cuda_support(kb: KnowledgeBase, driver: str, cuda: str) -> DriverSupport:
-    """Can driver ``driver`` run a CUDA ``cuda`` runtime: natively, under minor-version compatibility, or not."""
+@dataclass(frozen=True)
+class DriverView:
+    """A driver version read in its platform's numbering.
+
+    ``branch``: the desktop (Linux) branch number, None on Jetson; ``native_max_cuda``: the CUDA it runs
+    natively when that comes from the platform's data rather than the Linux floors (Windows: the branch's;
+    Jetson: the JetPack's); ``note``: how the number was read, for the user.
+    """
+
+    driver: str
+    branch: int | None
+    native_max_cuda: str | None = None
+    note: str | None = None
+
+
+def driver_view(
+    kb: KnowledgeBase, driver: str, platform: Platform, jetpack: JetPack | None = None
+) -> DriverView:
+    """Read ``driver`` as ``platform`` numbers it (platforms.toml: desktop, windows, jetson)."""
+    major = V.parse_driver(driver)[0]
+    info = kb.platform_info(platform.id)
+    numbering = info.driver_numbering if info else "desktop"
+    if numbering == "windows":
+        b = kb.windows_branch(driver)
+        if b is None:
+            return DriverView(driver, major)
+        return DriverView(
+            driver,
+            int(b.branch),
+            b.max_cuda,
+            f"Windows driver {driver} belongs to branch R{b.branch}, which runs CUDA {b.max_cuda} natively",
+        )
+    if numbering == "jetson":
+        jp = jetpack or kb.jetpack_for_driver(driver)
+        if jp is None:
+            return DriverView(driver, None, None, f"Jetson driver {driver} matches no known JetPack")
+        return DriverView(
+            driver,
+            None,
+            jp.max_cuda,
+            f"Jetson driver {driver} is JetPack {jp.version}'s (L4T R{jp.l4t}, CUDA {jp.max_cuda}), "
+            f"not a desktop branch",
+        )
+    return DriverView(driver, major)
+
+
+def driver_cuda_support(
+    kb: KnowledgeBase, driver: str, cuda: str, native_max_cuda: str | None = None
+) -> DriverSupport:
+    """Can driver ``driver`` run a CUDA ``cuda`` runtime: natively, under minor-version compatibility, or not.
+
+    ``native_max_cuda`` (from :func:`driver_view`) replaces the Linux driver floors for Windows and Jetson numbers.
+    """
     V.parse_driver(driver)
     tk = kb.toolkit(cuda)
     floor, compat = tk.min_driver, tk.min_driver_minor_compat
+    if native_max_cuda is not None:
+        return _support_by_cuda(tk, driver, native_max_cuda)
     if _ge(driver, floor):
         return DriverSupport(
             DriverSupportKind.NATIVE,
@@ -189,6 +244,37 @@ def driver_cuda_support(kb: KnowledgeBase, driver: str, cuda: str) -> DriverSupp
     )
 
 
+def _support_by_cuda(tk: Any, driver: str, native: str) -> DriverSupport:
+    have, want = V.parse_cuda(native), V.parse_cuda(tk.version)
+    if want[:2] <= have[:2]:
+        return DriverSupport(
+            DriverSupportKind.NATIVE,
+            driver,
+            tk.version,
+            tk.min_driver,
+            tk.min_driver_minor_compat,
+            f"driver {driver} supports CUDA {tk.version} natively (it runs up to CUDA {native})",
+        )
+    if want[0] == have[0] and tk.min_driver_minor_compat:
+        return DriverSupport(
+            DriverSupportKind.MINOR_COMPAT,
+            driver,
+            tk.version,
+            tk.min_driver,
+            tk.min_driver_minor_compat,
+            f"driver {driver} runs CUDA {tk.version} under minor-version compatibility (natively up to CUDA {native})",
+            MINOR_COMPAT_CAVEAT.format(cuda=tk.version, driver=driver, max_cuda=native),
+        )
+    return DriverSupport(
+        DriverSupportKind.UNSUPPORTED,
+        driver,
+        tk.version,
+        tk.min_driver,
+        tk.min_driver_minor_compat,
+        f"driver too old: driver {driver} runs up to CUDA {native}, the build needs CUDA {tk.version}",
+    )
+
+
 @dataclass(frozen=True)
 class BranchSupport:
     ok: bool
@@ -198,15 +284,17 @@ class BranchSupport:
     branch: Branch | None
 
 
-def driver_supports_arch(kb: KnowledgeBase, driver: str, gpu: Gpu) -> BranchSupport:
+def driver_supports_arch(
+    kb: KnowledgeBase, driver: str, gpu: Gpu, branch_number: int | None = None
+) -> BranchSupport:
     """Does the driver's branch still (or already) support the GPU's architecture?
 
     Each architecture row carries ``last_driver_branch`` (e.g. Kepler's last is R470) and optionally
     ``min_driver_branch`` (e.g. Blackwell GeForce needs R570); branches compare by number.
     """
     arch = kb.arch(gpu.arch)
-    major = V.parse_driver(driver)[0]
-    branch = kb.branch_of(driver)
+    major = branch_number if branch_number is not None else V.parse_driver(driver)[0]
+    branch = next((b for b in kb.branches if b.branch == str(major)), None)
     if arch.last_driver_branch and major > int(arch.last_driver_branch):
         return BranchSupport(
             False,

@@ -99,6 +99,51 @@ def parse_torch_build(text: str) -> tuple[str, str | None]:
     return normalise_release(release), (local.lower() if plus else None)
 
 
+_PLAIN_BUILD_RE = re.compile(r"[0-9.]+(\+[A-Za-z0-9.]+)?")
+
+
+@dataclass(frozen=True)
+class TorchBuildText:
+    """A torch version as users paste it: the release line, the variant, and the pre-release it named."""
+
+    release: str  # "2.10.0"
+    variant: str | None  # "cu128"; None: the PyPI build
+    prerelease: str | None = None  # "2.10.0.dev20250915" for a nightly, "2.11.0rc1", "2.11.0a0"
+
+
+def parse_torch_build_text(text: str) -> TorchBuildText:
+    """Like :func:`parse_torch_build`, and nightly or pre-release versions (``2.10.0.dev20250915+cu128``,
+    ``2.11.0a0+gite33eb77``, ``2.11.0rc1``) are read with ``packaging.version`` as their release line.
+
+    A local part that is not a variant (``+gite33eb77``, a source build) leaves the variant unknown (None).
+    """
+    t = _strict(text, "torch version").removeprefix("torch==").removeprefix("torch ").strip()
+    if _PLAIN_BUILD_RE.fullmatch(t):  # the common case, without importing packaging (~20 ms)
+        release, variant = parse_torch_build(t)
+        return TorchBuildText(release, variant)
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(t)
+    except InvalidVersion:
+        raise UsageError(
+            f"malformed torch version {t!r}",
+            hint="expected e.g. 2.8.0, 2.8.0+cu126, 2.8.0+cpu or a nightly such as 2.10.0.dev20250915+cu128",
+        ) from None
+    if v.epoch or len(v.release) > 3:
+        raise UsageError(f"malformed torch version {t!r}", hint="expected MAJOR.MINOR.PATCH, e.g. 2.8.0")
+    release = normalise_release(v.base_version)
+    local = (v.local or "").lower() or None
+    variant = local if local and _VARIANT_RE.fullmatch(local) else None
+    if local and variant is None and not v.is_prerelease:
+        raise UsageError(
+            f"malformed torch build {t!r}: {local!r} is not a variant",
+            hint="expected VERSION, VERSION+cuXYZ or VERSION+cpu, e.g. 2.8.0+cu126",
+        )
+    pre = v.public if (v.is_prerelease or v.is_devrelease) else None
+    return TorchBuildText(release, variant, pre)
+
+
 def parse_cc(text: str) -> tuple[int, int]:
     """A compute capability ``"8.6"`` -> ``(8, 6)``; also accepts ``sm_86``/``sm86``."""
     t = _strict(text, "compute capability")

@@ -146,6 +146,10 @@ class KernelFacts:
     os_version_id: str | None = None
     os_like: tuple[str, ...] = ()
     os_pretty: str | None = None
+    # platform.machine() and /etc/nv_tegra_release's first line: they name the platform (torchrig.compat.platforms).
+    # Added after the recorded fixtures: their absence from an older record is an unknown platform, not a gap.
+    machine: str | None = field(default=None, metadata={"added_later": True})
+    tegra_release: str | None = field(default=None, metadata={"added_later": True})
 
 
 # ---------------------------------------------------------------- the installed PyTorch
@@ -265,6 +269,9 @@ def facts_to_json(facts: Facts) -> dict[str, Any]:
 
     data = typing.cast(dict[str, Any], jsonable(facts))
     data.pop("absent", None)  # a property of the file it was read from, not a fact about the machine
+    for f in dataclasses.fields(KernelFacts):  # fields added later are written only when known
+        if f.metadata.get("added_later") and data.get("kernel", {}).get(f.name) is None:
+            data.get("kernel", {}).pop(f.name, None)
     return data
 
 
@@ -312,7 +319,7 @@ def _build(cls: type, data: dict[str, Any], where: str, absent: list[str]) -> An
         if f.name in data:
             kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}", absent)
             continue
-        if not f.metadata.get("bookkeeping"):
+        if not f.metadata.get("bookkeeping") and not f.metadata.get("added_later"):
             absent.append(f"{where}.{f.name}")
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             if hints[f.name] is ProbeStatus:

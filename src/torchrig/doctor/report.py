@@ -60,9 +60,16 @@ class DoctorReport:
 
     # ---- text
     def machine_line(self) -> str:
+        from torchrig.compat.platforms import platform_of_kernel
+
         f = self.facts
         parts = [f.kernel.os_pretty or f.kernel.os_id or "unknown OS"]
-        if f.kernel.wsl:
+        plat = platform_of_kernel(
+            f.kernel.machine, f.kernel.kernel_release, f.kernel.wsl, f.kernel.tegra_release
+        )
+        if plat is not None:
+            parts.append(f"platform {plat.label}")
+        elif f.kernel.wsl:
             parts.append("WSL")
         if f.container.in_container:
             parts.append(f"in a {f.container.runtime or ''} container".replace("  ", " "))

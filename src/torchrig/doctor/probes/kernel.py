@@ -177,4 +177,6 @@ def probe_kernel() -> KernelFacts:
         os_version_id=rel.get("VERSION_ID"),
         os_like=tuple(rel.get("ID_LIKE", "").split()),
         os_pretty=rel.get("PRETTY_NAME"),
+        machine=platform.machine() or None,
+        tegra_release=((_read("/etc/nv_tegra_release") or "").splitlines() or [None])[0],
     )
