@@ -45,6 +45,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "exec": ("cmd_exec", "run a command inside an environment", "Environments"),
     "down": ("cmd_down", "stop and remove an environment, freeing its GPUs", "Environments"),
     "gpus": ("cmd_gpus", "the GPU board: each GPU, who holds it, memory and utilisation", "Environments"),
+    "dashboard": (
+        "cmd_dashboard",
+        "a read-only web page of this GPU server: GPUs, leases, environments, bench, doctor",
+        "Environments",
+    ),
     "bench": ("cmd_bench", "measure GPUs and links and grade them against the datasheet", "Proof"),
     "launch": (
         "cmd_launch",

@@ -1,0 +1,199 @@
+"""What the page shows, collected through the CLI's own adapters: the GPU inventory (NVML, or a recorded
+inventory), the lease ledger reconciled with the engine, the engine's environments, the latest bench report
+and doctor's verdict. Returns plain JSON-ready dictionaries; :mod:`torchrig.dashboard.page` renders them.
+
+Tokens: the Jupyter link (with its token) and the ssh command are added only for the viewer's own running
+environments, read from that environment's secrets inside the container. No other user's token is ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.errors import EngineUnavailable, TorchrigError
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is looking: the user who started the dashboard (its real uid)."""
+
+    uid: int
+    name: str
+
+    @classmethod
+    def current(cls) -> Viewer:
+        uid = os.getuid()
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        return cls(uid, name)
+
+
+def _owned(env: Any, viewer: Viewer) -> bool:
+    owned_by = getattr(env, "owned_by", None)
+    if callable(owned_by):  # the environment records its owner's uid
+        return bool(owned_by(viewer.uid))
+    return bool(env.user == viewer.name)
+
+
+def _gpus(inv: Any, leases: list[Any]) -> list[dict[str, Any]]:
+    held: dict[str, list[Any]] = {}
+    for lease in leases:
+        held.setdefault(lease.unit_uuid, []).append(lease)
+    rows = []
+    for g in inv.gpus:
+        uuids = [m.uuid for m in g.mig] if g.mig_enabled else [g.uuid]
+        holders = [
+            {
+                "user": lease.user,
+                "environment": lease.container,
+                "since_s": lease.acquired_at_s,
+                "shared": bool(lease.shared),
+                "unit": lease.unit_label,
+            }
+            for u in uuids
+            for lease in held.get(u, [])
+        ]
+        rows.append(
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_used_mib": g.memory_used_mib,
+                "memory_total_mib": g.memory_total_mib,
+                "utilization_gpu_pct": g.utilization_gpu_pct,
+                "temperature_c": getattr(g, "temperature_c", None),
+                "power_w": getattr(g, "power_w", None),
+                "processes": [dict(p) for p in getattr(g, "processes", ()) or ()],
+                "mig": [m.name for m in g.mig] if g.mig_enabled else [],
+                "holders": holders,
+            }
+        )
+    return rows
+
+
+def _access(engine: Any, env: Any) -> dict[str, str]:
+    """The viewer's own environment: its Jupyter link with the token, and the ssh command."""
+    from torchrig.runtime.serve_contract import SERVE
+
+    out: dict[str, str] = {}
+    if "jupyter" in env.ports:
+        ip, port = env.ports["jupyter"]
+        url = f"http://{ip if ip not in ('0.0.0.0', '') else '127.0.0.1'}:{port}/lab"
+        try:
+            token = engine.get_file(env.id, f"{SERVE.secrets_dir}/{SERVE.token_file}").decode().strip()
+        except Exception:  # the container's secrets are unreadable: the link still helps
+            token = ""
+        out["jupyter"] = url + (f"?token={token}" if token else "")
+    if "ssh" in env.ports:
+        ip, port = env.ports["ssh"]
+        host = ip if ip not in ("0.0.0.0", "") else "127.0.0.1"
+        out["ssh"] = f"ssh -p {port} -o HostKeyAlias={env.name} {env.container_user or 'torch'}@{host}"
+    return out
+
+
+def _environments(engine: Any, envs: list[Any], viewer: Viewer) -> list[dict[str, Any]]:
+    rows = []
+    for e in envs:
+        mine = _owned(e, viewer)
+        rows.append(
+            {
+                "name": e.name,
+                "owner": e.user,
+                "state": e.state,
+                "status": e.status,
+                "gpus": list(e.gpu_labels),
+                "image": e.image,
+                "created": e.created,
+                "mine": mine,
+                "access": _access(engine, e) if mine and e.alive else {},
+            }
+        )
+    return rows
+
+
+def bench_summary(bench_dir: str | None) -> dict[str, Any] | None:
+    """The latest bench report in ``bench_dir`` (what ``torchrig bench --out DIR`` wrote), or None."""
+    if not bench_dir:
+        return None
+    path = Path(bench_dir) / "bench.json"
+    try:
+        data = json.loads(path.read_text())
+        meta = data["measurements"]["meta"]
+        return {
+            "verdict": str(data.get("verdict", "")),
+            "summary": dict(data.get("summary", {})),
+            "date_utc": str(meta.get("date_utc", "")),
+            "command": str(meta.get("command_line", "")),
+            "failed": [f["id"] for f in data.get("findings", []) if f.get("grade") == "fail"][:20],
+            "has_plot": (Path(bench_dir) / "bench.png").is_file(),
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {"verdict": f"no readable bench report in {bench_dir}", "summary": {}, "has_plot": False}
+
+
+def doctor_verdict() -> dict[str, Any]:
+    """doctor's verdict for this host, without the torch probe (the areas that need no interpreter)."""
+    from torchrig.doctor import diagnose
+    from torchrig.doctor.probes import ProbeOptions, collect
+
+    try:
+        report = diagnose(
+            collect(ProbeOptions(python=None, torch=False, timeout_s=10)), ["driver", "gpu", "container"]
+        )
+        data = report.to_json()
+    except TorchrigError as err:
+        return {"verdict": f"doctor could not run: {err.one_line()}", "findings": []}
+    findings = [
+        {"severity": str(f.get("severity")), "summary": str(f.get("summary")), "id": str(f.get("id"))}
+        for f in data.get("findings", [])
+    ]
+    v = data.get("verdict") or {}
+    text = (
+        f"{v.get('status', '?')}: {v.get('error', 0)} error(s), {v.get('warning', 0)} warning(s), "
+        f"{v.get('info', 0)} note(s) (driver, GPUs, container; 'torchrig doctor' for the whole check)"
+        if isinstance(v, dict)
+        else str(v)
+    )
+    return {"verdict": text, "findings": [f for f in findings if f["severity"] != "ok"][:20]}
+
+
+def collect(
+    viewer: Viewer, inventory: str | None, bench_dir: str | None, doctor: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Everything the page shows, now."""
+    from torchrig.runtime.inventory import current
+    from torchrig.runtime.ledger import Ledger
+
+    notes: list[str] = []
+    inv = current(inventory)
+    ledger = Ledger.open()
+    envs: list[Any] = []
+    engine = None
+    try:
+        from torchrig.runtime.engine import Engine
+        from torchrig.runtime.lease import reconcile
+
+        engine = Engine.connect(timeout_s=5)
+        reconcile(ledger, engine)
+        envs = engine.environments()
+    except EngineUnavailable as err:
+        notes.append(f"environments unknown: {err.one_line()}")
+    return {
+        "viewer": viewer.name,
+        "at_s": time.time(),
+        "driver": inv.driver_version,
+        "cuda": inv.cuda_driver_version,
+        "inventory": inv.source,
+        "gpus": _gpus(inv, ledger.leases()),
+        "environments": _environments(engine, envs, viewer) if engine is not None else [],
+        "bench": bench_summary(bench_dir),
+        "doctor": doctor,
+        "notes": notes,
+    }

@@ -1,0 +1,179 @@
+"""torchrig dashboard in a real headless browser (Debian's chromium and chromedriver, through Selenium),
+against a real ledger and real environments on the real engine, with the recorded 8x H200 inventory.
+
+Shown: the tables say what 'torchrig gpus --json' and 'torchrig ps --json' say; a lease taken by 'up'
+appears within the refresh interval; the page needs the printed key; the viewer's own environment shows its
+Jupyter token and another user's environment never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / "tests/fixtures/runtime/inventory-8xh200.json"
+BASE = "torchrig-test/debian:bookworm"
+OTHER = "trdashviewer"
+
+
+def _browser():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    chromium = shutil.which("chromium")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        opts.add_argument(flag)
+    from selenium.webdriver.chrome.service import Service
+
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def _torchrig(args, env, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "torchrig", *args], env=env, capture_output=True, text=True, timeout=300, **kw
+    )
+
+
+@contextlib.contextmanager
+def _dashboard(env, *extra, user=None):
+    argv = [sys.executable, "-m", "torchrig", "dashboard", "--port", "0", "--interval", "1", "--no-doctor"]
+    argv += ["--inventory", str(INVENTORY), *extra]
+    if user:
+        argv = ["runuser", "-u", user, "--", *argv]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "?key=" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        yield line.split(": ", 1)[1].strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _rows(browser, table):
+    """The table's cells as text, read in one script run (the refresh swaps the tables in at any time)."""
+    return browser.execute_script(
+        "const t = document.getElementById(arguments[0]); if (!t) return [];"
+        "return [...t.rows].slice(1).map(r => [...r.cells].map(c => c.innerText));",
+        table,
+    )
+
+
+def _wait(predicate, timeout_s=15.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.3)
+    return False
+
+
+@pytest.fixture
+def env(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o777)
+    os.chmod(state, 0o777)
+    os.chmod(tmp_path, 0o755)
+    return {**os.environ, "TORCHRIG_STATE_DIR": str(state), "TORCHRIG_GPU_INVENTORY": str(INVENTORY)}
+
+
+@pytest.fixture
+def names(engine):
+    made: list[str] = []
+    yield made
+    for n in made:
+        with contextlib.suppress(Exception):
+            engine.containers.get(n).remove(force=True)
+
+
+def test_the_page_shows_what_gpus_and_ps_say_and_a_new_lease_appears(engine, env, names):
+    browser = _browser()
+    try:
+        with _dashboard(env) as url:
+            import urllib.request
+
+            with pytest.raises(urllib.error.HTTPError) as denied:  # no key, no page
+                urllib.request.urlopen(url.split("?")[0], timeout=10)
+            assert denied.value.code == 403
+            browser.get(url)
+            assert "?key=" not in browser.current_url  # the key moved into a cookie
+            assert (
+                browser.execute_script("return document.getElementById('viewer').innerText")
+                == pwd.getpwuid(os.getuid()).pw_name
+            )
+            gpus = json.loads(_torchrig(["gpus", "--json"], env).stdout)
+            assert len(_rows(browser, "gpus")) == 8 == len(gpus["gpus"])
+            assert all(r[6] == "free" for r in _rows(browser, "gpus"))
+
+            name = f"trdash-{os.getpid()}"
+            names.append(name)
+            r = _torchrig(["up", "--image", BASE, "--name", name, "--gpus", "2", "--no-jupyter", "--no-ssh", "--create-only"], env)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            held = [g for g in json.loads(_torchrig(["gpus", "--json"], env).stdout)["gpus"] if g["holders"]]
+            assert _wait(lambda: sum(name in row[6] for row in _rows(browser, "gpus")) == 2, timeout_s=10)
+            shown = {row[0] for row in _rows(browser, "gpus") if name in row[6]}
+            assert shown == {g["gpu"] for g in held} and len(held) == 2
+            ps = json.loads(_torchrig(["ps", "--json"], env).stdout)["environments"]
+            page_envs = {row[0]: row for row in _rows(browser, "envs")}
+            for e in ps:
+                assert e["name"] in page_envs and page_envs[e["name"]][1] == e["user"]
+    finally:
+        browser.quit()
+
+
+@pytest.fixture
+def other_user(engine):
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
+        pytest.skip("needs root, useradd and runuser to make a second Unix user")
+    subprocess.run(["userdel", "-r", OTHER], capture_output=True)
+    subprocess.run(["useradd", "-m", OTHER], check=True)
+    subprocess.run(["usermod", "-aG", "docker", OTHER], capture_output=True)  # read the engine, as ps does
+    yield OTHER
+    subprocess.run(["userdel", "-r", OTHER], capture_output=True)
+
+
+def test_only_the_viewer_sees_their_own_token(engine, env, names, test_image, other_user):
+    name = f"trdash-tok-{os.getpid()}"
+    names.append(name)
+    r = _torchrig(["up", "--image", test_image, "--name", name], env)
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.split("token=", 1)[1].split()[0]
+    browser = _browser()
+    try:
+        with _dashboard(env) as url:  # the owner: the link carries the token
+            browser.get(url)
+            assert _wait(lambda: token in browser.page_source)
+        with _dashboard(env, user=other_user) as url:  # another user: never
+            browser.delete_all_cookies()
+            browser.get(url)
+            assert browser.execute_script("return document.getElementById('viewer').innerText") == other_user
+            assert name in {row[0] for row in _rows(browser, "envs")}
+            time.sleep(2.5)  # two refreshes
+            assert token not in browser.page_source
+            import urllib.request
+
+            base = url.split("?")[0].rstrip("/")
+            key = url.split("key=")[1]
+            for path in ("/", "/fragment", "/state.json"):
+                with urllib.request.urlopen(f"{base}{path}?key={key}", timeout=10) as resp:
+                    assert token not in resp.read().decode()
+    finally:
+        browser.quit()
