@@ -43,12 +43,53 @@ def _owned(env: Any, viewer: Viewer) -> bool:
     return bool(env.user == viewer.name)
 
 
+def _user_of(pid: int) -> str | None:
+    """The owner of a process (host pid namespace), from /proc; None when it is not visible from here."""
+    try:
+        uid = Path(f"/proc/{pid}").stat().st_uid
+        return pwd.getpwuid(uid).pw_name
+    except (OSError, KeyError):
+        return None
+
+
+def live_readings(inv: Any) -> dict[int, dict[str, Any]]:
+    """Temperature, power and the processes of each GPU, read now through torchrig's NVML adapter
+    (``nvidia-smi``'s figures and process table); {} for a recorded inventory or when NVML cannot start."""
+    if not str(inv.source).startswith("nvml"):
+        return {}
+    from torchrig.hw import nvml as hw
+
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        with hw.session() as nv:
+            for g in inv.gpus:
+                now, health = nv.sensors(g.index), nv.health(g.index)
+                out[g.index] = {
+                    "temperature_c": now.temperature_c,
+                    "power_w": None if now.power_draw_w is None else round(now.power_draw_w),
+                    "processes": [
+                        {
+                            "pid": p.pid,
+                            "user": _user_of(p.pid),
+                            "memory_mib": p.used_memory_mib,
+                            "name": p.name,
+                        }
+                        for p in health.processes
+                    ],
+                }
+    except hw.NvmlError:
+        return {}
+    return out
+
+
 def _gpus(inv: Any, leases: list[Any]) -> list[dict[str, Any]]:
     held: dict[str, list[Any]] = {}
     for lease in leases:
         held.setdefault(lease.unit_uuid, []).append(lease)
     rows = []
+    live = live_readings(inv)
     for g in inv.gpus:
+        now = live.get(g.index, {})
         uuids = [m.uuid for m in g.mig] if g.mig_enabled else [g.uuid]
         holders = [
             {
@@ -68,9 +109,9 @@ def _gpus(inv: Any, leases: list[Any]) -> list[dict[str, Any]]:
                 "memory_used_mib": g.memory_used_mib,
                 "memory_total_mib": g.memory_total_mib,
                 "utilization_gpu_pct": g.utilization_gpu_pct,
-                "temperature_c": getattr(g, "temperature_c", None),
-                "power_w": getattr(g, "power_w", None),
-                "processes": [dict(p) for p in getattr(g, "processes", ()) or ()],
+                "temperature_c": now.get("temperature_c"),
+                "power_w": now.get("power_w"),
+                "processes": now.get("processes", []),
                 "mig": [m.name for m in g.mig] if g.mig_enabled else [],
                 "holders": holders,
             }

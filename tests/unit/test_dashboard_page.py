@@ -1,0 +1,76 @@
+"""The dashboard's page is rendered from data that users and files control: everything is escaped, and a
+bench report that is not one is said so, not crashed on."""
+
+from __future__ import annotations
+
+import json
+
+from torchrig.dashboard import page, state
+
+EVIL = '<script>alert(1)</script>"&'
+
+
+def _state(**over):
+    s = {
+        "viewer": EVIL,
+        "at_s": 1764600000.0,
+        "driver": "580.95.05",
+        "cuda": "13.0",
+        "inventory": EVIL,
+        "gpus": [
+            {
+                "index": 0,
+                "name": EVIL,
+                "memory_used_mib": 1,
+                "memory_total_mib": 2,
+                "utilization_gpu_pct": None,
+                "temperature_c": 40,
+                "power_w": None,
+                "processes": [{"pid": 7, "user": EVIL, "memory_mib": 3, "name": EVIL}],
+                "mig": [],
+                "holders": [
+                    {"user": EVIL, "environment": EVIL, "since_s": 1764600000.0, "shared": True, "unit": "0"}
+                ],
+            }
+        ],
+        "environments": [
+            {
+                "name": EVIL,
+                "owner": EVIL,
+                "state": "running",
+                "status": EVIL,
+                "gpus": [EVIL],
+                "image": EVIL,
+                "created": "",
+                "mine": True,
+                "access": {"jupyter": "http://127.0.0.1:1/lab?token=" + EVIL, "ssh": EVIL},
+            },
+        ],
+        "bench": {"verdict": EVIL, "summary": {}, "failed": [EVIL], "command": EVIL, "has_plot": True},
+        "doctor": {"verdict": EVIL, "findings": [{"severity": EVIL, "summary": EVIL, "id": EVIL}]},
+        "notes": [EVIL],
+    }
+    s.update(over)
+    return s
+
+
+def test_every_value_is_escaped():
+    html = page.page(_state(), 5)
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert html.count("<script>") == 1  # the refresh, and nothing else
+
+
+def test_the_refresh_interval_and_the_empty_server():
+    html = page.page(_state(gpus=[], environments=[], bench=None, doctor=None), 7.5)
+    assert "7500" in html and "no GPU on this host" in html and "no torchrig environments" in html
+
+
+def test_a_bench_folder_without_a_report(tmp_path):
+    assert state.bench_summary(None) is None
+    assert "no readable bench report" in state.bench_summary(str(tmp_path))["verdict"]
+    (tmp_path / "bench.json").write_bytes(b"\xff\xfe not json")
+    assert "no readable bench report" in state.bench_summary(str(tmp_path))["verdict"]
+    (tmp_path / "bench.json").write_text(
+        json.dumps({"measurements": {"meta": {"date_utc": "d"}}, "verdict": "ok"})
+    )
+    assert state.bench_summary(str(tmp_path))["verdict"] == "ok"
