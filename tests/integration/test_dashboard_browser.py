@@ -153,7 +153,7 @@ def other_user(engine):
 def test_only_the_viewer_sees_their_own_token(engine, env, names, test_image, other_user):
     name = f"trdash-tok-{os.getpid()}"
     names.append(name)
-    r = _torchrig(["up", "--image", test_image, "--name", name], env)
+    r = _torchrig(["up", "--image", test_image, "--name", name, "--no-ssh"], env)
     assert r.returncode == 0, r.stderr
     token = r.stdout.split("token=", 1)[1].split()[0]
     browser = _browser()
