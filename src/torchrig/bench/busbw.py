@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
 
 from torchrig.errors import UsageError
 
@@ -135,8 +134,3 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
     if sizes[-1] != max_bytes:
         sizes.append(max_bytes)
     return sizes
-
-
-def nearest(sizes: Sequence[int], target: int) -> int:
-    """The size in ``sizes`` closest to ``target`` (used to compare figures at a named size)."""
-    return min(sizes, key=lambda s: abs(s - target))

@@ -75,9 +75,6 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)
     platform: str = "linux-x86_64"
 
-    def reasons_for(self, severity: Severity) -> list[Reason]:
-        return [r for r in self.reasons if r.severity is severity]
-
     @property
     def codes(self) -> list[str]:
         return [r.code for r in self.reasons]

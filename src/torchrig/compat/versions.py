@@ -188,10 +188,6 @@ def parse_arch(text: str) -> Arch:
     return Arch(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4))
 
 
-def cc_str(cc: tuple[int, int]) -> str:
-    return f"{cc[0]}.{cc[1]}"
-
-
 def sm_str(cc: tuple[int, int]) -> str:
     return f"sm_{cc[0]}{cc[1]}"
 
