@@ -293,8 +293,21 @@ def _failed(root: Path, tmp: Path, step: int, err: BaseException) -> None:
             + f"; {last}",
             hint="free space or give --out on a larger disk, then continue with --resume",
         ) from None
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-    raise JobFailed(f"saving {step_name(step)} to {root} failed: {first}; {last}") from None
+    raise JobFailed(f"saving {step_name(step)} to {root} failed: {_first_line(err)}; {last}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """One line for an error; for DCP's ``CheckpointException``, the first failed rank's error."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, pair = next(iter(failures.items()))
+        inner = pair[0] if isinstance(pair, tuple) and pair else pair
+        return f"rank {rank}: {_first_line(inner)}"
+    try:
+        text = str(err).strip()
+    except Exception:
+        text = ""
+    return f"{type(err).__name__}: {(text.splitlines() or [''])[0][:300]}"
 
 
 def _barrier_quiet() -> None:
@@ -318,7 +331,7 @@ def _dcp_load(state: dict[str, Any], ckpt: Path, **kwargs: Any) -> None:
             else [e]
         )
         for c in causes:
-            inner = getattr(c, "exc", c)
+            inner = c[0] if isinstance(c, tuple) and c else c  # DCP's (exception, stack) per rank
             if isinstance(inner, InputError):
                 raise inner from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

@@ -308,16 +308,21 @@ def is_disk_full(err: BaseException) -> bool:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        if isinstance(e, tuple):  # DCP's (exception, stack summary) per failed rank
+            todo += [x for x in e if isinstance(x, BaseException)]
+            continue
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        text = str(e)
+        try:
+            text = str(e)
+        except Exception:  # a malformed exception's own __str__
+            text = ""
         if "No space left" in text or "unexpected pos" in text or "Disk quota exceeded" in text:
             return True
         todo += [getattr(e, "__cause__", None), getattr(e, "__context__", None)]
         failures = getattr(e, "failures", None)
         if isinstance(failures, dict):
             todo += list(failures.values())
-        todo.append(getattr(e, "exc", None))  # DCP's _WrappedException
     return False
 
 
