@@ -63,11 +63,20 @@ def export_checkpoint(
     import torch
 
     from torchrig.train import checkpoint as ckpt
+    from torchrig.train import rundir
     from torchrig.train.models import model_from_spec
 
     try:
         folder = ckpt.resolve(path)
     except FileNotFoundError:
+        saved = rundir.checkpoints(path / rundir.CHECKPOINTS) or rundir.checkpoints(path)
+        if saved:
+            root = saved[-1].path.parent
+            raise InputError(
+                f"no checkpoint at {path}: {root / ckpt.LATEST} names {rundir.pointer(root)!r}, which is not "
+                "a complete checkpoint",
+                hint=f"export one that is, e.g. {saved[-1].path}",
+            ) from None
         raise InputError(
             f"no checkpoint at {path}",
             hint="give a run folder, its checkpoints/ folder, or a step-N folder with meta.json",

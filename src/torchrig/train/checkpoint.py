@@ -307,7 +307,8 @@ def _first_line(err: BaseException) -> str:
         text = str(err).strip()
     except Exception:
         text = ""
-    return f"{type(err).__name__}: {(text.splitlines() or [''])[0][:300]}"
+    first = (text.splitlines() or [""])[0][:300]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def _barrier_quiet() -> None:
@@ -334,9 +335,8 @@ def _dcp_load(state: dict[str, Any], ckpt: Path, **kwargs: Any) -> None:
             inner = c[0] if isinstance(c, tuple) and c else c  # DCP's (exception, stack) per rank
             if isinstance(inner, InputError):
                 raise inner from None
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise InputError(
-            f"cannot load {ckpt}: {first}", hint="the checkpoint is damaged or from another model"
+            f"cannot load {ckpt}: {_first_line(e)}", hint="the checkpoint is damaged or from another model"
         ) from None
 
 
