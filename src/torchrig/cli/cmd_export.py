@@ -3,7 +3,9 @@
 CHECKPOINT is a run folder (its latest checkpoint is used), its checkpoints/ folder, or one step-N folder.
 Sharded FSDP checkpoints and checkpoints saved by any number of ranks load in this one process (DCP
 reshards them). Both outputs are run on the same input as the eager model (the .onnx through onnxruntime)
-and the largest absolute difference is reported; above --tolerance the command exits 1.
+and the largest absolute difference is reported; above --tolerance the command exits 1. The checkpoint's
+files are checked against the SHA-256 sums saved with it and its DCP .metadata is read without running
+code (docs/checkpoints.md): a damaged or refused checkpoint is one line naming the file, exit 2.
 
 examples:
   torchrig export torchrig-run                       # -> torchrig-run/export/model.pt2 and model.onnx

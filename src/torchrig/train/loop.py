@@ -138,8 +138,13 @@ def _start(cfg: TrainConfig, rt: Runtime, out: Path, root: Path) -> tuple[str, P
     plan = ckpt.agree(plan)
     if isinstance(plan, tuple):
         raise UsageError(plan[0], hint=plan[1])
+    if plan.mode == "new":
+        run_id = ckpt.agree(rundir.new_run_id())
+        _claim(rt, out, plan, run_id)  # --overwrite: the previous run's outputs go first
+        ckpt.clean_partial(root)
+        return run_id, None
     ckpt.clean_partial(root)
-    found, skipped = ckpt.find_intact(root) if plan.mode != "new" else (None, [])
+    found, skipped = ckpt.find_intact(root)
     if found is None and rundir.checkpoints(root):
         raise UsageError(
             f"no intact checkpoint to resume from in {root}: {'; '.join(skipped)}",
@@ -153,10 +158,16 @@ def _start(cfg: TrainConfig, rt: Runtime, out: Path, root: Path) -> tuple[str, P
         )
     run_id = (ckpt.read_meta(found).get("run_id") if found else None) or plan.run_id
     run_id = ckpt.agree(run_id or rundir.new_run_id())
+    _claim(rt, out, plan, run_id)
+    return run_id, found
+
+
+def _claim(rt: Runtime, out: Path, plan: rundir.Start, run_id: str) -> None:
     if rt.is_main:
         for line in rundir.claim(out, plan, run_id):
             print(f"torchrig train: {line}", file=sys.stderr, flush=True)
-    return run_id, found
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def _resume(
