@@ -306,3 +306,20 @@ def test_export_names_the_damaged_file_and_an_intact_older_checkpoint(tmp_path):
         _verify(bad, ckpt.read_meta(bad))
     line = e.value.one_line()
     assert str(_shard(bad)) in line and str(root / "step-000002") in line
+
+
+def test_metrics_on_a_full_disk_say_disk_full_and_name_the_last_checkpoint(tmp_path):
+    """/dev/full answers every write with ENOSPC, as a full filesystem does."""
+    from torchrig.train.metrics import Metrics
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    _save(tmp_path / "checkpoints", 2)
+    metrics = Metrics(tmp_path, 10, enabled=True, tensorboard=False)
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    with pytest.raises(rundir.DiskFull) as e:
+        metrics.event(event="start", step=0)
+    line = e.value.one_line()
+    assert line.startswith(f"disk full: writing {tmp_path / 'metrics.jsonl'} failed with")
+    assert f"the last good checkpoint is {tmp_path / 'checkpoints' / 'step-000002'}" in line
+    assert e.value.exit_code == 1

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torchrig import safepickle
 from torchrig.errors import InputError, JobFailed
 from torchrig.train import rundir
-from torchrig.train.rundir import LATEST, META, latest, read_meta, step_name
+from torchrig.train.rundir import LATEST, META, DiskFull, latest, read_meta, step_name
 
 __all__ = ["LATEST", "META", "latest", "load", "load_model_only", "read_meta", "resolve", "save", "step_name"]
 
@@ -55,10 +55,6 @@ except ImportError:  # pragma: no cover
 
 # DCP's warning when no process group runs (one process): that is this module's intent, not a mistake.
 _ONE_PROCESS = ".*assuming the intent is to (load|save) in a single process.*"
-
-
-class DiskFull(JobFailed):
-    """The filesystem under ``--out`` filled up during a save (exit 1: the run stopped)."""
 
 
 # ---------------------------------------------------------------- reading .metadata safely
@@ -124,7 +120,8 @@ class SafeReader(FileSystemReader):
     """DCP's file reader, with ``.metadata`` read by :func:`read_dcp_metadata` instead of ``pickle.load``."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        md = read_dcp_metadata(Path(self.path) / ".metadata")
+        rank = kwargs.get("rank")  # set when each rank wrote its own metadata (DCP without collectives)
+        md = read_dcp_metadata(Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata"))
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         if getattr(md, "storage_meta", None) is None:

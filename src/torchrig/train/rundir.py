@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchrig.errors import InputError, UsageError
+from torchrig.errors import InputError, JobFailed, UsageError
 
 RUN_FILE = "run.json"
 LATEST = "latest"
@@ -296,6 +296,20 @@ def to_prune(
 
 
 # ---------------------------------------------------------------- a full disk
+
+
+class DiskFull(JobFailed):
+    """The filesystem under ``--out`` filled up (exit 1: the run stopped; its last good checkpoint stays)."""
+
+
+def disk_full_writing(path: Path, out: Path) -> DiskFull:
+    """The error for a run output (metrics, summary) that no longer fits on its filesystem."""
+    good = latest(out / CHECKPOINTS)
+    return DiskFull(
+        f"disk full: writing {path} failed with {size_text(free_bytes(path))} left on that filesystem; "
+        + (f"the last good checkpoint is {good}" if good else "no checkpoint of this run was completed"),
+        hint="free space or give --out on a larger disk, then continue with --resume",
+    )
 
 
 def is_disk_full(err: BaseException) -> bool:
