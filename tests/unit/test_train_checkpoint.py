@@ -193,6 +193,10 @@ def test_out_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(UsageError, match="not a folder"):
         rundir.plan_start(tmp_path / "f", resume=False, if_possible=False, overwrite=False)
+    with pytest.raises(UsageError, match="cannot create or write in"):
+        rundir.plan_start(tmp_path / "f" / "run", resume=False, if_possible=False, overwrite=False)
+    with pytest.raises(UsageError, match="not a folder"):
+        rundir.plan_start(Path("/dev/null"), resume=False, if_possible=False, overwrite=False)
 
 
 # ---------------------------------------------------------------- durability
@@ -323,3 +327,36 @@ def test_metrics_on_a_full_disk_say_disk_full_and_name_the_last_checkpoint(tmp_p
     assert line.startswith(f"disk full: writing {tmp_path / 'metrics.jsonl'} failed with")
     assert f"the last good checkpoint is {tmp_path / 'checkpoints' / 'step-000002'}" in line
     assert e.value.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--batch", "0"], "--batch must be 1..1024"),
+        (["--batch", "99999999999"], "--batch must be 1..1024"),
+        (["--tolerance", "nan"], "--tolerance must be a positive number"),
+        (["--tolerance", "-1"], "--tolerance must be a positive number"),
+        (["--out", "/dev/null"], "is not a folder"),
+    ],
+)
+def test_export_refuses_bad_options_in_one_line(tmp_path, capsys, args, says):
+    from torchrig.cli import main
+
+    assert main(["export", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_export_of_nothing_and_of_a_dangling_latest_is_one_line(tmp_path, capsys):
+    from torchrig.cli import main
+
+    assert main(["export", str(tmp_path / "nowhere")]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
+    root = tmp_path / "checkpoints"
+    _save(root, 2)
+    (root / "latest").write_text("step-000009\n")
+    assert main(["export", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "names 'step-000009', which is not a complete checkpoint" in err and str(root / "step-000002") in err
+    )

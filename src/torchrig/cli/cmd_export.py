@@ -16,11 +16,16 @@ examples:
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchrig.report import jsonable, table
+
+# An example input only needs to exercise the model: larger ones just cost memory.
+MAX_BATCH = 1024
+MAX_SEQ = 1 << 20
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -70,13 +75,17 @@ def run(args: argparse.Namespace) -> ExportReport:
     from torchrig.errors import UsageError
     from torchrig.export import export_checkpoint
 
-    if args.batch < 1 or (args.seq_len is not None and args.seq_len < 1) or args.tolerance <= 0:
-        raise UsageError("--batch and --seq-len must be at least 1 and --tolerance positive")
+    if not 1 <= args.batch <= MAX_BATCH or (args.seq_len is not None and not 1 <= args.seq_len <= MAX_SEQ):
+        raise UsageError(f"--batch must be 1..{MAX_BATCH} and --seq-len 1..{MAX_SEQ}")
+    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+        raise UsageError(f"--tolerance must be a positive number, got {args.tolerance}")
     src = Path(args.checkpoint)
     run_dir = src
     while run_dir.name.startswith("step-") or run_dir.name == "checkpoints":
         run_dir = run_dir.parent
     out = Path(args.out) if args.out else run_dir / "export"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is not a folder", hint="give a folder for model.pt2 and model.onnx")
     formats = ("pt2", "onnx") if args.format == "all" else (args.format,)
     return ExportReport(
         export_checkpoint(

@@ -243,6 +243,11 @@ def plan_start(out: Path, *, resume: bool, if_possible: bool, overwrite: bool, r
         raise UsageError("--overwrite replaces the folder's run; --resume continues it", hint="choose one")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is not a folder", hint="give a folder for the run's outputs")
+    base = next((p for p in (out, *out.parents) if p.exists()), None)
+    if base is not None and (not base.is_dir() or not os.access(base, os.W_OK | os.X_OK)):
+        raise UsageError(
+            f"--out {out}: cannot create or write in {base}", hint="give a folder you can write to"
+        )
     if restart > 0 or if_possible:
         return Start("resume-if-possible", run_id_of(out))
     if resume:
