@@ -279,6 +279,7 @@ def test_other_callables_are_refused(tmp_path, payload):
         ckpt.read_dcp_metadata(tmp_path / ".metadata")
 
 
+@pytest.mark.filterwarnings("ignore:.*assuming the intent is to save in a single process")
 def test_real_dcp_metadata_loads_through_the_restricted_unpickler(tmp_path):
     """torch's own save of every kind of entry: tensors of several dtypes, bytes entries, the optimizer."""
     import torch.distributed.checkpoint as dcp
