@@ -50,7 +50,7 @@ TRAIN = [
     "--model", "gpt", "--size", "tiny", "--data", "synthetic", "--seed", "0",
     "--micro-batch", "8", "--steps", str(STEPS), "--log-every", "1", "--ckpt-every", str(CKPT_EVERY),
     "--workers", "0", "--device", "cpu", "--no-tensorboard",
-    "--resume",  # a restarted worker group continues from the last checkpoint
+    "--resume-if-possible",  # a restarted worker group continues from the last checkpoint
 ]  # fmt: skip
 
 

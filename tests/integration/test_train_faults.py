@@ -34,7 +34,7 @@ TRAIN = [
     "4",
     "--micro-batch",
     "4",
-    "--resume",
+    "--resume-if-possible",
 ]
 BASE = ["train", *TRAIN, "--nproc-per-node", "2", "--no-preflight"]
 

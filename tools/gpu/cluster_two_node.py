@@ -24,7 +24,7 @@ CPU = os.environ.get("CPU") == "1"  # CPU=1: the same run with gloo ranks, to tr
 SIZE = os.environ.get("SIZE", "tiny" if CPU else "mini")
 TRAIN = ["--model", "gpt", "--size", SIZE, "--data", "synthetic", "--seed", "0", "--micro-batch", "8",
          "--steps", str(STEPS), "--log-every", "1", "--no-ckpt-final", "--no-tensorboard", "--workers", "0",
-         "--precision", "fp32", "--resume"]  # fmt: skip
+         "--precision", "fp32", "--resume-if-possible"]  # fmt: skip
 
 
 def node_command(script: str) -> tuple[str, dict[str, str]]:

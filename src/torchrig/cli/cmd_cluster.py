@@ -21,7 +21,7 @@ needed).
 
 examples:
   torchrig cluster slurm --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00 -- train.py --lr 3e-4
-  torchrig cluster slurm --nodes 2 -m -o job.sbatch -- torchrig.train --model gpt --size small --resume
+  torchrig cluster slurm --nodes 2 -m -o job.sbatch -- torchrig.train --model gpt --size small --resume-if-possible
   torchrig cluster slurm --nodes 4 --container nvcr.io#org/img:tag -o job.sbatch --submit -- train.py
   torchrig cluster slurm --nodes 2 --spec torchrig.toml --container-runtime apptainer -- train.py
   torchrig cluster k8s --nodes 2 --gpus-per-node 8 --image registry.example/team/torchrig:2.8.0-cu128 -- train.py

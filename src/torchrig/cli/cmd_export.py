@@ -3,7 +3,9 @@
 CHECKPOINT is a run folder (its latest checkpoint is used), its checkpoints/ folder, or one step-N folder.
 Sharded FSDP checkpoints and checkpoints saved by any number of ranks load in this one process (DCP
 reshards them). Both outputs are run on the same input as the eager model (the .onnx through onnxruntime)
-and the largest absolute difference is reported; above --tolerance the command exits 1.
+and the largest absolute difference is reported; above --tolerance the command exits 1. The checkpoint's
+files are checked against the SHA-256 sums saved with it and its DCP .metadata is read without running
+code (docs/checkpoints.md): a damaged or refused checkpoint is one line naming the file, exit 2.
 
 examples:
   torchrig export torchrig-run                       # -> torchrig-run/export/model.pt2 and model.onnx
@@ -14,11 +16,16 @@ examples:
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchrig.report import jsonable, table
+
+# An example input only needs to exercise the model: larger ones just cost memory.
+MAX_BATCH = 1024
+MAX_SEQ = 1 << 20
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -68,13 +75,17 @@ def run(args: argparse.Namespace) -> ExportReport:
     from torchrig.errors import UsageError
     from torchrig.export import export_checkpoint
 
-    if args.batch < 1 or (args.seq_len is not None and args.seq_len < 1) or args.tolerance <= 0:
-        raise UsageError("--batch and --seq-len must be at least 1 and --tolerance positive")
+    if not 1 <= args.batch <= MAX_BATCH or (args.seq_len is not None and not 1 <= args.seq_len <= MAX_SEQ):
+        raise UsageError(f"--batch must be 1..{MAX_BATCH} and --seq-len 1..{MAX_SEQ}")
+    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+        raise UsageError(f"--tolerance must be a positive number, got {args.tolerance}")
     src = Path(args.checkpoint)
     run_dir = src
     while run_dir.name.startswith("step-") or run_dir.name == "checkpoints":
         run_dir = run_dir.parent
     out = Path(args.out) if args.out else run_dir / "export"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is not a folder", hint="give a folder for model.pt2 and model.onnx")
     formats = ("pt2", "onnx") if args.format == "all" else (args.format,)
     return ExportReport(
         export_checkpoint(

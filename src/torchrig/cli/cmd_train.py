@@ -12,12 +12,16 @@ examples:
   torchrig train --gpus 2 --model gpt --size small --data synthetic --micro-batch 16 --compile
   torchrig train --gpus all --parallel fsdp --size medium --precision bf16 --ckpt-every 500
   torchrig train --gpus 2 --out run1 --resume                        # continue from run1/checkpoints/latest
+  torchrig train --out run1 --overwrite                              # a new run in place of run1's
   torchrig train --model resnet --size resnet18 --data ./images --micro-batch 128
   torchrig train --model gpt --data tokens.bin --size mini           # a uint16 token file (nanoGPT's .bin)
   torchrig train --gpus 2 --size small --compile --steps 60 --profile-steps 5   # where the step time goes
 
-outputs under --out: metrics.jsonl, tensorboard/, checkpoints/step-N/ (+ latest), summary.json,
-profile/rankR.trace.json.gz (with --profile-steps; open in Perfetto or chrome://tracing).
+outputs under --out: run.json (the run's id), metrics.jsonl, tensorboard/, checkpoints/step-N/ (+ latest),
+summary.json, profile/rankR.trace.json.gz (with --profile-steps; open in Perfetto or chrome://tracing).
+An --out belongs to one run: a new run there is refused unless --resume, --resume-if-possible or
+--overwrite says what to do with the one it holds. Checkpoints carry SHA-256 checksums; a damaged newest
+one is skipped for the newest intact one (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -133,6 +137,10 @@ def run(args: argparse.Namespace) -> TrainReport:
             raise UsageError(
                 f"{flag} must be {least} or more, got {value}", hint="see 'torchrig train --help'"
             )
+    from torchrig.train.rundir import plan_start
+
+    # refused here, before any rank starts: a run folder that holds another run, --resume with nothing there
+    plan_start(Path(cfg.out), resume=cfg.resume, if_possible=cfg.resume_if_possible, overwrite=cfg.overwrite)
     if args.gpus is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
     if not _wants_launch(args):

@@ -63,21 +63,34 @@ def export_checkpoint(
     import torch
 
     from torchrig.train import checkpoint as ckpt
+    from torchrig.train import rundir
     from torchrig.train.models import model_from_spec
 
     try:
         folder = ckpt.resolve(path)
     except FileNotFoundError:
+        saved = rundir.checkpoints(path / rundir.CHECKPOINTS) or rundir.checkpoints(path)
+        if saved:
+            root = saved[-1].path.parent
+            raise InputError(
+                f"no checkpoint at {path}: {root / ckpt.LATEST} names {rundir.pointer(root)!r}, which is not "
+                "a complete checkpoint",
+                hint=f"export one that is, e.g. {saved[-1].path}",
+            ) from None
         raise InputError(
             f"no checkpoint at {path}",
             hint="give a run folder, its checkpoints/ folder, or a step-N folder with meta.json",
         ) from None
     meta = ckpt.read_meta(folder)
-    spec = meta["model_spec"]
-    model = model_from_spec(spec)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        ckpt.load_model_only(folder, model)
+    _verify(folder, meta)
+    spec = meta.get("model_spec")
+    if not isinstance(spec, dict) or spec.get("model") not in ("gpt", "resnet"):
+        raise InputError(f"{folder / ckpt.META} has no usable model_spec", hint="the checkpoint is damaged")
+    try:
+        model = model_from_spec(spec)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{folder / ckpt.META}: bad model_spec ({type(e).__name__}: {e})") from None
+    ckpt.load_model_only(folder, model)
     model.eval()
     x = _example(spec, batch, seq_len)
     with torch.no_grad():
@@ -89,6 +102,25 @@ def export_checkpoint(
     if "onnx" in formats:
         arts.append(_onnx(model, x, ref, out_dir / "model.onnx", tolerance))
     return ExportResult(str(folder), int(meta["step"]), spec["model"], tuple(x.shape), tolerance, tuple(arts))
+
+
+def _verify(folder: Path, meta: dict) -> None:
+    """Refuse a checkpoint whose files differ from their recorded checksums, naming the file and an intact
+    older checkpoint of the same run when there is one."""
+    from torchrig.train import rundir
+
+    problems = rundir.verify(folder, meta)
+    if not problems:
+        return
+    older = [
+        s.path
+        for s in rundir.resume_order(folder.parent)
+        if s.step < int(meta["step"]) and s.run_id == meta.get("run_id") and not rundir.verify(s.path)
+    ]
+    raise InputError(
+        f"{folder} is damaged: {'; '.join(problems)}",
+        hint=f"export the intact {older[0]} instead" if older else "restore it from a copy",
+    )
 
 
 def _pt2(model, x, ref, path: Path, tol: float) -> Artifact:

@@ -14,24 +14,18 @@ every class, so a dump can only ever yield dicts, lists, strings and numbers, ne
 from __future__ import annotations
 
 import ast
-import io
 import json
-import pickle
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig import safepickle
 from torchrig.launch.summary import Frame, user_frame
 
 PREFIX = "nccl_trace_rank_"  # + global rank: PyTorch's file name for a dump, and what torchfrtrace reads
 _RANK_RE = re.compile(rf"{PREFIX}(\d+)$")
-
-
-class _PlainData(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"a flight record holds plain data only, not {module}.{name}")
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -46,7 +40,11 @@ def load(path: str | Path) -> dict[str, Any]:
 def loads(data: bytes, name: str = "the dump") -> dict[str, Any]:
     """A dump's bytes (pickle or JSON) as plain data; ``ValueError`` when they are not a flight record."""
     try:
-        record = json.loads(data) if data[:1] == b"{" else _PlainData(io.BytesIO(data)).load()
+        record = (
+            json.loads(data)
+            if data[:1] == b"{"
+            else safepickle.loads(data, safepickle.nothing, "a flight record holds plain data only")
+        )
     except Exception as e:  # a truncated or foreign file: any unpickling error
         raise ValueError(f"{name} is not a flight record ({e})") from None
     if not isinstance(record, dict) or not isinstance(record.get("entries", []), list):

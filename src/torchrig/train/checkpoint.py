@@ -1,28 +1,38 @@
-"""Atomic, resharding checkpoints with ``torch.distributed.checkpoint`` (DCP).
+"""Atomic, verified, resharding checkpoints with ``torch.distributed.checkpoint`` (DCP).
 
 Layout under ``OUT/checkpoints/``::
 
-    step-000200/      a complete DCP checkpoint (.metadata + one shard file per rank) and meta.json
+    step-000200/      a complete DCP checkpoint (.metadata + the shard files) and meta.json
     step-000300.tmp/  a save in progress (never read; removed on the next start)
     latest            the name of the newest complete checkpoint, replaced atomically
 
-A save writes into ``step-N.tmp/``; only when every rank has finished does rank 0 write ``meta.json``,
-rename the folder to ``step-N/`` (atomic on one filesystem) and replace ``latest``. A crash at any moment
-leaves ``latest`` pointing at the previous complete checkpoint. DCP stores each tensor with its global
-shape, so a checkpoint saved by N ranks (DDP or FSDP2 shards) loads on M ranks, or in one process.
+A save writes into ``step-N.tmp/`` (DCP fsyncs each file). When every rank has finished, the ranks hash the
+files (SHA-256, each rank a share of them) and rank 0 writes ``meta.json`` with the digests (a temporary
+file, fsynced, renamed), renames the folder to ``step-N/`` (atomic on one filesystem), fsyncs the folder,
+and replaces ``latest`` the same way. A crash at any moment leaves ``latest`` on the previous complete
+checkpoint. Loading verifies the digests first and reads DCP's ``.metadata`` (a pickle) with an unpickler
+that admits only DCP's metadata records, so a crafted checkpoint cannot run code. DCP stores each tensor
+with its global shape, so a checkpoint saved by N ranks (DDP or FSDP2 shards) loads on M ranks, or in one
+process. Every rank must see the same ``OUT`` (one filesystem, shared across nodes).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import enum
 import json
 import os
 import shutil
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -30,45 +40,153 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-LATEST = "latest"
-META = "meta.json"
+from torchrig import safepickle
+from torchrig.errors import InputError, JobFailed
+from torchrig.train import rundir
+from torchrig.train.rundir import LATEST, META, DiskFull, latest, read_meta, step_name
+
+__all__ = ["LATEST", "META", "latest", "load", "load_model_only", "read_meta", "resolve", "save", "step_name"]
+
+try:  # a BaseException: DCP raises it on every rank when any rank's save or load failed
+    from torch.distributed.checkpoint.api import CheckpointException
+except ImportError:  # pragma: no cover
+    CheckpointException = RuntimeError  # type: ignore[misc,assignment]
 
 
-def step_name(step: int) -> str:
-    return f"step-{step:06d}"
+# DCP's warning when no process group runs (one process): that is this module's intent, not a mistake.
+_ONE_PROCESS = ".*assuming the intent is to (load|save) in a single process.*"
 
 
-def latest(root: Path) -> Path | None:
-    """The newest complete checkpoint under ``root`` (following ``latest``), or None."""
-    pointer = root / LATEST
-    if not pointer.is_file():
-        return None
-    target = root / pointer.read_text().strip()
-    return target if (target / META).is_file() else None
+# ---------------------------------------------------------------- reading .metadata safely
+
+# Where DCP's metadata records live (torch 2.x; the sharded-tensor module held TensorProperties before 2.2).
+# Only dataclasses and enums of these modules are admitted, so a renamed record still loads.
+_DCP_MODULES = frozenset(
+    {
+        "torch.distributed.checkpoint.metadata",
+        "torch.distributed.checkpoint.filesystem",
+        "torch.distributed._shard.sharded_tensor.metadata",
+    }
+)
+_PLAIN = frozenset(
+    {
+        (
+            "torch.serialization",
+            "_get_layout",
+        ),  # a layout by name (torch's own weights-only loader admits it)
+        ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"),
+        ("pathlib._local", "PosixPath"),  # Python 3.13's module for them
+        ("pathlib._local", "WindowsPath"),
+        ("collections", "OrderedDict"),
+    }
+)
+
+
+def _admit_dcp(module: str, name: str, resolve: Any) -> bool:
+    if module in _DCP_MODULES:
+        obj = resolve()
+        return isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+    if module == "torch" and name.isidentifier():
+        obj = resolve()
+        return obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format))
+    return (module, name) in _PLAIN
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """DCP's ``.metadata`` through the restricted unpickler; :class:`InputError` naming the file otherwise."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputError(
+            f"cannot read {path} ({e.strerror or e})", hint="the checkpoint is incomplete"
+        ) from None
+    what = "a checkpoint's .metadata holds DCP's metadata records only"
+    try:
+        return safepickle.loads(data, _admit_dcp, what)
+    except safepickle.RefusedPickle as e:
+        raise InputError(
+            f"{path} refused: {e}", hint="a checkpoint from an untrusted source; nothing in it was run"
+        ) from None
+    except Exception as e:  # a truncated or foreign file: any unpickling error
+        raise InputError(
+            f"{path} is not DCP metadata ({type(e).__name__})", hint="the checkpoint is damaged"
+        ) from None
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, with ``.metadata`` read by :func:`read_dcp_metadata` instead of ``pickle.load``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        rank = kwargs.get("rank")  # set when each rank wrote its own metadata (DCP without collectives)
+        md = read_dcp_metadata(Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata"))
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        if hasattr(self, "load_id"):
+            md.storage_meta.load_id = self.load_id
+        return md
+
+
+# ---------------------------------------------------------------- the ranks agree
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _is_main() -> bool:
+    return _rank_world()[0] == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (one small collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def agree(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    return _gather(obj)[0]
+
+
+def _say(line: str) -> None:
+    print(f"torchrig train: {line}", file=sys.stderr, flush=True)
+
+
+def verify(folder: Path, meta: dict[str, Any]) -> list[str]:
+    """Problems with a checkpoint's files (every rank checks a share; all ranks get the same list)."""
+    files = rundir.recorded_files(folder, meta)
+    if files is None:
+        return []
+    rank, world = _rank_world()
+    names = sorted(files)
+    mine = rundir.check_files(folder, files, names[rank::world])
+    return sorted(p for part in _gather(mine) for p in part)
 
 
 def resolve(path: Path) -> Path:
     """A checkpoint folder from a run folder, a checkpoints folder or a checkpoint folder itself."""
-    for cand in (path, path / "checkpoints"):
+    for cand in (path, path / rundir.CHECKPOINTS):
         if (cand / META).is_file():
             return cand
         found = latest(cand)
         if found:
             return found
     raise FileNotFoundError(path)
-
-
-def read_meta(ckpt: Path) -> dict[str, Any]:
-    return json.loads((ckpt / META).read_text())
-
-
-def _is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def clean_partial(root: Path) -> None:
@@ -79,6 +197,9 @@ def clean_partial(root: Path) -> None:
     _barrier()
 
 
+# ---------------------------------------------------------------- saving
+
+
 def save(
     root: Path,
     step: int,
@@ -87,41 +208,140 @@ def save(
     meta: dict[str, Any],
     *,
     keep: int,
+    run_id: str,
     before_commit: Any = None,
 ) -> Path:
-    """Save a checkpoint atomically; every rank calls this. Returns the final folder."""
+    """Save a checkpoint atomically and durably; every rank calls this. Returns the final folder."""
     tmp, final = root / f"{step_name(step)}.tmp", root / step_name(step)
-    if _is_main():
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-    _barrier()
-    msd, osd = get_state_dict(model, optim)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
-    _barrier()  # every rank's shard is on disk
+    rank, world = _rank_world()
+    try:
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        _barrier()
+        msd, osd = get_state_dict(model, optim)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_ONE_PROCESS)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+        _barrier()  # every rank's shard is on disk (DCP fsynced each file)
+    except (Exception, CheckpointException) as e:  # DCP raises on every rank when one rank's write failed
+        _failed(root, tmp, step, e)
+    names = rundir.data_files(tmp)
+    local: OSError | None = None
+    try:
+        mine = rundir.record_files(tmp, names[rank::world])
+    except OSError as e:
+        mine, local = {}, e
+    parts = _gather((mine, _brief(local)))
+    _raise_any(root, tmp, step, local, [p[1] for p in parts])
     if before_commit is not None:
         before_commit()  # a test hook: a crash here must leave the last good checkpoint intact
-    if _is_main():
-        with open(tmp / META, "w") as f:
-            json.dump({**meta, "step": step}, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer = root / f"{LATEST}.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / LATEST)
-        done = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in done[:-keep] if keep else []:
-            shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    local = None
+    if rank == 0:
+        try:
+            files = {k: v for part, _ in parts for k, v in part.items()}
+            _commit(root, tmp, final, {**meta, "step": step, "run_id": run_id, "files": files})
+            for old in rundir.to_prune(rundir.checkpoints(root), run_id, keep, step, final.name):
+                shutil.rmtree(old.path, ignore_errors=True)
+        except OSError as e:
+            local = e
+    _raise_any(root, tmp, step, local, _gather(_brief(local)))
     return final
 
 
+def _brief(err: OSError | None) -> tuple[int | None, str] | None:
+    return (err.errno, str(err)) if err is not None else None
+
+
+def _raise_any(root: Path, tmp: Path, step: int, local: OSError | None, briefs: list[Any]) -> None:
+    """When any rank's part of a save failed, every rank reports it (the same error on each)."""
+    first = next((b for b in briefs if b), None)
+    if first is not None:
+        _failed(root, tmp, step, local or OSError(first[0], first[1]))
+
+
+def _commit(root: Path, tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    rundir.atomic_write(tmp / META, json.dumps(meta, indent=2) + "\n")
+    if final.exists():
+        shutil.rmtree(final)  # this run's own checkpoint of the same step (one a resume went back from)
+    os.replace(tmp, final)
+    rundir.fsync_dir(root)
+    rundir.atomic_write(root / LATEST, final.name + "\n")
+
+
+def _failed(root: Path, tmp: Path, step: int, err: BaseException) -> None:
+    """A save failed on every rank: free its partial folder, say why in one line, keep ``latest``."""
+    free = rundir.free_bytes(root)
+    _barrier_quiet()
+    if _is_main():
+        shutil.rmtree(
+            tmp, ignore_errors=True
+        )  # frees the space, so the logs and metrics can still be written
+    good = latest(root)
+    last = f"the last good checkpoint is {good}" if good else "no checkpoint of this run was completed"
+    if rundir.is_disk_full(err):
+        need = (
+            sum(int(f.get("bytes", 0)) for f in (read_meta(good).get("files") or {}).values()) if good else 0
+        )
+        raise DiskFull(
+            f"disk full: saving {step_name(step)} to {root} failed with {rundir.size_text(free)} left on that "
+            f"filesystem"
+            + (f" (a checkpoint takes about {rundir.size_text(need)})" if need else "")
+            + f"; {last}",
+            hint="free space or give --out on a larger disk, then continue with --resume",
+        ) from None
+    raise JobFailed(f"saving {step_name(step)} to {root} failed: {_first_line(err)}; {last}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """One line for an error; for DCP's ``CheckpointException``, the first failed rank's error."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, pair = next(iter(failures.items()))
+        inner = pair[0] if isinstance(pair, tuple) and pair else pair
+        return f"rank {rank}: {_first_line(inner)}"
+    try:
+        text = str(err).strip()
+    except Exception:
+        text = ""
+    first = (text.splitlines() or [""])[0][:300]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _barrier_quiet() -> None:
+    with contextlib.suppress(Exception):  # a rank already gone: the error still gets reported
+        _barrier()
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _dcp_load(state: dict[str, Any], ckpt: Path, **kwargs: Any) -> None:
+    read_dcp_metadata(ckpt / ".metadata")  # refuse a crafted file before DCP touches it
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_ONE_PROCESS)
+            dcp.load(state, storage_reader=SafeReader(str(ckpt)), **kwargs)
+    except (Exception, CheckpointException) as e:
+        causes = (
+            [e, *getattr(e, "failures", {}).values()]
+            if isinstance(getattr(e, "failures", None), dict)
+            else [e]
+        )
+        for c in causes:
+            inner = c[0] if isinstance(c, tuple) and c else c  # DCP's (exception, stack) per rank
+            if isinstance(inner, InputError):
+                raise inner from None
+        raise InputError(
+            f"cannot load {ckpt}: {_first_line(e)}", hint="the checkpoint is damaged or from another model"
+        ) from None
+
+
 def load(ckpt: Path, model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load model and optimizer state (resharded to this run's layout); returns the checkpoint's meta."""
+    """Load model and optimizer state (resharded to this run's layout); returns the checkpoint's meta.
+    The caller verified the files (:func:`verify`)."""
     msd, osd = get_state_dict(model, optim)
-    dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(ckpt))  # fills msd and osd in place
+    _dcp_load({"model": msd, "optim": osd}, ckpt)  # fills msd and osd in place
     set_state_dict(model, optim, model_state_dict=msd, optim_state_dict=osd)
     return read_meta(ckpt)
 
@@ -130,5 +350,31 @@ def load_model_only(ckpt: Path, model: torch.nn.Module) -> None:
     """Load just the weights into an unsharded model in a single process (no process group needed)."""
     msd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
     state = {"model": msd}
-    dcp.load(state, checkpoint_id=str(ckpt))
+    _dcp_load(state, ckpt)
     model.load_state_dict(state["model"])
+
+
+# ---------------------------------------------------------------- resuming
+
+
+def find_intact(root: Path) -> tuple[Path | None, list[str]]:
+    """The newest intact checkpoint to resume from (``latest`` first) and what was wrong with each newer
+    one; every rank calls this and gets the same answer."""
+    skipped: list[str] = []
+    name = rundir.pointer(root)
+    if name and latest(root) is None:
+        skipped.append(f"latest names {name}, which is not a complete checkpoint")
+    for cand in rundir.resume_order(root):
+        meta = read_meta(cand.path)
+        problems = verify(cand.path, meta)
+        if not problems:
+            try:
+                read_dcp_metadata(cand.path / ".metadata")
+            except InputError as e:
+                problems = [e.one_line()]
+        if not problems:
+            if rundir.recorded_files(cand.path, meta) is None:
+                _say(f"{cand.path} was saved without checksums: resuming from it unverified")
+            return cand.path, skipped
+        skipped.append(f"{cand.name}: {'; '.join(problems)}")
+    return None, skipped

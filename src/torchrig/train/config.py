@@ -71,7 +71,9 @@ class TrainConfig:
     ckpt_every: int = 0  # steps; 0: only at the end (when --ckpt-final)
     ckpt_final: bool = True
     keep_ckpts: int = 2
-    resume: bool = False
+    resume: bool = False  # continue from OUT's newest intact checkpoint; none is an error
+    resume_if_possible: bool = False  # the same, or step 0 when OUT has no checkpoint (scheduler jobs)
+    overwrite: bool = False  # a new run replacing the run OUT holds (its checkpoints and metrics)
     log_every: int = 10
     seed: int = 0
     workers: int = 2

@@ -24,6 +24,7 @@ from torch import nn
 
 from torchrig.errors import UsageError
 from torchrig.train import checkpoint as ckpt
+from torchrig.train import rundir
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
 from torchrig.train.gpuwatch import GpuWatch
@@ -119,24 +120,70 @@ def _test_hooks(cfg: TrainConfig, rt: Runtime, step: int) -> None:
             time.sleep(3600)
 
 
+def _start(cfg: TrainConfig, rt: Runtime, out: Path, root: Path) -> tuple[str, Path | None]:
+    """Rank 0 decides how the run starts in its folder (train/rundir.py's rules), every rank follows: the
+    run's id and the verified checkpoint to resume from (None: step 0)."""
+    plan: Any = None
+    if rt.is_main:
+        try:
+            plan = rundir.plan_start(
+                out,
+                resume=cfg.resume,
+                if_possible=cfg.resume_if_possible,
+                overwrite=cfg.overwrite,
+                restart=rt.restart,
+            )
+        except UsageError as e:
+            plan = (e.message, e.hint)
+    plan = ckpt.agree(plan)
+    if isinstance(plan, tuple):
+        raise UsageError(plan[0], hint=plan[1])
+    if plan.mode == "new":
+        run_id = ckpt.agree(rundir.new_run_id())
+        _claim(rt, out, plan, run_id)  # --overwrite: the previous run's outputs go first
+        ckpt.clean_partial(root)
+        return run_id, None
+    ckpt.clean_partial(root)
+    found, skipped = ckpt.find_intact(root)
+    if found is None and rundir.checkpoints(root):
+        raise UsageError(
+            f"no intact checkpoint to resume from in {root}: {'; '.join(skipped)}",
+            hint="restore the files, or start a new run with --overwrite or a fresh --out",
+        )
+    if skipped and rt.is_main:
+        print(
+            f"torchrig train: resuming from {found}, not a newer one: {'; '.join(skipped)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    run_id = (ckpt.read_meta(found).get("run_id") if found else None) or plan.run_id
+    run_id = ckpt.agree(run_id or rundir.new_run_id())
+    _claim(rt, out, plan, run_id)
+    return run_id, found
+
+
+def _claim(rt: Runtime, out: Path, plan: rundir.Start, run_id: str) -> None:
+    if rt.is_main:
+        for line in rundir.claim(out, plan, run_id):
+            print(f"torchrig train: {line}", file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def _resume(
     cfg: TrainConfig,
     rt: Runtime,
     model: nn.Module,
     opt: torch.optim.Optimizer,
-    root: Path,
+    found: Path | None,
+    resuming: bool,
     metrics: Metrics,
     global_batch: int,
 ) -> tuple[int, dict[str, Any]]:
     # After an elastic restart (torchrun's --max-restarts) the group always continues from the last good
     # checkpoint: starting again from step 0 would repeat steps and throw the metrics away.
-    resuming = cfg.resume or rt.restart > 0
-    found = ckpt.latest(root) if resuming else None
-    if rt.is_main:
-        if resuming:
-            rewind_jsonl(metrics.path, (found and ckpt.read_meta(found)["step"]) or 0)
-        elif metrics.path.exists():
-            metrics.path.unlink()
+    if rt.is_main and resuming:
+        rewind_jsonl(metrics.path, (found and ckpt.read_meta(found)["step"]) or 0)
     if found is None:
         return 0, {}
     meta = ckpt.load(found, model, opt)
@@ -187,6 +234,7 @@ class Job:
     out: Path
     root: Path
     watch: GpuWatch | None = None  # this rank's GPU clocks and power (NVML); None on CPU or without NVML
+    run_id: str = ""  # this run's id (OUT/run.json; every checkpoint's meta.json)
     late: LateGrads | None = None  # DDP only: gradients all-reduced outside DDP (--ddp-overlap-embeddings)
 
 
@@ -286,9 +334,10 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
 
 def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     job = _build(cfg, rt)
-    ckpt.clean_partial(job.root)
+    job.run_id, found = _start(cfg, rt, job.out, job.root)
     metrics = Metrics(job.out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)
-    start, meta = _resume(cfg, rt, job.model, job.opt, job.root, metrics, job.global_batch)
+    resuming = cfg.resume or cfg.resume_if_possible or rt.restart > 0
+    start, meta = _resume(cfg, rt, job.model, job.opt, found, resuming, metrics, job.global_batch)
     if job.scaler is not None and meta.get("grad_scale"):
         job.scaler.update(float(meta["grad_scale"]))
     device_name = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else None
@@ -480,4 +529,13 @@ def _save(job: Job, step: int) -> None:
         "config": dict(vars(cfg)),
         "grad_scale": float(job.scaler.get_scale()) if job.scaler is not None else None,
     }
-    ckpt.save(job.root, step, job.model, job.opt, meta, keep=cfg.keep_ckpts, before_commit=crash_in_save)
+    ckpt.save(
+        job.root,
+        step,
+        job.model,
+        job.opt,
+        meta,
+        keep=cfg.keep_ckpts,
+        run_id=job.run_id,
+        before_commit=crash_in_save,
+    )

@@ -71,17 +71,26 @@ class Metrics:
             except Exception as err:  # tensorboard not installed: JSONL still has everything
                 print(f"torchrig train: TensorBoard off ({type(err).__name__}: {err})", file=sys.stderr)
 
-    def event(self, **rec: Any) -> None:
-        if self.enabled:
+    def _append(self, rec: dict[str, Any]) -> None:
+        try:
             with open(self.path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            from torchrig.train.rundir import disk_full_writing, is_disk_full
+
+            if is_disk_full(e):
+                raise disk_full_writing(self.path, self.path.parent) from None
+            raise
+
+    def event(self, **rec: Any) -> None:
+        if self.enabled:
+            self._append(rec)
 
     def step(self, rec: dict[str, Any], unit: str, interval_first_step: int) -> None:
         if not self.enabled:
             return
         self.intervals.append((interval_first_step, rec[f"{unit}_per_s"]))
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        self._append(rec)
         if self.tb is not None:
             for k, v in rec.items():
                 if isinstance(v, (int, float)) and k != "step" and v is not None:

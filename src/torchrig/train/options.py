@@ -36,7 +36,11 @@ _HELP = {
     "device": "auto, cuda or cpu",
     "out": "run folder (torchrig-run)",
     "ckpt_every": "checkpoint every N steps (0: only the final one)",
-    "resume": "continue from OUT's latest checkpoint",
+    "resume": "continue the run in --out from its newest intact checkpoint (none: an error, exit 2)",
+    "resume_if_possible": "like --resume, but start at step 0 when --out has no checkpoint yet (for jobs a "
+    "scheduler may start again)",
+    "overwrite": "start a new run in an --out that holds another run, removing that run's checkpoints and "
+    "metrics (without it such an --out is refused)",
     "log_every": "log (one host sync) every N steps (10)",
     "peak_tflops": "peak TFLOP/s for MFU (default: from the knowledge base)",
     "workers": "DataLoader workers per rank (2)",

@@ -1,0 +1,365 @@
+"""A run folder and its checkpoints, without torch: who owns the folder, which checkpoints are intact, what
+to prune, and durable writes.
+
+A run folder (``--out``) belongs to one run. ``OUT/run.json`` holds the run's id; every checkpoint's
+``meta.json`` repeats it and records the size and SHA-256 of each file DCP wrote. The rules:
+
+- a new run (no ``--resume``) in a folder that already holds a run is refused: continue it with
+  ``--resume``, replace it with ``--overwrite``, or give a fresh ``--out``;
+- ``--resume`` needs a checkpoint to resume from; ``--resume-if-possible`` starts at step 0 when there is
+  none (an elastic restart, ``--max-restarts``, behaves the same);
+- pruning keeps the ``--keep-ckpts`` newest checkpoints of this run by step, never the one ``latest``
+  names and never one another run wrote.
+
+``sha256sum OUT/checkpoints/step-000200/*`` prints the same digests ``meta.json`` holds.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrig.errors import InputError, JobFailed, UsageError
+
+RUN_FILE = "run.json"
+LATEST = "latest"
+META = "meta.json"
+CHECKPOINTS = "checkpoints"
+# What a run writes into OUT besides checkpoints/ (the launcher's logs/ are the current job's: never removed).
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "tensorboard", "profile")
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-", time.gmtime()) + uuid.uuid4().hex[:8]
+
+
+# ---------------------------------------------------------------- durable writes
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically and durably: a temporary file, fsynced, renamed over it,
+    then the directory fsynced. A reader sees the old content or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------- the checkpoints of a folder
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A complete checkpoint folder (``step-N/`` with a readable ``meta.json``)."""
+
+    path: Path
+    step: int
+    run_id: str | None  # None: saved before run ids existed
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def read_meta(ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's ``meta.json``; :class:`InputError` naming the file when it is missing or malformed."""
+    path = ckpt / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise InputError(
+            f"{path} is unreadable ({type(e).__name__})", hint="the checkpoint is damaged"
+        ) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise InputError(f"{path} is not a torchrig checkpoint's meta.json (no integer 'step')")
+    return meta
+
+
+def checkpoints(root: Path) -> list[Saved]:
+    """The complete checkpoints under ``root`` (``OUT/checkpoints``), by step."""
+    found = []
+    if root.is_dir():
+        for p in root.glob("step-*"):
+            if not p.is_dir() or p.name.endswith(".tmp") or not (p / META).is_file():
+                continue
+            try:
+                meta = read_meta(p)
+            except InputError:
+                continue
+            rid = meta.get("run_id")
+            found.append(Saved(p, int(meta["step"]), rid if isinstance(rid, str) else None))
+    return sorted(found, key=lambda s: (s.step, s.name))
+
+
+def pointer(root: Path) -> str | None:
+    """What ``latest`` names (a folder name), or None without a readable pointer."""
+    try:
+        text = (root / LATEST).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text and "/" not in text and text not in (".", "..") else None
+
+
+def latest(root: Path) -> Path | None:
+    """The checkpoint ``latest`` names when it is complete, else None."""
+    name = pointer(root)
+    return root / name if name and (root / name / META).is_file() else None
+
+
+def resume_order(root: Path) -> list[Saved]:
+    """Where a resume looks, in order: the checkpoint ``latest`` names, then the same run's others, newest
+    step first. (``latest`` dangling: the newest checkpoint's run.)"""
+    saved = checkpoints(root)
+    if not saved:
+        return []
+    name = pointer(root)
+    head = next((s for s in saved if s.name == name), None) or saved[-1]
+    rest = [s for s in reversed(saved) if s is not head and s.run_id == head.run_id]
+    return [head, *rest]
+
+
+# ---------------------------------------------------------------- checksums
+
+
+def digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def data_files(folder: Path) -> list[str]:
+    """The files DCP wrote into a checkpoint folder (``.metadata`` and the shards), sorted."""
+    return sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.is_file() and p.name != META and not p.name.startswith(".meta.json")
+    )
+
+
+def record_files(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"bytes": n, "sha256": hex}}`` for ``names`` in ``folder``."""
+    return {n: {"bytes": (folder / n).stat().st_size, "sha256": digest(folder / n)} for n in names}
+
+
+def check_files(folder: Path, recorded: dict[str, Any], names: list[str]) -> list[str]:
+    """Problems with ``names`` against ``meta.json``'s record, one phrase each naming the file."""
+    problems = []
+    for n in names:
+        want, path = recorded.get(n), folder / n
+        if not isinstance(want, dict):
+            continue
+        try:
+            size = path.stat().st_size
+            if size != want.get("bytes"):
+                problems.append(f"{path} has {size} bytes, {want.get('bytes')} were saved")
+            elif digest(path) != want.get("sha256"):
+                problems.append(f"{path} is damaged (its SHA-256 differs from the one saved)")
+        except FileNotFoundError:
+            problems.append(f"{path} is missing")
+        except OSError as e:
+            problems.append(f"{path} is unreadable ({e.strerror or e})")
+    return problems
+
+
+def recorded_files(folder: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """``meta.json``'s file record, or None for a checkpoint saved before checksums existed."""
+    files = meta.get("files")
+    return files if isinstance(files, dict) and files else None
+
+
+def verify(folder: Path, meta: dict[str, Any] | None = None) -> list[str]:
+    """Every problem with a checkpoint's files (empty: intact, or saved before checksums)."""
+    meta = meta if meta is not None else read_meta(folder)
+    files = recorded_files(folder, meta)
+    return check_files(folder, files, sorted(files)) if files else []
+
+
+# ---------------------------------------------------------------- starting a run
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a run starts in its folder: decided by :func:`plan_start` (which changes nothing)."""
+
+    mode: str  # "new" | "resume" (a checkpoint must be found) | "resume-if-possible"
+    run_id: str | None  # the folder's run (None: a new run gets a new id)
+    remove: tuple[Path, ...] = ()  # what --overwrite removes: the previous run's outputs
+
+
+def describe(out: Path) -> str | None:
+    """What earlier run the folder holds, in a few words; None when it holds none."""
+    root = out / CHECKPOINTS
+    saved = checkpoints(root)
+    rid = run_id_of(out)
+    parts = []
+    if rid:
+        parts.append(f"run {rid}")
+    if saved:
+        parts.append(f"checkpoints up to {saved[-1].name}")
+    elif (out / "metrics.jsonl").exists():
+        parts.append("a metrics.jsonl")
+    if not parts and root.is_dir() and any(root.glob("step-*")):
+        parts.append("checkpoint folders")
+    return ", ".join(parts) or None
+
+
+def run_id_of(out: Path) -> str | None:
+    try:
+        rid = json.loads((out / RUN_FILE).read_text(encoding="utf-8")).get("run_id")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+        return None
+    return rid if isinstance(rid, str) else None
+
+
+def plan_start(out: Path, *, resume: bool, if_possible: bool, overwrite: bool, restart: int = 0) -> Start:
+    """Decide how a run starts in ``out``; :class:`UsageError` (exit 2) when it must not start at all."""
+    if overwrite and (resume or if_possible):
+        raise UsageError("--overwrite replaces the folder's run; --resume continues it", hint="choose one")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is not a folder", hint="give a folder for the run's outputs")
+    base = next((p for p in (out, *out.parents) if p.exists()), None)
+    if base is not None and (not base.is_dir() or not os.access(base, os.W_OK | os.X_OK)):
+        raise UsageError(
+            f"--out {out}: cannot create or write in {base}", hint="give a folder you can write to"
+        )
+    if restart > 0 or if_possible:
+        return Start("resume-if-possible", run_id_of(out))
+    if resume:
+        if not checkpoints(out / CHECKPOINTS):
+            raise UsageError(
+                f"--resume: no checkpoint to resume from in {out / CHECKPOINTS}",
+                hint=f"check --out (is {out} the run's folder?); --resume-if-possible starts at step 0 "
+                "when there is none",
+            )
+        return Start("resume", run_id_of(out))
+    held = describe(out)
+    if held and not overwrite:
+        raise UsageError(
+            f"{out} already holds another run ({held})",
+            hint="continue it with --resume, replace it with --overwrite, or give this run a fresh --out",
+        )
+    remove = [out / RUN_FILE, out / CHECKPOINTS, *(out / n for n in RUN_OUTPUTS)]
+    return Start("new", None, tuple(p for p in remove if p.exists() or p.is_symlink()))
+
+
+def claim(out: Path, start: Start, run_id: str) -> list[str]:
+    """Carry out a start in the folder (rank 0 only): remove what ``--overwrite`` replaces, write
+    ``run.json``. Returns one line per thing removed, for the log."""
+    said = []
+    for p in start.remove:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+        said.append(f"--overwrite: removed the previous run's {p}")
+    out.mkdir(parents=True, exist_ok=True)
+    if run_id_of(out) != run_id:
+        atomic_write(out / RUN_FILE, json.dumps({"schema_version": 1, "run_id": run_id}, indent=2) + "\n")
+    return said
+
+
+# ---------------------------------------------------------------- pruning
+
+
+def to_prune(
+    saved: list[Saved], run_id: str, keep: int, saved_step: int, latest_name: str | None
+) -> list[Saved]:
+    """Which checkpoints a save of ``saved_step`` makes old: this run's, at or below that step, beyond the
+    ``keep`` newest by step; never the one ``latest`` names. (0 keeps all. A checkpoint of this run above
+    the step is one a resume went back from: it is replaced when the run reaches its step again.)"""
+    if not keep:
+        return []
+    mine = [s for s in saved if s.run_id == run_id and s.step <= saved_step]
+    old = sorted(mine, key=lambda s: s.step)[:-keep]
+    return [s for s in old if s.name != latest_name]
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+class DiskFull(JobFailed):
+    """The filesystem under ``--out`` filled up (exit 1: the run stopped; its last good checkpoint stays)."""
+
+
+def disk_full_writing(path: Path, out: Path) -> DiskFull:
+    """The error for a run output (metrics, summary) that no longer fits on its filesystem."""
+    good = latest(out / CHECKPOINTS)
+    return DiskFull(
+        f"disk full: writing {path} failed with {size_text(free_bytes(path))} left on that filesystem; "
+        + (f"the last good checkpoint is {good}" if good else "no checkpoint of this run was completed"),
+        hint="free space or give --out on a larger disk, then continue with --resume",
+    )
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or an exception inside it: DCP's ``CheckpointException`` gathers each rank's) is
+    a full filesystem or quota. torch's zip writer turns ENOSPC into ``unexpected pos``."""
+    seen: set[int] = set()
+    todo: list[Any] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, tuple):  # DCP's (exception, stack summary) per failed rank
+            todo += [x for x in e if isinstance(x, BaseException)]
+            continue
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        try:
+            text = str(e)
+        except Exception:  # a malformed exception's own __str__
+            text = ""
+        if "No space left" in text or "unexpected pos" in text or "Disk quota exceeded" in text:
+            return True
+        todo += [getattr(e, "__cause__", None), getattr(e, "__context__", None)]
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += list(failures.values())
+    return False
+
+
+def free_bytes(path: Path) -> int | None:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def size_text(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
