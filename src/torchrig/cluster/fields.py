@@ -145,12 +145,12 @@ def log_dir(value: str) -> str:
 
 
 def bind_mount(value: str) -> str:
-    """``SRC:DST[:OPTIONS]`` with absolute paths, as pyxis' ``--container-mounts`` and Apptainer's ``--bind``
+    """``SRC[:DST[:OPTIONS]]`` with absolute paths, as pyxis' ``--container-mounts`` and Apptainer's ``--bind``
     read each entry of their comma-separated lists."""
     parts = value.split(":")
-    if not 2 <= len(parts) <= 3:
+    if not 1 <= len(parts) <= 3:
         raise UsageError(
-            f"--mount {_show(value)} is not SRC:DST[:OPTIONS]", hint="e.g. --mount /data:/data:ro"
+            f"--mount {_show(value)} is not SRC[:DST[:OPTIONS]]", hint="e.g. --mount /data:/data:ro"
         )
     for part in parts[:2]:
         abs_path("--mount", part, allow_comma=False)
