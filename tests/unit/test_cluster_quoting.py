@@ -45,7 +45,9 @@ META = "$`'\"\\;|&()<>{}[]*?~!#%^=:,./- \t\n\r\x00\x1b" + "aZ09_é字"
 TEXT = st.one_of(st.text(max_size=24), st.text(alphabet=META, max_size=24))
 # Near-valid values too, so that the accepting path is exercised as often as the refusing one.
 NAMEISH = st.one_of(TEXT, st.from_regex(r"[a-z0-9][-a-z0-9._]{0,12}[a-z0-9]", fullmatch=True))
-PATHISH = st.one_of(TEXT, st.builds(lambda a: f"/{a}", TEXT), st.builds(lambda a, b: f"/{a}:/{b}", TEXT, TEXT))
+PATHISH = st.one_of(
+    TEXT, st.builds(lambda a: f"/{a}", TEXT), st.builds(lambda a, b: f"/{a}:/{b}", TEXT, TEXT)
+)
 ARGS = st.lists(TEXT, max_size=5)
 
 STUB = """#!/bin/bash
