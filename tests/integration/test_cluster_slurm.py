@@ -11,7 +11,9 @@ node a third (ctl). CI starts it in ``.ci/run``; without it every test here is s
   summary says CANCELLED;
 - node1 lost mid-run (its slurmd, launcher and ranks SIGKILLed: the machine is gone): Slurm marks node1 down
   and requeues the job, the summary names node1 as lost; node1 back, the requeued job resumes from its last
-  checkpoint and finishes with no lost or repeated steps, and the same losses as the run that never failed.
+  checkpoint and finishes with no lost or repeated steps, and the same losses as the run that never failed;
+- ``scontrol requeue`` mid-run (preemption, an admin): the job is stopped and queued again, and its next run
+  resumes the same way.
 
 Every wait here has a timeout.
 """
@@ -252,4 +254,31 @@ def test_lost_node_is_named_and_the_requeued_job_resumes(cluster, reference, tmp
     losses, events = read_metrics(tmp_path / "run")
     resumes = [e for e in events if e["event"] == "resume"]
     assert len(resumes) == 1 and resumes[0]["step"] >= ckpt_step and resumes[0]["step"] % CKPT_EVERY == 0
+    assert_same_losses(losses, reference)
+
+
+def test_job_requeued_by_the_scheduler_resumes_without_lost_or_repeated_steps(cluster, reference, tmp_path):
+    """`scontrol requeue` mid-run, as preemption or an admin does: Slurm stops the job (SIGTERM to its steps)
+    and queues it again; the next run resumes from the last checkpoint."""
+    proc = submit(cluster, tmp_path, "--no-preflight", port=29514)
+    job_id = job_id_of(tmp_path)
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    wait_for(lambda: latest.is_file() or proc.poll() is not None, "first checkpoint", tmp_path)
+    assert proc.poll() is None, f"the job ended before it could be requeued: raise STEPS\n{tail(tmp_path)}"
+    r = login(cluster, "scontrol", "requeue", job_id, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    err = tmp_path / "cli.err"
+    wait_for(lambda: "requeued by Slurm" in err.read_text(), "the job requeued", tmp_path, timeout_s=120)
+    wait_for(
+        lambda: not any(job_pids(cluster).values()), "the first run's processes gone", tmp_path, timeout_s=60
+    )
+    r = login(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    code, report = finish(proc, tmp_path)
+    outcome = report["outcome"]
+    assert code == 0 and outcome["state"] == "COMPLETED" and outcome["restarts"] == 1, tail(tmp_path)
+    assert outcome["lost_nodes"] == []
+    losses, events = read_metrics(tmp_path / "run")
+    resumes = [e for e in events if e["event"] == "resume"]
+    assert len(resumes) == 1 and resumes[0]["step"] % CKPT_EVERY == 0 and resumes[0]["step"] >= CKPT_EVERY
     assert_same_losses(losses, reference)

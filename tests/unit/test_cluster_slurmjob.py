@@ -92,3 +92,8 @@ def test_wait_timeout_says_where_the_job_stands():
 def test_cli_wait_needs_submit(cli):
     r = cli("cluster", "slurm", "--wait", "--", "t.py")
     assert r.code == 2 and "--wait follows a submitted job; add --submit" in r.err and r.err.count("\n") == 1
+
+
+def test_cli_wait_timeout_must_be_positive(cli):
+    r = cli("cluster", "slurm", "-o", "/dev/null", "--submit", "--wait-timeout", "0", "--", "t.py")
+    assert r.code == 2 and "--wait-timeout must be at least 1 second, got 0" in r.err

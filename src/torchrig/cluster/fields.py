@@ -30,8 +30,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A container reference: [registry[:port]/]path[:tag][@digest], pyxis' registry#path, or a scheme:// URL
 # (Apptainer's docker://, oras://) - no whitespace, quotes, commas or shell metacharacters.
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@#+-]*")
-# Kubernetes resource.Quantity (apimachinery resource/quantity.go): a number and a binary or decimal suffix.
-_QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
+# Kubernetes resource.Quantity (apimachinery resource/quantity.go): a number and a binary or decimal suffix;
+# a size, so no minus sign.
+_QUANTITY = re.compile(r"\+?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
 
 
 def _show(value: str) -> str:
