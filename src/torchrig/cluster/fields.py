@@ -11,8 +11,8 @@ rest with a one-line :class:`~torchrig.errors.UsageError` that says what to type
   namespaces and job names are RFC 1123 labels (at most 63 characters), claims are subdomains (253).
 - Paths: absolute (``--mount``, ``--volume``; the log dir may be relative to the job's working directory),
   no control characters, no ``,`` in mount lists (it separates mounts for pyxis and Apptainer).
-- Arguments of the training command: any text, except NUL (no exec argument can hold one) and carriage
-  return (sbatch refuses scripts with DOS line breaks).
+- Arguments of the training command: any text, except NUL (no exec argument can hold one) and CR LF
+  (sbatch refuses a script with a DOS line break anywhere: "Batch script contains DOS line breaks").
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def text_arg(flag: str, value: str) -> str:
     """A word of the training command: any text a process can receive as one argument."""
     if "\x00" in value:
         raise UsageError(f"{flag} {_show(value)} contains a NUL byte, which no program argument can hold")
-    if "\r" in value:
+    if "\r\n" in value:
         raise UsageError(
-            f"{flag} {_show(value)} contains a carriage return",
-            hint="sbatch refuses scripts with DOS line breaks; remove the \\r",
+            f"{flag} {_show(value)} contains a DOS line break (\\r\\n)",
+            hint="sbatch refuses a script that holds one; use \\n",
         )
     try:
         value.encode("utf-8")
