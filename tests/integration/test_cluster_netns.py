@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from torchrig.cluster import k8s
+
 pytest.importorskip("torch")
 
 STEPS = 60  # optimizer steps per run
@@ -307,7 +309,7 @@ def jobset_pods():
 
 
 def rendered_jobset_pod(work: Path, out: Path, port: int) -> tuple[list[str], dict[str, str]]:
-    """`torchrig cluster k8s --kind jobset` for this job: the pod's command and environment."""
+    """`torchrig cluster k8s --kind jobset` for this job: the pod's command + args and environment."""
     import yaml
 
     manifest = work / "jobset.yaml"
@@ -321,7 +323,7 @@ def rendered_jobset_pod(work: Path, out: Path, port: int) -> tuple[list[str], di
     (doc,) = yaml.safe_load_all(manifest.read_text())
     assert doc["metadata"]["name"] == doc["spec"]["network"]["subdomain"] == JOBSET
     (container,) = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
-    return container["command"], {e["name"]: e["value"] for e in container["env"]}
+    return container["command"] + container["args"], {e["name"]: e["value"] for e in container["env"]}
 
 
 def test_rendered_jobset_pods_on_two_nodes_reach_the_single_node_losses(jobset_pods, single_node, tmp_path):
@@ -330,13 +332,14 @@ def test_rendered_jobset_pods_on_two_nodes_reach_the_single_node_losses(jobset_p
     rendezvous endpoint."""
     out = tmp_path / "run"
     command, env = rendered_jobset_pod(tmp_path, out, 29405)
-    assert command[:2] == ["/bin/sh", "-c"] and f"{JOBSET}-node-0-0.{JOBSET}:29405" in command[2]
-    launchers = [
-        Launcher(
-            pod, [], out, tmp_path, pod.hostname, argv=command, env={**env, "JOB_COMPLETION_INDEX": str(i)}
-        )
-        for i, pod in enumerate(jobset_pods)
-    ]
+    assert command[:2] == ["torchrig", "launch"] and f"{JOBSET}-node-0-0.{JOBSET}:29405" in command
+    launchers = []
+    for i, pod in enumerate(jobset_pods):
+        # What the kubelet execs: command + args with $(NAME) filled in from the pod's variables, no shell.
+        pod_env = {**env, "JOB_COMPLETION_INDEX": str(i)}
+        argv = [k8s.kubelet_expand(w, pod_env) for w in command]
+        argv = [sys.executable, "-m", "torchrig", *argv[1:]]  # this checkout's torchrig
+        launchers.append(Launcher(pod, [], out, tmp_path, pod.hostname, argv=argv, env=pod_env))
     codes = [la.wait() for la in launchers]
     assert codes == [0, 0], "\n".join(la.tail() for la in launchers)
     for i, (pod, la) in enumerate(zip(jobset_pods, launchers, strict=True)):

@@ -225,18 +225,14 @@ def test_cli_bad_input_is_one_line_exit_2(cli, argv, needle):
 
 def test_cli_writes_and_submit_without_sbatch_says_how(cli, tmp_path):
     out = tmp_path / "job.sbatch"
+    bin_dir = tmp_path / "bin"  # a PATH with python and bash but without sbatch
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    (bin_dir / "bash").symlink_to("/bin/bash")
     r = cli(
-        "cluster",
-        "slurm",
-        "--nodes",
-        "2",
-        "-o",
-        str(out),
-        "--submit",
-        "--",
-        "train.py",
-        env={"PATH": "/usr/bin:/bin"},
-    )
+        "cluster", "slurm", "--nodes", "2", "-o", str(out), "--submit", "--", "train.py",
+        env={"PATH": str(bin_dir)},
+    )  # fmt: skip
     assert r.code == 2 and "sbatch is not on PATH" in r.err and f"sbatch {out}" in r.err
     assert out.read_text().startswith("#!/bin/bash")
 
@@ -253,9 +249,10 @@ def test_cli_json(cli):
 
 def _node_argv(job: ClusterJob) -> list[str]:
     """The per-node command with the shell variables a node would expand filled in."""
-    from torchrig.cluster.job import launcher_argv
+    from torchrig.cluster.job import launcher_argv, literal
 
-    return launcher_argv(job, nnodes="2", node_rank="1", endpoint="head:29500", rdzv_id="42", log_dir="lg/42")
+    argv = launcher_argv(job, nnodes="2", node_rank="1", endpoint="head:29500", rdzv_id="42", log_dir="lg/42")
+    return [literal(w, {}) for w in argv]
 
 
 @pytest.mark.parametrize(
@@ -488,12 +485,11 @@ def test_jobset_rendezvous_is_pod_0s_dns_name():
     (doc,) = _jobset(name="llm", rdzv_port=29600)
     network = doc["spec"]["network"]
     assert network == {"enableDNSHostnames": True, "subdomain": "llm", "publishNotReadyAddresses": True}
-    shell = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
-        "command"
-    ][2]
+    container = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
     # <jobSet.name>-<replicatedJob.name>-<job-index>-<pod-index>.<subdomain> (the CRD's enableDNSHostnames)
-    assert "--rdzv-endpoint llm-node-0-0.llm:29600" in shell
-    assert '--node-rank "$JOB_COMPLETION_INDEX"' in shell
+    assert args[args.index("--rdzv-endpoint") + 1] == "llm-node-0-0.llm:29600"
+    assert args[args.index("--node-rank") + 1] == "$(JOB_COMPLETION_INDEX)"
     assert k8s.jobset_pod_hostname("llm", "node", 0, 2) == "llm-node-0-2"
 
 
@@ -592,9 +588,7 @@ def test_jobset_webhook_pod_name_limit():
 
 @pytest.mark.parametrize("kind, api", [("jobset", "jobset.x-k8s.io/v1alpha2"), ("job", "v1")])
 def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path, kind, api):
-    """The rendered pod command, expanded as pod 0's shell would, is accepted by `torchrig launch` itself."""
-    import shlex
-
+    """The rendered pod command, expanded as pod 0's kubelet would, is accepted by `torchrig launch` itself."""
     import yaml
 
     r = cli("cluster", "k8s", "--json", "--kind", kind, "--nodes", "2", "--gpus-per-node", "0",
@@ -609,9 +603,10 @@ def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path, kind, api):
     else:
         pod = docs[1]["spec"]["template"]["spec"]
         master = "torchrig-train-0.torchrig-train:29500"
-    shell = pod["containers"][0]["command"][2]
-    assert shell.startswith("exec torchrig launch ") and master in shell
-    words = shlex.split(shell.replace("$JOB_COMPLETION_INDEX", "0"))[3:]
+    container = pod["containers"][0]
+    assert container["command"] == ["torchrig"] and container["args"][0] == "launch"
+    assert master in container["args"]
+    words = [k8s.kubelet_expand(w, {"JOB_COMPLETION_INDEX": "0"}) for w in container["args"][1:]]
     words = [w.replace(master, "127.0.0.1:29577") for w in words]
     d = cli("launch", "--dry-run", "--json", *words, cwd=str(tmp_path))
     assert d.code == 0, d.err

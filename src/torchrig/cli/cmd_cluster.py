@@ -23,6 +23,7 @@ examples:
   torchrig cluster slurm --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00 -- train.py --lr 3e-4
   torchrig cluster slurm --nodes 2 -m -o job.sbatch -- torchrig.train --model gpt --size small --resume-if-possible
   torchrig cluster slurm --nodes 4 --container nvcr.io#org/img:tag -o job.sbatch --submit -- train.py
+  torchrig cluster slurm --nodes 2 --gpus-per-node 0 --nproc-per-node 2 -o job.sbatch --submit --wait -- train.py
   torchrig cluster slurm --nodes 2 --spec torchrig.toml --container-runtime apptainer -- train.py
   torchrig cluster k8s --nodes 2 --gpus-per-node 8 --image registry.example/team/torchrig:2.8.0-cu128 -- train.py
   torchrig cluster k8s --kind jobset --nodes 4 --image registry.example/team/torchrig:2.8.0-cu128 --max-restarts 3 -- train.py
@@ -85,6 +86,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="container bind mount")
     s.add_argument(
         "--submit", action="store_true", help="submit with sbatch (needs --output and sbatch on PATH)"
+    )
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="with --submit: follow the job until it ends and summarise it from Slurm's records (exit 1 "
+        "unless COMPLETED); requeues and lost nodes are named",
+    )
+    s.add_argument(
+        "--wait-timeout", type=int, metavar="S", help="stop waiting after S seconds (job keeps running)"
     )
     _add_common(s)
     k = sub.add_parser("k8s", help="render Kubernetes manifests")
@@ -212,8 +222,11 @@ class ClusterReport:
     validation: list[str]
     submitted: str | None = None
     job: dict[str, Any] = field(default_factory=dict)
+    outcome: Any = None  # slurmjob.JobOutcome after --wait
 
     def to_json(self) -> dict[str, Any]:
+        from torchrig.report import jsonable
+
         return {
             "target": self.target,
             "output": self.output,
@@ -221,6 +234,7 @@ class ClusterReport:
             "submitted": self.submitted,
             "job": self.job,
             "render": self.text,
+            "outcome": jsonable(self.outcome) if self.outcome is not None else None,
         }
 
     def render_text(self) -> str:
@@ -229,11 +243,16 @@ class ClusterReport:
         lines = [f"wrote {self.output}"] + [f"  valid: {v}" for v in self.validation]
         if self.submitted:
             lines.append(f"  submitted: {self.submitted}")
+        if self.outcome is not None:
+            lines.append(self.outcome.headline())
+            lines += [f"  {e}" for e in self.outcome.events]
+            if self.outcome.output:
+                lines.append(f"  output: {self.outcome.output}")
         return "\n".join(lines)
 
     @property
     def exit_code(self) -> int:
-        return 0
+        return 1 if self.outcome is not None and not self.outcome.ok else 0
 
 
 def run(args: argparse.Namespace) -> ClusterReport:
@@ -242,6 +261,7 @@ def run(args: argparse.Namespace) -> ClusterReport:
     job = _job(args)
     validation: list[str] = []
     submitted = None
+    outcome = None
     if args.target == "slurm":
         from torchrig.cluster import slurm
 
@@ -260,6 +280,10 @@ def run(args: argparse.Namespace) -> ClusterReport:
         wants_action, action_flag = args.apply, "--apply"
     if wants_action and not args.output:
         raise UsageError(f"{action_flag} needs --output FILE so the submitted render is kept")
+    if args.target == "slurm" and (args.wait or args.wait_timeout is not None) and not args.submit:
+        raise UsageError("--wait follows a submitted job", hint="add --submit")
+    if args.target == "slurm" and args.wait_timeout is not None and args.wait_timeout < 1:
+        raise UsageError(f"--wait-timeout must be at least 1 second, got {args.wait_timeout}")
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:
@@ -272,9 +296,23 @@ def run(args: argparse.Namespace) -> ClusterReport:
         if args.target == "slurm":
             from torchrig.cluster import slurm
 
-            submitted = "job " + slurm.submit(args.output)
+            job_id = slurm.submit(args.output)
+            submitted = "job " + job_id
+            if args.wait or args.wait_timeout is not None:
+                import sys
+
+                from torchrig.cluster import slurmjob
+
+                print(f"torchrig cluster: submitted job {job_id}; waiting for it to end", file=sys.stderr)
+                outcome = slurmjob.wait(
+                    job_id,
+                    timeout_s=args.wait_timeout,
+                    on_event=lambda e: print(f"torchrig cluster: job {job_id}: {e}", file=sys.stderr),
+                )
         else:
             from torchrig.cluster import k8s
 
             submitted = k8s.apply(args.output)
-    return ClusterReport(args.target, text, args.output, validation, submitted, job=jsonable(job))
+    return ClusterReport(
+        args.target, text, args.output, validation, submitted, job=jsonable(job), outcome=outcome
+    )

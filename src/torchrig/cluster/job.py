@@ -10,16 +10,14 @@ gets the same settings on one box, under Slurm and on Kubernetes.
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
+from typing import Union
 
+from torchrig.cluster import fields
 from torchrig.errors import UsageError
 from torchrig.launch.envdefaults import defaults_for
 
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
-_TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
-_CLAIM_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_MAX = 52  # a DNS label of 63, less room for the suffixes the controllers add to pod names
 # Set by `torchrig launch` on each node from that node's core count (and by torchrun to 1 when unset), so
 # a render, which does not know the nodes' cores, leaves it to them.
 PER_NODE_DEFAULTS = ("OMP_NUM_THREADS",)
@@ -35,6 +33,27 @@ class K8sKind(str, enum.Enum):
     PYTORCHJOB = "pytorchjob"  # Kubeflow Training Operator
     JOB = "job"  # plain indexed batch/v1 Job + headless Service: no operator needed
     JOBSET = "jobset"  # Kubernetes SIG-Apps JobSet (jobset.x-k8s.io/v1alpha2): one replicatedJob of N pods
+
+
+@dataclass(frozen=True)
+class NodeVar:
+    """A value each node's environment provides at run time (``SLURM_NODEID``, ``JOB_COMPLETION_INDEX``).
+
+    Only torchrig writes these; every other part of a command is literal text. Each renderer writes a
+    ``NodeVar`` in its engine's own syntax (``"$NAME"`` for bash, ``$(NAME)`` for the kubelet) and quotes
+    everything else so that it stays literal.
+    """
+
+    name: str
+
+
+Part = Union[str, NodeVar]  # noqa: UP007 - a runtime alias, and the package supports Python 3.10
+Word = Union[str, tuple[Part, ...]]  # noqa: UP007 - a literal word, or literal text and NodeVars joined
+
+
+def cat(*parts: Part) -> tuple[Part, ...]:
+    """One word made of literal text and node variables, e.g. ``cat(log_dir, "/node", NodeVar("SLURM_NODEID"))``."""
+    return tuple(p for p in parts if p != "")
 
 
 @dataclass(frozen=True)
@@ -84,41 +103,53 @@ class ClusterJob:
             raise UsageError(
                 "no training script given", hint="put it after '--', e.g. -- train.py --epochs 3"
             )
+        fields.no_control("the script", self.script)
+        if self.script.startswith("-"):
+            raise UsageError(f"the script {self.script!r} starts with '-'", hint="name a file or a module")
+        for arg in self.script_args:
+            fields.text_arg("a script argument", arg)
         if self.nodes < 1:
             raise UsageError(f"--nodes must be at least 1, got {self.nodes}")
         if self.gpus_per_node < 0:
             raise UsageError(f"--gpus-per-node must be 0 or more, got {self.gpus_per_node}")
         if self.cpu_procs_per_node < 1:
             raise UsageError(f"--nproc-per-node must be at least 1, got {self.cpu_procs_per_node}")
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise UsageError(f"--cpus-per-task must be at least 1, got {self.cpus_per_task}")
         if self.gpus_per_node and self.cpu_procs_per_node != 1:
             raise UsageError(
                 "--nproc-per-node is for CPU jobs (--gpus-per-node 0)",
                 hint="with GPUs there is one process per GPU",
             )
         self._check_launch_options()
-        if not _NAME_RE.match(self.name):
-            raise UsageError(
-                f"job name {self.name!r} is not a DNS label",
-                hint="use lowercase letters, digits and '-', at most 52 characters",
-            )
-        if self.time_limit is not None and not _TIME_RE.match(self.time_limit):
-            raise UsageError(
-                f"--time {self.time_limit!r} is not a Slurm time", hint="use MINUTES, HH:MM:SS or D-HH:MM:SS"
-            )
+        self._check_names()
+        fields.log_dir(self.log_dir)
         if self.container_runtime is not ContainerRuntime.NONE and not self.image:
             raise UsageError(
                 f"--container-runtime {self.container_runtime.value} needs an image",
                 hint="pass --container IMAGE, or --spec torchrig.toml for the image `torchrig image build` makes",
             )
+        if self.image is not None:
+            fields.image_ref("--image" if self.container_runtime is ContainerRuntime.NONE else "--container",
+                             self.image)  # fmt: skip
+        for mount in self.container_mounts:
+            fields.bind_mount(mount)
         for mount in self.pvc_mounts:
-            claim, _, path = mount.partition(":")
-            if not _CLAIM_RE.match(claim) or not path.startswith("/"):
-                raise UsageError(
-                    f"--volume {mount!r} is not CLAIM:/path", hint="e.g. --volume shared-runs:/shared"
-                )
-        for key in self.env:
-            if not _ENV_NAME_RE.match(key):
-                raise UsageError(f"--env {key!r} is not an environment variable name")
+            fields.claim_mount(mount)
+        fields.quantity("--shm-size", self.shm_size)
+        for key, value in self.env.items():
+            fields.env_name(key)
+            fields.text_arg(f"--env {key}=", value)
+
+    def _check_names(self) -> None:
+        fields.dns_label("--name", self.name, max_len=NAME_MAX)
+        fields.dns_label("--namespace", self.namespace)
+        if self.partition is not None:
+            fields.slurm_name("--partition", self.partition, allow_list=True)
+        if self.account is not None:
+            fields.slurm_name("--account", self.account)
+        if self.time_limit is not None:
+            fields.slurm_time(self.time_limit)
 
     def _check_launch_options(self) -> None:
         if not 1024 <= self.rdzv_port <= 65535:
@@ -156,12 +187,12 @@ class ClusterJob:
 
 
 def launcher_argv(
-    job: ClusterJob, *, nnodes: str, node_rank: str, endpoint: str, rdzv_id: str, log_dir: str
-) -> list[str]:
-    """The per-node launcher command; shell words (``$VAR``) are left for the node's shell to expand."""
+    job: ClusterJob, *, nnodes: Word, node_rank: Word, endpoint: Word, rdzv_id: Word, log_dir: Word
+) -> list[Word]:
+    """The per-node launcher command; :class:`NodeVar` parts are left for each node to fill in."""
     if not job.use_torchrig_launch:
         return _torchrun_argv(job, nnodes=nnodes, endpoint=endpoint, rdzv_id=rdzv_id, log_dir=log_dir)
-    argv = ["torchrig", "launch"]
+    argv: list[Word] = ["torchrig", "launch"]
     argv += ["--gpus", str(job.gpus_per_node)] if job.gpus_per_node else ["--cpu", "--nproc-per-node",
                                                                         str(job.cpu_procs_per_node)]  # fmt: skip
     argv += ["--nnodes", nnodes, "--node-rank", node_rank, "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
@@ -180,17 +211,24 @@ def launcher_argv(
     return [*argv, "--", job.script, *job.script_args]
 
 
-def _torchrun_argv(job: ClusterJob, *, nnodes: str, endpoint: str, rdzv_id: str, log_dir: str) -> list[str]:
+def _flag(flag: str, value: Word) -> Word:
+    """``--flag=value`` as one word, keeping the value's node variables."""
+    return cat(f"{flag}=", *((value,) if isinstance(value, str) else value))
+
+
+def _torchrun_argv(
+    job: ClusterJob, *, nnodes: Word, endpoint: Word, rdzv_id: Word, log_dir: Word
+) -> list[Word]:
     """Plain torchrun, for nodes without torchrig: the same rendezvous, restarts and per-rank logs."""
-    argv = [
+    argv: list[Word] = [
         "python3",
         "-m",
         "torch.distributed.run",
-        f"--nnodes={nnodes}",
+        _flag("--nnodes", nnodes),
         f"--nproc-per-node={job.nproc_per_node}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={rdzv_id}",
+        _flag("--rdzv-endpoint", endpoint),
+        _flag("--rdzv-id", rdzv_id),
     ]
     if job.rdzv_timeout_s is not None:
         argv.append(f"--rdzv-conf=join_timeout={job.rdzv_timeout_s}")
@@ -198,10 +236,17 @@ def _torchrun_argv(job: ClusterJob, *, nnodes: str, endpoint: str, rdzv_id: str,
         f"--max-restarts={job.max_restarts}",
         # Per-rank stdout/stderr files under the log dir and a rank-prefixed copy on the console, as
         # `torchrig launch` does.
-        f"--log-dir={log_dir}",
+        _flag("--log-dir", log_dir),
         "--redirects=3",
         "--tee=3",
     ]
     if job.module:
         argv.append("-m")
     return [*argv, job.script, *job.script_args]
+
+
+def literal(word: Word, values: dict[str, str]) -> str:
+    """A word with its node variables filled in from ``values``: what the node's process receives."""
+    if isinstance(word, str):
+        return word
+    return "".join(p if isinstance(p, str) else values[p.name] for p in word)

@@ -22,12 +22,12 @@ All request ``nvidia.com/gpu`` (the NVIDIA device plugin's resource), mount a me
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
-from torchrig.cluster.job import ClusterJob, K8sKind, launcher_argv
+from torchrig.cluster.job import ClusterJob, K8sKind, NodeVar, Word, cat, launcher_argv
 from torchrig.errors import EngineUnavailable, JobFailed, UsageError
 
 CONTAINER = "pytorch"  # the container name the Training Operator looks for
@@ -35,7 +35,55 @@ JOBSET_API = "jobset.x-k8s.io/v1alpha2"  # schemas/jobset-x-k8s-io-v1alpha2.json
 JOBSET_REPLICATED_JOB = "node"  # one replicatedJob; each of its pods is one node of `torchrig launch`
 
 
-def _container(job: ClusterJob, node_rank: str, master: str, port: str, port_name: str) -> dict[str, Any]:
+def kubelet_literal(text: str) -> str:
+    """Text the kubelet passes through unchanged: each ``$`` doubled, since the kubelet expands ``$(NAME)``
+    in ``command``, ``args`` and ``env[].value`` and reads ``$$`` as one literal ``$``."""
+    return text.replace("$", "$$")
+
+
+def kubelet_word(word: Word) -> str:
+    """One ``command``/``args`` entry: literal text escaped, a :class:`NodeVar` as ``$(NAME)``."""
+    if isinstance(word, str):
+        return kubelet_literal(word)
+    return "".join(kubelet_literal(p) if isinstance(p, str) else f"$({p.name})" for p in word)
+
+
+def kubelet_expand(text: str, env: Mapping[str, str]) -> str:
+    """What the kubelet makes of a ``command``/``args`` entry: ``$(NAME)`` replaced by the container's
+    variable (left as written when there is none), ``$$`` read as ``$``, any other ``$`` kept.
+
+    A port of Kubernetes' ``third_party/forked/golang/expansion/expand.go`` (``Expand`` with
+    ``MappingFuncFor``), the function the kubelet applies to each entry; here so that a test can run a
+    rendered pod's command exactly as a node would.
+    """
+    out: list[str] = []
+    checkpoint = cursor = 0
+    while cursor < len(text):
+        if text[cursor] == "$" and cursor + 1 < len(text):
+            out.append(text[checkpoint:cursor])
+            rest = text[cursor + 1 :]
+            if rest[0] == "$":  # escaped operator
+                out.append("$")
+                advance = 1
+            elif rest[0] == "(":
+                close = rest.find(")", 1)
+                if close == -1:  # incomplete reference: literal
+                    out.append("$(")
+                    advance = 1
+                else:
+                    name = rest[1:close]
+                    out.append(env.get(name, f"$({name})"))
+                    advance = close + 1
+            else:  # not an expression: the operator and the next character
+                out.append("$" + rest[0])
+                advance = 1
+            cursor += advance
+            checkpoint = cursor + 1
+        cursor += 1
+    return "".join(out) + text[checkpoint:]
+
+
+def _container(job: ClusterJob, node_rank: Word, master: Word, port: Word, port_name: str) -> dict[str, Any]:
     if not job.image:
         raise UsageError(
             "Kubernetes needs an image",
@@ -45,20 +93,24 @@ def _container(job: ClusterJob, node_rank: str, master: str, port: str, port_nam
         job,
         nnodes=str(job.nodes),
         node_rank=node_rank,
-        endpoint=f"{master}:{port}",
+        endpoint=cat(*_parts(master), ":", *_parts(port)),
         rdzv_id=job.name,
-        log_dir=f"{job.log_dir}/{job.name}/node{node_rank}",
+        log_dir=cat(job.log_dir, "/", job.name, "/node", *_parts(node_rank)),
     )
     limits: dict[str, Any] = {}
     if job.gpus_per_node:
         limits["nvidia.com/gpu"] = job.gpus_per_node
-    env = [{"name": v.name, "value": v.value} for v in job.environment()]
+    # env values are expanded by the kubelet too (against the variables before them): keep them literal.
+    env = [{"name": v.name, "value": kubelet_literal(v.value)} for v in job.environment()]
+    words = [kubelet_word(w) for w in argv]
     return {
         "name": CONTAINER,
         "image": job.image,
         "imagePullPolicy": "IfNotPresent",
-        # A shell expands the per-pod variables the operator / the indexed Job provide.
-        "command": ["/bin/sh", "-c", "exec " + " ".join(_q(w) for w in argv)],
+        # No shell: the kubelet execs command + args itself, filling in the per-pod variables the operator
+        # or the indexed Job provide ($(NAME)); every other word reaches the launcher as written.
+        "command": words[:1],
+        "args": words[1:],
         "env": env,
         "ports": [{"name": port_name, "containerPort": job.rdzv_port}],
         "resources": {"limits": limits} if limits else {},
@@ -67,8 +119,8 @@ def _container(job: ClusterJob, node_rank: str, master: str, port: str, port_nam
     }
 
 
-def _q(word: str) -> str:
-    return '"' + word + '"' if "$" in word else shlex.quote(word)
+def _parts(word: Word) -> tuple[str | NodeVar, ...]:
+    return (word,) if isinstance(word, str) else word
 
 
 def _pod_spec(job: ClusterJob, container: dict[str, Any], restart: str) -> dict[str, Any]:
@@ -89,7 +141,13 @@ def _labels(job: ClusterJob) -> dict[str, str]:
 
 def render_pytorchjob(job: ClusterJob) -> list[dict[str, Any]]:
     # The operator takes the master port from the container port with this name (pytorch_types.go).
-    container = _container(job, "$PET_NODE_RANK", "$PET_MASTER_ADDR", "$PET_MASTER_PORT", "pytorchjob-port")
+    container = _container(
+        job,
+        cat(NodeVar("PET_NODE_RANK")),
+        cat(NodeVar("PET_MASTER_ADDR")),
+        cat(NodeVar("PET_MASTER_PORT")),
+        "pytorchjob-port",
+    )
     template = {"metadata": {"labels": _labels(job)}, "spec": _pod_spec(job, container, "OnFailure")}
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
     if job.nodes > 1:
@@ -111,7 +169,7 @@ def render_pytorchjob(job: ClusterJob) -> list[dict[str, Any]]:
 
 def _indexed_job_spec(job: ClusterJob, master: str, backoff_limit: int) -> dict[str, Any]:
     """An indexed ``batch/v1`` JobSpec of one pod per node; ``$JOB_COMPLETION_INDEX`` is the node rank."""
-    container = _container(job, "$JOB_COMPLETION_INDEX", master, str(job.rdzv_port), "rdzv")
+    container = _container(job, cat(NodeVar("JOB_COMPLETION_INDEX")), master, str(job.rdzv_port), "rdzv")
     return {
         "completionMode": "Indexed",
         "completions": job.nodes,

@@ -16,7 +16,7 @@ import shlex
 import shutil
 import subprocess
 
-from torchrig.cluster.job import ClusterJob, ContainerRuntime, launcher_argv
+from torchrig.cluster.job import ClusterJob, ContainerRuntime, NodeVar, Word, cat, launcher_argv
 from torchrig.errors import EngineUnavailable, JobFailed, UsageError
 
 
@@ -45,11 +45,15 @@ def _sbatch_options(job: ClusterJob) -> list[tuple[str, str | None]]:
     return opts
 
 
-def _quote(word: str) -> str:
-    """Quote a word for bash but keep ``$VAR`` expansions working (double quotes where needed)."""
-    if "$" in word:
-        return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
-    return shlex.quote(word)
+def shell_word(word: Word) -> str:
+    """One word for bash: literal text through ``shlex.quote``, a :class:`NodeVar` as ``"$NAME"``.
+
+    The only expansions in a rendered script are of variables torchrig names; a ``$``, backquote or quote
+    in a user's value stays literal text.
+    """
+    if isinstance(word, str):
+        return shlex.quote(word)
+    return "".join(shlex.quote(p) if isinstance(p, str) else f'"${{{p.name}}}"' for p in word)
 
 
 def pyxis_image(ref: str) -> str:
@@ -74,32 +78,36 @@ def apptainer_image(ref: str) -> str:
     return f"docker://{ref}"
 
 
-def _srun_argv(job: ClusterJob) -> list[str]:
-    srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--nodes={job.nodes}"]
+_PWD = NodeVar("PWD")  # the submit directory: sbatch starts the script there, srun runs each task there
+
+
+def _srun_argv(job: ClusterJob) -> list[Word]:
+    srun: list[Word] = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--nodes={job.nodes}"]
     if job.container_runtime is ContainerRuntime.PYXIS:
         srun += [
             f"--container-image={pyxis_image(str(job.image))}",
-            "--container-workdir=$PWD",
-            "--container-mounts=" + ",".join(("$PWD:$PWD", *job.container_mounts)),
+            cat("--container-workdir=", _PWD),
+            cat("--container-mounts=", _PWD, ":", _PWD, *(f",{m}" for m in job.container_mounts)),
         ]
     return srun
 
 
-def _node_argv(job: ClusterJob) -> list[str]:
+def _node_argv(job: ClusterJob) -> list[Word]:
     """What srun runs on each node: the launcher, inside Apptainer when asked."""
+    job_id = NodeVar("SLURM_JOB_ID")
     inner = launcher_argv(
         job,
-        nnodes="$SLURM_NNODES",
-        node_rank="$SLURM_NODEID",
-        endpoint="$RDZV_ENDPOINT",
-        rdzv_id="$SLURM_JOB_ID",
+        nnodes=cat(NodeVar("SLURM_NNODES")),
+        node_rank=cat(NodeVar("SLURM_NODEID")),
+        endpoint=cat(NodeVar("RDZV_ENDPOINT")),
+        rdzv_id=cat(job_id),
         # One folder per node: `torchrig launch` reads back the newest run folder of its log dir, which on
         # a shared filesystem could be another node's.
-        log_dir=f"{job.log_dir}/$SLURM_JOB_ID/node$SLURM_NODEID",
+        log_dir=cat(job.log_dir, "/", job_id, "/node", NodeVar("SLURM_NODEID")),
     )
     if job.container_runtime is ContainerRuntime.APPTAINER:
-        binds = ",".join(("$PWD", *job.container_mounts))
-        gpu = ["--nv"] if job.gpus_per_node else []
+        binds = cat(_PWD, *(f",{m}" for m in job.container_mounts))
+        gpu: list[Word] = ["--nv"] if job.gpus_per_node else []
         inner = ["apptainer", "exec", *gpu, "--bind", binds, apptainer_image(str(job.image)), *inner]
     return inner
 
@@ -114,25 +122,27 @@ def render_sbatch(job: ClusterJob) -> str:
     lines += [
         "",
         "set -euo pipefail",
-        f'mkdir -p {shlex.quote(job.log_dir)}/"$SLURM_JOB_ID"',
+        f'mkdir -p -- {shlex.quote(job.log_dir)}/"$SLURM_JOB_ID"',
         "",
         "# The c10d rendezvous is hosted by the launcher on the first node of the allocation.",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # No pipe into `head`: under pipefail, scontrol killed by SIGPIPE would fail the job.
+        'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        "head_node=${nodes%%$'\\n'*}",
         f'export RDZV_ENDPOINT="$head_node:{job.rdzv_port}"',
         "",
         "# Environment of every rank: the defaults `torchrig launch` sets (torchrig.launch.envdefaults).",
     ]
     for var in job.environment():
         lines += [f"# {var.reason}", f"export {var.name}={shlex.quote(var.value)}"]
-    srun, inner = _srun_argv(job), _node_argv(job)
     # srun runs the command once per node; SLURM_NODEID differs per node, so it must be expanded there,
-    # not in this batch shell: hand the launcher line to bash -c on each node.
-    node_cmd = " ".join(_quote(w) for w in inner)
+    # not in this batch shell: the node command is a bash program handed to `bash -c` on each node. It is
+    # quoted twice, each time by shlex.quote: its words for the node's bash, the program for this one.
+    node_cmd = "exec " + " ".join(shell_word(w) for w in _node_argv(job))
     lines += [
         "",
         "# One launcher per node; node rank and rendezvous come from Slurm's variables on each node.",
-        f"# Per-rank logs: {job.log_dir}/$SLURM_JOB_ID/node<N>/; this script's output: <job-name>-<job-id>.out.",
-        " ".join(_quote(w) for w in srun) + " \\",
+        "# Per-rank logs: <log-dir>/$SLURM_JOB_ID/node<N>/; this script's output: <job-name>-<job-id>.out.",
+        " ".join(shell_word(w) for w in _srun_argv(job)) + " \\",
         f"    bash -c {shlex.quote(node_cmd)}",
         "",
     ]

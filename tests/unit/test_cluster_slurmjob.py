@@ -1,0 +1,99 @@
+"""Following a Slurm job: `scontrol` answers recorded from the test cluster (tools/ci/slurm-cluster.sh,
+Slurm 22.05.8 from Debian bookworm), read into records and a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchrig.cluster import slurmjob
+
+SCONTROL = Path(__file__).resolve().parents[1] / "fixtures" / "cluster" / "scontrol"
+
+
+def fixture(name: str) -> str:
+    return (SCONTROL / name).read_text()
+
+
+def test_parse_job_states():
+    done = slurmjob.parse_job(fixture("job-completed.txt"))
+    assert (done.job_id, done.state, done.exit_code, done.restarts, done.nodes) == (
+        "2", "COMPLETED", "0:0", 0, "node[0-1]",
+    )  # fmt: skip
+    assert done.stdout == "/tmp/cc/job/torchrig-train-2.out"
+    cancelled = slurmjob.parse_job(fixture("job-cancelled.txt"))
+    assert (cancelled.state, cancelled.exit_code) == ("CANCELLED", "0:15")
+    requeued = slurmjob.parse_job(fixture("job-requeued-after-node-failure.txt"))
+    assert (requeued.state, requeued.reason, requeued.restarts, requeued.nodes) == (
+        "PENDING", "BeginTime", 1, None,
+    )  # fmt: skip
+
+
+def test_parse_node_down():
+    node = slurmjob.parse_node(fixture("node-down-not-responding.txt"))
+    assert (node.name, node.state, node.addr) == ("node1", "DOWN+NOT_RESPONDING", "10.232.7.11")
+    assert node.reason == "Not responding [root@2026-12-01T16:13:53]" and node.lost
+
+
+@pytest.mark.parametrize("text", ["", "slurm_load_jobs error: Invalid job id specified", "JobId=3"])
+def test_parse_job_refuses_other_text(text):
+    with pytest.raises(ValueError):
+        slurmjob.parse_job(text)
+
+
+class FakeScontrol:
+    """Replays recorded `scontrol show job` answers in order (the last one repeats), as the controller gave
+    them during one job's life; node queries get the recorded answer for node1 (down) and node0 (idle)."""
+
+    def __init__(self, jobs: list[str]) -> None:
+        self.jobs = list(jobs)
+
+    def __call__(self, args: list[str]) -> str:
+        if args[:2] == ["show", "job"]:
+            return self.jobs.pop(0) if len(self.jobs) > 1 else self.jobs[0]
+        if args[:2] == ["show", "hostnames"]:
+            assert args[2] == "node[0-1]"
+            return "node0\nnode1\n"
+        if args[:3] == ["show", "node", "-o"]:
+            down = fixture("node-down-not-responding.txt")
+            if args[3] == "node1":
+                return down
+            return down.replace("node1", "node0").replace("State=DOWN+NOT_RESPONDING", "State=IDLE")
+        raise AssertionError(args)
+
+
+def test_wait_names_the_lost_node_of_a_requeued_job():
+    running = fixture("job-running-after-requeue.txt")
+    fake = FakeScontrol([
+        running.replace("Restarts=1", "Restarts=0"),  # the first run, before node1 failed
+        fixture("job-requeued-after-node-failure.txt"),
+        running,
+        fixture("job-completed.txt").replace("Restarts=0", "Restarts=1"),
+    ])  # fmt: skip
+    out = slurmjob.wait("4", scontrol=fake, poll_s=0, sleep=lambda s: None)
+    assert out.finished and out.state == "COMPLETED" and out.ok
+    assert out.lost_nodes == ("node1",) and out.nodes == ("node0", "node1")
+    assert out.events[0] == "RUNNING on node[0-1]"
+    assert out.events[1].startswith("requeued by Slurm (restart 1), now PENDING (BeginTime); lost: node1")
+    assert "lost node(s): node1 (DOWN+NOT_RESPONDING: Not responding" in out.headline()
+
+
+def test_wait_timeout_says_where_the_job_stands():
+    clock = iter(range(0, 100, 10))
+    fake = FakeScontrol([fixture("job-requeued-after-node-failure.txt")])
+    out = slurmjob.wait(
+        "4", scontrol=fake, timeout_s=25, poll_s=0, sleep=lambda s: None, clock=lambda: next(clock)
+    )
+    assert not out.finished and not out.ok and out.state == "PENDING"
+    assert out.headline().startswith("job 4 still PENDING after 30 s, requeued 1 time(s)")
+
+
+def test_cli_wait_needs_submit(cli):
+    r = cli("cluster", "slurm", "--wait", "--", "t.py")
+    assert r.code == 2 and "--wait follows a submitted job; add --submit" in r.err and r.err.count("\n") == 1
+
+
+def test_cli_wait_timeout_must_be_positive(cli):
+    r = cli("cluster", "slurm", "-o", "/dev/null", "--submit", "--wait-timeout", "0", "--", "t.py")
+    assert r.code == 2 and "--wait-timeout must be at least 1 second, got 0" in r.err
