@@ -26,6 +26,10 @@ def _suggestion(ctx: Context, *, with_driver: bool = True) -> tuple[str, ...]:
         )
     if s is not None:
         return (f"{_python(ctx)} -m {s.pip_command}   # {s.why}",)
+    if not ctx.gpu_names and not ctx.has_gpu_hardware:  # no GPU here: the CPU build is the one that works
+        return (
+            "torchrig resolve   # without --gpu: prints the pip command of the CPU build for this machine",
+        )
     gpu = f' --gpu "{ctx.gpu_names[0]}"' if ctx.gpu_names else ' --gpu "<your GPU>"'
     drv = f" --driver {ctx.driver_version}" if ctx.driver_version and with_driver else ""
     return (f"torchrig resolve{gpu}{drv}   # prints the pip command of the build that works here",)
@@ -80,18 +84,27 @@ def cpu_build(ctx: Context) -> Iterator[Finding]:
     t = ctx.facts.torch
     if t.status is not ProbeStatus.OK or t.cuda_version or t.hip_version:
         return
-    gpu = ctx.has_gpu_hardware
+    evidence = (
+        _torch_line(ctx),
+        f"torch.cuda.init(): {t.init_error}" if t.init_error else "torch.version.cuda is None",
+    )
+    if not ctx.has_gpu_hardware:  # the right build for a machine without a GPU
+        yield Finding(
+            "torch.cpu_build",
+            Severity.INFO,
+            f"PyTorch {t.version} is a CPU build: the one that works on this machine, which has no NVIDIA GPU",
+            "it runs on the CPU; on a machine with an NVIDIA GPU it would not use the GPU",
+            ('torchrig resolve --gpu "<the GPU>"   # on a GPU machine: the CUDA build to install there',),
+            evidence,
+        )
+        return
     yield Finding(
         "torch.cpu_build",
-        Severity.ERROR if gpu else Severity.WARNING,
+        Severity.ERROR,
         f"PyTorch {t.version} is a CPU-only build",
-        "it was built without CUDA, so torch.cuda.is_available() is False on any machine"
-        + ("" if gpu else "; once a GPU and driver are here it still will not use them"),
+        "it was built without CUDA, so torch.cuda.is_available() is False on any machine",
         (f"{_python(ctx)} -m pip uninstall -y torch", *_suggestion(ctx)),
-        (
-            _torch_line(ctx),
-            f"torch.cuda.init(): {t.init_error}" if t.init_error else "torch.version.cuda is None",
-        ),
+        evidence,
     )
 
 

@@ -106,6 +106,7 @@ def probe_peers(torch, out, count):
 def main():
     out = {
         "status": "ok",
+        "pid": os.getpid(),
         "python_executable": sys.executable,
         "python_version": "{}.{}.{}".format(*sys.version_info[:3]),
         "wheel_libraries": wheel_libraries(),
