@@ -26,6 +26,7 @@ ROOT_CAUSES = {
     "cuda-compat-on-newer-driver-h200": ("driver.cuda_compat_mismatch", "error"),
     "libcuda-stub-on-ld-library-path-h200": ("driver.stub_library", "error"),
     "gpu-memory-hog-h200": ("gpu.busy", "warning"),
+    "torch-folder-in-working-directory-h200": ("torch.import_failed", "error"),
     "pcie-x8-of-x16-h200": ("gpu.pcie_link_degraded", "warning"),
     "xid-79-in-kernel-log-h200": ("gpu.xid", "warning"),
     "driver-module-not-loaded-h200": ("driver.module_not_loaded", "error"),

@@ -31,6 +31,7 @@ NEWER = {
     "kernel.xid_events",
     "kernel.kernel_log_error",
     "torch.python_requested",
+    "torch.origin",
 }
 
 

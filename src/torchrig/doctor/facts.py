@@ -207,9 +207,9 @@ class TorchFacts:
     # the interpreter doctor ran: --python as given, made absolute (not resolved: a venv's python is a symlink
     # whose target is outside the venv); None: doctor's own
     python_requested: str | None = None
-    pid: int | None = field(
-        default=None, metadata={"bookkeeping": True}
-    )  # the probe child's (its CUDA context)
+    # the probe child's pid (it holds a CUDA context while it runs: not someone else on the GPU)
+    pid: int | None = field(default=None, metadata={"bookkeeping": True})
+    origin: str | None = None  # where "import torch" found it (importlib.util.find_spec("torch").origin)
     version: str | None = None  # torch.__version__
     cuda_version: str | None = None  # torch.version.cuda
     hip_version: str | None = None

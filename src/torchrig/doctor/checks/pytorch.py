@@ -66,6 +66,25 @@ def not_installed(ctx: Context) -> Iterator[Finding]:
             (t.error or "",),
         )
     elif t.status is ProbeStatus.FAILED:
+        origin = t.origin or ""
+        installed = any(d in origin for d in ("site-packages", "dist-packages"))
+        if origin and not installed:
+            folder = os.path.dirname(origin) if origin.endswith(".py") else origin
+            yield Finding(
+                "torch.import_failed",
+                Severity.ERROR,
+                "import torch finds a torch folder that is not the installed PyTorch",
+                f"{folder} comes first on sys.path (the working directory, or PYTHONPATH), so 'import torch' "
+                "loads it instead of the installed package: a PyTorch source checkout, or a folder of your "
+                "own named torch",
+                (
+                    f"cd ~ && {_python(ctx)} -c 'import torch; print(torch.__file__)'   # elsewhere the installed "
+                    "torch loads",
+                    f"or rename {folder} if it is yours, or take it off PYTHONPATH",
+                ),
+                (t.error or "", f"import torch found: {origin}"),
+            )
+            return
         yield Finding(
             "torch.import_failed",
             Severity.ERROR,
@@ -76,7 +95,7 @@ def not_installed(ctx: Context) -> Iterator[Finding]:
                 f"{_python(ctx)} -c 'import torch'   # the full error",
                 f"{_python(ctx)} -m pip install --force-reinstall torch   # or the resolve command",
             ),
-            (t.error or "",),
+            (t.error or "", *((f"import torch found: {origin}",) if origin else ())),
         )
 
 

@@ -29,6 +29,7 @@ def _from_child(data: dict[str, Any], requested: str | None = None) -> TorchFact
         python_version=data.get("python_version"),
         python_requested=requested,
         pid=data.get("pid"),
+        origin=data.get("torch_origin"),
         version=data.get("version"),
         cuda_version=data.get("cuda_version"),
         hip_version=data.get("hip_version"),

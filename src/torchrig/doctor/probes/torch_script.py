@@ -111,6 +111,15 @@ def main():
         "python_version": "{}.{}.{}".format(*sys.version_info[:3]),
         "wheel_libraries": wheel_libraries(),
     }
+    try:  # where "import torch" looks first: a torch/ folder in the working directory shadows the installed one
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        out["torch_origin"] = spec and (
+            spec.origin or next(iter(spec.submodule_search_locations or []), None)
+        )
+    except Exception:
+        out["torch_origin"] = None
     t0 = time.perf_counter()
     try:
         import torch
@@ -122,6 +131,10 @@ def main():
         return
     except Exception as e:
         out.update(status="failed", error=err_text(e))
+        print(json.dumps(out))
+        return
+    if not hasattr(torch, "__version__"):  # a folder named torch without the package in it
+        out.update(status="failed", error=f"'import torch' found {out['torch_origin']}, which is not PyTorch")
         print(json.dumps(out))
         return
     out["import_ms"] = round((time.perf_counter() - t0) * 1000, 1)
