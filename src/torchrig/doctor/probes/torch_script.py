@@ -56,6 +56,28 @@ def loaded_libraries():
     return sorted(paths)
 
 
+def warm_cuda():
+    """Create each GPU's primary CUDA context through the driver API (``cuInit``, ``cuDevicePrimaryCtxRetain``)
+    while ``import torch`` runs: torch later uses the same primary contexts, so their creation (a large part of
+    the first CUDA call) overlaps the import instead of following it. Any failure is left for torch to report
+    in its own words."""
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        if lib.cuInit(0) != 0:
+            return
+        count = ctypes.c_int(0)
+        if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return
+        for i in range(count.value):
+            dev = ctypes.c_int(0)
+            if lib.cuDeviceGet(ctypes.byref(dev), i) == 0:
+                lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctypes.c_void_p()), dev)
+    except Exception:
+        return
+
+
 def cudnn_text(v):
     if not v:
         return None
@@ -120,6 +142,10 @@ def main():
         )
     except Exception:
         out["torch_origin"] = None
+    if os.environ.get("TORCHRIG_DOCTOR_WARM_CUDA", "1") != "0":
+        import threading
+
+        threading.Thread(target=warm_cuda, name="warm-cuda", daemon=True).start()
     t0 = time.perf_counter()
     try:
         import torch
