@@ -177,3 +177,14 @@ def test_python_is_taken_as_given_relative_too(cli, tmp_path):
     data = r.json()
     assert data["facts"]["torch"]["python_requested"] == str(tmp_path / "python")
     assert f"in {tmp_path / 'python'}" in data["machine"]
+
+
+def test_a_mismatched_libcuda_that_still_runs_is_a_warning():
+    """CUDA ran kernels through the other version's libcuda: say so, but as a warning (the next update breaks)."""
+    facts = load_facts(FIX / "libcuda-570-on-ld-library-path-h200.json")
+    healthy = load_facts(FIX / "h200x1-driver580-cu130.json").torch
+    torch = dataclasses.replace(
+        facts.torch, is_available=True, init_error=None, device_count=1, devices=healthy.devices
+    )
+    f = diagnose(dataclasses.replace(facts, torch=torch)).findings[0]
+    assert (f.id, f.severity) == ("driver.library_mismatch", Severity.WARNING)

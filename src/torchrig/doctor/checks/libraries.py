@@ -20,6 +20,7 @@ https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html (803, 80
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterator
@@ -115,9 +116,16 @@ def driver_libraries(ctx: Context) -> Iterator[Finding]:
         yield from _unexplained_compat_errors(ctx, said)
 
 
+def _cuda_ran(ctx: Context) -> bool:
+    t = ctx.facts.torch
+    return bool(t.is_available and t.devices and all(d.kernel_ok for d in t.devices))
+
+
 def _named(ctx: Context, said: str) -> Iterator[Finding]:
-    """The findings for the libraries doctor can name (file and version)."""
+    """The findings for the libraries doctor can name (file and version). When CUDA ran kernels all the same,
+    a version that differs is a warning: it works today, and breaks on the next driver update."""
     k = ctx.facts.kernel
+    ran = _cuda_ran(ctx)
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
         lib, how = chosen(ctx, soname)
         if lib is None or how is None:
@@ -141,7 +149,8 @@ def _named(ctx: Context, said: str) -> Iterator[Finding]:
         if lib.version is None or lib.version == k.module_version:
             continue
         if compat and soname.startswith("libcuda"):
-            yield _compat(ctx, lib, how, said)
+            found = _compat(ctx, lib, how, said)
+            yield dataclasses.replace(found, severity=Severity.WARNING) if ran else found
             continue
         right = [
             x
@@ -152,7 +161,7 @@ def _named(ctx: Context, said: str) -> Iterator[Finding]:
             continue
         yield Finding(
             "driver.library_mismatch",
-            Severity.ERROR,
+            Severity.WARNING if ran else Severity.ERROR,
             f"{soname} {lib.version} is loaded, but the kernel module is {k.module_version}",
             f"{lib.path} ({how}) belongs to driver {lib.version} and comes before the kernel module's own "
             f"copy ({right[0].path}); the user-space driver must be the kernel module's version, or "
