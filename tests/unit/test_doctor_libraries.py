@@ -188,3 +188,19 @@ def test_a_mismatched_libcuda_that_still_runs_is_a_warning():
     )
     f = diagnose(dataclasses.replace(facts, torch=torch)).findings[0]
     assert (f.id, f.severity) == ("driver.library_mismatch", Severity.WARNING)
+
+
+def test_what_a_probed_library_prints_stays_off_stdout():
+    """The CUDA toolkit's NVML stub prints to file descriptor 1 from inside nvmlInit, which broke --json on the
+    H200 (the libnvidia-ml-stub fault): while the probes run, fd 1 goes to stderr."""
+    import subprocess
+
+    code = (
+        "import os\n"
+        "from torchrig.doctor.probes import _stdout_to_stderr\n"
+        "with _stdout_to_stderr():\n"
+        "    os.write(1, b'WARNING: stub library\\n')\n"
+        "print('{}')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "{}\n" and "WARNING: stub library" in proc.stderr
