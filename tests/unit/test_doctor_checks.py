@@ -62,7 +62,27 @@ ROOT_CAUSES = {
 # Snapshots recorded on healthy GPU machines by tools/gpu/doctor.sh (h200x<N>-driver<branch>-cu<cuda>.json),
 # and its planted faults recorded there (<same>-cuda-visible-devices-7.json; <same>-shm-64m.json, run with
 # --only container,gpu, so without the torch probe).
-HEALTHY_RE = re.compile(r"h200x\d-driver\d+-cu\d+")
+HEALTHY_RE = re.compile(r"h200x\d-driver\d+-cu\d+|h200x\d-recorded-healthy")
+# Faults made for real on the 1x H200 by tools/gpu/doctor_faults.py (2026-12-01), their facts recorded there
+# (docs/results/doctor-faults.md): each named by its cause, first.
+RECORDED = {
+    "libcuda-stub": ("driver.stub_library", "error"),
+    "libcuda-other-version": ("driver.library_mismatch", "error"),
+    "cuda-compat": ("driver.cuda_compat_mismatch", "error"),
+    "libnccl-shadow": ("env.shadowed_libraries", "warning"),  # torch preloaded the wheel's copy itself
+    "device-nodes-denied": ("driver.device_nodes_denied", "error"),
+    "uvm-node-missing": ("driver.uvm", "warning"),  # CUDA recreated the node (nvidia-modprobe) and ran
+    "cuda-visible-devices-minus1": ("env.cuda_visible_devices", "error"),
+    "cuda-visible-devices-7": ("env.cuda_visible_devices", "error"),
+    "cuda-visible-devices-empty": ("env.cuda_visible_devices", "error"),
+    "cuda-visible-devices-bad-uuid": ("env.cuda_visible_devices", "error"),
+    "cuda-visible-devices-0-7": ("env.cuda_visible_devices", "warning"),
+    "shm-64m": ("limits.shm", "warning"),
+    "gpu-memory-hog": ("gpu.busy", "warning"),
+    "torch-folder-in-cwd": ("torch.import_failed", "error"),
+    "python-without-torch": ("torch.not_installed", "warning"),
+}
+ROOT_CAUSES |= {f"h200x1-recorded-{name}": want for name, want in RECORDED.items()}
 PLANTED = {
     "-cuda-visible-devices-7": ("env.cuda_visible_devices", "error"),
     "-shm-64m": ("limits.shm", "warning"),

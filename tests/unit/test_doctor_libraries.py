@@ -204,3 +204,17 @@ def test_what_a_probed_library_prints_stays_off_stdout():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout == "{}\n" and "WARNING: stub library" in proc.stderr
+
+
+def test_recorded_faults_carry_their_evidence():
+    """The H200 campaign's recordings: who holds the GPU, the relative --python, the compat file."""
+    hog = diagnose(load_facts(FIX / "h200x1-recorded-gpu-memory-hog.json"))
+    busy = next(f for f in hog.findings if f.id == "gpu.busy")
+    assert busy.evidence[0].startswith("GPU 0: pid ") and "user root" in busy.evidence[0]
+    py = diagnose(load_facts(FIX / "h200x1-recorded-python-without-torch.json"))
+    assert py.facts.torch.python_requested == "/tmp/doctor-faults/venv-bin/python"
+    assert "in /tmp/doctor-faults/venv-bin/python" in py.machine_line()
+    compat = diagnose(load_facts(FIX / "h200x1-recorded-cuda-compat.json")).findings[0]
+    assert "580.95.05" in compat.summary and "580.159.04" in compat.summary and "not needed" in compat.cause
+    denied = diagnose(load_facts(FIX / "h200x1-recorded-device-nodes-denied.json"))
+    assert [f.id for f in denied.findings if f.severity is Severity.ERROR] == ["driver.device_nodes_denied"]

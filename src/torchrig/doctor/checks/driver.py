@@ -241,6 +241,25 @@ def uvm(ctx: Context) -> Iterator[Finding]:
     unknown = "unknown error" in err.lower() or "error 999" in err.lower()
     if loaded and node and not unknown:
         return
+    ran = bool(t.is_available and t.devices and all(d.kernel_ok for d in t.devices))
+    if ran and (not loaded or not node):
+        # CUDA's first use loads the module and creates the node through nvidia-modprobe (setuid root) where it
+        # is installed: what broke nothing here breaks a container given the host's nodes at its start
+        yield Finding(
+            "driver.uvm",
+            Severity.WARNING,
+            "/dev/nvidia-uvm was missing (CUDA ran all the same)",
+            "the node was absent when doctor looked, yet CUDA ran kernels: the driver's first use recreates it "
+            "through nvidia-modprobe where that is installed; a container that gets the host's device nodes "
+            "at its start, or a machine without nvidia-modprobe, fails with 'unknown error' (999) instead",
+            ("sudo nvidia-modprobe -u -c 0   # loads nvidia_uvm and creates /dev/nvidia-uvm now",),
+            (
+                f"nvidia_uvm loaded: {'yes' if loaded else 'no'}",
+                f"/dev/nvidia-uvm: {'present' if node else 'absent'}",
+                f"torch ran a kernel on {len(t.devices)} GPU(s)",
+            ),
+        )
+        return
     if not loaded or not node:
         what = "the nvidia_uvm module is not loaded" if not loaded else "/dev/nvidia-uvm does not exist"
         fix: tuple[str, ...] = ("sudo modprobe nvidia_uvm && sudo nvidia-modprobe -u -c 0",)
@@ -282,6 +301,8 @@ def nvml_failed(ctx: Context) -> Iterator[Finding]:
         "container.no_gpu_access",
         "driver.module_not_loaded",
         "driver.missing",
+        "driver.device_nodes_denied",  # NVML says "Insufficient Permissions": the nodes are the cause
+        "driver.device_nodes_missing",
         *SHADOWED,
     ):
         return
