@@ -137,6 +137,8 @@ class DoctorReport:
             tail = "the warnings will bite later"
         elif w:
             tail = "CUDA works; the warnings will bite later"
+        elif any(f.id == "driver.no_gpu" for f in self.findings):
+            tail = "healthy for work on the CPU (no NVIDIA GPU here)"
         else:
             tail = "healthy"
         out.append(

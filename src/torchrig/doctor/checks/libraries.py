@@ -94,7 +94,11 @@ def _evidence(ctx: Context, soname: str, lib: DriverLibrary, how: str) -> list[s
         + (f", {lib.size_bytes} bytes" if lib.size_bytes is not None else "")
         + ")",
     ]
-    others = [x for x in k.driver_libraries if x.soname == soname and x.real_path != lib.real_path]
+    others, seen = [], {lib.real_path}
+    for x in k.driver_libraries:  # one line per file, however many names lead to it
+        if x.soname == soname and x.real_path not in seen:
+            seen.add(x.real_path)
+            others.append(x)
     out += [f"also: {x.path} ({x.origin}, version {x.version or 'not in its name'})" for x in others[:4]]
     errors = [ctx.facts.torch.init_error or "", ctx.facts.nvml.error or ""]
     out += [f"error: {e[:300]}" for e in errors if e]
