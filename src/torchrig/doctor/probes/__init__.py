@@ -99,13 +99,16 @@ def _stdout_to_stderr() -> Iterator[None]:
     run: stdout carries only doctor's report (``--json`` must stay parseable). Nothing else writes to stdout
     meanwhile."""
     sys.stdout.flush()
+    saved = None
     try:
         saved = os.dup(1)
-    except OSError:  # no stdout at all
+        os.dup2(2, 1)
+    except OSError:  # no stdout or no stderr: leave them as they are
+        if saved is not None:
+            os.close(saved)
         yield
         return
     try:
-        os.dup2(2, 1)
         yield
     finally:
         sys.stdout.flush()
