@@ -22,7 +22,8 @@ SCHEMA = json.loads((ROOT / "src" / "torchrig" / "doctor" / "schema" / "report.s
         ("h200x2-driver580-cu130", 0),
         ("cuda-visible-devices-7-h200x2", 1),
         ("shm-64m-container-h200", 1),
-        ("no-driver-debian12-cpu-torch", 1),
+        ("no-driver-debian12-cpu-torch", 0),
+        ("driver-not-installed-debian12-h200", 1),
     ],
 )
 def test_json_matches_the_schema_and_exit_code(cli, name, code):
@@ -113,5 +114,5 @@ def test_verdict_claims_cuda_works_only_when_torch_was_probed(cli):
     last = r.out.rstrip().splitlines()[-1]
     assert r.code == 1 and last.startswith("verdict: 0 error(s), 1 warning(s)"), r.out
     assert "the warnings will bite later" in last and "CUDA works" not in last
-    r = cli("doctor", "--facts", str(FIX / "persistence-off-h200.json"))
+    r = cli("doctor", "--facts", str(FIX / "throttled-at-idle-h200.json"))
     assert "CUDA works; the warnings will bite later" in r.out.rstrip().splitlines()[-1]

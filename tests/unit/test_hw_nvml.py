@@ -185,12 +185,34 @@ class Recorded:
         bits = {name: bit for bit, name in nvml.THROTTLE_REASONS.items()}
         return sum(bits[r] for r in self.g(h)["throttle_reasons"])
 
+    def _running(self, h: Any, kind: str) -> list[Any]:
+        procs = [p for p in self.g(h)["processes"] if p.get("kind", "compute") == kind]
+        mem = [None if p["used_memory_mib"] is None else mib(p["used_memory_mib"]) for p in procs]
+        return [ns(pid=p["pid"], usedGpuMemory=m) for p, m in zip(procs, mem, strict=True)]
+
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
-        mem = [
-            None if p["used_memory_mib"] is None else mib(p["used_memory_mib"])
-            for p in self.g(h)["processes"]
-        ]
-        return [ns(pid=p["pid"], usedGpuMemory=m) for p, m in zip(self.g(h)["processes"], mem, strict=True)]
+        return self._running(h, "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: Any) -> list[Any]:
+        return self._running(h, "graphics")
+
+    def nvmlDeviceGetProcessUtilization(self, h: Any, _since: int) -> list[Any]:
+        samples = [ns(pid=p["pid"], smUtil=p.get("sm_util_pct"), timeStamp=1) for p in self.g(h)["processes"]]
+        if not any(s.smUtil is not None for s in samples):  # NVML keeps no samples
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return [s for s in samples if s.smUtil is not None]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any) -> Any:
+        return value(self.g(h).get("pcie_gen_current"))
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Any) -> Any:
+        return value(self.g(h).get("pcie_gen_max"))
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any) -> Any:
+        return value(self.g(h).get("pcie_width_current"))
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any) -> Any:
+        return value(self.g(h).get("pcie_width_max"))
 
     def nvmlSystemGetProcessName(self, pid: int) -> Any:
         names = {p["pid"]: p["name"] for gpu in self.gpus for p in gpu["processes"]}
@@ -257,7 +279,10 @@ def test_doctor_probe_gives_back_the_recorded_facts(monkeypatch, case):
     else:
         monkeypatch.setitem(sys.modules, "pynvml", replay(facts))
     want = jsonable(facts_from_json(json.loads((FIX / "doctor" / f"{case}.json").read_text())).nvml)
-    assert jsonable(probe_nvml()) == want
+    who = {
+        p["pid"]: (p.get("user"), p.get("container")) for g in facts.get("gpus") or [] for p in g["processes"]
+    }
+    assert jsonable(probe_nvml(identify=lambda pids: {p: who[p] for p in pids})) == want
 
 
 def test_runtime_inventory_gives_back_the_snapshot_of_the_same_machine(monkeypatch):
@@ -544,3 +569,38 @@ def test_fabric_info_of_every_binding_layout_is_read(monkeypatch, layout):
     assert a.nvlink_domain and b.nvlink_domain and a.nvlink_domain != b.nvlink_domain
     facts = probe_nvml().gpus
     assert [g.fabric_state for g in facts] == ["completed", "completed"]
+
+
+def test_processes_carry_sm_use_and_a_graphics_one_is_listed_once(monkeypatch):
+    """nvidia-smi's process table: compute and graphics processes (a pid on both once, as compute), each with
+    the SM use of its latest nvmlDeviceGetProcessUtilization sample; the PCIe link of nvidia-smi -q."""
+    nv_facts = recorded("h200x1-driver580-cu130")
+    nv_facts["gpus"][0]["processes"] = [{"pid": 11, "used_memory_mib": 1024, "name": "python3"}]
+    samples = [
+        ns(pid=11, smUtil=40, timeStamp=1),
+        ns(pid=11, smUtil=55, timeStamp=2),
+        ns(pid=12, smUtil=9, timeStamp=2),
+    ]
+    monkeypatch.setitem(
+        sys.modules,
+        "pynvml",
+        replay(
+            nv_facts,
+            nvmlDeviceGetProcessUtilization=lambda _h, _since: samples,
+            nvmlDeviceGetGraphicsRunningProcesses=lambda _h: [
+                ns(pid=11, usedGpuMemory=mib(1024)),
+                ns(pid=12, usedGpuMemory=None),
+            ],
+            nvmlSystemGetProcessName=lambda pid: {11: b"python3", 12: b"Xorg"}[pid],
+            nvmlDeviceGetCurrPcieLinkGeneration=lambda _h: 1,
+            nvmlDeviceGetMaxPcieLinkGeneration=lambda _h: 5,
+            nvmlDeviceGetCurrPcieLinkWidth=lambda _h: 16,
+            nvmlDeviceGetMaxPcieLinkWidth=lambda _h: 16,
+        ),
+    )
+    g = probe_nvml(identify=None).gpus[0]
+    assert [(p.pid, p.kind, p.sm_util_pct, p.used_memory_mib) for p in g.processes] == [
+        (11, "compute", 55, 1024),
+        (12, "graphics", 9, None),
+    ]
+    assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_width_max) == (1, 5, 16, 16)

@@ -42,7 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="comma-separated areas to report: driver, container, env, torch, gpu (repeatable)",
     )
     parser.add_argument(
-        "--python", metavar="PATH", help="the interpreter whose torch to inspect (default: this one)"
+        "--python",
+        metavar="PATH",
+        help="the interpreter whose torch to inspect, as given (relative to here, never looked up on PATH; "
+        "default: this one)",
     )
     parser.add_argument("--facts", metavar="FILE", help="replay a recorded facts snapshot instead of probing")
     parser.add_argument("--record", metavar="FILE", help="write the probed facts to FILE (JSON) as well")
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace):  # -> DoctorReport
         from torchrig.doctor.probes import ProbeOptions, collect
 
         want_torch = bool(args.record) or not areas or bool({"torch", "env"} & set(areas))
-        python = str(Path(args.python).expanduser()) if args.python else None
+        python = os.path.abspath(Path(args.python).expanduser()) if args.python else None
         kb_thread = _load_kb_meanwhile() if want_torch else None
         facts = collect(ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout))
         if kb_thread is not None:

@@ -42,9 +42,17 @@ class MigInstance:
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A process NVML lists on a GPU (``nvidia-smi``'s process table). ``user`` comes from /proc/PID/status
+    and ``container`` from the Docker Engine API where the process runs in a Docker container; the pid is the
+    host's, so inside a container both stay unknown."""
+
     pid: int
     used_memory_mib: int | None
     name: str | None
+    sm_util_pct: int | None = None  # nvmlDeviceGetProcessUtilization over the last samples
+    user: str | None = None
+    container: str | None = None  # the Docker container's name (or its short id when the API does not say)
+    kind: str = "compute"  # compute | graphics
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,11 @@ class GpuFacts:
     fabric_state: str | None = None  # not_supported | not_started | in_progress | completed
     fabric_status: str | None = None  # NVML return text of the fabric status ("Success")
     processes: tuple[GpuProcess, ...] = ()
+    # PCIe link (nvidia-smi -q "GPU Link Info"): current and the most the GPU and its slot both support
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,22 @@ class PciDevice:
 
 
 @dataclass(frozen=True)
+class DriverLibrary:
+    """A copy of the driver's user-space library (``libcuda.so.1``, ``libnvidia-ml.so.1``) where the dynamic
+    loader looks, in its search order (ld.so(8)): ``LD_LIBRARY_PATH``, then ``/etc/ld.so.cache``, then the
+    default directories; and the CUDA forward-compatibility package's (``origin`` "compat"), which loads only
+    when one of those points at it."""
+
+    soname: str  # libcuda.so.1 | libnvidia-ml.so.1
+    path: str  # where the loader finds the soname (often a symlink)
+    real_path: str  # the file it resolves to
+    version: str | None  # from the real file's name (libcuda.so.580.95.05); None: the name says none
+    origin: str  # ld_library_path | ld_cache | default_dir | compat
+    size_bytes: int | None = None  # a driver's libcuda is tens of MB; the toolkit's link-time stub is small
+    stub: bool = False  # a link-time stub (CUDA toolkit's lib64/stubs): it cannot run anything
+
+
+@dataclass(frozen=True)
 class KernelFacts:
     status: ProbeStatus
     kernel_release: str | None = None
@@ -150,6 +179,10 @@ class KernelFacts:
     # Added after the recorded fixtures: their absence from an older record is an unknown platform, not a gap.
     machine: str | None = field(default=None, metadata={"added_later": True})
     tegra_release: str | None = field(default=None, metadata={"added_later": True})
+    driver_libraries: tuple[DriverLibrary, ...] = ()  # in the loader's search order
+    # the kernel log (dmesg / /dev/kmsg): None unreadable or not tried; () read, no Xid
+    xid_events: tuple[str, ...] | None = None
+    kernel_log_error: str | None = None  # why the kernel log could not be read
 
 
 # ---------------------------------------------------------------- the installed PyTorch
@@ -173,8 +206,14 @@ class PeerAccess:
 class TorchFacts:
     status: ProbeStatus
     error: str | None = None
-    python_executable: str | None = None
+    python_executable: str | None = None  # the child's sys.executable
     python_version: str | None = None
+    # the interpreter doctor ran: --python as given, made absolute (not resolved: a venv's python is a symlink
+    # whose target is outside the venv); None: doctor's own
+    python_requested: str | None = None
+    # the probe child's pid (it holds a CUDA context while it runs: not someone else on the GPU)
+    pid: int | None = field(default=None, metadata={"bookkeeping": True})
+    origin: str | None = None  # where "import torch" found it (importlib.util.find_spec("torch").origin)
     version: str | None = None  # torch.__version__
     cuda_version: str | None = None  # torch.version.cuda
     hip_version: str | None = None

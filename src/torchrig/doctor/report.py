@@ -60,6 +60,8 @@ class DoctorReport:
 
     # ---- text
     def machine_line(self) -> str:
+        """One line: OS, container, GPUs, driver, torch and the interpreter probed. Unknown stays a word,
+        never "None"."""
         from torchrig.compat.platforms import platform_of_kernel
 
         f = self.facts
@@ -74,19 +76,38 @@ class DoctorReport:
         if f.container.in_container:
             parts.append(f"in a {f.container.runtime or ''} container".replace("  ", " "))
         if f.nvml.status is ProbeStatus.OK:
-            names = sorted({g.name or "?" for g in f.nvml.gpus})
+            names = sorted({g.name or "unnamed GPU" for g in f.nvml.gpus})
             parts.append(f"{len(f.nvml.gpus)}x {' + '.join(names)}" if f.nvml.gpus else "no GPU")
-            parts.append(f"driver {f.nvml.driver_version} (CUDA {f.nvml.cuda_driver_version})")
+            cuda = (
+                f"CUDA {f.nvml.cuda_driver_version}"
+                if f.nvml.cuda_driver_version
+                else "CUDA version unknown: NVML could not ask libcuda"
+            )
+            parts.append(f"driver {f.nvml.driver_version or 'of unknown version'} ({cuda})")
         elif f.kernel.module_version:
             parts.append(f"driver {f.kernel.module_version}")
         else:
             parts.append("no NVIDIA driver loaded")
         t = f.torch
+        where = self.python_line()
         if t.status is ProbeStatus.OK:
-            parts.append(f"torch {t.version}")
+            parts.append(f"torch {t.version or 'of unknown version'}{where}")
         elif t.status is ProbeStatus.MISSING:
-            parts.append("no torch")
+            parts.append(f"no torch{where}")
+        elif t.status in (ProbeStatus.FAILED, ProbeStatus.TIMEOUT):
+            parts.append(f"torch probe {t.status.value}{where}")
         return ", ".join(parts)
+
+    def python_line(self) -> str:
+        """`` in PATH`` for the interpreter the torch probe ran, with its own sys.executable when that
+        differs (a venv's python seen through a symlink); empty when unknown."""
+        t = self.facts.torch
+        ran = t.python_requested or t.python_executable
+        if not ran:
+            return ""
+        if t.python_requested and t.python_executable and t.python_executable != t.python_requested:
+            return f" in {ran} (sys.executable {t.python_executable})"
+        return f" in {ran}"
 
     def render_text(self) -> str:
         use_color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
@@ -123,6 +144,8 @@ class DoctorReport:
             tail = "the warnings will bite later"
         elif w:
             tail = "CUDA works; the warnings will bite later"
+        elif any(f.id == "driver.no_gpu" for f in self.findings):
+            tail = "healthy for work on the CPU (no NVIDIA GPU here)"
         else:
             tail = "healthy"
         out.append(
@@ -153,6 +176,11 @@ def _cmd(text: str) -> str:
         "add",
         "do",
         "then",
+        "keep",
+        "ask",
+        "look",
+        "reseat",
+        "for",
     )
     return text if prose else f"$ {text}"
 

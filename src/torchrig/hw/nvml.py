@@ -364,8 +364,24 @@ class Nvml:
             sm_clock_max_mhz=top,
             throttle_reasons=self._throttle(h),
             processes=self._processes(h),
+            **self._pcie(h),
             **self._ecc(h),
         )
+
+    def _pcie(self, h: Any) -> dict[str, Any]:
+        """``nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,...``"""
+        nv = self._nv
+
+        def value(function: str) -> int | None:
+            v = _query(nv, function, h)
+            return None if v is None else int(v)
+
+        return {
+            "pcie_gen_current": value("nvmlDeviceGetCurrPcieLinkGeneration"),
+            "pcie_gen_max": value("nvmlDeviceGetMaxPcieLinkGeneration"),
+            "pcie_width_current": value("nvmlDeviceGetCurrPcieLinkWidth"),
+            "pcie_width_max": value("nvmlDeviceGetMaxPcieLinkWidth"),
+        }
 
     def _ecc(self, h: Any) -> dict[str, Any]:
         nv = self._nv
@@ -406,19 +422,38 @@ class Nvml:
             return ()
         return tuple(name for bit, name in THROTTLE_REASONS.items() if mask & bit)
 
+    def _sm_use(self, h: Any) -> dict[int, int]:
+        """pid -> SM utilisation (%) of its latest sample (``nvidia-smi pmon -c 1``); empty when NVML keeps no
+        samples (no process ran lately, or the GPU does not support it)."""
+        latest: dict[int, tuple[int, int]] = {}
+        for s in _query(self._nv, "nvmlDeviceGetProcessUtilization", h, 0) or []:
+            pid, stamp = int(s.pid), int(getattr(s, "timeStamp", 0))
+            if pid not in latest or stamp >= latest[pid][0]:
+                latest[pid] = (stamp, int(s.smUtil))
+        return {pid: util for pid, (_stamp, util) in latest.items()}
+
     def _processes(self, h: Any) -> tuple[NvmlProcess, ...]:
         nv = self._nv
-        out = []
-        for p in _query(nv, "nvmlDeviceGetComputeRunningProcesses", h) or []:
-            used = getattr(p, "usedGpuMemory", None)  # None: NVML_VALUE_NOT_AVAILABLE
-            out.append(
-                NvmlProcess(
+        out: dict[int, NvmlProcess] = {}
+        sm = None
+        for kind, function in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+        ):
+            for p in _query(nv, function, h) or []:
+                if int(p.pid) in out:
+                    continue
+                if sm is None:
+                    sm = self._sm_use(h)
+                used = getattr(p, "usedGpuMemory", None)  # None: NVML_VALUE_NOT_AVAILABLE
+                out[int(p.pid)] = NvmlProcess(
                     pid=int(p.pid),
                     used_memory_mib=_mib(used) if isinstance(used, int) else None,
                     name=_query_text(nv, "nvmlSystemGetProcessName", p.pid),
+                    sm_util_pct=(sm or {}).get(int(p.pid)),
+                    kind=kind,
                 )
-            )
-        return tuple(out)
+        return tuple(out.values())
 
     def pairs(self) -> tuple[NvmlPair, ...]:
         """Every GPU pair: ``nvidia-smi topo -p2p r`` / ``w`` / ``n`` and the PCIe common ancestor (``topo -m``)."""

@@ -107,9 +107,14 @@ class NvmlDevice:
 
 @dataclass(frozen=True)
 class NvmlProcess:
+    """A process on a GPU (``nvidia-smi``'s process table; ``nvidia-smi pmon`` for its SM use). The pid is in
+    the host's pid namespace."""
+
     pid: int
     used_memory_mib: int | None
     name: str | None
+    sm_util_pct: int | None = None  # nvmlDeviceGetProcessUtilization: its latest sample, None when none
+    kind: str = "compute"  # compute | graphics (a process on both is listed once, as compute)
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,11 @@ class NvmlHealth:
     sm_clock_max_mhz: int | None = None
     throttle_reasons: tuple[str, ...] = ()  # THROTTLE_REASONS names
     processes: tuple[NvmlProcess, ...] = ()
+    # nvidia-smi -q "GPU Link Info": the generation drops at idle to save power; the width should not
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None  # nvmlDeviceGetMaxPcieLinkGeneration: what the GPU and its slot both do
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from torchrig.doctor.checks import container, driver, gpu, pytorch, visibility
+from torchrig.doctor.checks import container, driver, gpu, libraries, pytorch, visibility
 from torchrig.doctor.checks.common import Context
 from torchrig.doctor.facts import Facts
 from torchrig.doctor.findings import Finding, Severity, sort_findings
@@ -25,6 +25,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("container", container.no_gpu_access),
     ("driver", driver.missing),
     ("driver", driver.module_not_loaded),
+    ("driver", libraries.driver_libraries),
     ("driver", driver.version_mismatch),
     ("driver", driver.device_nodes),
     ("driver", driver.uvm),
@@ -55,6 +56,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu", gpu.throttling),
     ("gpu", gpu.nvlink),
     ("gpu", gpu.processes),
+    ("gpu", gpu.pcie_link),
+    ("gpu", gpu.xid),
 )
 
 

@@ -9,6 +9,7 @@ from torchrig.doctor.checks.common import Context, branch
 from torchrig.doctor.facts import ProbeStatus
 from torchrig.doctor.findings import Finding, Severity
 
+SHADOWED = ("driver.stub_library", "driver.library_mismatch", "driver.cuda_compat_mismatch")
 RELOAD_MODULES = "sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia && sudo modprobe nvidia_uvm"
 
 
@@ -66,16 +67,26 @@ def missing(ctx: Context) -> Iterator[Finding]:
             _driver_absent_evidence(ctx),
         )
         return
+    if not k.pci_gpus:
+        yield Finding(
+            "driver.no_gpu",
+            Severity.INFO,
+            "no NVIDIA GPU on this machine: CUDA is not available, PyTorch runs on the CPU",
+            "no NVIDIA device is on the PCI bus and no NVIDIA driver is installed; a CPU build of PyTorch is "
+            "the one that works here",
+            (
+                "torchrig resolve   # without --gpu: the pip command of the CPU build for this machine",
+                "for CUDA: a machine with an NVIDIA GPU (on a cloud VM: a GPU instance type, or attach one), "
+                "then run torchrig doctor there",
+            ),
+            _driver_absent_evidence(ctx),
+        )
+        return
     steps, source = fixes.steps("driver_install", **ctx.os_args())
     cause = (
         "no NVIDIA kernel module is loaded or installed, and the driver's user-space libraries "
         "(libnvidia-ml, libcuda) are absent, so CUDA has nothing to talk to"
     )
-    if not k.pci_gpus:
-        cause += (
-            "; no NVIDIA GPU is on the PCI bus either: on a cloud VM pick a GPU instance type (or attach "
-            "the GPU) first, on bare metal check the card is seated and enabled in the firmware"
-        )
     distro = k.os_pretty or k.os_id or "this distribution"
     yield Finding(
         "driver.missing",
@@ -90,7 +101,12 @@ def missing(ctx: Context) -> Iterator[Finding]:
 def module_not_loaded(ctx: Context) -> Iterator[Finding]:
     """The driver is installed (libraries or module on disk) but the kernel module is not loaded."""
     k = ctx.facts.kernel
-    if ctx.in_container or k.wsl or k.module_version is not None or ctx.has("driver.missing"):
+    if (
+        ctx.in_container
+        or k.wsl
+        or k.module_version is not None
+        or ctx.has("driver.missing", "driver.no_gpu")
+    ):
         return
     if not (ctx.driver_libs or k.module_installed_version):
         return
@@ -142,6 +158,8 @@ def module_not_loaded(ctx: Context) -> Iterator[Finding]:
 def version_mismatch(ctx: Context) -> Iterator[Finding]:
     """NVML/driver version mismatch: the libraries were upgraded but the old kernel module is still loaded."""
     k, nv = ctx.facts.kernel, ctx.facts.nvml
+    if ctx.has(*SHADOWED):  # a library off the loader's path explains it; a reboot would not help
+        return
     nvml_says = bool(nv.error and "version mismatch" in nv.error.lower())
     differ = bool(k.module_version and k.nvml_library_version and k.module_version != k.nvml_library_version)
     if not (nvml_says or differ):
@@ -223,6 +241,25 @@ def uvm(ctx: Context) -> Iterator[Finding]:
     unknown = "unknown error" in err.lower() or "error 999" in err.lower()
     if loaded and node and not unknown:
         return
+    ran = bool(t.is_available and t.devices and all(d.kernel_ok for d in t.devices))
+    if ran and (not loaded or not node):
+        # CUDA's first use loads the module and creates the node through nvidia-modprobe (setuid root) where it
+        # is installed: what broke nothing here breaks a container given the host's nodes at its start
+        yield Finding(
+            "driver.uvm",
+            Severity.WARNING,
+            "/dev/nvidia-uvm was missing (CUDA ran all the same)",
+            "the node was absent when doctor looked, yet CUDA ran kernels: the driver's first use recreates it "
+            "through nvidia-modprobe where that is installed; a container that gets the host's device nodes "
+            "at its start, or a machine without nvidia-modprobe, fails with 'unknown error' (999) instead",
+            ("sudo nvidia-modprobe -u -c 0   # loads nvidia_uvm and creates /dev/nvidia-uvm now",),
+            (
+                f"nvidia_uvm loaded: {'yes' if loaded else 'no'}",
+                f"/dev/nvidia-uvm: {'present' if node else 'absent'}",
+                f"torch ran a kernel on {len(t.devices)} GPU(s)",
+            ),
+        )
+        return
     if not loaded or not node:
         what = "the nvidia_uvm module is not loaded" if not loaded else "/dev/nvidia-uvm does not exist"
         fix: tuple[str, ...] = ("sudo modprobe nvidia_uvm && sudo nvidia-modprobe -u -c 0",)
@@ -260,7 +297,13 @@ def nvml_failed(ctx: Context) -> Iterator[Finding]:
     """NVML is installed and the driver loaded, but nvmlInit fails for another reason."""
     nv = ctx.facts.nvml
     if nv.status not in (ProbeStatus.FAILED, ProbeStatus.DENIED) or ctx.has(
-        "driver.version_mismatch", "container.no_gpu_access", "driver.module_not_loaded", "driver.missing"
+        "driver.version_mismatch",
+        "container.no_gpu_access",
+        "driver.module_not_loaded",
+        "driver.missing",
+        "driver.device_nodes_denied",  # NVML says "Insufficient Permissions": the nodes are the cause
+        "driver.device_nodes_missing",
+        *SHADOWED,
     ):
         return
     if not ctx.driver_loaded and not ctx.driver_libs:
@@ -340,11 +383,13 @@ def ok(ctx: Context) -> Iterator[Finding]:
         yield Finding(
             "driver.ok",
             Severity.OK,
-            f"driver {nv.driver_version} ({flavor + ' kernel module, ' if flavor else ''}"
-            f"CUDA {nv.cuda_driver_version or '?'}), {len(nv.gpus)} GPU(s) visible to NVML",
+            f"driver {nv.driver_version or 'of unknown version'} ({flavor + ' kernel module, ' if flavor else ''}"
+            f"{'CUDA ' + nv.cuda_driver_version if nv.cuda_driver_version else 'CUDA version unknown'}), "
+            f"{len(nv.gpus)} GPU(s) visible to NVML",
             evidence=tuple(
-                f"GPU {g.index}: {g.name}, {g.memory_total_mib} MiB, cc {g.compute_capability}, "
-                f"{g.pci_bus_id}"
+                f"GPU {g.index}: {g.name or 'name unknown'}, "
+                + (f"{g.memory_total_mib} MiB" if g.memory_total_mib is not None else "memory unknown")
+                + f", cc {g.compute_capability or 'unknown'}, {g.pci_bus_id or 'bus id unknown'}"
                 for g in nv.gpus
             ),
         )

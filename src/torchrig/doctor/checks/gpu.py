@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from torchrig.doctor import fixes
 from torchrig.doctor.checks.common import Context
 from torchrig.doctor.checks.visibility import visible_prefix
-from torchrig.doctor.facts import P2PPair, ProbeStatus
+from torchrig.doctor.facts import GpuFacts, GpuProcess, P2PPair, ProbeStatus
 from torchrig.doctor.findings import Finding, Severity
 
 # PCIe common ancestors under which P2P is expected to work (nvidia-smi topo -m: PIX, PXB, PHB); across
@@ -21,7 +22,16 @@ TOPO_NAME = {
     "node": "NODE",
     "system": "SYS",
 }
-BAD_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+# Clock-event reasons that, at idle, mean power or cooling trouble (nvml.h nvmlClocksEventReason*): a software
+# power cap at idle means a power limit set far below the GPU's draw at rest
+BAD_THROTTLE = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+    "sw_power_cap",
+)
+XID_CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
 
 def cuda_to_nvml(ctx: Context) -> dict[int, int]:
@@ -191,7 +201,7 @@ def persistence(ctx: Context) -> Iterator[Finding]:
         host = "on the host: " if ctx.in_container else ""
         yield Finding(
             "gpu.persistence_off",
-            Severity.WARNING,
+            Severity.INFO,
             "persistence mode is off on " + ", ".join(f"GPU {g.index}" for g in off),
             "without it the driver tears GPU state down whenever no process holds the GPU, so every CUDA "
             "start pays the re-initialisation (seconds on large GPUs) and clock/ECC settings can reset",
@@ -277,18 +287,144 @@ def nvlink(ctx: Context) -> Iterator[Finding]:
             )
 
 
+def _others(ctx: Context, g: GpuFacts) -> list[GpuProcess]:
+    """The processes on GPU ``g`` other than doctor's own torch probe (it holds a context while it runs)."""
+    return [p for p in g.processes if p.pid != ctx.facts.torch.pid]
+
+
+def _who(p: GpuProcess) -> str:
+    parts = [f"pid {p.pid}", p.name or "(name unknown)"]
+    parts.append(f"user {p.user}" if p.user else "user unknown")
+    if p.container:
+        parts.append(f"container {p.container}")
+    parts.append("memory unknown" if p.used_memory_mib is None else f"{p.used_memory_mib} MiB")
+    if p.sm_util_pct is not None:
+        parts.append(f"SM {p.sm_util_pct}%")
+    return ", ".join(parts)
+
+
 def processes(ctx: Context) -> Iterator[Finding]:
-    busy = [g for g in ctx.facts.nvml.gpus if g.processes]
-    if busy:
+    """Who else is on the GPUs (``nvidia-smi``'s process table): a warning when they hold much of one."""
+    th = fixes.thresholds()
+    heavy, light, unlisted, evidence = [], [], [], []
+    for g in ctx.facts.nvml.gpus:
+        others = _others(ctx, g)
+        total = g.memory_total_mib or 0
+        held = sum(p.used_memory_mib or 0 for p in others)
+        mine = sum(p.used_memory_mib or 0 for p in g.processes if p not in others)
+        for p in others:
+            evidence.append(f"GPU {g.index}: {_who(p)}")
+        dark = (g.memory_used_mib or 0) - held - mine
+        if total and dark > th["unlisted_memory_fraction"] * total:
+            unlisted.append(g.index)
+            evidence.append(
+                f"GPU {g.index}: {dark} of {total} MiB in use by processes NVML does not list here "
+                "(another container, VM or pid namespace)"
+            )
+        else:
+            dark = 0  # the driver's own reserve, or nothing
+        big = bool(total) and held + dark >= th["busy_memory_fraction"] * total
+        busy_sm = any((p.sm_util_pct or 0) >= th["busy_sm_pct"] for p in others)
+        if big or busy_sm:
+            heavy.append(g)
+            evidence.append(
+                f"GPU {g.index}: {held + dark} of {total} MiB held by others, utilisation "
+                f"{g.utilization_pct if g.utilization_pct is not None else 'unknown'}%"
+            )
+        elif others or g.index in unlisted:
+            light.append(g)
+    if not heavy and not light:
+        return
+    free = [
+        g.index for g in ctx.facts.nvml.gpus if g not in heavy and g not in light and g.index not in unlisted
+    ]
+    pids = sorted({p.pid for g in heavy + light for p in _others(ctx, g)})
+    names = sorted({p.container for g in heavy + light for p in _others(ctx, g) if p.container})
+    fix = ["nvidia-smi   # the process table, live"]
+    if pids:
+        fix.append(f"ps -o user,pid,etime,args -p {','.join(map(str, pids))}   # who, since when, what")
+    if names:
+        fix.append(f"docker ps --filter name={names[0]}   # the container it runs in")
+    if free:
+        fix.append(f"export CUDA_VISIBLE_DEVICES={','.join(map(str, free))}   # the GPUs no one else is on")
+    fix.append("ask the owner to stop it; if it is yours and stuck: kill <pid>")
+    severity = Severity.WARNING if heavy else Severity.INFO
+    which = heavy or light
+    yield Finding(
+        "gpu.busy",
+        severity,
+        "other processes are using "
+        + ", ".join(f"GPU {g.index}" for g in which)
+        + (" and hold much of it" if heavy else ""),
+        "their memory and compute are not available to your job: a job sized for the whole GPU runs out of "
+        "memory ('CUDA out of memory') or runs slower while they share it",
+        tuple(fix),
+        tuple(evidence),
+    )
+
+
+def pcie_link(ctx: Context) -> Iterator[Finding]:
+    """A PCIe link narrower than it can be, or slower while the GPU works (``nvidia-smi -q -d PCIE``)."""
+    for g in ctx.facts.nvml.gpus:
+        narrow = (
+            g.pcie_width_current is not None
+            and g.pcie_width_max is not None
+            and g.pcie_width_current < g.pcie_width_max
+        )
+        idle = "gpu_idle" in g.throttle_reasons or (g.utilization_pct is not None and g.utilization_pct <= 5)
+        # the generation drops at idle to save power (the driver raises it under load): only a busy GPU counts
+        slow = (
+            not idle
+            and g.pcie_gen_current is not None
+            and g.pcie_gen_max is not None
+            and g.pcie_gen_current < g.pcie_gen_max
+        )
+        if not (narrow or slow):
+            continue
+        what = []
+        if narrow:
+            what.append(f"x{g.pcie_width_current} of x{g.pcie_width_max} lanes")
+        if slow:
+            what.append(f"Gen{g.pcie_gen_current} of Gen{g.pcie_gen_max} under load")
         yield Finding(
-            "gpu.busy",
-            Severity.INFO,
-            "other processes are using " + ", ".join(f"GPU {g.index}" for g in busy),
-            "their memory and compute are not available to your job",
-            ("nvidia-smi   # who they are",),
-            tuple(
-                f"GPU {g.index}: pid {p.pid} {p.name or ''} {p.used_memory_mib} MiB".replace("  ", " ")
-                for g in busy
-                for p in g.processes
+            "gpu.pcie_link_degraded",
+            Severity.WARNING,
+            f"GPU {g.index}: PCIe link below its maximum ({', '.join(what)})",
+            "host-to-GPU copies (data loading, checkpoints) and PCIe peer traffic run at the reduced rate; "
+            "the usual causes are a card not fully seated, a riser or slot wired narrower, or a link that "
+            "trained down after errors",
+            (
+                f"nvidia-smi -q -d PCIE -i {g.index}   # current and max generation and width, replay counters",
+                f"sudo lspci -vv -s {(g.pci_bus_id or '')[-12:].lower() or '<bus id>'} | grep -e LnkCap -e LnkSta",
+                "reseat the card or move it to a full-width slot; check the firmware's PCIe settings",
+            ),
+            (
+                f"PCIe Gen{g.pcie_gen_current} x{g.pcie_width_current} now, Gen{g.pcie_gen_max} "
+                f"x{g.pcie_width_max} max; utilisation {g.utilization_pct}%",
             ),
         )
+
+
+def xid(ctx: Context) -> Iterator[Finding]:
+    """Xid events in the kernel log: the driver's own record of GPU faults (``dmesg | grep Xid``)."""
+    events = ctx.facts.kernel.xid_events
+    if events is None:
+        return
+    if not events:
+        yield Finding("gpu.xid", Severity.OK, "no Xid error in the kernel log")
+        return
+    codes = sorted({e.split("):", 1)[1].split(",", 1)[0].strip() for e in events if "):" in e})
+    yield Finding(
+        "gpu.xid",
+        Severity.WARNING,
+        f"the kernel log holds {len(events)} Xid error(s) (Xid {', '.join(codes)})",
+        "Xid events are the driver's reports of GPU faults since boot: some point at an application's bug, "
+        "others at the GPU itself, its memory, power or bus; each code's meaning and the action to take are "
+        "in NVIDIA's Xid catalog",
+        (
+            "sudo dmesg -T | grep -e 'NVRM: Xid' -e 'NVRM: GPU at'   # when, and which GPU",
+            f"look each code up in NVIDIA's Xid catalog: {XID_CATALOG}",
+            "nvidia-smi -q -d ECC,ROW_REMAPPER -i <gpu>   # memory errors behind 48/63/64/94/95",
+        ),
+        events[-8:],
+    )

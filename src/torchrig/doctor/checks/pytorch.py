@@ -26,6 +26,10 @@ def _suggestion(ctx: Context, *, with_driver: bool = True) -> tuple[str, ...]:
         )
     if s is not None:
         return (f"{_python(ctx)} -m {s.pip_command}   # {s.why}",)
+    if not ctx.gpu_names and not ctx.has_gpu_hardware:  # no GPU here: the CPU build is the one that works
+        return (
+            "torchrig resolve   # without --gpu: prints the pip command of the CPU build for this machine",
+        )
     gpu = f' --gpu "{ctx.gpu_names[0]}"' if ctx.gpu_names else ' --gpu "<your GPU>"'
     drv = f" --driver {ctx.driver_version}" if ctx.driver_version and with_driver else ""
     return (f"torchrig resolve{gpu}{drv}   # prints the pip command of the build that works here",)
@@ -62,6 +66,25 @@ def not_installed(ctx: Context) -> Iterator[Finding]:
             (t.error or "",),
         )
     elif t.status is ProbeStatus.FAILED:
+        origin = t.origin or ""
+        installed = any(d in origin for d in ("site-packages", "dist-packages"))
+        if origin and not installed:
+            folder = os.path.dirname(origin) if origin.endswith(".py") else origin
+            yield Finding(
+                "torch.import_failed",
+                Severity.ERROR,
+                "import torch finds a torch folder that is not the installed PyTorch",
+                f"{folder} comes first on sys.path (the working directory, or PYTHONPATH), so 'import torch' "
+                "loads it instead of the installed package: a PyTorch source checkout, or a folder of your "
+                "own named torch",
+                (
+                    f"cd ~ && {_python(ctx)} -c 'import torch; print(torch.__file__)'   # elsewhere the installed "
+                    "torch loads",
+                    f"or rename {folder} if it is yours, or take it off PYTHONPATH",
+                ),
+                (t.error or "", f"import torch found: {origin}"),
+            )
+            return
         yield Finding(
             "torch.import_failed",
             Severity.ERROR,
@@ -72,7 +95,7 @@ def not_installed(ctx: Context) -> Iterator[Finding]:
                 f"{_python(ctx)} -c 'import torch'   # the full error",
                 f"{_python(ctx)} -m pip install --force-reinstall torch   # or the resolve command",
             ),
-            (t.error or "",),
+            (t.error or "", *((f"import torch found: {origin}",) if origin else ())),
         )
 
 
@@ -80,18 +103,27 @@ def cpu_build(ctx: Context) -> Iterator[Finding]:
     t = ctx.facts.torch
     if t.status is not ProbeStatus.OK or t.cuda_version or t.hip_version:
         return
-    gpu = ctx.has_gpu_hardware
+    evidence = (
+        _torch_line(ctx),
+        f"torch.cuda.init(): {t.init_error}" if t.init_error else "torch.version.cuda is None",
+    )
+    if not ctx.has_gpu_hardware:  # the right build for a machine without a GPU
+        yield Finding(
+            "torch.cpu_build",
+            Severity.INFO,
+            f"PyTorch {t.version} is a CPU build: the one that works on this machine, which has no NVIDIA GPU",
+            "it runs on the CPU; on a machine with an NVIDIA GPU it would not use the GPU",
+            ('torchrig resolve --gpu "<the GPU>"   # on a GPU machine: the CUDA build to install there',),
+            evidence,
+        )
+        return
     yield Finding(
         "torch.cpu_build",
-        Severity.ERROR if gpu else Severity.WARNING,
+        Severity.ERROR,
         f"PyTorch {t.version} is a CPU-only build",
-        "it was built without CUDA, so torch.cuda.is_available() is False on any machine"
-        + ("" if gpu else "; once a GPU and driver are here it still will not use them"),
+        "it was built without CUDA, so torch.cuda.is_available() is False on any machine",
         (f"{_python(ctx)} -m pip uninstall -y torch", *_suggestion(ctx)),
-        (
-            _torch_line(ctx),
-            f"torch.cuda.init(): {t.init_error}" if t.init_error else "torch.version.cuda is None",
-        ),
+        evidence,
     )
 
 

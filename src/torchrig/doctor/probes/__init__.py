@@ -7,11 +7,14 @@ A probe that is missing its tool, lacks permission, crashes or times out still y
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +93,29 @@ def _assemble(results: dict[str, Any], deadlines_s: dict[str, float], torch: boo
     return parts
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what the probed libraries print (NVML's stub writes to file descriptor 1) to stderr while the probes
+    run: stdout carries only doctor's report (``--json`` must stay parseable). Nothing else writes to stdout
+    meanwhile."""
+    sys.stdout.flush()
+    saved = None
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no stdout or no stderr: leave them as they are
+        if saved is not None:
+            os.close(saved)
+        yield
+        return
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def collect(options: ProbeOptions | None = None) -> Facts:
     from torchrig import __version__
     from torchrig.doctor.probes.container import probe_container, probe_docker
@@ -112,7 +138,8 @@ def collect(options: ProbeOptions | None = None) -> Facts:
         "container": (probe_container, t),
         "docker": (probe_docker, t),
     }
-    results, elapsed = _run_all(jobs)
+    with _stdout_to_stderr():
+        results, elapsed = _run_all(jobs)
     parts = _assemble(results, {n: t for n, (_fn, t) in jobs.items()}, opts.torch)
     return Facts(
         **parts,

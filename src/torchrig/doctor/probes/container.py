@@ -171,21 +171,33 @@ def probe_container(env: Mapping[str, str] | None = None) -> ContainerFacts:
     )
 
 
-def engine_info(path: str, timeout_s: float = 3.0) -> dict[str, Any]:
-    """``docker info``: the Engine API's ``GET /info`` over the unix socket (HTTP/1.0, so the reply ends at EOF;
-    plain sockets keep doctor's start-up free of http.client and ssl)."""
+def engine_get(path: str, endpoint: str, timeout_s: float = 3.0) -> dict[str, Any]:
+    """``GET endpoint`` of the Docker Engine API over the unix socket (HTTP/1.0, so the reply ends at EOF;
+    plain sockets keep doctor's start-up free of http.client and ssl). OSError when it does not answer 200."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         sock.connect(path)
-        sock.sendall(b"GET /info HTTP/1.0\r\nHost: docker\r\n\r\n")
+        sock.sendall(f"GET {endpoint} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
         chunks = []
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     head, _sep, body = b"".join(chunks).partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].decode(errors="replace")
     if " 200 " not in f"{status} ":
-        raise OSError(f"GET /info answered {status!r}")
+        raise OSError(f"GET {endpoint} answered {status!r}")
     return dict(json.loads(body))
+
+
+def engine_info(path: str, timeout_s: float = 3.0) -> dict[str, Any]:
+    """``docker info``: the Engine API's ``GET /info``."""
+    return engine_get(path, "/info", timeout_s)
+
+
+def docker_socket(env: Mapping[str, str] | None = None) -> str | None:
+    """The local Docker engine socket's path (``DOCKER_HOST`` or the default), None when it is not local."""
+    env = os.environ if env is None else env
+    host = env.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return host[len("unix://") :] if host.startswith("unix://") else None
 
 
 def cdi_specs(dirs: tuple[str, ...] = CDI_DIRS) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from torchrig.doctor.facts import DeviceNode, KernelFacts, PciDevice, ProbeStatus
+from torchrig.doctor.facts import DeviceNode, DriverLibrary, KernelFacts, PciDevice, ProbeStatus
 
 NVIDIA_PCI_VENDOR = "0x10de"
 # PCI class codes (PCI Code and ID Assignment spec): 0x0300 VGA, 0x0302 3D controller -> GPUs;
@@ -30,6 +30,14 @@ LIB_DIRS = (
     "/usr/local/nvidia/lib",
     "/usr/lib/wsl/lib",
 )
+DRIVER_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
+# Where NVIDIA's forward-compatibility package puts its libcuda: /usr/local/cuda-X.Y/compat (the
+# cuda-compat-X-Y package; https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html).
+COMPAT_GLOBS = ("/usr/local/cuda/compat", "/usr/local/cuda-*/compat")
+# A driver's libcuda is tens of MB and its libnvidia-ml about 2 MB; the toolkit's link-time stubs
+# (lib64/stubs/libcuda.so, libnvidia-ml.so) are well under this.
+STUB_MAX_BYTES = 512 * 1024
+_XID_RE = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem", "nouveau")
 _VERSION_RE = re.compile(r"\b(\d{3}\.\d{1,3}(?:\.\d{1,3})?)\b")
 
@@ -101,6 +109,74 @@ def find_library(soname: str) -> tuple[str | None, str | None]:
     return real, (m.group(1) if m else None)
 
 
+def _driver_library(soname: str, path: str, origin: str) -> DriverLibrary:
+    real = os.path.realpath(path)
+    try:
+        size: int | None = os.stat(real).st_size
+    except OSError:
+        size = None
+    m = _VERSION_RE.search(os.path.basename(real))
+    stub = "/stubs/" in f"{path}/" or "/stubs/" in real or (size is not None and size < STUB_MAX_BYTES)
+    return DriverLibrary(soname, path, real, m.group(1) if m else None, origin, size, stub)
+
+
+def ld_cache(text: str | None = None) -> dict[str, list[str]]:
+    """``ldconfig -p``: soname -> paths in the cache's order (what the loader uses after LD_LIBRARY_PATH)."""
+    out: dict[str, list[str]] = {}
+    listing = _run(["ldconfig", "-p"]) if text is None else text
+    for line in (listing or "").splitlines():
+        name, arrow, path = line.strip().partition("=>")
+        if arrow:
+            out.setdefault(name.split(" ", 1)[0], []).append(path.strip())
+    return out
+
+
+def driver_libraries(
+    ld_library_path: str | None = None, cache: dict[str, list[str]] | None = None
+) -> tuple[DriverLibrary, ...]:
+    """Every ``libcuda.so.1`` / ``libnvidia-ml.so.1`` where the loader looks, in its order (ld.so(8)):
+    ``LD_LIBRARY_PATH``, then ``/etc/ld.so.cache``, then the default directories; then the CUDA
+    forward-compatibility package's copies, which load only when one of those points at them.
+    ``ls -l $(ldconfig -p | grep -e libcuda.so.1 -e libnvidia-ml.so.1)`` and ``ls /usr/local/cuda*/compat``."""
+    env = os.environ.get("LD_LIBRARY_PATH", "") if ld_library_path is None else ld_library_path
+    cache = ld_cache() if cache is None else cache
+    found: list[DriverLibrary] = []
+    seen: set[str] = set()
+    for soname in DRIVER_SONAMES:
+        places = [(os.path.join(d, soname), "ld_library_path") for d in env.split(":") if d]
+        places += [(p, "ld_cache") for p in cache.get(soname, [])]
+        places += [(os.path.join(d, soname), "default_dir") for d in LIB_DIRS]
+        places += [(os.path.join(d, soname), "compat") for g in COMPAT_GLOBS for d in sorted(glob.glob(g))]
+        for path, origin in places:
+            key = os.path.normpath(path)
+            if key in seen or not os.path.exists(path):
+                continue
+            seen.add(key)
+            found.append(_driver_library(soname, path, origin))
+    return tuple(found)
+
+
+def xid_events(text: str) -> tuple[str, ...]:
+    """The kernel log's ``NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus.`` lines (the
+    last 20), trimmed to the message."""
+    lines = [ln.strip() for ln in text.splitlines() if _XID_RE.search(ln)]
+    return tuple(ln[ln.index("NVRM: Xid") :][:300] for ln in lines[-20:])
+
+
+def kernel_log() -> tuple[tuple[str, ...] | None, str | None]:
+    """``dmesg | grep 'NVRM: Xid'``: the Xid events, or None and why the log could not be read (dmesg needs
+    CAP_SYSLOG where kernel.dmesg_restrict=1, and a container rarely has it)."""
+    try:
+        proc = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=3.0, errors="replace")
+    except FileNotFoundError:
+        return None, "dmesg is not installed"
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"dmesg: {err}"
+    if proc.returncode != 0:
+        return None, (proc.stderr.strip().splitlines() or [f"dmesg exited {proc.returncode}"])[-1][:200]
+    return xid_events(proc.stdout), None
+
+
 def pci_devices() -> tuple[tuple[PciDevice, ...], tuple[PciDevice, ...]]:
     """``lspci -d 10de:``: NVIDIA GPUs and NVSwitches on the PCI bus, from /sys (no driver needed)."""
     gpus, switches = [], []
@@ -155,6 +231,7 @@ def probe_kernel() -> KernelFacts:
         out = _run(["modinfo", "-F", "version", "nvidia"])
         installed = out.strip() or None if out else None
     rel = os_release()
+    xids, log_error = kernel_log() if version is not None else (None, None)
     return KernelFacts(
         ProbeStatus.OK,
         kernel_release=platform.release(),
@@ -179,4 +256,7 @@ def probe_kernel() -> KernelFacts:
         os_pretty=rel.get("PRETTY_NAME"),
         machine=platform.machine() or None,
         tegra_release=((_read("/etc/nv_tegra_release") or "").splitlines() or [None])[0],
+        driver_libraries=driver_libraries(),
+        xid_events=xids,
+        kernel_log_error=log_error,
     )

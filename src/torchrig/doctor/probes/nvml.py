@@ -10,6 +10,7 @@ never a crash).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 
 from torchrig.doctor.facts import GpuFacts, GpuProcess, MigInstance, NvmlFacts, P2PPair, ProbeStatus
 from torchrig.hw import nvml
@@ -22,8 +23,16 @@ STATUS = {
 }
 
 
-def gpu_facts(device: nvml.NvmlDevice, health: nvml.NvmlHealth) -> GpuFacts:
-    """One GPU's facts from the adapter's records (pure)."""
+Identify = Callable[[Iterable[int]], dict[int, tuple[str | None, str | None]]]
+
+
+def gpu_facts(
+    device: nvml.NvmlDevice,
+    health: nvml.NvmlHealth,
+    who: dict[int, tuple[str | None, str | None]] | None = None,
+) -> GpuFacts:
+    """One GPU's facts from the adapter's records and who each process is (pid -> user, container) (pure)."""
+    who = who or {}
     links = device.nvlinks
     fabric = device.fabric
     readings = {f.name: getattr(health, f.name) for f in dataclasses.fields(health) if f.name != "processes"}
@@ -44,7 +53,10 @@ def gpu_facts(device: nvml.NvmlDevice, health: nvml.NvmlHealth) -> GpuFacts:
         nvlink_inactive=sum(not link.active for link in links) if links else None,
         fabric_state=None if fabric is None else fabric.state,
         fabric_status=None if fabric is None else fabric.status,
-        processes=tuple(GpuProcess(p.pid, p.used_memory_mib, p.name) for p in health.processes),
+        processes=tuple(
+            GpuProcess(p.pid, p.used_memory_mib, p.name, p.sm_util_pct, *who.get(p.pid, (None, None)), p.kind)
+            for p in health.processes
+        ),
         **readings,
     )
 
@@ -53,13 +65,24 @@ def p2p_pair(pair: nvml.NvmlPair) -> P2PPair:
     return P2PPair(pair.a, pair.b, pair.read, pair.write, pair.nvlink, pair.topology)
 
 
-def probe_nvml() -> NvmlFacts:
-    """Everything NVML says about the driver and each GPU; ``nvidia-smi -q`` plus ``nvidia-smi topo -m/-p2p``."""
+def _identify(pids: Iterable[int]) -> dict[int, tuple[str | None, str | None]]:
+    from torchrig.doctor.probes.container import docker_socket
+    from torchrig.doctor.probes.processes import identify
+
+    return identify(pids, docker_socket())
+
+
+def probe_nvml(identify: Identify | None = _identify) -> NvmlFacts:
+    """Everything NVML says about the driver and each GPU; ``nvidia-smi -q`` plus ``nvidia-smi topo -m/-p2p``.
+    ``identify`` says who each GPU process is (user, container); None leaves them unknown."""
     try:
         with nvml.session() as gpus:
             system = gpus.system()
             devices = gpus.devices()
-            facts = tuple(gpu_facts(d, gpus.health(d.index)) for d in devices)
+            healths = [gpus.health(d.index) for d in devices]
+            pids = {p.pid for h in healths for p in h.processes}
+            who = identify(pids) if identify and pids else {}
+            facts = tuple(gpu_facts(d, h, who) for d, h in zip(devices, healths, strict=True))
             pairs = gpus.pairs()
     except nvml.NvmlError as err:
         if err.step == "import":

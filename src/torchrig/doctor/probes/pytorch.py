@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from torchrig.doctor.facts import PeerAccess, ProbeStatus, TorchDevice, TorchFac
 SCRIPT = Path(__file__).with_name("torch_script.py")
 
 
-def _from_child(data: dict[str, Any]) -> TorchFacts:
+def _from_child(data: dict[str, Any], requested: str | None = None) -> TorchFacts:
     status = {"ok": ProbeStatus.OK, "missing": ProbeStatus.MISSING}.get(
         data.get("status", ""), ProbeStatus.FAILED
     )
@@ -26,6 +27,9 @@ def _from_child(data: dict[str, Any]) -> TorchFacts:
         error=data.get("error"),
         python_executable=data.get("python_executable"),
         python_version=data.get("python_version"),
+        python_requested=requested,
+        pid=data.get("pid"),
+        origin=data.get("torch_origin"),
         version=data.get("version"),
         cuda_version=data.get("cuda_version"),
         hip_version=data.get("hip_version"),
@@ -46,8 +50,14 @@ def _from_child(data: dict[str, Any]) -> TorchFacts:
 
 
 def probe_torch(python: str | None = None, timeout_s: float = 60.0) -> TorchFacts:
-    """``python -c 'import torch; print(torch.__version__, torch.cuda.is_available(), ...)'``, done carefully."""
+    """``python -c 'import torch; print(torch.__version__, torch.cuda.is_available(), ...)'``, done carefully.
+
+    ``python`` is used as given, relative to the working directory when relative (never looked up on
+    ``PATH``: ``--python python`` means ./python); the facts keep it as ``python_requested``."""
+    if python is not None:
+        python = os.path.abspath(os.path.expanduser(python))
     exe = python or sys.executable
+    req: dict[str, Any] = {"python_requested": python}
     if python is None and importlib.util.find_spec("torch") is None:
         # This interpreter has no torch: say so without paying for a child interpreter.
         from torchrig.doctor.probes.torch_script import wheel_libraries
@@ -67,11 +77,12 @@ def probe_torch(python: str | None = None, timeout_s: float = 60.0) -> TorchFact
         return TorchFacts(
             ProbeStatus.TIMEOUT,
             python_executable=exe,
+            **req,
             error=f"'import torch; torch.cuda.init()' did not finish in {timeout_s:g} s",
         )
     except OSError as err:
         return TorchFacts(
-            ProbeStatus.MISSING, python_executable=exe, error=f"cannot run {exe}: {err.strerror}"
+            ProbeStatus.MISSING, python_executable=exe, error=f"cannot run {exe}: {err.strerror}", **req
         )
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
     if line is None:
@@ -79,11 +90,12 @@ def probe_torch(python: str | None = None, timeout_s: float = 60.0) -> TorchFact
         return TorchFacts(
             ProbeStatus.FAILED,
             python_executable=exe,
+            **req,
             error=f"the torch probe exited with status {proc.returncode}: {tail}"[:2000],
         )
     try:
-        return _from_child(json.loads(line))
+        return _from_child(json.loads(line), python)
     except (ValueError, TypeError) as err:
         return TorchFacts(
-            ProbeStatus.FAILED, python_executable=exe, error=f"unreadable torch probe output: {err}"
+            ProbeStatus.FAILED, python_executable=exe, error=f"unreadable torch probe output: {err}", **req
         )

@@ -56,6 +56,28 @@ def loaded_libraries():
     return sorted(paths)
 
 
+def warm_cuda():
+    """Create each GPU's primary CUDA context through the driver API (``cuInit``, ``cuDevicePrimaryCtxRetain``)
+    while ``import torch`` runs: torch later uses the same primary contexts, so their creation (a large part of
+    the first CUDA call) overlaps the import instead of following it. Any failure is left for torch to report
+    in its own words."""
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        if lib.cuInit(0) != 0:
+            return
+        count = ctypes.c_int(0)
+        if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return
+        for i in range(count.value):
+            dev = ctypes.c_int(0)
+            if lib.cuDeviceGet(ctypes.byref(dev), i) == 0:
+                lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctypes.c_void_p()), dev)
+    except Exception:
+        return
+
+
 def cudnn_text(v):
     if not v:
         return None
@@ -106,10 +128,24 @@ def probe_peers(torch, out, count):
 def main():
     out = {
         "status": "ok",
+        "pid": os.getpid(),
         "python_executable": sys.executable,
         "python_version": "{}.{}.{}".format(*sys.version_info[:3]),
         "wheel_libraries": wheel_libraries(),
     }
+    try:  # where "import torch" looks first: a torch/ folder in the working directory shadows the installed one
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        out["torch_origin"] = spec and (
+            spec.origin or next(iter(spec.submodule_search_locations or []), None)
+        )
+    except Exception:
+        out["torch_origin"] = None
+    if os.environ.get("TORCHRIG_DOCTOR_WARM_CUDA", "1") != "0":
+        import threading
+
+        threading.Thread(target=warm_cuda, name="warm-cuda", daemon=True).start()
     t0 = time.perf_counter()
     try:
         import torch
@@ -121,6 +157,10 @@ def main():
         return
     except Exception as e:
         out.update(status="failed", error=err_text(e))
+        print(json.dumps(out))
+        return
+    if not hasattr(torch, "__version__"):  # a folder named torch without the package in it
+        out.update(status="failed", error=f"'import torch' found {out['torch_origin']}, which is not PyTorch")
         print(json.dumps(out))
         return
     out["import_ms"] = round((time.perf_counter() - t0) * 1000, 1)
@@ -176,3 +216,8 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Leave without tearing CUDA down: the GPU contexts' clean-up at interpreter exit would add to doctor's wall
+    # time, and the kernel releases them with the process anyway.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
