@@ -170,3 +170,32 @@ def test_init_on_a_machine_without_gpu_writes_the_cpu_build_and_says_why(cli, tm
         assert chosen["variant"] == "cpu" and "none found here" in chosen["why"]
         assert 'variant = "cpu"' in path.read_text() and "H100" not in path.read_text()
     assert "# Chosen by torchrig init:" in path.read_text()
+
+
+def test_windows_driver_fix_speaks_windows_numbers():
+    from torchrig.compat import check
+
+    kb = load_kb()
+    plat = Platform("windows")
+    r = check(kb, [kb.find_gpu("RTX 4090")], "516.94", kb.find_build("2.4.0+cu121", plat), plat)
+    driver_fix = next(f for f in r.fixes if f.kind == "driver")
+    assert driver_fix.summary.startswith("install a Windows driver numbered 530 or higher (branch R530)")
+
+
+def test_nightlies_and_source_builds_read_as_their_release_line():
+    from torchrig.compat.versions import parse_torch_build_text
+
+    n = parse_torch_build_text("2.10.0.dev20250915+cu128")
+    assert (n.release, n.variant, n.prerelease) == ("2.10.0", "cu128", "2.10.0.dev20250915")
+    src = parse_torch_build_text("2.11.0a0+gite33eb77")
+    assert (src.release, src.variant, src.prerelease) == ("2.11.0", None, "2.11.0a0")
+    assert parse_torch_build_text("torch==2.8.0+cu126").prerelease is None
+    with pytest.raises(UsageError):
+        parse_torch_build_text("2.8.0+gpu")
+    b = load_kb().find_build("2.15.0.dev20260901+cu130")
+    assert b.label == "2.15.0+cu130" and any(code == "prerelease_build" for code, _ in b.remarks)
+
+
+def test_unlisted_build_is_not_confirmed_never_unpublished(cli):
+    r = cli("check", "--gpu", "RTX 5090", "--torch", "2.14.1+cu129")
+    assert r.code == 2 and "not confirmed either way" in r.err and "published" not in r.err
