@@ -9,7 +9,7 @@ import pytest
 
 from torchrig.compat import load_kb, resolve
 from torchrig.compat.platforms import HostFacts, Platform, detect_platform, parse_platform
-from torchrig.errors import UsageError
+from torchrig.errors import InputError, UsageError
 
 DOCTOR = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 COMPAT = Path(__file__).resolve().parents[1] / "fixtures" / "compat"
@@ -199,3 +199,20 @@ def test_nightlies_and_source_builds_read_as_their_release_line():
 def test_unlisted_build_is_not_confirmed_never_unpublished(cli):
     r = cli("check", "--gpu", "RTX 5090", "--torch", "2.14.1+cu129")
     assert r.code == 2 and "not confirmed either way" in r.err and "published" not in r.err
+
+
+def test_unlisted_laptop_parts_take_their_desktop_namesakes_compute_capability():
+    kb = load_kb()
+    g = kb.find_gpu("NVIDIA GeForce RTX 4080 Laptop GPU")
+    assert (g.name, g.compute_capability, g.memory_gb) == ("NVIDIA GeForce RTX 4080 Laptop GPU", "8.9", None)
+    assert (
+        kb.find_gpu("NVIDIA GeForce RTX 3060 Laptop GPU").id == "geforce-rtx-3060-laptop"
+    )  # listed: its own row
+    with pytest.raises(InputError):
+        kb.find_gpu("NVIDIA H100 Laptop GPU")  # no laptop H100: not a consumer part
+
+
+def test_an_unconfirmed_pypi_default_names_its_index():
+    kb = load_kb()
+    b = kb.find_build("2.14.1", Platform("linux-aarch64"))
+    assert not b.pypi_confirmed and "--index-url https://download.pytorch.org/whl/cu130" in b.pip_command
