@@ -135,7 +135,7 @@ class KnowledgeBase:
         if not m:
             return None
         base = self._gpu_index.get(_norm(m.group(1))) or self._gpu_index.get(_strip_prefixes(m.group(1)))
-        if base is None or base.segment != "consumer":
+        if base is None or base.segment not in ("consumer", "workstation"):
             return None
         return Gpu(
             id=f"{base.id}-laptop",
