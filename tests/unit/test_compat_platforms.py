@@ -216,3 +216,15 @@ def test_an_unconfirmed_pypi_default_names_its_index():
     kb = load_kb()
     b = kb.find_build("2.14.1", Platform("linux-aarch64"))
     assert not b.pypi_confirmed and "--index-url https://download.pytorch.org/whl/cu130" in b.pip_command
+
+
+def test_a_stand_in_arch_list_does_not_fail_a_gpu_the_cuda_can_build_for():
+    from torchrig.compat import check
+
+    kb = load_kb()
+    jp7 = Platform("jetson", "7")
+    thor = [kb.find_gpu("NVIDIA Thor")]
+    later = check(kb, thor, "580.00", kb.find_build("2.14.1+cu130", jp7), jp7)  # no aarch64 list for 2.14 yet
+    assert later.verdict.value == "works_with_caveats" and "arch_not_confirmed" in later.codes
+    cu128 = check(kb, thor, "580.00", kb.find_build("2.8.0+cu128", jp7), jp7)  # CUDA 12.8 cannot build sm_110
+    assert cu128.verdict.value == "fails" and "arch_not_covered" in cu128.codes

@@ -275,6 +275,24 @@ def _ptxas_reason(kb: KnowledgeBase, gpu: Gpu, build: Build) -> Reason | None:
     )
 
 
+def _unconfirmed_kernels(kb: KnowledgeBase, gpu: Gpu, build: Build, arch: Reason) -> Reason:
+    """A missing kernel in a stand-in arch list (another platform's wheel) is not a confirmed failure when the
+    build's CUDA can build for the GPU: say so instead of failing. When it cannot (CUDA 12.x and Thor's 11.0),
+    no wheel of that CUDA has the kernels, and the failure stands."""
+    if arch.code != "arch_not_covered" or build.arch_confirmed or build.cuda is None:
+        return arch
+    if gpu.compute_capability not in kb.toolkit(build.cuda).compute_capabilities:
+        return arch
+    return Reason(
+        "arch_not_confirmed",
+        Severity.CAVEAT,
+        f"{gpu.name} ({gpu.compute_capability}): the kernels of torch {build.label}'s {build.platform} wheel are "
+        f"not confirmed and the Linux x86_64 list standing in for them has none for {gpu.sm}; CUDA {build.cuda} "
+        f"can build for it: after installing, check that torch.cuda.get_arch_list() lists {gpu.sm}",
+        gpu.name,
+    )
+
+
 def _cpu_reason(gpu: Gpu, build: Build, platform: Platform) -> Reason:
     why = ""
     if build.is_pypi_default and platform.id != "linux-x86_64":
@@ -320,7 +338,7 @@ def evaluate(
         if build.variant.is_cpu:
             reasons.append(_cpu_reason(gpu, build, plat))
             continue
-        arch = _arch_reason(kb, gpu, build, driver_kind)
+        arch = _unconfirmed_kernels(kb, gpu, build, _arch_reason(kb, gpu, build, driver_kind))
         reasons.append(arch)
         ptxas = _ptxas_reason(kb, gpu, build) if arch.severity is not Severity.FAIL else None
         if ptxas:
