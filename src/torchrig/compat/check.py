@@ -325,6 +325,14 @@ def evaluate(
     driver_kind = None
     if driver is not None:
         reasons, driver_kind = _driver_reasons(kb, gpus, driver, build, plat, jetpack)
+    else:
+        reasons.append(
+            Reason(
+                "driver_not_checked",
+                Severity.INFO,
+                "no --driver given: only the GPU architecture was checked against the build",
+            )
+        )
     if jetpack is not None and any(g.compute_capability != "11.0" for g in gpus):
         # The cited JetPack 7 reports are all Thor's; that other modules run the SBSA wheels there is not confirmed.
         reasons.append(
@@ -333,14 +341,6 @@ def evaluate(
                 Severity.CAVEAT,
                 f"that {', '.join(g.name for g in gpus if g.compute_capability != '11.0')} runs the aarch64 (SBSA) "
                 f"wheels on JetPack {jetpack.version} is not confirmed (the reports behind JetPack 7 are Thor's)",
-            )
-        )
-    else:
-        reasons.append(
-            Reason(
-                "driver_not_checked",
-                Severity.INFO,
-                "no --driver given: only the GPU architecture was checked against the build",
             )
         )
     reasons += _remark_reasons(build)
