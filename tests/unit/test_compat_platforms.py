@@ -9,7 +9,7 @@ import pytest
 
 from torchrig.compat import load_kb, resolve
 from torchrig.compat.platforms import HostFacts, Platform, detect_platform, parse_platform
-from torchrig.errors import UsageError
+from torchrig.errors import InputError, UsageError
 
 DOCTOR = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 COMPAT = Path(__file__).resolve().parents[1] / "fixtures" / "compat"
@@ -170,3 +170,61 @@ def test_init_on_a_machine_without_gpu_writes_the_cpu_build_and_says_why(cli, tm
         assert chosen["variant"] == "cpu" and "none found here" in chosen["why"]
         assert 'variant = "cpu"' in path.read_text() and "H100" not in path.read_text()
     assert "# Chosen by torchrig init:" in path.read_text()
+
+
+def test_windows_driver_fix_speaks_windows_numbers():
+    from torchrig.compat import check
+
+    kb = load_kb()
+    plat = Platform("windows")
+    r = check(kb, [kb.find_gpu("RTX 4090")], "516.94", kb.find_build("2.4.0+cu121", plat), plat)
+    driver_fix = next(f for f in r.fixes if f.kind == "driver")
+    assert driver_fix.summary.startswith("install a Windows driver numbered 530 or higher (branch R530)")
+
+
+def test_nightlies_and_source_builds_read_as_their_release_line():
+    from torchrig.compat.versions import parse_torch_build_text
+
+    n = parse_torch_build_text("2.10.0.dev20250915+cu128")
+    assert (n.release, n.variant, n.prerelease) == ("2.10.0", "cu128", "2.10.0.dev20250915")
+    src = parse_torch_build_text("2.11.0a0+gite33eb77")
+    assert (src.release, src.variant, src.prerelease) == ("2.11.0", None, "2.11.0a0")
+    assert parse_torch_build_text("torch==2.8.0+cu126").prerelease is None
+    with pytest.raises(UsageError):
+        parse_torch_build_text("2.8.0+gpu")
+    b = load_kb().find_build("2.15.0.dev20260901+cu130")
+    assert b.label == "2.15.0+cu130" and any(code == "prerelease_build" for code, _ in b.remarks)
+
+
+def test_unlisted_build_is_not_confirmed_never_unpublished(cli):
+    r = cli("check", "--gpu", "RTX 5090", "--torch", "2.14.1+cu129")
+    assert r.code == 2 and "not confirmed either way" in r.err and "published" not in r.err
+
+
+def test_unlisted_laptop_parts_take_their_desktop_namesakes_compute_capability():
+    kb = load_kb()
+    g = kb.find_gpu("NVIDIA GeForce RTX 4080 Laptop GPU")
+    assert (g.name, g.compute_capability, g.memory_gb) == ("NVIDIA GeForce RTX 4080 Laptop GPU", "8.9", None)
+    assert (
+        kb.find_gpu("NVIDIA GeForce RTX 3060 Laptop GPU").id == "geforce-rtx-3060-laptop"
+    )  # listed: its own row
+    with pytest.raises(InputError):
+        kb.find_gpu("NVIDIA H100 Laptop GPU")  # no laptop H100: not a consumer part
+
+
+def test_an_unconfirmed_pypi_default_names_its_index():
+    kb = load_kb()
+    b = kb.find_build("2.14.1", Platform("linux-aarch64"))
+    assert not b.pypi_confirmed and "--index-url https://download.pytorch.org/whl/cu130" in b.pip_command
+
+
+def test_a_stand_in_arch_list_does_not_fail_a_gpu_the_cuda_can_build_for():
+    from torchrig.compat import check
+
+    kb = load_kb()
+    jp7 = Platform("jetson", "7")
+    thor = [kb.find_gpu("NVIDIA Thor")]
+    later = check(kb, thor, "580.00", kb.find_build("2.14.1+cu130", jp7), jp7)  # no aarch64 list for 2.14 yet
+    assert later.verdict.value == "works_with_caveats" and "arch_not_confirmed" in later.codes
+    cu128 = check(kb, thor, "580.00", kb.find_build("2.8.0+cu128", jp7), jp7)  # CUDA 12.8 cannot build sm_110
+    assert cu128.verdict.value == "fails" and "arch_not_covered" in cu128.codes

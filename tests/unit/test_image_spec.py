@@ -107,7 +107,9 @@ def test_init_writes_a_valid_commented_spec(cli, tmp_path):
     assert again.code == 2 and "exists; pass --force" in again.err and again.err.count("\n") == 1
     assert cli("init", str(path), "--force", "--gpu", "RTX 4090", "--devel").code == 0
     spec = load_spec(path)
-    assert spec.torch.gpus == ("RTX 4090",) and spec.variant == "devel" and spec.torch.min_driver is None  # no --driver: none assumed
+    assert (
+        spec.torch.gpus == ("RTX 4090",) and spec.variant == "devel" and spec.torch.min_driver is None
+    )  # no --driver: none assumed
 
 
 def test_init_rejects_bad_values(cli, tmp_path):

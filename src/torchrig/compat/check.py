@@ -272,6 +272,24 @@ def _ptxas_reason(kb: KnowledgeBase, gpu: Gpu, build: Build) -> Reason | None:
     )
 
 
+def _unconfirmed_kernels(kb: KnowledgeBase, gpu: Gpu, build: Build, arch: Reason) -> Reason:
+    """A missing kernel in a stand-in arch list (another platform's wheel) is not a confirmed failure when the
+    build's CUDA can build for the GPU: say so instead of failing. When it cannot (CUDA 12.x and Thor's 11.0),
+    no wheel of that CUDA has the kernels, and the failure stands."""
+    if arch.code != "arch_not_covered" or build.arch_confirmed or build.cuda is None:
+        return arch
+    if gpu.compute_capability not in kb.toolkit(build.cuda).compute_capabilities:
+        return arch
+    return Reason(
+        "arch_not_confirmed",
+        Severity.CAVEAT,
+        f"{gpu.name} ({gpu.compute_capability}): the kernels of torch {build.label}'s {build.platform} wheel are "
+        f"not confirmed and the Linux x86_64 list standing in for them has none for {gpu.sm}; CUDA {build.cuda} "
+        f"can build for it: after installing, check that torch.cuda.get_arch_list() lists {gpu.sm}",
+        gpu.name,
+    )
+
+
 def _cpu_reason(gpu: Gpu, build: Build, platform: Platform) -> Reason:
     why = ""
     if build.is_pypi_default and platform.id != "linux-x86_64":
@@ -312,12 +330,22 @@ def evaluate(
                 "no --driver given: only the GPU architecture was checked against the build",
             )
         )
+    if jetpack is not None and any(g.compute_capability != "11.0" for g in gpus):
+        # The cited JetPack 7 reports are all Thor's; that other modules run the SBSA wheels there is not confirmed.
+        reasons.append(
+            Reason(
+                "jetpack_support_not_confirmed",
+                Severity.CAVEAT,
+                f"that {', '.join(g.name for g in gpus if g.compute_capability != '11.0')} runs the aarch64 (SBSA) "
+                f"wheels on JetPack {jetpack.version} is not confirmed (the reports behind JetPack 7 are Thor's)",
+            )
+        )
     reasons += _remark_reasons(build)
     for gpu in gpus:
         if build.variant.is_cpu:
             reasons.append(_cpu_reason(gpu, build, plat))
             continue
-        arch = _arch_reason(kb, gpu, build, driver_kind)
+        arch = _unconfirmed_kernels(kb, gpu, build, _arch_reason(kb, gpu, build, driver_kind))
         reasons.append(arch)
         ptxas = _ptxas_reason(kb, gpu, build) if arch.severity is not Severity.FAIL else None
         if ptxas:

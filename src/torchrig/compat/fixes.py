@@ -6,6 +6,7 @@ requested one (newer first on a tie); a driver change only to a branch that stil
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from torchrig.compat import versions as V
@@ -123,6 +124,24 @@ def _fallback(
     )
 
 
+def _in_platform_numbers(kb: KnowledgeBase, fix: Fix | None, platform: Platform | None) -> Fix | None:
+    """A driver fix in the numbers the platform's nvidia-smi prints: Windows numbers are read as the newest
+    branch not above them, so any driver numbered at or above the branch does; JetPack sets Jetson's."""
+    info = kb.platform_info(platform.id) if platform else None
+    if fix is None or info is None or info.driver_numbering == "desktop":
+        return fix
+    if info.driver_numbering == "jetson":
+        return Fix("driver", None, f"{fix.summary}; on Jetson the driver comes with JetPack: upgrade JetPack")
+    m = re.search(r"branch R(\d+)", fix.summary)
+    if not m:
+        return fix
+    return Fix(
+        "driver",
+        None,
+        f"install a Windows driver numbered {m.group(1)} or higher (branch R{m.group(1)}); in Linux terms: {fix.summary}",
+    )
+
+
 def nearest_fixes(
     kb: KnowledgeBase,
     gpus: Sequence[Gpu],
@@ -151,6 +170,7 @@ def nearest_fixes(
         if other:
             torch_fix = Fix("release", other.build.pip_command, _describe(other))
     driver_fix = _driver_fix(kb, gpus, build, codes, platform) if driver is not None else None
+    driver_fix = _in_platform_numbers(kb, driver_fix, platform)
     fixes = [f for f in (torch_fix, driver_fix) if f]
     driver_only = bool(codes) and codes <= (_DRIVER_CODES | _BRANCH_CODES)
     if driver_only and driver_fix and torch_fix:

@@ -115,6 +115,9 @@ class KnowledgeBase:
                 f"GPU {name.strip()!r} is ambiguous",
                 hint=f"it matches {', '.join(g.name for g in family[:4])}; pass the full name",
             )
+        laptop = self._laptop_part(name)
+        if laptop is not None:
+            return laptop
         keys = closest(_strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
         names = list(dict.fromkeys(self._gpu_index[k].name for k in keys))[:3]
         hint = (
@@ -123,6 +126,31 @@ class KnowledgeBase:
             else "see 'torchrig matrix' for the GPUs torchrig knows"
         )
         raise InputError(f"unknown GPU {name.strip()!r}", hint=hint)
+
+    def _laptop_part(self, name: str) -> Gpu | None:
+        """``NVIDIA GeForce RTX 4080 Laptop GPU`` (as nvidia-smi prints a laptop part) not listed: its desktop
+        namesake's architecture and compute capability, which NVIDIA's CUDA GPU list gives laptop GeForce parts
+        (https://developer.nvidia.com/cuda-gpus); memory and peaks unknown."""
+        m = re.fullmatch(r"(.+?)\s+(?:laptop(?:\s+gpu)?|max-q)(?:\s+gpu)?", name.strip(), re.IGNORECASE)
+        if not m:
+            return None
+        base = self._gpu_index.get(_norm(m.group(1))) or self._gpu_index.get(_strip_prefixes(m.group(1)))
+        if base is None or base.segment not in ("consumer", "workstation"):
+            return None
+        return Gpu(
+            id=f"{base.id}-laptop",
+            name=name.strip(),
+            arch=base.arch,
+            compute_capability=base.compute_capability,
+            segment=base.segment,
+            family=base.family,
+            memory_gb=None,
+            memory_type=None,
+            aliases=(),
+            peaks=Peaks(),
+            source="https://developer.nvidia.com/cuda-gpus",
+            verified=base.verified,
+        )
 
     def arch(self, name: str) -> GpuArch:
         for a in self.archs:

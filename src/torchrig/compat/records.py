@@ -199,7 +199,7 @@ class Build:
             "torchaudio": self.release.torchaudio,
         }
         reqs = " ".join(f"{p}=={pins[p]}" for p in packages if pins.get(p))
-        if self.is_pypi_default:
+        if self.is_pypi_default and self.pypi_confirmed:  # an unconfirmed default: name the index to be sure
             return f"pip install {reqs}"
         return f"pip install {reqs} --index-url {self.variant.index_url}"
 

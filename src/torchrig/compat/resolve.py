@@ -195,7 +195,9 @@ def resolve(
         if driver is None or (found[0].native and found[0].build.variant.confirmed):
             res = _resolution(kb, found, gpus, driver, python, plat)
             top = newest[1][0]
-            if top.build != found[0].build:  # a newer release works only with caveats (minor compat, unconfirmed)
+            if (
+                top.build != found[0].build
+            ):  # a newer release works only with caveats (minor compat, unconfirmed)
                 caveats = [r.message for r in top.reasons if r.severity is Severity.CAVEAT]
                 res = dataclasses.replace(
                     res,

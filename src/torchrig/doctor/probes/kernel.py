@@ -255,7 +255,7 @@ def probe_kernel() -> KernelFacts:
         os_like=tuple(rel.get("ID_LIKE", "").split()),
         os_pretty=rel.get("PRETTY_NAME"),
         machine=platform.machine() or None,
-        tegra_release=((_read("/etc/nv_tegra_release") or "").splitlines() or [None])[0],
+        tegra_release=next(iter((_read("/etc/nv_tegra_release") or "").splitlines()), None),
         driver_libraries=driver_libraries(),
         xid_events=xids,
         kernel_log_error=log_error,
