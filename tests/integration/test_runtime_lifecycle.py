@@ -22,21 +22,6 @@ def user_env(tmp_path):
     return {"HOME": str(home), "TORCHRIG_STATE_DIR": str(tmp_path / "state")}
 
 
-def memlock_override(engine) -> list[str]:
-    """[] where dockerd may set memlock=-1, else a --ulimit under its own hard limit (see test_runtime_engine)."""
-    import docker
-
-    base = "torchrig-test/debian:bookworm"
-    try:
-        engine.containers.run(
-            base, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
-        )
-        return []
-    except docker.errors.APIError:
-        out = engine.containers.run(base, ["sh", "-c", "ulimit -H -l"], remove=True).decode().strip()
-        return ["--ulimit", f"memlock={int(out) * 1024}"]
-
-
 def _ssh(printed: str, home, remote: str) -> subprocess.CompletedProcess:
     argv = shlex.split(printed)
     extra = [
@@ -80,8 +65,10 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
     work.mkdir()
     work.chmod(0o777)  # the image's user (UID 1000) writes here; this test runs as root
     name = "trt-life"
-    extra = memlock_override(engine)
-    memlock = int(extra[1].split("=")[1]) if extra else -1
+    from torchrig.runtime.engine import Engine
+    from torchrig.runtime.plan import Ulimit
+
+    memlock = (Engine(engine).ulimit_max(image, (Ulimit("memlock", -1, -1),), {}) or {}).get("memlock", -1)
     up = cli(
         "up",
         "--image",
@@ -95,7 +82,6 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
         "--cpus",
         "1",
         "--json",
-        *extra,
         env=user_env,
         timeout=300,
     )
@@ -159,7 +145,6 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
         "--volume",
         f"{work}:/home/torch/work",
         "--no-jupyter",
-        *extra,
         env=user_env,
         timeout=300,
     )
@@ -190,7 +175,6 @@ def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_p
         "--volume",
         f"{work}:/home/torch/work",
         "--json",
-        *memlock_override(engine),
         env=env,
         timeout=300,
     )

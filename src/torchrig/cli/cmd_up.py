@@ -26,7 +26,8 @@ defaults (safe and sane):
 
 --gpus: all | N (free GPUs, NVLink/NUMA-local) | 0,2 or device=1 (indices) | GPU-UUID,... | MIG-UUID
 testing hook: TORCHRIG_GPU_INVENTORY=FILE (or --inventory FILE) uses a recorded NVML snapshot
-('torchrig gpus --record FILE') instead of this host's GPUs; TORCHRIG_STATE_DIR moves the ledger.
+('torchrig gpus --record FILE') instead of this host's GPUs; TORCHRIG_STATE_DIR moves the ledger;
+TORCHRIG_LABELS=KEY=VALUE,... adds labels to every container up makes (accounting, test clean-up).
 exit status: 0 started, 1 no free GPU / pre-flight refused / failed to start, 2 bad input or no engine.
 """
 
@@ -71,6 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="override a ulimit (repeatable), e.g. memlock=8388608 where dockerd may not go higher",
+    )
+    parser.add_argument(
+        "--pids-limit", metavar="N", type=int, help="most processes+threads in the container (default 16384)"
     )
     parser.add_argument("--no-jupyter", action="store_true", help="do not start JupyterLab")
     parser.add_argument("--no-ssh", action="store_true", help="do not start sshd")
@@ -136,7 +140,15 @@ def image_of_spec(spec: Path) -> str:
 
 def request_from(args: argparse.Namespace) -> Any:
     from torchrig.runtime.ledger import current_user
-    from torchrig.runtime.options import check_name, parse_cpus, parse_size, parse_ulimit, parse_volume
+    from torchrig.runtime.options import (
+        LABELS_ENV,
+        check_name,
+        parse_cpus,
+        parse_labels,
+        parse_size,
+        parse_ulimit,
+        parse_volume,
+    )
     from torchrig.runtime.placement import parse_gpus
     from torchrig.runtime.plan import UpRequest
     from torchrig.runtime.up import default_name
@@ -157,7 +169,15 @@ def request_from(args: argparse.Namespace) -> Any:
         public=args.public,
         share=args.share,
         ulimits=tuple(parse_ulimit(u) for u in args.ulimit),
+        pids_limit=_pids_limit(args.pids_limit),
+        extra_labels=parse_labels(os.environ.get(LABELS_ENV, "")),
     )
+
+
+def _pids_limit(n: int | None) -> int | None:
+    if n is not None and n < 64:
+        raise UsageError(f"--pids-limit {n} is too small", hint="give at least 64 (default 16384)")
+    return n
 
 
 @dataclass(frozen=True)
@@ -193,10 +213,13 @@ class UpReport:
                 f"  GPUs     {gpus}",
                 f"  shm      {p.shm_size_bytes / 2**30:.1f} GiB",
                 "  ulimits  " + ", ".join(f"{u.name}={u.soft}" for u in p.ulimits),
+                f"  security {', '.join(p.security_opt)}; capabilities {', '.join(p.cap_add) or 'none'}; "
+                f"pids ≤ {p.pids_limit}",
                 "  ports    "
                 + (", ".join(f"{x.service} {x.host_ip}:auto->{x.container_port}" for x in p.ports) or "none"),
                 f"  as       {p.docker_run()}",
             ]
+            lines += [f"  then     {step}" for step in p.steps]
         elif r.state == "created":
             lines += [
                 f"environment {p.name} created, not started (GPUs {gpus} leased to {p.user})",

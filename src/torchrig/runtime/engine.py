@@ -6,8 +6,10 @@ into plain :class:`EnvRecord` records. Shell equivalents: ``docker create/start/
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import secrets
 import tarfile
 import time
 from collections.abc import Iterator
@@ -16,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.errors import EngineUnavailable, InputError
-from torchrig.runtime.plan import LABEL_PREFIX, ImageFacts, UpPlan
+from torchrig.runtime.plan import LABEL_PREFIX, ImageFacts, Ulimit, UpPlan
+
+PROBE_LABEL = f"{LABEL_PREFIX}probe"
+_ULIMIT_FLAGS = {"memlock": "l", "stack": "s", "nofile": "n", "nproc": "u", "core": "c"}
+_KIB_LIMITS = {"memlock", "stack", "core"}  # sh's ulimit prints these in KiB
+
+
+class _RlimitRefused(Exception):
+    """runc could not set a ulimit the container asked for."""
+
 
 LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
 START_HINT = (
@@ -195,23 +206,23 @@ class Engine:
 
     # ---- create / start / remove -----------------------------------------------------------------
     def create_kwargs(self, plan: UpPlan) -> dict[str, Any]:
+        """``containers.create`` arguments; :meth:`UpPlan.docker_run` is the same request as a command line.
+
+        No ``init``: the image runs tini as PID 1 (its ENTRYPOINT), and Docker's init on top of it would be
+        a second one ("Tini is not running as PID 1")."""
         t = self.types
-        labels = dict(plan.labels)
-        for p in plan.ports:
-            labels[f"{LABEL_PREFIX}{p.service}_port"] = str(p.container_port)
         kwargs: dict[str, Any] = {
             "image": plan.image_id,
             "name": plan.name,
             "hostname": plan.name,
             "detach": True,
-            "init": True,
-            "labels": labels,
+            "labels": dict(plan.labels),
             "environment": plan.env,
             "shm_size": plan.shm_size_bytes,
             "ulimits": [t.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in plan.ulimits],
             "ports": {f"{p.container_port}/tcp": (p.host_ip, None) for p in plan.ports},
             "mounts": [
-                t.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+                t.Mount(target=m.target, source=m.source, type=m.type, read_only=m.read_only)
                 for m in plan.mounts
             ],
             "device_requests": [
@@ -222,7 +233,12 @@ class Engine:
                 )
                 for d in plan.device_requests
             ],
+            "security_opt": list(plan.security_opt),
+            "cap_drop": list(plan.cap_drop),
+            "cap_add": list(plan.cap_add),
         }
+        if plan.pids_limit:
+            kwargs["pids_limit"] = plan.pids_limit
         if plan.command:
             kwargs["command"] = list(plan.command)
         if plan.run_as:
@@ -232,6 +248,68 @@ class Engine:
         if plan.nano_cpus:
             kwargs["nano_cpus"] = plan.nano_cpus
         return kwargs
+
+    def ulimit_max(
+        self, image_id: str, wanted: tuple[Ulimit, ...], labels: dict[str, str]
+    ) -> dict[str, int] | None:
+        """The most this engine lets a container have of each ``wanted`` ulimit ({} when all of them fit).
+
+        A short-lived probe container of the image (``sh``, no network) first starts with the wanted limits;
+        when runc may not set them ("setting rlimit ... operation not permitted": the engine lacks
+        CAP_SYS_RESOURCE) a second one reads the hard limits containers get (``ulimit -H``). Both are removed
+        whatever happens. None when the image cannot run the probe (no ``sh``)."""
+        wanted = tuple(u for u in wanted if u.name in _ULIMIT_FLAGS)
+        if not wanted:
+            return {}
+        names = tuple(u.name for u in wanted)
+        try:
+            self._probe(image_id, names, wanted, labels)
+            return {}
+        except _RlimitRefused:
+            pass
+        except Exception:  # APIError, a timeout: the engine could not tell
+            return None
+        try:
+            out = self._probe(image_id, names, (), labels)
+        except Exception:
+            return None
+        found: dict[str, int] = {}
+        for u, line in zip(wanted, out.split(), strict=False):
+            if line == "unlimited":
+                found[u.name] = -1
+            elif line.isdigit():
+                found[u.name] = int(line) * 1024 if u.name in _KIB_LIMITS else int(line)
+        return found
+
+    def _probe(
+        self, image_id: str, names: tuple[str, ...], ulimits: tuple[Ulimit, ...], labels: dict[str, str]
+    ) -> str:
+        """``ulimit -H`` of each of ``names`` in a throwaway container started with ``ulimits``; its output."""
+        script = "; ".join(f"ulimit -H -{_ULIMIT_FLAGS[n]}" for n in names)
+        c = self.client.containers.create(
+            image_id,
+            entrypoint=["sh", "-c", script],
+            name=f"torchrig-probe-{secrets.token_hex(4)}",
+            labels={**labels, PROBE_LABEL: "1"},
+            network_mode="none",
+            user="0",
+            detach=True,
+            ulimits=[self.types.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in ulimits],
+        )
+        try:
+            try:
+                c.start()
+            except self.errors.APIError as err:
+                if "rlimit" in str(err.explanation or err):
+                    raise _RlimitRefused() from None
+                raise
+            result = c.wait(timeout=60)
+            if result.get("StatusCode") != 0:
+                raise self.errors.APIError("probe failed")
+            return bytes(c.logs(stdout=True, stderr=False)).decode(errors="replace")
+        finally:
+            with contextlib.suppress(self.errors.APIError):
+                c.remove(force=True)
 
     def create(self, plan: UpPlan) -> str:
         try:

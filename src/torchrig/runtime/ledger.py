@@ -100,6 +100,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def stale(lease: Lease, live: Set[str] | None, listed_at_s: float) -> bool:
+    """Whether reconciliation frees ``lease``: its container is gone or dead, or its pending owner died."""
+    if lease.bound_at_s is None:
+        return not _pid_alive(lease.owner_pid)
+    return live is not None and lease.bound_at_s < listed_at_s and lease.container not in live
+
+
 class Ledger:
     """The SQLite ledger. Open with :meth:`open`; every method is one transaction."""
 
@@ -160,11 +167,7 @@ class Ledger:
         freed = []
         for r in db.execute("SELECT * FROM leases").fetchall():
             lease = _row(r)
-            if lease.bound_at_s is None:
-                dead = not _pid_alive(lease.owner_pid)
-            else:
-                dead = live is not None and lease.bound_at_s < listed_at_s and lease.container not in live
-            if dead:
+            if stale(lease, live, listed_at_s):
                 db.execute(
                     "DELETE FROM leases WHERE unit_uuid=? AND container=?", (lease.unit_uuid, lease.container)
                 )

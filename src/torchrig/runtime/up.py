@@ -13,15 +13,14 @@ import time
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from torchrig.errors import InputError, JobFailed
 from torchrig.runtime.engine import Engine
 from torchrig.runtime.inventory import Inventory, current
-from torchrig.runtime.lease import NoFreeGpu, acquire, too_few
+from torchrig.runtime.lease import acquire, preview
 from torchrig.runtime.ledger import Ledger
-from torchrig.runtime.placement import pick, resolve_named
-from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, make_plan
+from torchrig.runtime.placement import resolve_named
+from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, default_ulimits, make_plan
 from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight
 from torchrig.runtime.serve_contract import LABEL_SERVICES, SERVE
 
@@ -80,26 +79,6 @@ def host_facts(engine: Engine) -> HostFacts:
 def default_name(user: str) -> str:
     safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in user).strip("-_.") or "user"
     return f"{safe}-{secrets.token_hex(2)}"
-
-
-def _preview_units(ledger: Ledger, inv: Inventory, req: UpRequest) -> tuple[Any, ...]:
-    """For --dry-run: the units a lease would get now (nothing is recorded)."""
-    if not req.gpus.wants_gpus:
-        return ()
-    held = {lease.unit_uuid for lease in ledger.leases()}
-    if req.gpus.kind == "count":
-        free = [u for u in inv.units() if u.uuid not in held]
-        got = pick(free, req.gpus.count)
-        whole = [u for u in inv.units() if not u.is_mig]
-        if got is None and len(whole) < req.gpus.count:
-            raise too_few(req.gpus.count, len(whole), inv.source)
-        if got is None:
-            raise NoFreeGpu(
-                f"--gpus {req.gpus.count}: {len(free)} GPU(s) free on this host ({inv.source})",
-                hint="see 'torchrig gpus'",
-            )
-        return got
-    return resolve_named(req.gpus, inv)
 
 
 def services_of_image(req: UpRequest, labels: dict[str, str]) -> tuple[UpRequest, list[str]]:
@@ -254,11 +233,14 @@ def run_up(
     engine = Engine.connect()
     image = engine.image(req.image)
     req, service_notes = services_of_image(req, image.labels)
-    host = host_facts(engine)
+    overridden = {n for n, _, _ in req.ulimits}
+    wanted = tuple(u for u in default_ulimits() if u.name not in overridden)
+    host = replace(host_facts(engine), ulimit_max=engine.ulimit_max(image.id, wanted, dict(req.extra_labels)))
     kb = load_host_kb
     ledger = Ledger.open()
-    if dry_run:
-        units = _preview_units(ledger, inv, req)
+    if dry_run:  # the same choice a real up makes, recording nothing
+        live, listed_at = engine.live_names()
+        units = preview(ledger, inv, req.gpus, share=req.share, live=live, listed_at_s=listed_at)
         pf = preflight(image.labels, inv, units, kb)
         plan = make_plan(req, image, host, units)
         return UpResult(replace(plan, notes=plan.notes + tuple(service_notes)), "planned", pf.findings)
