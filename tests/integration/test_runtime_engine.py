@@ -292,12 +292,19 @@ def test_environment_dying_at_start_leaves_nothing(cli, engine, env):
 
 
 def test_down_of_another_users_environment_needs_force(cli, engine, env):
+    """Ownership is the real UID recorded at creation: USER/SUDO_USER do not count; root needs --force."""
     assert cli("up", "--image", BASE, "--name", "trt-own", "--no-jupyter", "--no-ssh", env=env).code == 0
     try:
-        other = {**env, "SUDO_USER": "mallory"}
+        labels = engine.api.inspect_container("trt-own")["Config"]["Labels"]
+        assert labels["torchrig.uid"] == "0" and labels["torchrig.user"] == "root"
+        other = {**env, "SUDO_UID": "4242", "SUDO_GID": "4242", "USER": "root", "SUDO_USER": "root"}
         r = cli("down", "trt-own", env=other)
-        assert r.code == 2 and "belongs to" in r.err and "--force" in r.err
+        assert (
+            r.code == 2
+            and "belongs to root (UID 0), not you (4242, UID 4242)" in r.err
+            and "--force" in r.err
+        )
         assert engine.containers.get("trt-own").status == "running"
-        assert cli("down", "trt-own", "--force", env=other).code == 0
+        assert cli("down", "trt-own", "--force", env=other).code == 0  # root (sudo) is the admin
     finally:
         cli("down", "trt-own", "--force", env=env)

@@ -23,6 +23,7 @@ def user_env(tmp_path):
 
 
 def _ssh(printed: str, home, remote: str) -> subprocess.CompletedProcess:
+    """The printed ssh command, run by the real client with strict host-key checking (no prompt)."""
     argv = shlex.split(printed)
     extra = [
         "-i",
@@ -30,9 +31,7 @@ def _ssh(printed: str, home, remote: str) -> subprocess.CompletedProcess:
         "-o",
         "BatchMode=yes",
         "-o",
-        "StrictHostKeyChecking=accept-new",
-        "-o",
-        f"UserKnownHostsFile={home}/.ssh/known_hosts",
+        "StrictHostKeyChecking=yes",
         "-o",
         "ConnectTimeout=10",
     ]
@@ -189,6 +188,66 @@ def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_p
         assert requests.get(f"{base}/api/status", params={"token": token}, timeout=10).status_code == 200
         st = (work / "mine").stat()
         assert (st.st_uid, st.st_gid) == (4321, 4322)
-        assert [e["user"] for e in cli("ps", "--json", env=env).json()["environments"]] == ["carol"]
+        # the owner is the UID (4321 has no account here), not SUDO_USER
+        assert [e["user"] for e in cli("ps", "--json", env=env).json()["environments"]] == ["4321"]
     finally:
         assert cli("down", name, env=env).code == 0
+
+
+def test_host_key_survives_down_and_up(cli, engine, image, user_env):
+    """down then up of the same name: the printed ssh command still works with StrictHostKeyChecking=yes,
+    and the environment's log has one init (no "Tini is not running as PID 1")."""
+    name = "trt-hostkey"
+    lines = []
+    for _ in range(2):
+        r = cli("up", "--image", image, "--name", name, "--no-jupyter", "--json", env=user_env, timeout=300)
+        try:
+            assert r.code == 0, r.err
+            res = r.json()
+            assert (
+                "UserKnownHostsFile=" in res["ssh_command"]
+                and "StrictHostKeyChecking" not in res["ssh_command"]
+            )
+            ssh = _ssh(res["ssh_command"], user_env["HOME"], "id -un")
+            assert ssh.returncode == 0 and ssh.stdout.strip() == "torch", ssh.stderr
+            lines.append(res["known_hosts_line"])
+            logs = cli("logs", name, env=user_env).out
+            assert "Tini is not running as PID 1" not in logs, logs
+            top = engine.api.top(name, ps_args="-eo pid,comm")["Processes"]
+            assert [p[1] for p in top if p[1] in ("tini", "docker-init")] == ["tini"], top
+        finally:
+            assert cli("down", name, env=user_env).code == 0
+    assert lines[0] == lines[1] and lines[0].startswith(f"{name} ssh-ed25519 ")
+
+
+def test_workspace_is_writable_by_default(cli, engine, image, user_env, tmp_path):
+    """As plain root: a root-owned host directory (with a root-owned file in it) and a new named volume are
+    both writable by the environment's user; the volume keeps its files across down and up."""
+    import secrets
+
+    work = tmp_path / "rootwork"
+    work.mkdir(mode=0o755)
+    (work / "old.txt").write_text("root's\n")
+    assert work.stat().st_uid == 0 == os.getuid(), "this test runs as root, like CI"
+    vol = f"trt-ws-{secrets.token_hex(3)}"
+    env = {k: v for k, v in user_env.items()}
+    args = ["--image", image, "--name", "trt-ws", "--no-jupyter", "--no-ssh"]
+    args += ["--volume", f"{work}:/workspace/host", "--volume", f"{vol}:/workspace/vol"]
+    write = "touch /workspace/host/new /workspace/vol/new && echo more >> /workspace/host/old.txt && id -un"
+    try:
+        for _ in range(2):
+            r = cli("up", *args, env=env, timeout=300)
+            try:
+                assert r.code == 0, r.err
+                ex = cli("exec", "trt-ws", "--", "sh", "-c", write, env=env)
+                assert ex.code == 0 and ex.out.strip() == "torch" and "Permission denied" not in ex.err, (
+                    ex.err
+                )
+                assert cli("exec", "trt-ws", "--", "ls", "/workspace/vol", env=env).out.split() == ["new"]
+            finally:
+                assert cli("down", "trt-ws", env=env).code == 0
+        assert (work / "old.txt").read_text() == "root's\nmore\nmore\n"
+        assert engine.volumes.get(vol).attrs["Labels"].get("torchrig.volume") == "1"
+    finally:
+        for v in engine.volumes.list(filters={"name": vol}):
+            v.remove(force=True)

@@ -35,6 +35,7 @@ def one_line_error(r, *needles):
         (["--gpus", "0"], "device=0"),
         (["--volume", "/nonexistent-dir-xyz:/data"], "does not exist"),
         (["--volume", "relative-only"], "malformed --volume"),
+        (["--volume", "bad!name:/data"], "not a valid volume name"),
         (["--memory", "lots"], "malformed --memory"),
         (["--cpus", "100000"], "CPUs"),
         (["--shm-size", "-1g"], "--shm-size"),

@@ -53,7 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--share", action="store_true", help="share the GPUs with other --share leases, deliberately"
     )
-    parser.add_argument("--user", metavar="NAME", help="who the lease is for (default: you)")
+    parser.add_argument(
+        "--user", metavar="NAME", help="who owns it and its lease (default: you; another account: root only)"
+    )
     parser.add_argument("--name", metavar="NAME", help="the environment's name (default: USER-xxxx)")
     parser.add_argument(
         "--volume",
@@ -139,7 +141,7 @@ def image_of_spec(spec: Path) -> str:
 
 
 def request_from(args: argparse.Namespace) -> Any:
-    from torchrig.runtime.ledger import current_user
+    from torchrig.runtime.ledger import owner_uid, user_name
     from torchrig.runtime.options import (
         LABELS_ENV,
         check_name,
@@ -153,8 +155,10 @@ def request_from(args: argparse.Namespace) -> Any:
     from torchrig.runtime.plan import UpRequest
     from torchrig.runtime.up import default_name
 
-    user = args.user or current_user()
-    check_name(user) if args.user else None
+    uid = owner_uid()
+    if args.user:
+        uid = _uid_for(check_name(args.user), uid)
+    user = user_name(uid)
     return UpRequest(
         image=_image_ref(args),
         name=check_name(args.name) if args.name else default_name(user),
@@ -170,8 +174,25 @@ def request_from(args: argparse.Namespace) -> Any:
         share=args.share,
         ulimits=tuple(parse_ulimit(u) for u in args.ulimit),
         pids_limit=_pids_limit(args.pids_limit),
+        owner_uid=uid,
         extra_labels=parse_labels(os.environ.get(LABELS_ENV, "")),
     )
+
+
+def _uid_for(name: str, mine: int) -> int:
+    """``--user NAME``: root (an admin) may start an environment for another account; a user only for
+    themselves. Ownership is that account's UID."""
+    import pwd
+
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise UsageError(f"--user {name}: no such account on this host", hint="see 'getent passwd'") from None
+    if uid != mine and os.getuid() != 0:
+        raise UsageError(
+            f"--user {name}: only root may start an environment for another user", hint="leave --user out"
+        )
+    return uid
 
 
 def _pids_limit(n: int | None) -> int | None:
@@ -195,6 +216,7 @@ class UpReport:
             "name": r.plan.name,
             "jupyter_url": r.jupyter_url,
             "ssh_command": r.ssh_command,
+            "known_hosts_line": r.known_hosts_line,
             "host_ports": r.host_ports,
             "preflight": jsonable(list(r.preflight)),
             "plan": jsonable(r.plan),
@@ -233,6 +255,8 @@ class UpReport:
                 lines.append("           (the token is shown only now; keep this URL)")
             if r.ssh_command:
                 lines.append(f"  SSH      {r.ssh_command}")
+            if r.known_hosts_line:
+                lines.append(f"  host key {r.known_hosts_line.split(' ', 1)[1]} (kept for this name)")
             lines.append(f"  stop it  torchrig down {p.name}")
         for f in r.preflight:
             if f.severity.value != "info":

@@ -55,6 +55,10 @@ class EnvRecord:
     ports: dict[str, tuple[str, int]]  # service -> (host ip, host port)
     container_user: str | None
     created: str
+    owner_uid: int | None = None  # the real UID that made it (label torchrig.uid); None: unknown
+
+    def owned_by(self, uid: int) -> bool:
+        return self.owner_uid is not None and self.owner_uid == uid
 
     @property
     def alive(self) -> bool:
@@ -157,6 +161,9 @@ class Engine:
             ports=ports,
             container_user=labels.get(f"{LABEL_PREFIX}container_user") or None,
             created=attrs.get("Created", ""),
+            owner_uid=int(labels[f"{LABEL_PREFIX}uid"])
+            if labels.get(f"{LABEL_PREFIX}uid", "").isdigit()
+            else None,
         )
 
     def environments(self) -> list[EnvRecord]:
@@ -325,6 +332,19 @@ class Engine:
             ) from None
         return str(c.id)
 
+    def ensure_volume(self, name: str, labels: dict[str, str]) -> bool:
+        """Create the named volume when missing (labelled as torchrig's); True when it was created."""
+        try:
+            self.client.volumes.get(name)
+            return False
+        except self.errors.NotFound:
+            pass
+        try:
+            self.client.volumes.create(name=name, labels={**labels, f"{LABEL_PREFIX}volume": "1"})
+        except self.errors.APIError as err:
+            raise InputError(f"cannot create volume {name!r}: {err.explanation or err}") from None
+        return True
+
     def put_files(
         self,
         container_id: str,
@@ -349,13 +369,15 @@ class Engine:
                 tar.addfile(info, io.BytesIO(data))
         self.client.api.put_archive(container_id, "/", buf.getvalue())
 
-    def own_dirs(self, container_id: str, dirs: list[str], uid: int, gid: int) -> None:
-        """Hand existing directories (not their contents) to ``uid:gid``, before start."""
+    def own_dirs(self, container_id: str, dirs: list[str], uid: int, gid: int, mode: int = 0o755) -> None:
+        """Hand directories (not their contents) to ``uid:gid`` with ``mode``, made when missing, before start.
+
+        Through a named volume's mount point this sets the volume's root."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for d in dirs:
                 info = tarfile.TarInfo(d.strip("/"))
-                info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, uid, gid
                 tar.addfile(info)
         self.client.api.put_archive(container_id, "/", buf.getvalue())
 

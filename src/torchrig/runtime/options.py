@@ -41,29 +41,45 @@ def parse_cpus(text: str, host_cpus: int) -> int:
 
 @dataclass(frozen=True)
 class Volume:
-    host_path: str
+    host_path: str  # an absolute host path (bind), or a Docker volume's name (volume)
     container_path: str
     read_only: bool = False
+    kind: str = "bind"  # "bind" | "volume"
+
+
+VOLUME_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}")
 
 
 def parse_volume(text: str, cwd: Path) -> Volume:
-    """``HOST:CONTAINER[:ro|rw]``; the host path must exist (Docker would create it as root otherwise)."""
+    """``HOST:CONTAINER[:ro|rw]`` or ``NAME:CONTAINER[:ro|rw]``, as ``docker run -v`` reads them.
+
+    A source with no ``/`` that does not start with ``.`` or ``~`` is a named volume (created if missing);
+    anything else is a host directory, which must exist (Docker would create it as root otherwise)."""
     parts = text.split(":")
     mode = "rw"
     if len(parts) == 3 and parts[2] in ("ro", "rw"):
         mode = parts.pop()
     if len(parts) != 2 or not parts[0] or not parts[1]:
         raise UsageError(f"malformed --volume {text!r}", hint="expected HOST:CONTAINER or HOST:CONTAINER:ro")
-    host = (cwd / Path(parts[0]).expanduser()).resolve()
-    if not host.exists():
-        raise InputError(
-            f"--volume {text!r}: {host} does not exist", hint=f"create it first: mkdir -p {host}"
-        )
     if not PurePosixPath(parts[1]).is_absolute():
         raise UsageError(
             f"--volume {text!r}: the container path must be absolute", hint="e.g. /home/dev/work"
         )
-    return Volume(str(host), str(PurePosixPath(parts[1])), mode == "ro")
+    target = str(PurePosixPath(parts[1]))
+    source = parts[0]
+    if "/" not in source and not source.startswith((".", "~")):
+        if not VOLUME_NAME_RE.fullmatch(source):
+            raise UsageError(
+                f"--volume {text!r}: {source!r} is not a valid volume name",
+                hint="letters, digits, '_', '.', '-'; or give a host path (./dir, /abs/dir)",
+            )
+        return Volume(source, target, mode == "ro", "volume")
+    host = (cwd / Path(source).expanduser()).resolve()
+    if not host.exists():
+        raise InputError(
+            f"--volume {text!r}: {host} does not exist", hint=f"create it first: mkdir -p {host}"
+        )
+    return Volume(str(host), target, mode == "ro")
 
 
 def check_name(name: str) -> str:

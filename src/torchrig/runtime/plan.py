@@ -36,6 +36,7 @@ class UpRequest:
     share: bool = False
     ulimits: tuple[tuple[str, int, int], ...] = ()  # overrides of the defaults: (name, soft, hard)
     pids_limit: int | None = None  # None: the default (container_defaults.toml)
+    owner_uid: int | None = None  # the real UID that owns the environment (ledger.owner_uid)
     extra_labels: tuple[tuple[str, str], ...] = ()  # $TORCHRIG_LABELS: on every container torchrig makes
 
 
@@ -58,6 +59,7 @@ class HostFacts:
     # The most each ulimit may be in a container of this engine (-1: unlimited), read by a probe container
     # (Engine.ulimit_max); {} when the defaults fit, None when the probe could not tell.
     ulimit_max: dict[str, int] | None = field(default_factory=dict)
+    path_owners: dict[str, tuple[int, int]] = field(default_factory=dict)  # bind sources -> (uid, gid)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class UpPlan:
     cap_drop: tuple[str, ...] = ()
     cap_add: tuple[str, ...] = ()
     pids_limit: int | None = None
+    handover: tuple[str, ...] = ()  # host directories whose root-owned files go to the container's user
     steps: tuple[str, ...] = ()  # what up does besides creating the container, in order
     notes: tuple[str, ...] = field(default=())
 
@@ -253,6 +256,7 @@ def _labels(
         **dict(req.extra_labels),
         f"{LABEL_PREFIX}managed": "1",
         f"{LABEL_PREFIX}user": req.user,
+        **({f"{LABEL_PREFIX}uid": str(req.owner_uid)} if req.owner_uid is not None else {}),
         f"{LABEL_PREFIX}image": req.image,
         f"{LABEL_PREFIX}gpus": ",".join(u.uuid for u in units),
         f"{LABEL_PREFIX}gpu_labels": ",".join(u.label for u in units),
@@ -262,27 +266,77 @@ def _labels(
     }
 
 
-def _identity(req: UpRequest, host: HostFacts, who: ImageUser) -> tuple[tuple[int, int] | None, list[str]]:
-    """Whether the image's user runs as the host user's UID:GID (files on volumes are theirs), and notes."""
+@dataclass(frozen=True)
+class Identity:
+    run_as: tuple[int, int] | None  # the UID:GID the image's user is remapped to (None: the image's own)
+    handover: tuple[str, ...]  # root's host directories handed to the environment's user (plain root only)
+    notes: tuple[str, ...]
+
+
+def _identity(req: UpRequest, host: HostFacts, who: ImageUser) -> Identity:
+    """Who the image's user runs as, so that the workspace is the user's and writable.
+
+    * a user (or ``sudo`` by one): their UID:GID, so files on volumes are theirs;
+    * plain root: the owner of the first writable host directory when that is not root (root works on
+      someone's files as them); a root-owned writable directory is handed to the environment's user
+      (``chown`` of its root-owned entries; root keeps access whatever the owner)."""
     notes = []
     if req.public:
         notes.append(
             "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules"
         )
-    if (
-        who.name
-        and who.uid is not None
-        and host.uid is not None
-        and host.gid is not None
-        and host.uid != who.uid
-    ):
-        notes.append(
-            f"the image's user {who.name} runs as your UID {host.uid}:{host.gid} (the image has {who.uid})"
+    binds = [v for v in req.volumes if v.kind == "bind" and not v.read_only]
+    invoker = (host.uid, host.gid) if host.uid is not None and host.gid is not None else None
+    if invoker is None:
+        owned = [(v.host_path, host.path_owners.get(v.host_path)) for v in binds]
+        first = next(((path, o) for path, o in owned if o and o[0] != 0), None)
+        if first and who.uid is not None and first[1][0] != who.uid:
+            invoker = first[1]
+            notes.append(
+                f"running as root on {first[0]}: the environment works as its owner, UID {invoker[0]}"
+            )
+    run_as = None
+    if who.name and who.uid is not None and invoker and invoker[0] != who.uid:
+        run_as = invoker
+        if host.uid is not None:
+            notes.append(
+                f"the image's user {who.name} runs as your UID {invoker[0]}:{invoker[1]} (the image has {who.uid})"
+            )
+    uid = run_as[0] if run_as else who.uid
+    gid = run_as[1] if run_as else who.gid
+    handover = []
+    for v in binds:
+        owner = host.path_owners.get(v.host_path)
+        if owner is None or uid is None or owner[0] == uid:
+            continue
+        if host.uid is None and owner[0] == 0 and uid != 0:
+            handover.append(v.host_path)
+            notes.append(f"{v.host_path} was root's: its root-owned files now belong to UID {uid}:{gid}")
+        else:
+            notes.append(
+                f"{v.host_path} belongs to UID {owner[0]}: the environment (UID {uid}) may not write it"
+            )
+    return Identity(run_as, tuple(handover), tuple(notes))
+
+
+def _steps(req: UpRequest, ident: Identity, contract: ServeContract, user: str | None) -> tuple[str, ...]:
+    """What ``up`` does around creating the container, in order (shown by ``--dry-run``)."""
+    steps = [f"create volume {v.host_path} if missing" for v in req.volumes if v.kind == "volume"]
+    steps += [f"hand {path}'s root-owned files to the environment's user" for path in ident.handover]
+    secrets = contract.secret_files(req.jupyter, req.ssh)
+    if secrets:
+        steps.append(
+            f"copy {', '.join(secrets)} into the created container (readable by {user or 'root'} only)"
         )
-        return (host.uid, host.gid), notes
-    if req.volumes and host.uid is None:
-        notes.append(f"running as root: files written to volumes belong to the image's user (UID {who.uid})")
-    return None, notes
+    if req.ssh:
+        steps.append("copy this environment's SSH host key in (kept across down/up of the same name)")
+    if ident.run_as:
+        steps.append(f"give {user} UID:GID {ident.run_as[0]}:{ident.run_as[1]} in /etc/passwd and /etc/group")
+    rw_volumes = [v.container_path for v in req.volumes if v.kind == "volume" and not v.read_only]
+    if rw_volumes:
+        steps.append(f"give the environment's user the volumes' roots: {', '.join(rw_volumes)}")
+    steps.append("start, then wait until the services answer" if req.jupyter or req.ssh else "start")
+    return tuple(steps)
 
 
 def make_plan(
@@ -298,11 +352,12 @@ def make_plan(
         ports.append(Port("jupyter", contract.jupyter_port, host_ip, None))
     if req.ssh:
         ports.append(Port("ssh", contract.ssh_port, host_ip, None))
-    mounts = [Mount(v.host_path, v.container_path, v.read_only, "volume") for v in req.volumes]
+    mounts = [Mount(v.host_path, v.container_path, v.read_only, "volume", v.kind) for v in req.volumes]
     env = contract.env(jupyter=req.jupyter, ssh=req.ssh)
     who = image_user(image.labels, image.user)
     labels = _labels(req, units, who.name, ports)
-    run_as, notes = _identity(req, host, who)
+    ident = _identity(req, host, who)
+    run_as = ident.run_as
     overridden = {name for name, _, _ in req.ulimits}
     fitted, ulimit_notes = fit_ulimits(
         tuple(u for u in default_ulimits() if u.name not in overridden), host.ulimit_max
@@ -335,5 +390,7 @@ def make_plan(
         cap_drop=hard.cap_drop,
         cap_add=hard.cap_add,
         pids_limit=hard.pids_limit,
-        notes=tuple(ulimit_notes + notes),
+        handover=ident.handover,
+        steps=_steps(req, ident, contract, who.name),
+        notes=tuple(ulimit_notes) + ident.notes,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import socket
 import time
 import urllib.request
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from torchrig.errors import InputError, JobFailed
+from torchrig.runtime import hostkey
 from torchrig.runtime.engine import Engine
 from torchrig.runtime.inventory import Inventory, current
 from torchrig.runtime.lease import acquire, preview
@@ -24,6 +26,7 @@ from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, default_ulimits,
 from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight
 from torchrig.runtime.serve_contract import LABEL_SERVICES, SERVE
 
+SERVE_STATE = ".torchrig"  # torchrig serve's state in the user's home (serve.config: state_dir)
 SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
 
 
@@ -39,6 +42,7 @@ class UpResult:
     jupyter_url: str | None = None
     ssh_command: str | None = None
     host_ports: dict[str, int] = field(default_factory=dict)
+    known_hosts_line: str | None = None  # "NAME ssh-ed25519 ..." (also written to the known_hosts file)
 
 
 def find_ssh_key(explicit: str | None) -> str:
@@ -62,6 +66,37 @@ def find_ssh_key(explicit: str | None) -> str:
         f"no SSH public key found in {where}",
         hint="create one with 'ssh-keygen -t ed25519', pass --ssh-key FILE, or use --no-ssh",
     )
+
+
+def path_owners(req: UpRequest) -> dict[str, tuple[int, int]]:
+    """Owner (UID, GID) of each writable host directory the request mounts."""
+    out = {}
+    for v in req.volumes:
+        if v.kind == "bind" and not v.read_only:
+            st = os.stat(v.host_path)
+            out[v.host_path] = (st.st_uid, st.st_gid)
+    return out
+
+
+def hand_over(root: str, uid: int, gid: int) -> int:
+    """``chown`` the root-owned entries under ``root`` (itself included) to ``uid:gid``; how many.
+
+    Symlinks are changed, not followed, and other filesystems mounted below are left alone."""
+    device = os.lstat(root).st_dev
+    n = 0
+
+    def own(path: str) -> None:
+        nonlocal n
+        if os.lstat(path).st_uid == 0:
+            os.chown(path, uid, gid, follow_symlinks=False)
+            n += 1
+
+    own(root)
+    for here, dirs, files in os.walk(root):  # symlinked directories are listed in dirs, never entered
+        for name in files + dirs:
+            own(os.path.join(here, name))
+        dirs[:] = [d for d in dirs if os.lstat(os.path.join(here, d)).st_dev == device]
+    return n
 
 
 def host_facts(engine: Engine) -> HostFacts:
@@ -170,7 +205,7 @@ def remap_user(engine: Engine, cid: str, plan: UpPlan) -> None:
 
 
 def urls(
-    plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None
+    plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None, known_hosts: Path | None = None
 ) -> tuple[str | None, str | None]:
     where = host if any(p.host_ip == "0.0.0.0" for p in plan.ports) else "127.0.0.1"
     jupyter = ssh = None
@@ -178,22 +213,53 @@ def urls(
         jupyter = f"http://{where}:{host_ports['jupyter']}/lab" + (f"?token={token}" if token else "")
     if "ssh" in host_ports:
         who = plan.container_user or "root"
-        ssh = f"ssh -p {host_ports['ssh']} -o HostKeyAlias={plan.name} {who}@{where}"
+        argv = ["ssh", "-p", str(host_ports["ssh"]), "-o", f"HostKeyAlias={plan.name}"]
+        if known_hosts is not None:
+            argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
+        ssh = shlex.join([*argv, f"{who}@{where}"])
     return jupyter, ssh
 
 
-def _provision(engine: Engine, cid: str, plan: UpPlan, token: str | None, key: str | None) -> None:
-    """Before start: the secrets into /run/secrets (readable by the image's user only), the UID remap."""
+def _home_of(engine: Engine, cid: str, user: str) -> str | None:
+    for line in engine.get_file(cid, "/etc/passwd").decode(errors="replace").splitlines():
+        f = line.split(":")
+        if len(f) >= 7 and f[0] == user:
+            return f[5]
+    return None
+
+
+def _provision(
+    engine: Engine, cid: str, plan: UpPlan, token: str | None, key: str | None, hk: hostkey.HostKey | None
+) -> None:
+    """Before start: the secrets into /run/secrets (readable by the image's user only), the UID remap, the
+    host key into ~/.torchrig/ssh (where torchrig serve looks), the named volumes' roots to the user."""
     files = {}
     if token:
         files[f"{SERVE.secrets_dir}/{SERVE.token_file}"] = token.encode()
     if key:
         files[f"{SERVE.secrets_dir}/{SERVE.authorized_keys_file}"] = key.encode()
+    owner = plan.container_uid
     if files:
-        owner = plan.container_uid
         engine.put_files(cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444, parents=True)
     if plan.run_as:
         remap_user(engine, cid, plan)
+    gid = plan.run_as[1] if plan.run_as else (plan.image_gid or 0)
+    if hk is not None and plan.container_user and owner is not None:
+        home = _home_of(engine, cid, plan.container_user)
+        if home:
+            d = f"{home.rstrip('/')}/{SERVE_STATE}/ssh"
+            engine.own_dirs(cid, [str(Path(d).parent), d], owner, gid, mode=0o700)
+            engine.put_files(cid, {f"{d}/{hostkey.KEY_NAME}": hk.private}, uid=owner, gid=gid, mode=0o600)
+            engine.put_files(
+                cid,
+                {f"{d}/{hostkey.KEY_NAME}.pub": hk.public.encode() + b"\n"},
+                uid=owner,
+                gid=gid,
+                mode=0o644,
+            )
+    roots = [m.target for m in plan.mounts if m.type == "volume" and not m.read_only]
+    if roots and owner is not None:
+        engine.own_dirs(cid, roots, owner, gid)
 
 
 def _start(engine: Engine, cid: str, plan: UpPlan, wait_s: float | None) -> dict[str, int]:
@@ -235,7 +301,11 @@ def run_up(
     req, service_notes = services_of_image(req, image.labels)
     overridden = {n for n, _, _ in req.ulimits}
     wanted = tuple(u for u in default_ulimits() if u.name not in overridden)
-    host = replace(host_facts(engine), ulimit_max=engine.ulimit_max(image.id, wanted, dict(req.extra_labels)))
+    host = replace(
+        host_facts(engine),
+        ulimit_max=engine.ulimit_max(image.id, wanted, dict(req.extra_labels)),
+        path_owners=path_owners(req),
+    )
     kb = load_host_kb
     ledger = Ledger.open()
     if dry_run:  # the same choice a real up makes, recording nothing
@@ -266,15 +336,23 @@ def run_up(
         _check(pf)
         plan = make_plan(req, image, host, units)
         plan = replace(plan, notes=plan.notes + tuple(service_notes))
+        for m in plan.mounts:
+            if m.type == "volume":
+                engine.ensure_volume(m.source, dict(req.extra_labels))
         cid = engine.create(plan)
         ledger.bind(plan.name, cid)
+        for path in plan.handover:
+            if plan.container_uid is not None:
+                hand_over(path, plan.container_uid, plan.run_as[1] if plan.run_as else (plan.image_gid or 0))
         token = secrets.token_hex(24) if req.jupyter else None
-        _provision(engine, cid, plan, token, key if req.ssh else None)
+        hk = hostkey.ensure(plan.name) if req.ssh else None
+        _provision(engine, cid, plan, token, key if req.ssh else None, hk)
         if create_only:
             return UpResult(plan, "created", pf.findings)
         ports = _start(engine, cid, plan, wait_s)
-        jupyter, ssh = urls(plan, ports, host.hostname, token)
-        return UpResult(plan, "running", pf.findings, jupyter, ssh, ports)
+        line = hostkey.record(hk, plan.name) if hk is not None else None
+        jupyter, ssh = urls(plan, ports, host.hostname, token, hk.known_hosts_file if hk else None)
+        return UpResult(plan, "running", pf.findings, jupyter, ssh, ports, line)
     except BaseException:
         if cid is not None:
             engine.remove(cid, stop_timeout_s=2)
