@@ -10,6 +10,16 @@ from pathlib import Path
 import pytest
 
 BASE = "torchrig-test/debian:bookworm"
+HARDENED_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+CAP_BITS = {
+    "CHOWN": 0,
+    "DAC_OVERRIDE": 1,
+    "FOWNER": 3,
+    "FSETID": 4,
+    "KILL": 5,
+    "SETGID": 6,
+    "SETUID": 7,
+}  # capability.h
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runtime"
 
 
@@ -52,6 +62,9 @@ def test_defaults_in_engine_inspection(cli, engine, env, test_labels):
         }
         assert hc["ShmSize"] == 2 * 2**30 and hc["Memory"] == 4 * 2**30 and not hc.get("Init")
         assert {b["HostIp"] for bs in hc["PortBindings"].values() for b in bs} == {"127.0.0.1"}
+        # hardened: no-new-privileges, seven capabilities kept of Docker's default fourteen, a pids limit
+        assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["CapDrop"] == ["ALL"]
+        assert set(hc["CapAdd"]) == {f"CAP_{c}" for c in HARDENED_CAPS} and hc["PidsLimit"] == 16384
         labels = engine.api.inspect_container("trt-defaults")["Config"]["Labels"]
         assert labels["torchrig.managed"] == "1" and labels["torchrig.user"]
         assert not any(
@@ -105,6 +118,11 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
         )
         assert (ex.code, ex.out, ex.err) == (7, "65536\n", "err\n")
         assert cli("logs", "trt-plain", "--tail", "5", env=env).code == 0
+        # what the kernel enforces inside: no new privileges, the bounding set of the seven kept
+        status = cli("exec", "trt-plain", "--", "cat", "/proc/self/status", env=env).out
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert int(fields["CapBnd"], 16) == sum(1 << CAP_BITS[c] for c in HARDENED_CAPS)
         hc = engine.api.inspect_container("trt-plain")["HostConfig"]
         assert hc["NanoCpus"] == 10**9 and hc["Memory"] == 512 * 2**20 and hc["ShmSize"] == 256 * 2**20
     finally:

@@ -7,6 +7,7 @@ import os
 import shlex
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -251,3 +252,41 @@ def test_workspace_is_writable_by_default(cli, engine, image, user_env, tmp_path
     finally:
         for v in engine.volumes.list(filters={"name": vol}):
             v.remove(force=True)
+
+
+def test_ctrl_c_during_start_leaves_nothing(engine, image, user_env):
+    """SIGINT (as a terminal's Ctrl-C) while up waits for the services: container and lease are removed.
+
+    Passes under a runner that ignores SIGINT too (tests/conftest.py gives children the default back)."""
+    import signal
+    import sys
+    import time
+
+    name = "trt-ctrlc"
+    env = {**os.environ, **user_env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchrig", "up", "--image", image, "--name", name, "--wait", "120"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not engine.containers.list(all=True, filters={"name": f"^{name}$"}):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                proc.stderr.read() if proc.stderr else ""
+            )
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "interrupted" in err, err
+        assert not engine.containers.list(all=True, filters={"name": f"^{name}$"})
+        from torchrig.runtime.ledger import Ledger
+
+        assert Ledger.open(Path(user_env["TORCHRIG_STATE_DIR"])).leases() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for c in engine.containers.list(all=True, filters={"name": f"^{name}$"}):
+            c.remove(force=True)

@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> SimpleReport:
     from torchrig.runtime.lease import reconcile
     from torchrig.runtime.ledger import Ledger, owner_uid, user_name
 
-    engine = Engine.connect()
     ledger = Ledger.open()
+    engine = Engine.connect()
     me = owner_uid()
     admin = os.getuid() == 0
     envs = [engine.find(n) for n in args.names]  # every name checked before anything is removed

@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> PsReport:
     from torchrig.runtime.lease import reconcile
     from torchrig.runtime.ledger import Ledger, owner_uid
 
+    ledger = Ledger.open()  # a ledger the user cannot write is said before the engine is asked
     engine = Engine.connect()
-    freed = reconcile(Ledger.open(), engine)
+    freed = reconcile(ledger, engine)
     envs = engine.environments()
     if args.mine:
         envs = [e for e in envs if e.owned_by(owner_uid())]

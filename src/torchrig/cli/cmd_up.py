@@ -18,9 +18,13 @@ defaults (safe and sane):
   /dev/shm     half of --memory, else a quarter of host RAM (1 GiB to 64 GiB): DataLoader workers and
                NCCL need more than Docker's 64 MB
   ulimits      memlock=-1, stack=67108864, as NVIDIA runs its deep learning containers
-               (https://docs.nvidia.com/deeplearning/frameworks/user-guide/index.html#setincshmem)
-  user         your UID/GID, so files written to volumes are yours
+               (https://docs.nvidia.com/deeplearning/frameworks/user-guide/index.html#setincshmem),
+               or the most this engine allows (a probe asks it; up says what it took)
+  security     no-new-privileges, capabilities dropped to seven, at most 16384 processes
+  user         your UID/GID, so files written to volumes are yours; as root, a root-owned
+               workspace is handed to the environment's user; NAME:/path is a named volume
   ssh key      ~/.ssh/id_ed25519.pub (or id_ecdsa.pub, id_rsa.pub); --ssh-key FILE to choose
+  host key     kept per environment name across down/up; known_hosts line recorded for it
   pre-flight   the image's torch/CUDA/arch labels are checked against this host's driver and GPUs; a
                build that cannot run is refused with the reason and the fix
 
@@ -63,7 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:CONTAINER[:ro]",
         action="append",
         default=[],
-        help="bind-mount a host directory (repeatable); it must exist",
+        help="mount a host directory (must exist) or a named volume (NAME:/path, made if missing); repeatable",
     )
     parser.add_argument("--memory", metavar="SIZE", help="memory limit, e.g. 64g")
     parser.add_argument("--cpus", metavar="N", help="CPU limit, e.g. 16 or 2.5")
@@ -73,7 +77,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=SOFT[:HARD]",
         action="append",
         default=[],
-        help="override a ulimit (repeatable), e.g. memlock=8388608 where dockerd may not go higher",
+        help="set a ulimit as asked (repeatable), e.g. memlock=-1 (default: the most the engine allows)",
     )
     parser.add_argument(
         "--pids-limit", metavar="N", type=int, help="most processes+threads in the container (default 16384)"

@@ -346,11 +346,14 @@ def run_up(
                 hand_over(path, plan.container_uid, plan.run_as[1] if plan.run_as else (plan.image_gid or 0))
         token = secrets.token_hex(24) if req.jupyter else None
         hk = hostkey.ensure(plan.name) if req.ssh else None
+        if req.ssh and hk is None:
+            note = "no ssh-keygen on this host: the environment makes a new host key at every start"
+            plan = replace(plan, notes=(*plan.notes, note))
         _provision(engine, cid, plan, token, key if req.ssh else None, hk)
-        if create_only:
-            return UpResult(plan, "created", pf.findings)
-        ports = _start(engine, cid, plan, wait_s)
         line = hostkey.record(hk, plan.name) if hk is not None else None
+        if create_only:
+            return UpResult(plan, "created", pf.findings, known_hosts_line=line)
+        ports = _start(engine, cid, plan, wait_s)
         jupyter, ssh = urls(plan, ports, host.hostname, token, hk.known_hosts_file if hk else None)
         return UpResult(plan, "running", pf.findings, jupyter, ssh, ports, line)
     except BaseException:
