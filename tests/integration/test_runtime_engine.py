@@ -106,7 +106,7 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
         assert r.code == 0, r.err
         assert "environment trt-plain is up" in r.out
         ps = cli("ps", "--json", env=env).json()["environments"]
-        assert [(e["name"], e["state"]) for e in ps] == [("trt-plain", "running")]
+        assert [(e["name"], e["state"]) for e in ps if e["name"] == "trt-plain"] == [("trt-plain", "running")]
         ex = cli(
             "exec",
             "trt-plain",

@@ -281,6 +281,9 @@ def test_ctrl_c_during_start_leaves_nothing(engine, image, user_env):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130 and "interrupted" in err, err
+        deadline = time.monotonic() + 30  # the engine may still be finishing the removal up asked for
+        while engine.containers.list(all=True, filters={"name": f"^{name}$"}) and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert not engine.containers.list(all=True, filters={"name": f"^{name}$"})
         from torchrig.runtime.ledger import Ledger
 

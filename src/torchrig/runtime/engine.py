@@ -428,6 +428,18 @@ class Engine:
             raise
         return True
 
+    def remove_own(self, name: str, extra_labels: tuple[tuple[str, str], ...], owner_uid: int | None) -> None:
+        """Remove ``name`` if it is a torchrig container of ``owner_uid`` (one this ``up`` was creating)."""
+        try:
+            labels = self.client.api.inspect_container(name)["Config"]["Labels"] or {}
+        except self.errors.APIError:
+            return
+        mine = labels.get(f"{LABEL_PREFIX}managed") == "1" and labels.get(f"{LABEL_PREFIX}uid") == str(
+            owner_uid
+        )
+        if mine:
+            self.remove(name, stop_timeout_s=2)
+
     def logs(self, name: str, *, tail: int | None, follow: bool, timestamps: bool) -> Iterator[bytes]:
         c = self.client.containers.get(name)
         return c.logs(

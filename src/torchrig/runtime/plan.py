@@ -311,7 +311,9 @@ def _identity(req: UpRequest, host: HostFacts, who: ImageUser) -> Identity:
             continue
         if host.uid is None and owner[0] == 0 and uid != 0:
             handover.append(v.host_path)
-            notes.append(f"{v.host_path} was root's: its root-owned files now belong to UID {uid}:{gid}")
+            notes.append(
+                f"{v.host_path} is root's: its root-owned files go to the environment's user, UID {uid}:{gid} (root keeps access)"
+            )
         else:
             notes.append(
                 f"{v.host_path} belongs to UID {owner[0]}: the environment (UID {uid}) may not write it"

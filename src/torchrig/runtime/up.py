@@ -359,5 +359,7 @@ def run_up(
     except BaseException:
         if cid is not None:
             engine.remove(cid, stop_timeout_s=2)
+        else:  # interrupted inside the create call: the engine may have made it without telling us
+            engine.remove_own(req.name, req.extra_labels, owner_uid=req.owner_uid)
         ledger.release(req.name)
         raise
