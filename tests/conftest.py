@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A runner that starts pytest with SIGINT ignored (a background job of a non-interactive shell, some CI
+# agents) passes the ignored disposition on through exec to every child, so a Ctrl-C a test sends would do
+# nothing. A handler is reset to the default on exec: installing Python's own makes children start with
+# SIGINT at its default again, as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 

@@ -8,10 +8,12 @@ engine's layer cache makes a rebuild with unchanged inputs take seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,15 @@ BASE_IMAGE = os.environ.get("TORCHRIG_TEST_BASE", "torchrig-test/debian:bookworm
 WHEELHOUSE = ROOT / ".ci-work" / "wheelhouse"
 TORCH_VERSION = "2.13.0"  # the CPU build on this machine's disk
 JUPYTERLAB = "jupyterlab==4.6.6"  # as pinned in src/torchrig/data/bases.toml
+
+# Every container and volume this session's tests make carries this label: 'torchrig up' adds
+# $TORCHRIG_LABELS to what it creates (the CLI subprocesses inherit it), and tests that call the engine
+# directly pass TEST_LABELS. At the session's end, anything still carrying it is a leak: reported, removed,
+# and the session fails. The session's own id keeps other test runs on the same engine out of the count.
+TEST_LABEL = "torchrig.test"
+SESSION_ID = uuid.uuid4().hex[:12]
+TEST_LABELS = {TEST_LABEL: SESSION_ID}
+os.environ["TORCHRIG_LABELS"] = f"{TEST_LABEL}={SESSION_ID}"
 
 TEST_SPEC = f"""\
 schema_version = 1
@@ -164,3 +175,42 @@ def pid_alive(pid: int) -> bool:
 def alive():
     """:func:`pid_alive`, for tests that check what a stop left running."""
     return pid_alive
+
+
+@pytest.fixture(scope="session")
+def test_labels() -> dict[str, str]:
+    """Labels for containers and volumes a test makes through the engine directly (see :data:`TEST_LABEL`)."""
+    return dict(TEST_LABELS)
+
+
+def leftovers() -> dict[str, list[str]]:
+    """Containers, volumes and images still labelled with this session's id."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except Exception:
+        return {}
+    sel = {"label": f"{TEST_LABEL}={SESSION_ID}"}
+    found = {
+        "containers": [c.name for c in client.containers.list(all=True, filters=sel, ignore_removed=True)],
+        "volumes": [v.name for v in client.volumes.list(filters=sel)],
+        "images": [i.short_id for i in client.images.list(filters=sel)],
+    }
+    for name in found["containers"]:
+        with contextlib.suppress(Exception):
+            client.containers.get(name).remove(force=True)
+    for name in found["volumes"]:
+        with contextlib.suppress(Exception):
+            client.volumes.get(name).remove(force=True)
+    return {k: v for k, v in found.items() if v}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The leak check: the session fails when a test left a container, volume or image behind."""
+    left = leftovers()
+    if left:
+        what = "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items())
+        session.config.get_terminal_writer().line(f"LEAK CHECK FAILED: tests left {what}", red=True)
+        session.exitstatus = 1

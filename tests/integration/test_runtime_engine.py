@@ -4,27 +4,33 @@ and port bindings in the engine's inspection, exec exit codes, and a volume that
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
 BASE = "torchrig-test/debian:bookworm"
+HARDENED_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+CAP_BITS = {
+    "CHOWN": 0,
+    "DAC_OVERRIDE": 1,
+    "FOWNER": 3,
+    "FSETID": 4,
+    "KILL": 5,
+    "SETGID": 6,
+    "SETUID": 7,
+}  # capability.h
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runtime"
 
 
-def memlock_override(engine) -> list[str]:
-    """[] where dockerd may set memlock=-1; else the --ulimit that fits under its own hard limit.
+def engine_memlock_max(engine, test_labels) -> int:
+    """The most memlock this engine lets a container have (-1: unlimited), read as 'up' reads it."""
+    from torchrig.runtime.engine import Engine
+    from torchrig.runtime.plan import Ulimit
 
-    dockerd without CAP_SYS_RESOURCE (e.g. itself in a container) cannot raise a container's memlock above
-    its own; 'torchrig up' then fails with the fix, and this test asks for what the engine can give."""
-    import docker
-
-    try:
-        engine.containers.run(
-            BASE, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
-        )
-        return []
-    except docker.errors.APIError:
-        out = engine.containers.run(BASE, ["sh", "-c", "ulimit -H -l"], remove=True).decode().strip()
-        return ["--ulimit", f"memlock={int(out) * 1024}"]
+    got = Engine(engine).ulimit_max(BASE, (Ulimit("memlock", -1, -1),), test_labels)
+    assert got is not None
+    return got.get("memlock", -1)
 
 
 @pytest.fixture
@@ -32,8 +38,9 @@ def env(tmp_path):
     return {"TORCHRIG_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path)}
 
 
-def test_defaults_in_engine_inspection(cli, engine, env):
-    """Created (not started): the engine records the default ulimits, shm and 127.0.0.1-only port bindings."""
+def test_defaults_in_engine_inspection(cli, engine, env, test_labels):
+    """Created (not started): the engine records the ulimits, shm and 127.0.0.1-only port bindings."""
+    memlock = engine_memlock_max(engine, test_labels)
     r = cli(
         "up",
         "--image",
@@ -50,11 +57,14 @@ def test_defaults_in_engine_inspection(cli, engine, env):
         assert r.code == 0, r.err
         hc = engine.api.inspect_container("trt-defaults")["HostConfig"]
         assert {(u["Name"], u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
-            ("memlock", -1, -1),
+            ("memlock", memlock, memlock),
             ("stack", 67108864, 67108864),
         }
-        assert hc["ShmSize"] == 2 * 2**30 and hc["Memory"] == 4 * 2**30 and hc["Init"] is True
+        assert hc["ShmSize"] == 2 * 2**30 and hc["Memory"] == 4 * 2**30 and not hc.get("Init")
         assert {b["HostIp"] for bs in hc["PortBindings"].values() for b in bs} == {"127.0.0.1"}
+        # hardened: no-new-privileges, seven capabilities kept of Docker's default fourteen, a pids limit
+        assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["CapDrop"] == ["ALL"]
+        assert set(hc["CapAdd"]) == {f"CAP_{c}" for c in HARDENED_CAPS} and hc["PidsLimit"] == 16384
         labels = engine.api.inspect_container("trt-defaults")["Config"]["Labels"]
         assert labels["torchrig.managed"] == "1" and labels["torchrig.user"]
         assert not any(
@@ -77,7 +87,6 @@ def test_public_binds_every_interface(cli, engine, env):
 def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    extra = memlock_override(engine)
     args = [
         "--image",
         BASE,
@@ -91,14 +100,13 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
         "512m",
         "--cpus",
         "1",
-        *extra,
     ]
     r = cli("up", *args, env=env)
     try:
         assert r.code == 0, r.err
         assert "environment trt-plain is up" in r.out
         ps = cli("ps", "--json", env=env).json()["environments"]
-        assert [(e["name"], e["state"]) for e in ps] == [("trt-plain", "running")]
+        assert [(e["name"], e["state"]) for e in ps if e["name"] == "trt-plain"] == [("trt-plain", "running")]
         ex = cli(
             "exec",
             "trt-plain",
@@ -110,6 +118,11 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
         )
         assert (ex.code, ex.out, ex.err) == (7, "65536\n", "err\n")
         assert cli("logs", "trt-plain", "--tail", "5", env=env).code == 0
+        # what the kernel enforces inside: no new privileges, the bounding set of the seven kept
+        status = cli("exec", "trt-plain", "--", "cat", "/proc/self/status", env=env).out
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert int(fields["CapBnd"], 16) == sum(1 << CAP_BITS[c] for c in HARDENED_CAPS)
         hc = engine.api.inspect_container("trt-plain")["HostConfig"]
         assert hc["NanoCpus"] == 10**9 and hc["Memory"] == 512 * 2**20 and hc["ShmSize"] == 256 * 2**20
     finally:
@@ -133,10 +146,7 @@ def test_unknown_names_and_images(cli, engine, env):
 
 
 def test_duplicate_name_is_refused_untouched(cli, engine, env):
-    extra = memlock_override(engine)
-    assert (
-        cli("up", "--image", BASE, "--name", "trt-dup", "--no-jupyter", "--no-ssh", *extra, env=env).code == 0
-    )
+    assert cli("up", "--image", BASE, "--name", "trt-dup", "--no-jupyter", "--no-ssh", env=env).code == 0
     try:
         dup = cli("up", "--image", BASE, "--name", "trt-dup", "--no-jupyter", "--no-ssh", env=env)
         assert dup.code == 2 and "already exists" in dup.err and dup.err.count("\n") == 1
@@ -145,12 +155,128 @@ def test_duplicate_name_is_refused_untouched(cli, engine, env):
         cli("down", "trt-dup", env=env)
 
 
-def test_unlimited_memlock_refused_by_engine_is_explained(cli, engine, env):
-    if not memlock_override(engine):
+def test_up_with_no_flags_takes_what_the_engine_allows(cli, engine, env, test_labels):
+    """Stock dockerd (Debian's, without CAP_SYS_RESOURCE, 8 MiB memlock) refuses memlock=-1: up takes the
+    engine's most, says so, and leaves no probe container behind."""
+    memlock = engine_memlock_max(engine, test_labels)
+    r = cli("up", "--image", BASE, "--name", "trt-stock", "--no-jupyter", "--no-ssh", env=env)
+    try:
+        assert r.code == 0, r.err
+        if memlock != -1:
+            assert "memlock: this Docker engine allows at most" in r.out and f"took {memlock}" in r.out
+        ex = cli("exec", "trt-stock", "--", "sh", "-c", "ulimit -H -l", env=env)
+        assert ex.out.strip() == ("unlimited" if memlock == -1 else str(memlock // 1024))
+    finally:
+        assert cli("down", "trt-stock", env=env).code == 0
+    assert not engine.containers.list(all=True, filters={"label": "torchrig.probe"})
+
+
+def test_an_explicit_ulimit_the_engine_cannot_give_is_explained(cli, engine, env, test_labels):
+    if engine_memlock_max(engine, test_labels) == -1:
         pytest.skip("this engine may set memlock=-1")
-    r = cli("up", "--image", BASE, "--name", "trt-memlock", "--no-jupyter", "--no-ssh", env=env)
+    r = cli(
+        "up",
+        "--image",
+        BASE,
+        "--name",
+        "trt-memlock",
+        "--no-jupyter",
+        "--no-ssh",
+        "--ulimit",
+        "memlock=-1",
+        env=env,
+    )
     assert r.code == 2 and "LimitMEMLOCK=infinity" in r.err and r.err.count("\n") == 1
     assert not [c for c in engine.containers.list(all=True) if c.name == "trt-memlock"]
+
+
+INSPECTED = (
+    ("Config", ("Image", "Hostname", "User", "Env", "Cmd", "Entrypoint", "Labels", "ExposedPorts")),
+    (
+        "HostConfig",
+        (
+            "ShmSize",
+            "Ulimits",
+            "Memory",
+            "NanoCpus",
+            "PortBindings",
+            "Mounts",
+            "SecurityOpt",
+            "CapAdd",
+            "CapDrop",
+            "PidsLimit",
+            "Init",
+            "DeviceRequests",
+            "Binds",
+        ),
+    ),
+)
+
+
+def test_dry_run_docker_run_line_is_the_create_call(cli, engine, env, tmp_path):
+    """The dry run's 'docker run' line, given to the real docker CLI, makes the container up makes."""
+    import shlex
+
+    data = tmp_path / "data"
+    data.mkdir()
+    args = [
+        "--image",
+        BASE,
+        "--name",
+        "trt-same",
+        "--volume",
+        f"{data}:/data:ro",
+        "--memory",
+        "1g",
+        "--no-ssh",
+    ]
+    dry = cli("up", *args, "--cpus", "1", "--dry-run", "--json", env=env)
+    assert dry.code == 0, dry.err
+    argv = shlex.split(dry.json()["docker_run"])
+    assert argv[:3] == ["docker", "run", "-d"] and "--init" not in argv
+    argv[argv.index("--name") + 1] = "trt-same-cli"
+    made = subprocess.run(["docker", "create", *argv[3:]], capture_output=True, text=True, timeout=120)
+    try:
+        assert made.returncode == 0, made.stderr
+        assert cli("up", *args, "--cpus", "1", "--create-only", env=env).code == 0
+        real, by_cli = (engine.api.inspect_container(n) for n in ("trt-same", "trt-same-cli"))
+        for section, keys in INSPECTED:
+            for key in keys:
+                mine, theirs = real[section].get(key) or None, by_cli[section].get(key) or None  # [] = unset
+                if key == "Env":  # the same variables; the engine keeps the order each client sent
+                    mine, theirs = sorted(mine), sorted(theirs)
+                assert mine == theirs, (section, key)
+    finally:
+        subprocess.run(["docker", "rm", "-f", "trt-same-cli"], capture_output=True, timeout=120)
+        cli("down", "trt-same", env=env)
+
+
+def test_dry_run_leases_what_a_real_up_would(cli, engine, env, tmp_path):
+    """--share and the least-shared tie-break: the dry run shows the GPU a real up then takes."""
+    inv = tmp_path / "inv.json"
+    inv.write_text((FIXTURES / "driver-535-2xa100-pcie.json").read_text())
+    common = ["--image", BASE, "--no-jupyter", "--no-ssh", "--inventory", str(inv), "--create-only"]
+    names = []
+    try:
+        for name in ("trt-sh1", "trt-sh2"):
+            r = cli("up", *common, "--name", name, "--gpus", "1", "--share", env=env)
+            assert r.code == 0, r.err
+            names.append(name)
+        # both GPUs held by one sharer each; a third sharer may take either: the dry run names it
+        dry = cli(
+            "up", *common, "--name", "trt-sh3", "--gpus", "1", "--share", "--dry-run", "--json", env=env
+        )
+        assert dry.code == 0, dry.err
+        planned = [g["uuid"] for g in dry.json()["plan"]["gpus"]]
+        alone = cli("up", *common, "--name", "trt-sh4", "--gpus", "1", "--dry-run", env=env)
+        assert alone.code == 1 and "no free GPU" in alone.err
+        r = cli("up", *common, "--name", "trt-sh3", "--gpus", "1", "--share", "--json", env=env)
+        assert r.code == 0, r.err
+        names.append("trt-sh3")
+        assert [g["uuid"] for g in r.json()["plan"]["gpus"]] == planned
+    finally:
+        for name in names:
+            cli("down", name, env=env)
 
 
 def test_spec_runs_the_image_its_lock_names(cli, engine, env, tmp_path):
@@ -174,7 +300,6 @@ def test_environment_dying_at_start_leaves_nothing(cli, engine, env):
             "--no-ssh",
             "--wait",
             "30",
-            *memlock_override(engine),
             env=env,
         )
         assert r.code == 1 and "exited during start" in r.err and r.err.count("\n") == 1, r.err
@@ -185,15 +310,19 @@ def test_environment_dying_at_start_leaves_nothing(cli, engine, env):
 
 
 def test_down_of_another_users_environment_needs_force(cli, engine, env):
-    extra = memlock_override(engine)
-    assert (
-        cli("up", "--image", BASE, "--name", "trt-own", "--no-jupyter", "--no-ssh", *extra, env=env).code == 0
-    )
+    """Ownership is the real UID recorded at creation: USER/SUDO_USER do not count; root needs --force."""
+    assert cli("up", "--image", BASE, "--name", "trt-own", "--no-jupyter", "--no-ssh", env=env).code == 0
     try:
-        other = {**env, "SUDO_USER": "mallory"}
+        labels = engine.api.inspect_container("trt-own")["Config"]["Labels"]
+        assert labels["torchrig.uid"] == "0" and labels["torchrig.user"] == "root"
+        other = {**env, "SUDO_UID": "4242", "SUDO_GID": "4242", "USER": "root", "SUDO_USER": "root"}
         r = cli("down", "trt-own", env=other)
-        assert r.code == 2 and "belongs to" in r.err and "--force" in r.err
+        assert (
+            r.code == 2
+            and "belongs to root (UID 0), not you (4242, UID 4242)" in r.err
+            and "--force" in r.err
+        )
         assert engine.containers.get("trt-own").status == "running"
-        assert cli("down", "trt-own", "--force", env=other).code == 0
+        assert cli("down", "trt-own", "--force", env=other).code == 0  # root (sudo) is the admin
     finally:
         cli("down", "trt-own", "--force", env=env)

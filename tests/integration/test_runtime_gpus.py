@@ -20,20 +20,6 @@ FIX = ROOT / "tests/fixtures/runtime"
 BASE = "torchrig-test/debian:bookworm"
 
 
-def memlock_override(engine) -> list[str]:
-    """[] where dockerd may set memlock=-1, else a --ulimit under its own hard limit (see test_runtime_engine)."""
-    import docker
-
-    try:
-        engine.containers.run(
-            BASE, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
-        )
-        return []
-    except docker.errors.APIError:
-        out = engine.containers.run(BASE, ["sh", "-c", "ulimit -H -l"], remove=True).decode().strip()
-        return ["--ulimit", f"memlock={int(out) * 1024}"]
-
-
 @pytest.fixture
 def ledger_env(tmp_path):
     return {
@@ -135,7 +121,6 @@ def test_killed_container_frees_its_lease(cli, engine, ledger_env, cleanup):
         "trt-kill",
         "--no-jupyter",
         "--no-ssh",
-        *memlock_override(engine),
         env=ledger_env,
     )
     assert r.code == 0, r.err

@@ -7,6 +7,7 @@ import os
 import shlex
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -22,22 +23,8 @@ def user_env(tmp_path):
     return {"HOME": str(home), "TORCHRIG_STATE_DIR": str(tmp_path / "state")}
 
 
-def memlock_override(engine) -> list[str]:
-    """[] where dockerd may set memlock=-1, else a --ulimit under its own hard limit (see test_runtime_engine)."""
-    import docker
-
-    base = "torchrig-test/debian:bookworm"
-    try:
-        engine.containers.run(
-            base, ["true"], remove=True, ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
-        )
-        return []
-    except docker.errors.APIError:
-        out = engine.containers.run(base, ["sh", "-c", "ulimit -H -l"], remove=True).decode().strip()
-        return ["--ulimit", f"memlock={int(out) * 1024}"]
-
-
 def _ssh(printed: str, home, remote: str) -> subprocess.CompletedProcess:
+    """The printed ssh command, run by the real client with strict host-key checking (no prompt)."""
     argv = shlex.split(printed)
     extra = [
         "-i",
@@ -45,9 +32,7 @@ def _ssh(printed: str, home, remote: str) -> subprocess.CompletedProcess:
         "-o",
         "BatchMode=yes",
         "-o",
-        "StrictHostKeyChecking=accept-new",
-        "-o",
-        f"UserKnownHostsFile={home}/.ssh/known_hosts",
+        "StrictHostKeyChecking=yes",
         "-o",
         "ConnectTimeout=10",
     ]
@@ -80,8 +65,10 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
     work.mkdir()
     work.chmod(0o777)  # the image's user (UID 1000) writes here; this test runs as root
     name = "trt-life"
-    extra = memlock_override(engine)
-    memlock = int(extra[1].split("=")[1]) if extra else -1
+    from torchrig.runtime.engine import Engine
+    from torchrig.runtime.plan import Ulimit
+
+    memlock = (Engine(engine).ulimit_max(image, (Ulimit("memlock", -1, -1),), {}) or {}).get("memlock", -1)
     up = cli(
         "up",
         "--image",
@@ -95,7 +82,6 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
         "--cpus",
         "1",
         "--json",
-        *extra,
         env=user_env,
         timeout=300,
     )
@@ -159,7 +145,6 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
         "--volume",
         f"{work}:/home/torch/work",
         "--no-jupyter",
-        *extra,
         env=user_env,
         timeout=300,
     )
@@ -190,7 +175,6 @@ def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_p
         "--volume",
         f"{work}:/home/torch/work",
         "--json",
-        *memlock_override(engine),
         env=env,
         timeout=300,
     )
@@ -205,6 +189,107 @@ def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_p
         assert requests.get(f"{base}/api/status", params={"token": token}, timeout=10).status_code == 200
         st = (work / "mine").stat()
         assert (st.st_uid, st.st_gid) == (4321, 4322)
-        assert [e["user"] for e in cli("ps", "--json", env=env).json()["environments"]] == ["carol"]
+        # the owner is the UID (4321 has no account here), not SUDO_USER
+        assert [e["user"] for e in cli("ps", "--json", env=env).json()["environments"]] == ["4321"]
     finally:
         assert cli("down", name, env=env).code == 0
+
+
+def test_host_key_survives_down_and_up(cli, engine, image, user_env):
+    """down then up of the same name: the printed ssh command still works with StrictHostKeyChecking=yes,
+    and the environment's log has one init (no "Tini is not running as PID 1")."""
+    name = "trt-hostkey"
+    lines = []
+    for _ in range(2):
+        r = cli("up", "--image", image, "--name", name, "--no-jupyter", "--json", env=user_env, timeout=300)
+        try:
+            assert r.code == 0, r.err
+            res = r.json()
+            assert (
+                "UserKnownHostsFile=" in res["ssh_command"]
+                and "StrictHostKeyChecking" not in res["ssh_command"]
+            )
+            ssh = _ssh(res["ssh_command"], user_env["HOME"], "id -un")
+            assert ssh.returncode == 0 and ssh.stdout.strip() == "torch", ssh.stderr
+            lines.append(res["known_hosts_line"])
+            logs = cli("logs", name, env=user_env).out
+            assert "Tini is not running as PID 1" not in logs, logs
+            top = engine.api.top(name, ps_args="-eo pid,comm")["Processes"]
+            assert [p[1] for p in top if p[1] in ("tini", "docker-init")] == ["tini"], top
+        finally:
+            assert cli("down", name, env=user_env).code == 0
+    assert lines[0] == lines[1] and lines[0].startswith(f"{name} ssh-ed25519 ")
+
+
+def test_workspace_is_writable_by_default(cli, engine, image, user_env, tmp_path):
+    """As plain root: a root-owned host directory (with a root-owned file in it) and a new named volume are
+    both writable by the environment's user; the volume keeps its files across down and up."""
+    import secrets
+
+    work = tmp_path / "rootwork"
+    work.mkdir(mode=0o755)
+    (work / "old.txt").write_text("root's\n")
+    assert work.stat().st_uid == 0 == os.getuid(), "this test runs as root, like CI"
+    vol = f"trt-ws-{secrets.token_hex(3)}"
+    env = {k: v for k, v in user_env.items()}
+    args = ["--image", image, "--name", "trt-ws", "--no-jupyter", "--no-ssh"]
+    args += ["--volume", f"{work}:/workspace/host", "--volume", f"{vol}:/workspace/vol"]
+    write = "touch /workspace/host/new /workspace/vol/new && echo more >> /workspace/host/old.txt && id -un"
+    try:
+        for _ in range(2):
+            r = cli("up", *args, env=env, timeout=300)
+            try:
+                assert r.code == 0, r.err
+                ex = cli("exec", "trt-ws", "--", "sh", "-c", write, env=env)
+                assert ex.code == 0 and ex.out.strip() == "torch" and "Permission denied" not in ex.err, (
+                    ex.err
+                )
+                assert cli("exec", "trt-ws", "--", "ls", "/workspace/vol", env=env).out.split() == ["new"]
+            finally:
+                assert cli("down", "trt-ws", env=env).code == 0
+        assert (work / "old.txt").read_text() == "root's\nmore\nmore\n"
+        assert engine.volumes.get(vol).attrs["Labels"].get("torchrig.volume") == "1"
+    finally:
+        for v in engine.volumes.list(filters={"name": vol}):
+            v.remove(force=True)
+
+
+def test_ctrl_c_during_start_leaves_nothing(engine, image, user_env):
+    """SIGINT (as a terminal's Ctrl-C) while up waits for the services: container and lease are removed.
+
+    Passes under a runner that ignores SIGINT too (tests/conftest.py gives children the default back)."""
+    import signal
+    import sys
+    import time
+
+    name = "trt-ctrlc"
+    env = {**os.environ, **user_env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchrig", "up", "--image", image, "--name", name, "--wait", "120"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not engine.containers.list(all=True, filters={"name": f"^{name}$"}):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                proc.stderr.read() if proc.stderr else ""
+            )
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "interrupted" in err, err
+        deadline = time.monotonic() + 30  # the engine may still be finishing the removal up asked for
+        while engine.containers.list(all=True, filters={"name": f"^{name}$"}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not engine.containers.list(all=True, filters={"name": f"^{name}$"})
+        from torchrig.runtime.ledger import Ledger
+
+        assert Ledger.open(Path(user_env["TORCHRIG_STATE_DIR"])).leases() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for c in engine.containers.list(all=True, filters={"name": f"^{name}$"}):
+            c.remove(force=True)

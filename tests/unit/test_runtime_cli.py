@@ -35,6 +35,9 @@ def one_line_error(r, *needles):
         (["--gpus", "0"], "device=0"),
         (["--volume", "/nonexistent-dir-xyz:/data"], "does not exist"),
         (["--volume", "relative-only"], "malformed --volume"),
+        (["--volume", "bad!name:/data"], "not a valid volume name"),
+        (["--user", "no-such-account-xyz"], "no such account"),
+        (["--pids-limit", "3"], "--pids-limit 3 is too small"),
         (["--memory", "lots"], "malformed --memory"),
         (["--cpus", "100000"], "CPUs"),
         (["--shm-size", "-1g"], "--shm-size"),
@@ -114,3 +117,16 @@ def test_help_is_light_and_has_examples(cli, name):
         if line.startswith("import time:") and "|" in line
     }
     assert not mods & {"docker", "pynvml", "torch", "sqlite3"}
+
+
+@pytest.mark.parametrize("labels", ["nokey", "Bad Key=1", "=v", "a=1,,b"])
+def test_up_bad_labels_env(cli, env, labels):
+    r = cli("up", "--image", "x:y", env={**env, "TORCHRIG_LABELS": labels})
+    if labels == "a=1,,b":
+        one_line_error(r, "malformed TORCHRIG_LABELS entry 'b'")
+    else:
+        one_line_error(r, "malformed TORCHRIG_LABELS")
+
+
+def test_empty_state_dir_is_a_one_line_error(cli, env):
+    one_line_error(cli("ps", env={**env, "TORCHRIG_STATE_DIR": ""}), "TORCHRIG_STATE_DIR is set but empty")

@@ -142,3 +142,48 @@ def test_no_gpu_host_says_so(tmp_path):
         take(
             Ledger.open(tmp_path), Inventory("nvml (NVML Shared Library Not Found)", None, None, ()), "1", "a"
         )
+
+
+def test_empty_state_dir_is_an_error_not_unset(monkeypatch):
+    import pytest
+
+    from torchrig.errors import UsageError
+    from torchrig.runtime import ledger
+
+    monkeypatch.setenv("TORCHRIG_STATE_DIR", "")
+    with pytest.raises(UsageError, match="set but empty"):
+        ledger.state_dir()
+    monkeypatch.delenv("TORCHRIG_STATE_DIR")
+    assert ledger.state_dir() == ledger.SYSTEM_STATE_DIR  # one system location, never a per-user fallback
+
+
+def test_root_creates_a_shared_ledger_setgid_and_group_writable(tmp_path):
+    import grp
+    import os
+    import stat
+
+    import pytest
+
+    from torchrig.runtime.ledger import Ledger
+
+    if os.geteuid() != 0:
+        pytest.skip("creating the shared directory is root's")
+    d = tmp_path / "shared"
+    led = Ledger.open(d)
+    led.leases()
+    st = d.stat()
+    group = next((g for g in ("torchrig", "docker") if _has_group(g)), None)
+    if group:
+        assert st.st_gid == grp.getgrnam(group).gr_gid and stat.S_IMODE(st.st_mode) == 0o2775
+    db = d / "leases.sqlite3"
+    assert stat.S_IMODE(db.stat().st_mode) == 0o664 and db.stat().st_gid == st.st_gid
+
+
+def _has_group(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True

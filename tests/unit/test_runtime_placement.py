@@ -91,3 +91,32 @@ def test_unknown_index_and_uuid(h200):
         resolve_named(parse_gpus("1,9"), h200)
     with pytest.raises(InputError, match="no GPU or MIG"):
         resolve_named(parse_gpus("GPU-00000000-0000-0000-0000-000000000000"), h200)
+
+
+def test_shared_pick_prefers_a_free_gpu_in_another_group():
+    """Two PCIe GPUs on two NUMA nodes, one shared already: a sharer gets the free one."""
+    a = Unit(uuid="GPU-a", gpu_index=0, label="0", is_mig=False, nvlink_domain=None, numa_node=0)
+    b = Unit(uuid="GPU-b", gpu_index=1, label="1", is_mig=False, nvlink_domain=None, numa_node=1)
+    assert pick([a, b], 1, {"GPU-a": 1}) == (b,)
+    assert pick([a, b], 1, {"GPU-a": 1, "GPU-b": 1}) == (a,)
+    assert pick([a, b], 1) == (a,)
+
+
+def test_dry_run_preview_is_the_lease_choice(tmp_path):
+    """preview (up --dry-run) and acquire (up) choose the same units, --share and tie-break included."""
+    import time
+    from pathlib import Path
+
+    from torchrig.runtime.lease import NoFreeGpu, acquire, preview
+    from torchrig.runtime.ledger import Ledger
+
+    inv = load_snapshot(str(Path(__file__).parents[1] / "fixtures/runtime/driver-535-2xa100-pcie.json"))
+    led = Ledger.open(tmp_path)
+    req = parse_gpus("1")
+    kw = {"live": None, "listed_at_s": time.time()}
+    for name in ("a", "b"):
+        acquire(led, inv, req, user="u", container=name, share=True, **kw)
+    with pytest.raises(NoFreeGpu):
+        preview(led, inv, req, share=False, **kw)
+    planned = preview(led, inv, req, share=True, **kw)
+    assert planned == acquire(led, inv, req, user="u", container="c", share=True, **kw)

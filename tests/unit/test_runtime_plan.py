@@ -79,6 +79,61 @@ def test_image_user_runs_as_the_host_uid():
     )  # plain root: the image's user
 
 
+ROOT_HOST = HostFacts(None, None, 2**36, "box", False)
+
+
+def test_plain_root_works_on_someone_elses_directory_as_its_owner():
+    host = HostFacts(None, None, 2**36, "box", False, path_owners={"/home/bob/w": (1500, 1501)})
+    p = plan(volumes=(Volume("/home/bob/w", "/workspace"),), host=host)
+    assert p.run_as == (1500, 1501) and p.handover == ()
+    assert any("works as its owner, UID 1500" in n for n in p.notes)
+
+
+def test_plain_root_hands_a_root_owned_directory_to_the_environment():
+    host = HostFacts(None, None, 2**36, "box", False, path_owners={"/root/w": (0, 0)})
+    p = plan(volumes=(Volume("/root/w", "/workspace"), Volume("/ro", "/ro", read_only=True)), host=host)
+    assert p.run_as is None and p.handover == ("/root/w",)
+    assert any("hand /root/w" in s for s in p.steps)
+
+
+def test_a_users_foreign_directory_is_only_noted():
+    host = HostFacts(1000, 1000, 2**36, "box", False, path_owners={"/srv/x": (0, 0)})
+    p = plan(volumes=(Volume("/srv/x", "/workspace"),), host=host)
+    assert p.handover == () and any("may not write it" in n for n in p.notes)
+
+
+def test_named_volumes_are_mounted_and_their_roots_owned():
+    p = plan(volumes=(Volume("ws", "/workspace", kind="volume"),))
+    (m,) = p.mounts
+    assert (m.type, m.source) == (
+        "volume",
+        "ws",
+    ) and "--mount=type=volume,source=ws,target=/workspace" in p.docker_run()
+    assert any("create volume ws" in s for s in p.steps) and any("volumes' roots" in s for s in p.steps)
+
+
+def test_ulimits_are_fitted_to_the_engine_with_a_note():
+    host = HostFacts(1000, 1000, 2**36, "box", False, ulimit_max={"memlock": 8 * 2**20, "stack": -1})
+    p = plan(host=host)
+    assert {(u.name, u.soft, u.hard) for u in p.ulimits} == {
+        ("memlock", 8 * 2**20, 8 * 2**20),
+        ("stack", 2**26, 2**26),
+    }
+    assert any("allows at most 8 MiB" in n and "LimitMEMLOCK" in n for n in p.notes)
+    # an explicit --ulimit is the user's: kept as asked
+    p = plan(host=host, ulimits=(("memlock", -1, -1),))
+    assert ("memlock", -1, -1) in {(u.name, u.soft, u.hard) for u in p.ulimits}
+
+
+def test_hardened_by_default_without_docker_init():
+    p = plan()
+    assert p.security_opt == ("no-new-privileges",) and p.cap_drop == ("ALL",) and p.pids_limit == 16384
+    assert "CAP_NET_RAW" not in p.cap_add and "CAP_SYS_ADMIN" not in p.cap_add
+    line = p.docker_run()
+    assert "--init" not in line and "--cap-drop=ALL" in line and "--pids-limit=16384" in line
+    assert plan(pids_limit=500).pids_limit == 500
+
+
 def test_services_the_image_lacks_are_dropped_with_a_note():
     from torchrig.runtime.up import services_of_image
 

@@ -1,6 +1,7 @@
 """Stop and remove an environment and free its GPU leases. Volumes (your host directories) are kept.
 
-Only the environment's owner may take it down, unless --force (e.g. an admin freeing a GPU).
+Only the environment's owner (the real UID that started it) may take it down; root may with --force
+(an admin freeing a GPU). USER, SUDO_USER and the like do not count.
 
 examples:
   torchrig down alice-1a2b
@@ -10,6 +11,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from torchrig.report import SimpleReport
@@ -17,7 +19,9 @@ from torchrig.report import SimpleReport
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", metavar="NAME", nargs="+", help="the environment(s) (see 'torchrig ps')")
-    parser.add_argument("--force", action="store_true", help="also take down other users' environments")
+    parser.add_argument(
+        "--force", action="store_true", help="root only: also take down other users' environments"
+    )
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
@@ -31,17 +35,27 @@ def run(args: argparse.Namespace) -> SimpleReport:
     from torchrig.errors import InputError
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.lease import reconcile
-    from torchrig.runtime.ledger import Ledger, current_user
+    from torchrig.runtime.ledger import Ledger, owner_uid, user_name
 
-    engine = Engine.connect()
     ledger = Ledger.open()
-    me = current_user()
+    engine = Engine.connect()
+    me = owner_uid()
+    admin = os.getuid() == 0
     envs = [engine.find(n) for n in args.names]  # every name checked before anything is removed
     for env in envs:
-        if env.user != me and not args.force:
-            raise InputError(
-                f"{env.name!r} belongs to {env.user}, not {me}", hint="pass --force to take it down anyway"
-            )
+        if env.owned_by(me) or (admin and args.force):
+            continue
+        owner = (
+            f"{user_name(env.owner_uid)} (UID {env.owner_uid})"
+            if env.owner_uid is not None
+            else "no known owner"
+        )
+        hint = (
+            "pass --force to take it down anyway"
+            if admin
+            else "only its owner may; an admin can: sudo torchrig down --force NAME"
+        )
+        raise InputError(f"{env.name!r} belongs to {owner}, not you ({user_name(me)}, UID {me})", hint=hint)
     done: list[dict[str, Any]] = []
     for env in envs:
         engine.remove(env.id, stop_timeout_s=args.timeout)

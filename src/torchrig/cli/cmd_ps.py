@@ -53,11 +53,12 @@ class PsReport:
 def run(args: argparse.Namespace) -> PsReport:
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.lease import reconcile
-    from torchrig.runtime.ledger import Ledger, current_user
+    from torchrig.runtime.ledger import Ledger, owner_uid
 
+    ledger = Ledger.open()  # a ledger the user cannot write is said before the engine is asked
     engine = Engine.connect()
-    freed = reconcile(Ledger.open(), engine)
+    freed = reconcile(ledger, engine)
     envs = engine.environments()
     if args.mine:
-        envs = [e for e in envs if e.user == current_user()]
+        envs = [e for e in envs if e.owned_by(owner_uid())]
     return PsReport(envs, freed)

@@ -18,15 +18,20 @@ defaults (safe and sane):
   /dev/shm     half of --memory, else a quarter of host RAM (1 GiB to 64 GiB): DataLoader workers and
                NCCL need more than Docker's 64 MB
   ulimits      memlock=-1, stack=67108864, as NVIDIA runs its deep learning containers
-               (https://docs.nvidia.com/deeplearning/frameworks/user-guide/index.html#setincshmem)
-  user         your UID/GID, so files written to volumes are yours
+               (https://docs.nvidia.com/deeplearning/frameworks/user-guide/index.html#setincshmem),
+               or the most this engine allows (a probe asks it; up says what it took)
+  security     no-new-privileges, capabilities dropped to seven, at most 16384 processes
+  user         your UID/GID, so files written to volumes are yours; as root, a root-owned
+               workspace is handed to the environment's user; NAME:/path is a named volume
   ssh key      ~/.ssh/id_ed25519.pub (or id_ecdsa.pub, id_rsa.pub); --ssh-key FILE to choose
+  host key     kept per environment name across down/up; known_hosts line recorded for it
   pre-flight   the image's torch/CUDA/arch labels are checked against this host's driver and GPUs; a
                build that cannot run is refused with the reason and the fix
 
 --gpus: all | N (free GPUs, NVLink/NUMA-local) | 0,2 or device=1 (indices) | GPU-UUID,... | MIG-UUID
 testing hook: TORCHRIG_GPU_INVENTORY=FILE (or --inventory FILE) uses a recorded NVML snapshot
-('torchrig gpus --record FILE') instead of this host's GPUs; TORCHRIG_STATE_DIR moves the ledger.
+('torchrig gpus --record FILE') instead of this host's GPUs; TORCHRIG_STATE_DIR moves the ledger;
+TORCHRIG_LABELS=KEY=VALUE,... adds labels to every container up makes (accounting, test clean-up).
 exit status: 0 started, 1 no free GPU / pre-flight refused / failed to start, 2 bad input or no engine.
 """
 
@@ -52,7 +57,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--share", action="store_true", help="share the GPUs with other --share leases, deliberately"
     )
-    parser.add_argument("--user", metavar="NAME", help="who the lease is for (default: you)")
+    parser.add_argument(
+        "--user", metavar="NAME", help="who owns it and its lease (default: you; another account: root only)"
+    )
     parser.add_argument("--name", metavar="NAME", help="the environment's name (default: USER-xxxx)")
     parser.add_argument(
         "--volume",
@@ -60,7 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:CONTAINER[:ro]",
         action="append",
         default=[],
-        help="bind-mount a host directory (repeatable); it must exist",
+        help="mount a host directory (must exist) or a named volume (NAME:/path, made if missing); repeatable",
     )
     parser.add_argument("--memory", metavar="SIZE", help="memory limit, e.g. 64g")
     parser.add_argument("--cpus", metavar="N", help="CPU limit, e.g. 16 or 2.5")
@@ -70,7 +77,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=SOFT[:HARD]",
         action="append",
         default=[],
-        help="override a ulimit (repeatable), e.g. memlock=8388608 where dockerd may not go higher",
+        help="set a ulimit as asked (repeatable), e.g. memlock=-1 (default: the most the engine allows)",
+    )
+    parser.add_argument(
+        "--pids-limit", metavar="N", type=int, help="most processes+threads in the container (default 16384)"
     )
     parser.add_argument("--no-jupyter", action="store_true", help="do not start JupyterLab")
     parser.add_argument("--no-ssh", action="store_true", help="do not start sshd")
@@ -135,14 +145,24 @@ def image_of_spec(spec: Path) -> str:
 
 
 def request_from(args: argparse.Namespace) -> Any:
-    from torchrig.runtime.ledger import current_user
-    from torchrig.runtime.options import check_name, parse_cpus, parse_size, parse_ulimit, parse_volume
+    from torchrig.runtime.ledger import owner_uid, user_name
+    from torchrig.runtime.options import (
+        LABELS_ENV,
+        check_name,
+        parse_cpus,
+        parse_labels,
+        parse_size,
+        parse_ulimit,
+        parse_volume,
+    )
     from torchrig.runtime.placement import parse_gpus
     from torchrig.runtime.plan import UpRequest
     from torchrig.runtime.up import default_name
 
-    user = args.user or current_user()
-    check_name(user) if args.user else None
+    uid = owner_uid()
+    if args.user:
+        uid = _uid_for(check_name(args.user), uid)
+    user = user_name(uid)
     return UpRequest(
         image=_image_ref(args),
         name=check_name(args.name) if args.name else default_name(user),
@@ -157,7 +177,32 @@ def request_from(args: argparse.Namespace) -> Any:
         public=args.public,
         share=args.share,
         ulimits=tuple(parse_ulimit(u) for u in args.ulimit),
+        pids_limit=_pids_limit(args.pids_limit),
+        owner_uid=uid,
+        extra_labels=parse_labels(os.environ.get(LABELS_ENV, "")),
     )
+
+
+def _uid_for(name: str, mine: int) -> int:
+    """``--user NAME``: root (an admin) may start an environment for another account; a user only for
+    themselves. Ownership is that account's UID."""
+    import pwd
+
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise UsageError(f"--user {name}: no such account on this host", hint="see 'getent passwd'") from None
+    if uid != mine and os.getuid() != 0:
+        raise UsageError(
+            f"--user {name}: only root may start an environment for another user", hint="leave --user out"
+        )
+    return uid
+
+
+def _pids_limit(n: int | None) -> int | None:
+    if n is not None and n < 64:
+        raise UsageError(f"--pids-limit {n} is too small", hint="give at least 64 (default 16384)")
+    return n
 
 
 @dataclass(frozen=True)
@@ -175,6 +220,7 @@ class UpReport:
             "name": r.plan.name,
             "jupyter_url": r.jupyter_url,
             "ssh_command": r.ssh_command,
+            "known_hosts_line": r.known_hosts_line,
             "host_ports": r.host_ports,
             "preflight": jsonable(list(r.preflight)),
             "plan": jsonable(r.plan),
@@ -193,10 +239,13 @@ class UpReport:
                 f"  GPUs     {gpus}",
                 f"  shm      {p.shm_size_bytes / 2**30:.1f} GiB",
                 "  ulimits  " + ", ".join(f"{u.name}={u.soft}" for u in p.ulimits),
+                f"  security {', '.join(p.security_opt)}; capabilities {', '.join(p.cap_add) or 'none'}; "
+                f"pids ≤ {p.pids_limit}",
                 "  ports    "
                 + (", ".join(f"{x.service} {x.host_ip}:auto->{x.container_port}" for x in p.ports) or "none"),
                 f"  as       {p.docker_run()}",
             ]
+            lines += [f"  then     {step}" for step in p.steps]
         elif r.state == "created":
             lines += [
                 f"environment {p.name} created, not started (GPUs {gpus} leased to {p.user})",
@@ -210,6 +259,8 @@ class UpReport:
                 lines.append("           (the token is shown only now; keep this URL)")
             if r.ssh_command:
                 lines.append(f"  SSH      {r.ssh_command}")
+            if r.known_hosts_line:
+                lines.append(f"  host key {r.known_hosts_line.split(' ', 1)[1]} (kept for this name)")
             lines.append(f"  stop it  torchrig down {p.name}")
         for f in r.preflight:
             if f.severity.value != "info":

@@ -6,8 +6,10 @@ into plain :class:`EnvRecord` records. Shell equivalents: ``docker create/start/
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import secrets
 import tarfile
 import time
 from collections.abc import Iterator
@@ -16,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.errors import EngineUnavailable, InputError
-from torchrig.runtime.plan import LABEL_PREFIX, ImageFacts, UpPlan
+from torchrig.runtime.plan import LABEL_PREFIX, ImageFacts, Ulimit, UpPlan
+
+PROBE_LABEL = f"{LABEL_PREFIX}probe"
+_ULIMIT_FLAGS = {"memlock": "l", "stack": "s", "nofile": "n", "nproc": "u", "core": "c"}
+_KIB_LIMITS = {"memlock", "stack", "core"}  # sh's ulimit prints these in KiB
+
+
+class _RlimitRefused(Exception):
+    """runc could not set a ulimit the container asked for."""
+
 
 LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
 START_HINT = (
@@ -44,6 +55,10 @@ class EnvRecord:
     ports: dict[str, tuple[str, int]]  # service -> (host ip, host port)
     container_user: str | None
     created: str
+    owner_uid: int | None = None  # the real UID that made it (label torchrig.uid); None: unknown
+
+    def owned_by(self, uid: int) -> bool:
+        return self.owner_uid is not None and self.owner_uid == uid
 
     @property
     def alive(self) -> bool:
@@ -146,6 +161,9 @@ class Engine:
             ports=ports,
             container_user=labels.get(f"{LABEL_PREFIX}container_user") or None,
             created=attrs.get("Created", ""),
+            owner_uid=int(labels[f"{LABEL_PREFIX}uid"])
+            if labels.get(f"{LABEL_PREFIX}uid", "").isdigit()
+            else None,
         )
 
     def environments(self) -> list[EnvRecord]:
@@ -195,23 +213,23 @@ class Engine:
 
     # ---- create / start / remove -----------------------------------------------------------------
     def create_kwargs(self, plan: UpPlan) -> dict[str, Any]:
+        """``containers.create`` arguments; :meth:`UpPlan.docker_run` is the same request as a command line.
+
+        No ``init``: the image runs tini as PID 1 (its ENTRYPOINT), and Docker's init on top of it would be
+        a second one ("Tini is not running as PID 1")."""
         t = self.types
-        labels = dict(plan.labels)
-        for p in plan.ports:
-            labels[f"{LABEL_PREFIX}{p.service}_port"] = str(p.container_port)
         kwargs: dict[str, Any] = {
             "image": plan.image_id,
             "name": plan.name,
             "hostname": plan.name,
             "detach": True,
-            "init": True,
-            "labels": labels,
+            "labels": dict(plan.labels),
             "environment": plan.env,
             "shm_size": plan.shm_size_bytes,
             "ulimits": [t.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in plan.ulimits],
             "ports": {f"{p.container_port}/tcp": (p.host_ip, None) for p in plan.ports},
             "mounts": [
-                t.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+                t.Mount(target=m.target, source=m.source, type=m.type, read_only=m.read_only)
                 for m in plan.mounts
             ],
             "device_requests": [
@@ -222,7 +240,12 @@ class Engine:
                 )
                 for d in plan.device_requests
             ],
+            "security_opt": list(plan.security_opt),
+            "cap_drop": list(plan.cap_drop),
+            "cap_add": list(plan.cap_add),
         }
+        if plan.pids_limit:
+            kwargs["pids_limit"] = plan.pids_limit
         if plan.command:
             kwargs["command"] = list(plan.command)
         if plan.run_as:
@@ -232,6 +255,68 @@ class Engine:
         if plan.nano_cpus:
             kwargs["nano_cpus"] = plan.nano_cpus
         return kwargs
+
+    def ulimit_max(
+        self, image_id: str, wanted: tuple[Ulimit, ...], labels: dict[str, str]
+    ) -> dict[str, int] | None:
+        """The most this engine lets a container have of each ``wanted`` ulimit ({} when all of them fit).
+
+        A short-lived probe container of the image (``sh``, no network) first starts with the wanted limits;
+        when runc may not set them ("setting rlimit ... operation not permitted": the engine lacks
+        CAP_SYS_RESOURCE) a second one reads the hard limits containers get (``ulimit -H``). Both are removed
+        whatever happens. None when the image cannot run the probe (no ``sh``)."""
+        wanted = tuple(u for u in wanted if u.name in _ULIMIT_FLAGS)
+        if not wanted:
+            return {}
+        names = tuple(u.name for u in wanted)
+        try:
+            self._probe(image_id, names, wanted, labels)
+            return {}
+        except _RlimitRefused:
+            pass
+        except Exception:  # APIError, a timeout: the engine could not tell
+            return None
+        try:
+            out = self._probe(image_id, names, (), labels)
+        except Exception:
+            return None
+        found: dict[str, int] = {}
+        for u, line in zip(wanted, out.split(), strict=False):
+            if line == "unlimited":
+                found[u.name] = -1
+            elif line.isdigit():
+                found[u.name] = int(line) * 1024 if u.name in _KIB_LIMITS else int(line)
+        return found
+
+    def _probe(
+        self, image_id: str, names: tuple[str, ...], ulimits: tuple[Ulimit, ...], labels: dict[str, str]
+    ) -> str:
+        """``ulimit -H`` of each of ``names`` in a throwaway container started with ``ulimits``; its output."""
+        script = "; ".join(f"ulimit -H -{_ULIMIT_FLAGS[n]}" for n in names)
+        c = self.client.containers.create(
+            image_id,
+            entrypoint=["sh", "-c", script],
+            name=f"torchrig-probe-{secrets.token_hex(4)}",
+            labels={**labels, PROBE_LABEL: "1"},
+            network_mode="none",
+            user="0",
+            detach=True,
+            ulimits=[self.types.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in ulimits],
+        )
+        try:
+            try:
+                c.start()
+            except self.errors.APIError as err:
+                if "rlimit" in str(err.explanation or err):
+                    raise _RlimitRefused() from None
+                raise
+            result = c.wait(timeout=60)
+            if result.get("StatusCode") != 0:
+                raise self.errors.APIError("probe failed")
+            return bytes(c.logs(stdout=True, stderr=False)).decode(errors="replace")
+        finally:
+            with contextlib.suppress(self.errors.APIError):
+                c.remove(force=True)
 
     def create(self, plan: UpPlan) -> str:
         try:
@@ -246,6 +331,19 @@ class Engine:
                 f"the engine refused to create {plan.name!r}: {err.explanation or err}"
             ) from None
         return str(c.id)
+
+    def ensure_volume(self, name: str, labels: dict[str, str]) -> bool:
+        """Create the named volume when missing (labelled as torchrig's); True when it was created."""
+        try:
+            self.client.volumes.get(name)
+            return False
+        except self.errors.NotFound:
+            pass
+        try:
+            self.client.volumes.create(name=name, labels={**labels, f"{LABEL_PREFIX}volume": "1"})
+        except self.errors.APIError as err:
+            raise InputError(f"cannot create volume {name!r}: {err.explanation or err}") from None
+        return True
 
     def put_files(
         self,
@@ -271,13 +369,15 @@ class Engine:
                 tar.addfile(info, io.BytesIO(data))
         self.client.api.put_archive(container_id, "/", buf.getvalue())
 
-    def own_dirs(self, container_id: str, dirs: list[str], uid: int, gid: int) -> None:
-        """Hand existing directories (not their contents) to ``uid:gid``, before start."""
+    def own_dirs(self, container_id: str, dirs: list[str], uid: int, gid: int, mode: int = 0o755) -> None:
+        """Hand directories (not their contents) to ``uid:gid`` with ``mode``, made when missing, before start.
+
+        Through a named volume's mount point this sets the volume's root."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for d in dirs:
                 info = tarfile.TarInfo(d.strip("/"))
-                info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, uid, gid
                 tar.addfile(info)
         self.client.api.put_archive(container_id, "/", buf.getvalue())
 
@@ -327,6 +427,18 @@ class Engine:
                 return True
             raise
         return True
+
+    def remove_own(self, name: str, extra_labels: tuple[tuple[str, str], ...], owner_uid: int | None) -> None:
+        """Remove ``name`` if it is a torchrig container of ``owner_uid`` (one this ``up`` was creating)."""
+        try:
+            labels = self.client.api.inspect_container(name)["Config"]["Labels"] or {}
+        except self.errors.APIError:
+            return
+        mine = labels.get(f"{LABEL_PREFIX}managed") == "1" and labels.get(f"{LABEL_PREFIX}uid") == str(
+            owner_uid
+        )
+        if mine:
+            self.remove(name, stop_timeout_s=2)
 
     def logs(self, name: str, *, tail: int | None, follow: bool, timestamps: bool) -> Iterator[bytes]:
         c = self.client.containers.get(name)

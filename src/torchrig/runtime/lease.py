@@ -7,7 +7,7 @@ from collections.abc import Set
 
 from torchrig.errors import JobFailed
 from torchrig.runtime.inventory import Inventory, Unit
-from torchrig.runtime.ledger import Lease, Ledger
+from torchrig.runtime.ledger import Lease, Ledger, stale
 from torchrig.runtime.placement import GpuRequest, pick, resolve_named
 
 
@@ -36,6 +36,41 @@ def describe_holders(units: tuple[Unit, ...] | list[Unit], held: dict[str, list[
     return "; ".join(parts)
 
 
+def choose(inv: Inventory, req: GpuRequest, leases: list[Lease], *, share: bool) -> tuple[Unit, ...]:
+    """The units ``req`` gets given the current ``leases``: the one choice ``up`` and ``up --dry-run`` make.
+
+    Pure: :class:`NoFreeGpu` names the holders when the GPUs are busy; ``--share`` admits GPUs whose every
+    holder shares too, and among those the least-shared win (the tie-break of :func:`pick`)."""
+    if not req.wants_gpus:
+        return ()
+    held: dict[str, list[Lease]] = defaultdict(list)
+    for lease in leases:
+        held[lease.unit_uuid].append(lease)
+
+    def available(u: Unit) -> bool:
+        hs = held.get(u.uuid, [])
+        return not hs or (share and all(h.shared for h in hs))
+
+    hint = "wait for one, 'torchrig down NAME' one of yours, or pass --share to share deliberately"
+    if req.kind != "count":
+        named = resolve_named(req, inv)
+        busy = [u for u in named if not available(u)]
+        if busy:
+            raise NoFreeGpu(f"no free GPU: {describe_holders(busy, held)}", hint=hint)
+        return named
+    whole = [u for u in inv.units() if not u.is_mig]
+    chosen = pick([u for u in whole if available(u)], req.count, {k: len(v) for k, v in held.items()})
+    if chosen is None:
+        if len(whole) < req.count:
+            raise too_few(req.count, len(whole), inv.source)
+        free = sum(1 for u in whole if available(u))
+        raise NoFreeGpu(
+            f"no free GPU: {req.count} wanted, {free} of {len(whole)} free; {describe_holders(whole, held)}",
+            hint=hint,
+        )
+    return chosen
+
+
 def acquire(
     ledger: Ledger,
     inv: Inventory,
@@ -50,7 +85,8 @@ def acquire(
     """Lease the units ``req`` asks for to ``container``; :class:`NoFreeGpu` names the holders when busy."""
     if not req.wants_gpus:
         return ()
-    named = resolve_named(req, inv) if req.kind != "count" else None
+    if req.kind != "count":
+        resolve_named(req, inv)  # unknown names fail before the ledger is locked
     with ledger.transaction() as db:
         ledger.reconcile_in(db, live, listed_at_s)
         if ledger.container_taken(db, container):
@@ -60,34 +96,19 @@ def acquire(
                 f"an environment named {container!r} is being started or holds GPUs",
                 hint="pick another --name",
             )
-        held: dict[str, list[Lease]] = defaultdict(list)
-        for lease in ledger.leases():
-            held[lease.unit_uuid].append(lease)
-
-        def available(u: Unit) -> bool:
-            hs = held.get(u.uuid, [])
-            return not hs or (share and all(h.shared for h in hs))
-
-        hint = "wait for one, 'torchrig down NAME' one of yours, or pass --share to share deliberately"
-        if named is None:
-            whole = [u for u in inv.units() if not u.is_mig]
-            chosen = pick([u for u in whole if available(u)], req.count, {k: len(v) for k, v in held.items()})
-            if chosen is None:
-                if len(whole) < req.count:
-                    raise too_few(req.count, len(whole), inv.source)
-                free = sum(1 for u in whole if available(u))
-                raise NoFreeGpu(
-                    f"no free GPU: {req.count} wanted, {free} of {len(whole)} free; "
-                    f"{describe_holders(whole, held)}",
-                    hint=hint,
-                )
-        else:
-            busy = [u for u in named if not available(u)]
-            if busy:
-                raise NoFreeGpu(f"no free GPU: {describe_holders(busy, held)}", hint=hint)
-            chosen = named
+        chosen = choose(inv, req, ledger.leases(), share=share)
         ledger.insert_in(db, [(u.uuid, u.gpu_index, u.label) for u in chosen], user, container, share)
     return chosen
+
+
+def preview(
+    ledger: Ledger, inv: Inventory, req: GpuRequest, *, share: bool, live: Set[str] | None, listed_at_s: float
+) -> tuple[Unit, ...]:
+    """For ``up --dry-run``: what :func:`acquire` would lease now, recording nothing."""
+    if not req.wants_gpus:
+        return ()
+    leases = [x for x in ledger.leases() if not stale(x, live, listed_at_s)]
+    return choose(inv, req, leases, share=share)
 
 
 def reconcile(ledger: Ledger, engine: object) -> list[Lease]:

@@ -1,6 +1,10 @@
 """The GPU lease ledger: which user and container hold which GPU, in SQLite (WAL, ``BEGIN IMMEDIATE``).
 
-One ledger per host, in the state directory (:func:`state_dir`), shared by every user of the host. Each
+One ledger per server at one system location, ``/var/lib/torchrig/leases.sqlite3`` (``$TORCHRIG_STATE_DIR``
+moves it, e.g. for a private ledger on a laptop or in tests), shared by every user of the server: the
+directory is setgid to the group whose members may take leases (``torchrig``, else ``docker``: who may run
+containers) and the database is group-writable (see :func:`ensure_shared_dir`). A user who cannot write
+it gets a one-line error that says who can fix it, never a private ledger of their own. Each
 acquisition runs in one ``BEGIN IMMEDIATE`` transaction (a write lock taken before reading), so two ``up``
 started at the same moment serialise and never get the same GPU. A lease is *pending* from acquisition
 until its container exists, then *bound* to the container id. Reconciliation with the engine frees:
@@ -12,7 +16,6 @@ until its container exists, then *bound* to the container id. Reconciliation wit
 
 from __future__ import annotations
 
-import getpass
 import os
 import sqlite3
 import time
@@ -21,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrig.errors import EngineUnavailable
+from torchrig.errors import EngineUnavailable, InputError, UsageError
 
 STATE_ENV = "TORCHRIG_STATE_DIR"
 SYSTEM_STATE_DIR = Path("/var/lib/torchrig")
@@ -57,22 +60,98 @@ class Lease:
     bound_at_s: float | None
 
 
+LEDGER_GROUPS = ("torchrig", "docker")  # the first that exists owns a ledger directory root creates
+
+
+def owner_uid() -> int:
+    """The real UID behind this command: who owns what it creates. ``sudo`` (real UID 0 with ``SUDO_UID``)
+    acts for the invoking user; environment variables such as USER never decide."""
+    uid = os.getuid()
+    sudo_uid = os.environ.get("SUDO_UID", "")
+    if uid == 0 and sudo_uid.isdigit():
+        return int(sudo_uid)
+    return uid
+
+
+def user_name(uid: int) -> str:
+    """The account name of ``uid`` (its number when the host has no such account)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def current_user() -> str:
-    """The human behind this command (``sudo`` keeps the invoking user's name)."""
-    return os.environ.get("SUDO_USER") or getpass.getuser()
+    """The name of :func:`owner_uid` (never read from USER or SUDO_USER)."""
+    return user_name(owner_uid())
 
 
 def state_dir() -> Path:
-    """``$TORCHRIG_STATE_DIR``, else ``/var/lib/torchrig`` when it is writable (or we are root), else
-    ``$XDG_STATE_HOME/torchrig`` (``~/.local/state/torchrig``): a per-user ledger, which cannot see
-    other users' leases — shared servers should create the system directory (see docs/environments.md)."""
+    """``$TORCHRIG_STATE_DIR`` when set, else the server's ``/var/lib/torchrig``.
+
+    Set but empty is an error rather than "unset": an empty value is almost always a broken script, and
+    silently moving to another ledger is how a GPU gets leased twice."""
     env = os.environ.get(STATE_ENV)
-    if env:
-        return Path(env)
-    if (SYSTEM_STATE_DIR.is_dir() and os.access(SYSTEM_STATE_DIR, os.W_OK)) or os.geteuid() == 0:
+    if env is None:
         return SYSTEM_STATE_DIR
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "torchrig"
+    if not env.strip():
+        raise UsageError(
+            f"{STATE_ENV} is set but empty",
+            hint=f"unset it to use the server's ledger in {SYSTEM_STATE_DIR}, or give a directory",
+        )
+    return Path(env)
+
+
+def ensure_shared_dir(path: Path) -> None:
+    """Create the ledger directory; as root: setgid, owned by the leasing group, mode 2775.
+
+    A missing system directory is created only by root (a user's command must not invent the server's
+    ledger); the error says how an admin makes it once. A user's own ``$TORCHRIG_STATE_DIR`` is theirs."""
+    if path.is_dir():
+        return
+    if os.geteuid() != 0 and path != SYSTEM_STATE_DIR:  # a user's own $TORCHRIG_STATE_DIR: theirs to make
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    if os.geteuid() != 0:
+        raise InputError(
+            f"no GPU lease ledger at {path} yet (one is shared by every user of this server)",
+            hint=f"an admin creates it once: sudo install -d -m 2775 -g docker {path} (or run any "
+            f"'sudo torchrig ps'); for a private ledger set {STATE_ENV}=~/.local/state/torchrig",
+        )
+    import grp
+
+    gid = 0
+    for name in LEDGER_GROUPS:
+        try:
+            gid = grp.getgrnam(name).gr_gid
+            break
+        except KeyError:
+            continue
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, 0, gid)
+    os.chmod(path, 0o2775 if gid else 0o755)
+
+
+def _refuse_unwritable(path: Path) -> None:
+    """A one-line error naming the directory's group when this user may not write the ledger."""
+    db = path / "leases.sqlite3"
+    if os.access(path, os.W_OK | os.X_OK) and (not db.exists() or os.access(db, os.R_OK | os.W_OK)):
+        return
+    import grp
+
+    st = path.stat()
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    raise InputError(
+        f"you ({current_user()}) may not write the GPU lease ledger in {path} "
+        f"(group {group}, mode {st.st_mode & 0o7777:o})",
+        hint=f"ask an admin to add you to group {group} (sudo usermod -aG {group} {current_user()}), "
+        "then log in again",
+    )
 
 
 def _row(r: sqlite3.Row) -> Lease:
@@ -100,13 +179,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def stale(lease: Lease, live: Set[str] | None, listed_at_s: float) -> bool:
+    """Whether reconciliation frees ``lease``: its container is gone or dead, or its pending owner died."""
+    if lease.bound_at_s is None:
+        return not _pid_alive(lease.owner_pid)
+    return live is not None and lease.bound_at_s < listed_at_s and lease.container not in live
+
+
 class Ledger:
     """The SQLite ledger. Open with :meth:`open`; every method is one transaction."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._create_file()
             self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -121,7 +207,22 @@ class Ledger:
 
     @classmethod
     def open(cls, directory: Path | None = None) -> Ledger:
-        return cls((directory or state_dir()) / "leases.sqlite3")
+        d = directory or state_dir()
+        ensure_shared_dir(d)
+        _refuse_unwritable(d)
+        return cls(d / "leases.sqlite3")
+
+    def _create_file(self) -> None:
+        """The database file, group-writable in a shared (group-writable) directory whatever the umask;
+        SQLite gives its -wal and -shm files the database's mode."""
+        if self.path.exists():
+            return
+        shared = self.path.parent.stat().st_mode & 0o020
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o664 if shared else 0o644)
+        try:
+            os.fchmod(fd, 0o664 if shared else 0o644)
+        finally:
+            os.close(fd)
 
     def _share_mode(self) -> None:
         """In a group-writable (shared) state directory, keep the ledger files writable by that group."""
@@ -160,11 +261,7 @@ class Ledger:
         freed = []
         for r in db.execute("SELECT * FROM leases").fetchall():
             lease = _row(r)
-            if lease.bound_at_s is None:
-                dead = not _pid_alive(lease.owner_pid)
-            else:
-                dead = live is not None and lease.bound_at_s < listed_at_s and lease.container not in live
-            if dead:
+            if stale(lease, live, listed_at_s):
                 db.execute(
                     "DELETE FROM leases WHERE unit_uuid=? AND container=?", (lease.unit_uuid, lease.container)
                 )

@@ -41,29 +41,45 @@ def parse_cpus(text: str, host_cpus: int) -> int:
 
 @dataclass(frozen=True)
 class Volume:
-    host_path: str
+    host_path: str  # an absolute host path (bind), or a Docker volume's name (volume)
     container_path: str
     read_only: bool = False
+    kind: str = "bind"  # "bind" | "volume"
+
+
+VOLUME_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}")
 
 
 def parse_volume(text: str, cwd: Path) -> Volume:
-    """``HOST:CONTAINER[:ro|rw]``; the host path must exist (Docker would create it as root otherwise)."""
+    """``HOST:CONTAINER[:ro|rw]`` or ``NAME:CONTAINER[:ro|rw]``, as ``docker run -v`` reads them.
+
+    A source with no ``/`` that does not start with ``.`` or ``~`` is a named volume (created if missing);
+    anything else is a host directory, which must exist (Docker would create it as root otherwise)."""
     parts = text.split(":")
     mode = "rw"
     if len(parts) == 3 and parts[2] in ("ro", "rw"):
         mode = parts.pop()
     if len(parts) != 2 or not parts[0] or not parts[1]:
         raise UsageError(f"malformed --volume {text!r}", hint="expected HOST:CONTAINER or HOST:CONTAINER:ro")
-    host = (cwd / Path(parts[0]).expanduser()).resolve()
-    if not host.exists():
-        raise InputError(
-            f"--volume {text!r}: {host} does not exist", hint=f"create it first: mkdir -p {host}"
-        )
     if not PurePosixPath(parts[1]).is_absolute():
         raise UsageError(
             f"--volume {text!r}: the container path must be absolute", hint="e.g. /home/dev/work"
         )
-    return Volume(str(host), str(PurePosixPath(parts[1])), mode == "ro")
+    target = str(PurePosixPath(parts[1]))
+    source = parts[0]
+    if "/" not in source and not source.startswith((".", "~")):
+        if not VOLUME_NAME_RE.fullmatch(source):
+            raise UsageError(
+                f"--volume {text!r}: {source!r} is not a valid volume name",
+                hint="letters, digits, '_', '.', '-'; or give a host path (./dir, /abs/dir)",
+            )
+        return Volume(source, target, mode == "ro", "volume")
+    host = (cwd / Path(source).expanduser()).resolve()
+    if not host.exists():
+        raise InputError(
+            f"--volume {text!r}: {host} does not exist", hint=f"create it first: mkdir -p {host}"
+        )
+    return Volume(str(host), target, mode == "ro")
 
 
 def check_name(name: str) -> str:
@@ -112,3 +128,29 @@ def parse_ulimit(text: str) -> tuple[str, int, int]:
             or "expected NAME=SOFT[:HARD] in bytes/counts, e.g. memlock=-1",
         )
     return name, soft, hard
+
+
+LABELS_ENV = "TORCHRIG_LABELS"
+_LABEL_KEY_RE = re.compile(r"[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?")
+
+
+def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
+    """``$TORCHRIG_LABELS`` = ``key=value,key=value``: extra labels for the containers torchrig makes.
+
+    Keys are lower-case DNS-like names as Docker recommends and may not use torchrig's own prefix."""
+    out = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if (
+            not eq
+            or not _LABEL_KEY_RE.fullmatch(key)
+            or key.startswith(("torchrig.managed", "torchrig.user"))
+        ):
+            raise UsageError(
+                f"malformed {LABELS_ENV} entry {item!r}",
+                hint="expected key=value[,key=value], keys lower-case like team.project",
+            )
+        out.append((key, value))
+    return tuple(out)

@@ -134,7 +134,10 @@ def pick(free: Iterable[Unit], n: int, holders: Mapping[str, int] | None = None)
     for groups in (by_domain_numa, by_domain, by_numa):
         fitting = [g for g in groups.values() if len(g) >= n]
         if fitting:
-            best = min(fitting, key=lambda g: (len(g), g[0].gpu_index))
+            # the least-shared first (a free GPU before a shared one), then best fit, then the lowest index
+            best = min(
+                fitting, key=lambda g: (sum(held.get(u.uuid, 0) for u in g[:n]), len(g), g[0].gpu_index)
+            )
             return tuple(best[:n])
     # Spread across groups: take from the largest NVLink domains first, NUMA-grouped inside each.
     chosen: list[Unit] = []

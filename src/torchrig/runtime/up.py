@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import socket
 import time
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from torchrig.errors import InputError, JobFailed
+from torchrig.runtime import hostkey
 from torchrig.runtime.engine import Engine
 from torchrig.runtime.inventory import Inventory, current
-from torchrig.runtime.lease import NoFreeGpu, acquire, too_few
+from torchrig.runtime.lease import acquire, preview
 from torchrig.runtime.ledger import Ledger
-from torchrig.runtime.placement import pick, resolve_named
-from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, make_plan
+from torchrig.runtime.placement import resolve_named
+from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, default_ulimits, make_plan
 from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight
 from torchrig.runtime.serve_contract import LABEL_SERVICES, SERVE
 
+SERVE_STATE = ".torchrig"  # torchrig serve's state in the user's home (serve.config: state_dir)
 SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
 
 
@@ -40,6 +42,7 @@ class UpResult:
     jupyter_url: str | None = None
     ssh_command: str | None = None
     host_ports: dict[str, int] = field(default_factory=dict)
+    known_hosts_line: str | None = None  # "NAME ssh-ed25519 ..." (also written to the known_hosts file)
 
 
 def find_ssh_key(explicit: str | None) -> str:
@@ -65,6 +68,37 @@ def find_ssh_key(explicit: str | None) -> str:
     )
 
 
+def path_owners(req: UpRequest) -> dict[str, tuple[int, int]]:
+    """Owner (UID, GID) of each writable host directory the request mounts."""
+    out = {}
+    for v in req.volumes:
+        if v.kind == "bind" and not v.read_only:
+            st = os.stat(v.host_path)
+            out[v.host_path] = (st.st_uid, st.st_gid)
+    return out
+
+
+def hand_over(root: str, uid: int, gid: int) -> int:
+    """``chown`` the root-owned entries under ``root`` (itself included) to ``uid:gid``; how many.
+
+    Symlinks are changed, not followed, and other filesystems mounted below are left alone."""
+    device = os.lstat(root).st_dev
+    n = 0
+
+    def own(path: str) -> None:
+        nonlocal n
+        if os.lstat(path).st_uid == 0:
+            os.chown(path, uid, gid, follow_symlinks=False)
+            n += 1
+
+    own(root)
+    for here, dirs, files in os.walk(root):  # symlinked directories are listed in dirs, never entered
+        for name in files + dirs:
+            own(os.path.join(here, name))
+        dirs[:] = [d for d in dirs if os.lstat(os.path.join(here, d)).st_dev == device]
+    return n
+
+
 def host_facts(engine: Engine) -> HostFacts:
     uid: int | None = os.getuid()
     gid: int | None = os.getgid()
@@ -80,26 +114,6 @@ def host_facts(engine: Engine) -> HostFacts:
 def default_name(user: str) -> str:
     safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in user).strip("-_.") or "user"
     return f"{safe}-{secrets.token_hex(2)}"
-
-
-def _preview_units(ledger: Ledger, inv: Inventory, req: UpRequest) -> tuple[Any, ...]:
-    """For --dry-run: the units a lease would get now (nothing is recorded)."""
-    if not req.gpus.wants_gpus:
-        return ()
-    held = {lease.unit_uuid for lease in ledger.leases()}
-    if req.gpus.kind == "count":
-        free = [u for u in inv.units() if u.uuid not in held]
-        got = pick(free, req.gpus.count)
-        whole = [u for u in inv.units() if not u.is_mig]
-        if got is None and len(whole) < req.gpus.count:
-            raise too_few(req.gpus.count, len(whole), inv.source)
-        if got is None:
-            raise NoFreeGpu(
-                f"--gpus {req.gpus.count}: {len(free)} GPU(s) free on this host ({inv.source})",
-                hint="see 'torchrig gpus'",
-            )
-        return got
-    return resolve_named(req.gpus, inv)
 
 
 def services_of_image(req: UpRequest, labels: dict[str, str]) -> tuple[UpRequest, list[str]]:
@@ -191,7 +205,7 @@ def remap_user(engine: Engine, cid: str, plan: UpPlan) -> None:
 
 
 def urls(
-    plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None
+    plan: UpPlan, host_ports: dict[str, int], host: str, token: str | None, known_hosts: Path | None = None
 ) -> tuple[str | None, str | None]:
     where = host if any(p.host_ip == "0.0.0.0" for p in plan.ports) else "127.0.0.1"
     jupyter = ssh = None
@@ -199,22 +213,53 @@ def urls(
         jupyter = f"http://{where}:{host_ports['jupyter']}/lab" + (f"?token={token}" if token else "")
     if "ssh" in host_ports:
         who = plan.container_user or "root"
-        ssh = f"ssh -p {host_ports['ssh']} -o HostKeyAlias={plan.name} {who}@{where}"
+        argv = ["ssh", "-p", str(host_ports["ssh"]), "-o", f"HostKeyAlias={plan.name}"]
+        if known_hosts is not None:
+            argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
+        ssh = shlex.join([*argv, f"{who}@{where}"])
     return jupyter, ssh
 
 
-def _provision(engine: Engine, cid: str, plan: UpPlan, token: str | None, key: str | None) -> None:
-    """Before start: the secrets into /run/secrets (readable by the image's user only), the UID remap."""
+def _home_of(engine: Engine, cid: str, user: str) -> str | None:
+    for line in engine.get_file(cid, "/etc/passwd").decode(errors="replace").splitlines():
+        f = line.split(":")
+        if len(f) >= 7 and f[0] == user:
+            return f[5]
+    return None
+
+
+def _provision(
+    engine: Engine, cid: str, plan: UpPlan, token: str | None, key: str | None, hk: hostkey.HostKey | None
+) -> None:
+    """Before start: the secrets into /run/secrets (readable by the image's user only), the UID remap, the
+    host key into ~/.torchrig/ssh (where torchrig serve looks), the named volumes' roots to the user."""
     files = {}
     if token:
         files[f"{SERVE.secrets_dir}/{SERVE.token_file}"] = token.encode()
     if key:
         files[f"{SERVE.secrets_dir}/{SERVE.authorized_keys_file}"] = key.encode()
+    owner = plan.container_uid
     if files:
-        owner = plan.container_uid
         engine.put_files(cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444, parents=True)
     if plan.run_as:
         remap_user(engine, cid, plan)
+    gid = plan.run_as[1] if plan.run_as else (plan.image_gid or 0)
+    if hk is not None and plan.container_user and owner is not None:
+        home = _home_of(engine, cid, plan.container_user)
+        if home:
+            d = f"{home.rstrip('/')}/{SERVE_STATE}/ssh"
+            engine.own_dirs(cid, [str(Path(d).parent), d], owner, gid, mode=0o700)
+            engine.put_files(cid, {f"{d}/{hostkey.KEY_NAME}": hk.private}, uid=owner, gid=gid, mode=0o600)
+            engine.put_files(
+                cid,
+                {f"{d}/{hostkey.KEY_NAME}.pub": hk.public.encode() + b"\n"},
+                uid=owner,
+                gid=gid,
+                mode=0o644,
+            )
+    roots = [m.target for m in plan.mounts if m.type == "volume" and not m.read_only]
+    if roots and owner is not None:
+        engine.own_dirs(cid, roots, owner, gid)
 
 
 def _start(engine: Engine, cid: str, plan: UpPlan, wait_s: float | None) -> dict[str, int]:
@@ -254,11 +299,18 @@ def run_up(
     engine = Engine.connect()
     image = engine.image(req.image)
     req, service_notes = services_of_image(req, image.labels)
-    host = host_facts(engine)
+    overridden = {n for n, _, _ in req.ulimits}
+    wanted = tuple(u for u in default_ulimits() if u.name not in overridden)
+    host = replace(
+        host_facts(engine),
+        ulimit_max=engine.ulimit_max(image.id, wanted, dict(req.extra_labels)),
+        path_owners=path_owners(req),
+    )
     kb = load_host_kb
     ledger = Ledger.open()
-    if dry_run:
-        units = _preview_units(ledger, inv, req)
+    if dry_run:  # the same choice a real up makes, recording nothing
+        live, listed_at = engine.live_names()
+        units = preview(ledger, inv, req.gpus, share=req.share, live=live, listed_at_s=listed_at)
         pf = preflight(image.labels, inv, units, kb)
         plan = make_plan(req, image, host, units)
         return UpResult(replace(plan, notes=plan.notes + tuple(service_notes)), "planned", pf.findings)
@@ -284,17 +336,30 @@ def run_up(
         _check(pf)
         plan = make_plan(req, image, host, units)
         plan = replace(plan, notes=plan.notes + tuple(service_notes))
+        for m in plan.mounts:
+            if m.type == "volume":
+                engine.ensure_volume(m.source, dict(req.extra_labels))
         cid = engine.create(plan)
         ledger.bind(plan.name, cid)
+        for path in plan.handover:
+            if plan.container_uid is not None:
+                hand_over(path, plan.container_uid, plan.run_as[1] if plan.run_as else (plan.image_gid or 0))
         token = secrets.token_hex(24) if req.jupyter else None
-        _provision(engine, cid, plan, token, key if req.ssh else None)
+        hk = hostkey.ensure(plan.name) if req.ssh else None
+        if req.ssh and hk is None:
+            note = "no ssh-keygen on this host: the environment makes a new host key at every start"
+            plan = replace(plan, notes=(*plan.notes, note))
+        _provision(engine, cid, plan, token, key if req.ssh else None, hk)
+        line = hostkey.record(hk, plan.name) if hk is not None else None
         if create_only:
-            return UpResult(plan, "created", pf.findings)
+            return UpResult(plan, "created", pf.findings, known_hosts_line=line)
         ports = _start(engine, cid, plan, wait_s)
-        jupyter, ssh = urls(plan, ports, host.hostname, token)
-        return UpResult(plan, "running", pf.findings, jupyter, ssh, ports)
+        jupyter, ssh = urls(plan, ports, host.hostname, token, hk.known_hosts_file if hk else None)
+        return UpResult(plan, "running", pf.findings, jupyter, ssh, ports, line)
     except BaseException:
         if cid is not None:
             engine.remove(cid, stop_timeout_s=2)
+        else:  # interrupted inside the create call: the engine may have made it without telling us
+            engine.remove_own(req.name, req.extra_labels, owner_uid=req.owner_uid)
         ledger.release(req.name)
         raise

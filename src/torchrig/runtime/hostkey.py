@@ -1,0 +1,83 @@
+"""Each environment's SSH host key, kept across ``down``/``up`` of the same name, and its known_hosts line.
+
+A container's sshd would otherwise make a new host key at every start, and the user's ssh client would
+rightly refuse the next environment of the same name ("REMOTE HOST IDENTIFICATION HAS CHANGED"). So ``up``
+keeps one ed25519 key per environment name in the user's own state directory
+(``$XDG_STATE_HOME/torchrig/hostkeys/NAME/``, else ``~/.local/state/…``; directory 0700, key 0600), copies
+it into the container before it starts (where ``torchrig serve`` looks: ``~/.torchrig/ssh/``), and records
+``NAME ssh-ed25519 …`` in ``…/torchrig/known_hosts``. The printed ssh command names both
+(``-o HostKeyAlias=NAME -o UserKnownHostsFile=…``), so strict host-key checking works from the first login.
+Shell equivalent: ``ssh-keygen -t ed25519 -N '' -f KEY``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchrig.errors import InputError
+
+KEY_NAME = "ssh_host_ed25519_key"
+
+
+@dataclass(frozen=True)
+class HostKey:
+    private: bytes
+    public: str  # "ssh-ed25519 AAAA... comment"
+    known_hosts_file: Path
+
+    def known_hosts_line(self, alias: str) -> str:
+        kind, blob = self.public.split()[:2]
+        return f"{alias} {kind} {blob}"
+
+
+def user_state_dir() -> Path:
+    """This user's own torchrig state (never the shared ledger directory: these are private keys)."""
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "torchrig"
+
+
+def ensure(name: str, base: Path | None = None) -> HostKey | None:
+    """The environment's host key, made on first use; None when this host has no ``ssh-keygen``."""
+    root = base or user_state_dir()
+    d = root / "hostkeys" / name
+    key = d / KEY_NAME
+    if not key.exists():
+        keygen = shutil.which("ssh-keygen")
+        if keygen is None:
+            return None
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        proc = subprocess.run(
+            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"torchrig-{name}", "-f", str(key)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if proc.returncode != 0:
+            raise InputError(
+                f"ssh-keygen could not make a host key in {d}: {proc.stderr.strip() or proc.returncode}",
+                hint=f"check that {root} is yours and writable",
+            )
+    try:
+        return HostKey(key.read_bytes(), Path(str(key) + ".pub").read_text().strip(), root / "known_hosts")
+    except OSError as err:
+        raise InputError(
+            f"cannot read the host key of {name!r}: {err}", hint=f"remove {d} to make a new one"
+        ) from None
+
+
+def record(hk: HostKey, alias: str) -> str:
+    """Put ``alias``'s line into the known_hosts file (replacing an older one); the line."""
+    line = hk.known_hosts_line(alias)
+    path = hk.known_hosts_file
+    old = path.read_text().splitlines() if path.exists() else []
+    kept = [x for x in old if x.split(" ", 1)[0] != alias]
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{x}\n" for x in [*kept, line]))
+    os.replace(tmp, path)
+    return line
