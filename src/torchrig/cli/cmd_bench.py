@@ -31,6 +31,7 @@ import sys
 import tempfile
 from typing import Any
 
+from torchrig.cli.argtypes import MAX_PROCS, int_in
 from torchrig.errors import EngineUnavailable, UsageError
 from torchrig.fuzzy import did_you_mean
 
@@ -43,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         "--gpus",
         dest="nproc",
-        type=int,
+        type=int_in(1, MAX_PROCS),
         default=None,
         metavar="N",
         help="worker processes, one per GPU (default: every visible GPU; 2 on the CPU path)",

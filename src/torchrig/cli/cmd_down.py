@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from torchrig.cli.argtypes import MAX_SECONDS, int_in
 from torchrig.report import SimpleReport
 
 
@@ -21,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=int,
+        type=int_in(0, MAX_SECONDS),
         default=10,
         help="seconds to wait after SIGTERM before SIGKILL (default 10)",
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -353,21 +352,13 @@ def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
 def load_facts(path: str | Path) -> Facts:
     """Read a facts snapshot; UsageError (exit 2) with a one-line message when it is unreadable or malformed."""
     from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
 
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(
-            f"facts file {str(p)!r} does not exist", hint="record one with 'torchrig doctor --record FILE'"
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read facts file {str(p)!r}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise InputError(
-            f"facts file {str(p)!r} is not JSON: {err.msg} at line {err.lineno}",
-            hint="record one with 'torchrig doctor --record FILE'",
-        ) from None
+        data = read_json(p, "facts file")  # bounded size and depth, UTF-8, no NaN
+    except InputError as err:
+        raise InputError(err.message, hint="record one with 'torchrig doctor --record FILE'") from None
     try:
         return facts_from_json(data, where=p.name)
     except (ValueError, TypeError) as err:
