@@ -13,9 +13,10 @@ tests/fixtures/doctor/h200x2-*.json recorded), doctor's probes replay a recorded
 
 from __future__ import annotations
 
+import contextlib
 import io
-import re
 import os
+import re
 import resource
 import signal
 import sys
@@ -36,7 +37,7 @@ MEMORY_LIMIT_MIB = int(os.environ.get("TORCHRIG_FUZZ_MEMORY_MIB", "1536"))
 REACHED_EXIT = 70  # the child got as far as a step that would start something: its input was accepted
 
 
-class Reached(BaseException):  # noqa: N818 - a marker, not an error; BaseException so main() lets it through
+class Reached(BaseException):
     """Raised where a command would start a training, a job, a build or a service."""
 
 
@@ -162,10 +163,8 @@ def preload() -> None:
         "torchrig.runtime.up",
         "docker",
     ):
-        try:
+        with contextlib.suppress(Exception):  # an optional extra missing: its command says so itself
             __import__(mod)
-        except Exception:
-            pass
 
 
 def scratch_env(work: Path) -> dict[str, str]:
@@ -224,10 +223,8 @@ def run_main(
                     print(f"[fuzz] reached {exc}", file=sys.stderr)
                     code = REACHED_EXIT
             except BaseException:
-                try:
+                with contextlib.suppress(BaseException):
                     print("[fuzz] escaped main():\n" + traceback.format_exc(), file=sys.stderr)
-                except BaseException:
-                    pass
                 code = 98
             finally:
                 try:
@@ -259,8 +256,18 @@ def run_main(
 
 # ---- the corpus: files every fuzzed call finds in its scratch folder under c/ ------------------------------
 
+
 def _deep(depth: int) -> str:
     return "[" * depth + "]" * depth
+
+
+def _npy(descr: str, count: int, itemsize: int) -> bytes:
+    """A .npy file (format 1.0) of ``count`` zeros of ``descr``, written by hand: no numpy needed."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    return (
+        b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(count * itemsize)
+    )
 
 
 CORPUS_TEXT: dict[str, bytes] = {
@@ -283,10 +290,7 @@ CORPUS_TEXT: dict[str, bytes] = {
     "bad.toml": b"[torch\nversion = = 1\n",
     "null-sections.toml": b"schema_version = 1\n[torch]\n[python]\n[image]\n",
     "odd.bin": b"\x01\x02\x03",
-    "floats.npy": b"\x93NUMPY\x01\x00v\x00{'descr': '<f8', 'fortran_order': False, 'shape': (4,), }"
-    + b" " * 47
-    + b"\n"
-    + b"\x00" * 32,
+    "floats.npy": _npy("<f8", 8, 8),
     "badhdr.npy": b"\x93NUMPY\x01\x00\x10\x00{'descr': 'zz'}\n",
     "authorized_keys": b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHh0cmFzaA== fuzz@host\n",
     "token": b"\xff\xfe\x00\x01",
@@ -323,18 +327,104 @@ def corpus_paths() -> list[str]:
 # ---- argv, from the commands' own parsers and the examples in their --help -------------------------------
 
 NUMBERS = [
-    "-1", "0", "1", "2", "3", "8", "-0", "nan", "NaN", "inf", "-inf", "1e309", "1e-320", "1.5", "0x10",
-    "99999999999999999999999", "-99999999999999999999999", str(2**63), str(2**31), "65536", "1_000", " 3",
+    "-1",
+    "0",
+    "1",
+    "2",
+    "3",
+    "8",
+    "-0",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "1e309",
+    "1e-320",
+    "1.5",
+    "0x10",
+    "99999999999999999999999",
+    "-99999999999999999999999",
+    str(2**63),
+    str(2**31),
+    "65536",
+    "1_000",
+    " 3",
 ]
 WORDS = [
-    "all", "0,1", "-1,0", "0,0", "1,,2", "device=1", "auto", "cpu", "cuda", "gpt", "resnet", "tiny", "none",
-    "bf16", "fp16", "2.8.0", "2.8.0+cu126", "2.13.0+cpu", ">=2.6", "==2.7.*", "535.104.05", "570.86", "3.11",
-    "A100", "H200", "RTX 5090", "localhost:29500", "host:99999", "host:-1", "[::1]:29500", "a:b", ":",
-    "64g", "1KiB", "4GiB", "-5g", "0b", "1e400g", "16Gi", "memlock=-1", "nofile=1:2", "x=y=z", "K=V",
-    "=v", "KEY", "src:dst", "claim:/data", "/abs:rel", "UPPER_case", "a" * 300, "\udcff\udcfe", "é🙂",
-    "-", "--", "-m", "torchrig.train", "train.py", "MIG-4f5c1d2e", "GPU-00000000-0000-0000-0000-000000000000",
-    "01:00:00", "1-00:00:00", "99:99:99", "pytorchjob", "jobset", "job", "k8s", "slurm", "docker.io/x:y",
-    "torchrig/pytorch:2.8.0-cu128-py3.11-runtime", "$(reboot)", "a b", "a\nb", "'", '"',
+    "all",
+    "0,1",
+    "-1,0",
+    "0,0",
+    "1,,2",
+    "device=1",
+    "auto",
+    "cpu",
+    "cuda",
+    "gpt",
+    "resnet",
+    "tiny",
+    "none",
+    "bf16",
+    "fp16",
+    "2.8.0",
+    "2.8.0+cu126",
+    "2.13.0+cpu",
+    ">=2.6",
+    "==2.7.*",
+    "535.104.05",
+    "570.86",
+    "3.11",
+    "A100",
+    "H200",
+    "RTX 5090",
+    "localhost:29500",
+    "host:99999",
+    "host:-1",
+    "[::1]:29500",
+    "a:b",
+    ":",
+    "64g",
+    "1KiB",
+    "4GiB",
+    "-5g",
+    "0b",
+    "1e400g",
+    "16Gi",
+    "memlock=-1",
+    "nofile=1:2",
+    "x=y=z",
+    "K=V",
+    "=v",
+    "KEY",
+    "src:dst",
+    "claim:/data",
+    "/abs:rel",
+    "UPPER_case",
+    "a" * 300,
+    "\udcff\udcfe",
+    "é🙂",
+    "-",
+    "--",
+    "-m",
+    "torchrig.train",
+    "train.py",
+    "MIG-4f5c1d2e",
+    "GPU-00000000-0000-0000-0000-000000000000",
+    "01:00:00",
+    "1-00:00:00",
+    "99:99:99",
+    "pytorchjob",
+    "jobset",
+    "job",
+    "k8s",
+    "slurm",
+    "docker.io/x:y",
+    "torchrig/pytorch:2.8.0-cu128-py3.11-runtime",
+    "$(reboot)",
+    "a b",
+    "a\nb",
+    "'",
+    '"',
 ]
 
 
@@ -481,13 +571,18 @@ def corpus() -> Path:
     return _CORPUS
 
 
-def call(argv: list[str], *, env: dict[str, str] | None = None, files: dict[str, bytes] | None = None) -> Outcome:
+def call(
+    argv: list[str], *, env: dict[str, str] | None = None, files: dict[str, bytes] | None = None
+) -> Outcome:
     """One call in a fresh scratch folder holding the corpus under c/ (and ``files``, relative to it)."""
     import shutil
 
     work = Path(tempfile.mkdtemp(prefix="torchrig-fuzz-"))
     try:
         shutil.copytree(corpus(), work / "c", symlinks=True)
+        key = work / "home" / ".ssh" / "id_ed25519.pub"  # so `up` gets past its key lookup
+        key.parent.mkdir(parents=True)
+        key.write_bytes(CORPUS_TEXT["authorized_keys"])
         for rel, data in (files or {}).items():
             target = work / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -499,7 +594,8 @@ def call(argv: list[str], *, env: dict[str, str] | None = None, files: dict[str,
 
 def check(outcome: Outcome) -> None:
     problems = outcome.problems()
-    assert not problems, "; ".join(problems) + "\n" + outcome.describe()
+    if problems:  # a short message: hypothesis prints the (shrunk) input itself
+        raise AssertionError("; ".join(problems) + "\n" + outcome.describe())
 
 
 def register_profiles() -> None:
@@ -511,7 +607,144 @@ def register_profiles() -> None:
         print_blob=True,
     )
     # CI: the same examples every run (derandomize), sized so the whole suite stays within a few minutes
-    settings.register_profile("ci", max_examples=int(os.environ.get("TORCHRIG_FUZZ_EXAMPLES", "25")), derandomize=True, **common)
+    settings.register_profile(
+        "ci", max_examples=int(os.environ.get("TORCHRIG_FUZZ_EXAMPLES", "25")), derandomize=True, **common
+    )
     # local hunting: torchrig's own fuzz budget, random seeds, hypothesis' database keeps what failed
-    settings.register_profile("long", max_examples=int(os.environ.get("TORCHRIG_FUZZ_EXAMPLES", "1000")), **common)
+    settings.register_profile(
+        "long", max_examples=int(os.environ.get("TORCHRIG_FUZZ_EXAMPLES", "1000")), **common
+    )
     settings.load_profile(os.environ.get("TORCHRIG_FUZZ_PROFILE", "ci"))
+
+
+# ---- file contents: mutations of recorded files ------------------------------------------------------------
+
+JSON_REPLACEMENTS = [
+    None,
+    -1,
+    0,
+    1,
+    2**64,
+    -(2**63),
+    10**400,
+    1e308,
+    -1e308,
+    0.5,
+    "",
+    "x" * 2000,
+    "\u0000",
+    "é🙂",
+    [],
+    {},
+    True,
+    False,
+    [[[[]]]],
+    {"a": None},
+    [None],
+    {"": {}},
+    "NaN",
+    "-1",
+    "1e999",
+]
+TOML_VALUES = [
+    "nan",
+    "inf",
+    "-inf",
+    "-1",
+    "0",
+    "99999999999999999999",
+    '""',
+    '"x"',
+    "[]",
+    "{}",
+    "true",
+    '"\\u0000"',
+    "[[1]]",
+    "1979-05-27",
+    '["a", 1]',
+    "{ a = 1 }",
+    '"' + "a" * 500 + '"',
+    "0x7fffffffffffffff",
+]
+
+
+def _json_slots(value):
+    """Every (container, key) in a parsed JSON value, breadth first."""
+    slots, todo = [], [value]
+    while todo:
+        item = todo.pop(0)
+        keys = list(item) if isinstance(item, dict) else range(len(item)) if isinstance(item, list) else []
+        for k in keys:
+            slots.append((item, k))
+            todo.append(item[k])
+    return slots
+
+
+def json_content(seed: bytes):
+    """Valid JSON from ``seed`` with a few values replaced or removed, or the seed's bytes damaged."""
+    import json
+
+    from hypothesis import strategies as st
+
+    @st.composite
+    def mutated(draw):
+        doc = json.loads(seed)
+        for _ in range(draw(st.integers(1, 4))):
+            slots = _json_slots(doc)
+            if not slots:
+                break
+            container, key = draw(st.sampled_from(slots))
+            if isinstance(container, dict) and draw(st.integers(0, 4)) == 0:
+                del container[key]
+            else:
+                container[key] = draw(st.sampled_from(JSON_REPLACEMENTS))
+        return json.dumps(doc).encode()
+
+    return st.one_of(mutated(), damaged(seed), st.binary(max_size=512))
+
+
+def toml_content(seed: bytes):
+    from hypothesis import strategies as st
+
+    lines = seed.decode().splitlines()
+    assignments = [i for i, line in enumerate(lines) if re.match(r"\s*[\w.\"-]+\s*=", line)]
+
+    @st.composite
+    def mutated(draw):
+        out = list(lines)
+        for _ in range(draw(st.integers(1, 4))):
+            i = draw(st.sampled_from(assignments))
+            key = out[i].split("=", 1)[0]
+            choice = draw(st.integers(0, 5))
+            if choice == 0:
+                out[i] = ""  # the key removed
+            elif choice == 1:
+                out.insert(
+                    i, draw(st.sampled_from(["[torch]", "[python]", "[[image]]", "[services]", "[x.y]"]))
+                )
+            else:
+                out[i] = f"{key}= {draw(st.sampled_from(TOML_VALUES))}"
+        return "\n".join(out).encode()
+
+    return st.one_of(mutated(), damaged(seed), st.binary(max_size=512))
+
+
+def damaged(seed: bytes):
+    """The seed truncated, with bytes overwritten, or with bytes spliced in."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw):
+        data = bytearray(seed)
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(0, max(len(data) - 1, 0)))
+            op = draw(st.integers(0, 2))
+            if op == 0:
+                del data[at:]
+            elif op == 1 and data:
+                data[at] = draw(st.integers(0, 255))
+            else:
+                data[at:at] = draw(st.binary(min_size=1, max_size=16))
+        return bytes(data)
+
+    return build()

@@ -162,7 +162,7 @@ def field(
     value = data.get(key)
     if value is None:
         if default is not ...:
-            return default  # type: ignore[no-any-return]
+            return default
         raise InputError(f"{where}: {key!r} is missing")
     kinds = kind if isinstance(kind, tuple) else (kind,)
     ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
@@ -171,4 +171,41 @@ def field(
     if not ok:
         want = expected or " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
         raise InputError(f"{where}: {key!r} must be {want}, found {value!r:.60}")
-    return value  # type: ignore[return-value]
+    return value
+
+
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "None": (type(None),),
+}
+
+
+def record(cls: type[T], data: Any, where: str) -> T:
+    """A frozen dataclass of scalars (``int``, ``float``, ``str``, ``bool``, ``X | None``) from a parsed
+    mapping, each field checked against its annotation; keys it does not know are ignored. A field of
+    another annotation is passed through unchecked. Floats must be finite."""
+    import dataclasses
+    import math
+
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected an object, found {type(data).__name__}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise InputError(f"{where}: {f.name!r} is missing")
+            continue
+        value = data[f.name]
+        names = [n.strip() for n in str(f.type).split("|")]
+        if all(n in _SCALARS for n in names):
+            kinds = tuple(k for n in names for k in _SCALARS[n])
+            ok = isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+            if ok and isinstance(value, float) and not math.isfinite(value):
+                ok = False
+            if not ok:
+                raise InputError(f"{where}: {f.name!r} must be {' or '.join(names)}, found {value!r:.60}")
+        values[f.name] = value
+    return cls(**values)

@@ -20,7 +20,6 @@ from hypothesis import strategies as st  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fuzzkit  # noqa: E402
-
 from torchrig.cli import COMMANDS  # noqa: E402
 
 fuzzkit.register_profiles()
@@ -34,7 +33,9 @@ def test_every_command_has_a_parser_and_examples():
     for name, shape in SHAPES.items():
         assert shape.options or shape.subparsers, name
     # the seeds are the --help examples: a command without any is fuzzed from its options alone
-    with_examples = {n for n, s in SHAPES.items() if s.examples or any(x.examples for x in s.subparsers.values())}
+    with_examples = {
+        n for n, s in SHAPES.items() if s.examples or any(x.examples for x in s.subparsers.values())
+    }
     assert len(with_examples) >= len(COMMANDS) - 2, set(COMMANDS) - with_examples
 
 

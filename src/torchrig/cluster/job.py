@@ -17,6 +17,8 @@ from torchrig.errors import UsageError
 from torchrig.launch.envdefaults import defaults_for
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
+# a namespace is an RFC 1123 DNS label (kubernetes.io/docs/concepts/overview/working-with-objects/names)
+_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 _CLAIM_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -100,6 +102,11 @@ class ClusterJob:
             raise UsageError(
                 f"job name {self.name!r} is not a DNS label",
                 hint="use lowercase letters, digits and '-', at most 52 characters",
+            )
+        if not _NAMESPACE_RE.match(self.namespace):  # what the API server refuses, refused here
+            raise UsageError(
+                f"--namespace {self.namespace!r} is not a Kubernetes namespace name",
+                hint="use lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63",
             )
         if self.time_limit is not None and not _TIME_RE.match(self.time_limit):
             raise UsageError(
