@@ -14,6 +14,7 @@ tests/fixtures/doctor/h200x2-*.json recorded), doctor's probes replay a recorded
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import re
@@ -697,7 +698,7 @@ def json_content(seed: bytes):
             if isinstance(container, dict) and draw(st.integers(0, 4)) == 0:
                 del container[key]
             else:
-                container[key] = draw(st.sampled_from(JSON_REPLACEMENTS))
+                container[key] = copy.deepcopy(draw(st.sampled_from(JSON_REPLACEMENTS)))  # never shared
         return json.dumps(doc).encode()
 
     return st.one_of(mutated(), damaged(seed), st.binary(max_size=512))

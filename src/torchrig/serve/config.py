@@ -83,16 +83,29 @@ def make_config(
     elif env.get("TORCHRIG_SERVICES") is not None:
         services = parse_services(env["TORCHRIG_SERVICES"])
     else:
-        services = tuple(str(s) for s in image.get("services", list(KNOWN_SERVICES)))
+        services = tuple(_image_field(image, "services", list, list(KNOWN_SERVICES)))
+        if not all(isinstance(s, str) for s in services):
+            raise UsageError(
+                "the image config's 'services' must be a list of names", hint="rebuild the image"
+            )
     return ServeConfig(
         services=services,
         user=user,
         home=home,
-        workdir=str(image.get("workdir", home)),
+        workdir=_image_field(image, "workdir", str, str(home)),
         jupyter_port=_port(env, image, "TORCHRIG_JUPYTER_PORT", "jupyter_port", 8888),
         ssh_port=_port(env, image, "TORCHRIG_SSH_PORT", "ssh_port", 22),
         state_dir=home / ".torchrig",
     )
+
+
+def _image_field(image: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    from torchrig.inputfiles import InputError, field
+
+    try:
+        return field(dict(image), key, kind, "the image config", default=default)
+    except InputError as err:
+        raise UsageError(err.message, hint="rebuild the image with torchrig image build") from None
 
 
 def _port(env: Mapping[str, str], image: Mapping[str, Any], var: str, key: str, default: int) -> int:
