@@ -138,8 +138,15 @@ def install_boundaries() -> None:
     cmd_bench._device = lambda args: ("cpu", 0)  # torch.cuda.device_count() on this CPU-only host
 
 
+_PRELOADED = False
+
+
 def preload() -> None:
     """Import what the commands import, once, in the parent: every forked call starts warm."""
+    global _PRELOADED
+    if _PRELOADED:
+        return
+    _PRELOADED = True
     import torchrig.cli as cli
 
     for name in cli.COMMANDS:
@@ -163,6 +170,8 @@ def preload() -> None:
         "torchrig.export",
         "torchrig.runtime.up",
         "docker",
+        "numpy",
+        "torch",  # imported for the first time under the child's address-space limit, it stalls
     ):
         with contextlib.suppress(Exception):  # an optional extra missing: its command says so itself
             __import__(mod)
@@ -578,6 +587,7 @@ def call(
     """One call in a fresh scratch folder holding the corpus under c/ (and ``files``, relative to it)."""
     import shutil
 
+    preload()  # the boundaries are patched in modules the parent imported: the child imports nothing heavy
     work = Path(tempfile.mkdtemp(prefix="torchrig-fuzz-"))
     try:
         shutil.copytree(corpus(), work / "c", symlinks=True)

@@ -98,6 +98,9 @@ def usage_error(argv, *, env=None, files=None, needle=""):
         (["doctor", "--record", "c/dir"], "--record"),
         (["cluster", "slurm", "-o", "c/dir", "--", "x.py"], "c/dir"),
         (["init", "--force", "/dev/full"], "No space left"),
+        # characters a TOML string cannot hold (an undecodable argv byte arrives as a surrogate)
+        (["init", "--python", "\udcff"], "undecodable"),
+        (["init", "--driver", "5\x1b[1m"], "control"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, needle):

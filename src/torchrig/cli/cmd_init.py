@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import unicodedata
 from pathlib import Path
 
 from torchrig.errors import UsageError
@@ -100,6 +101,16 @@ def run(args: argparse.Namespace) -> SimpleReport:
     else:  # pragma: no cover
         import tomli as tomllib
 
+    for option, values in (
+        ("--torch", [args.torch]),
+        ("--variant", [args.variant]),
+        ("--python", [args.python]),
+        ("--driver", [args.driver or ""]),
+        ("--gpu", args.gpu),
+    ):
+        for value in values:  # a control character or an undecodable byte cannot go into a TOML string
+            if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+                raise UsageError(f"{option} {value!r} holds control or undecodable characters")
     path = Path(args.path)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or give another path")
