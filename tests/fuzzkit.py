@@ -190,6 +190,7 @@ def scratch_env(work: Path) -> dict[str, str]:
         "SSH_AUTHORIZED_KEYS_FILE": str(work / "no-keys"),
         "PATH": "/usr/bin:/bin",  # no sbatch or kubectl: --submit/--apply fail early
         "NO_COLOR": "1",
+        "MPLCONFIGDIR": str(Path(tempfile.gettempdir()) / "torchrig-fuzz-matplotlib"),  # its font cache, once
     }
 
 

@@ -135,11 +135,11 @@ def run(args: argparse.Namespace) -> Any:
     if args.from_json:
         m = load_measurements(args.from_json)
         return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
+    chosen = _choices_from_args(args)  # the cheap checks first: matplotlib's import takes seconds
     if not args.no_plots and args.out:
         from torchrig.bench.plots import _pyplot
 
         _pyplot()  # fail now, not after minutes of measuring
-    chosen = _choices_from_args(args)
     kind, count = _device(args)
     from torchrig.bench.config import make_config
 
