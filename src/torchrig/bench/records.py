@@ -163,14 +163,16 @@ T = TypeVar("T")
 
 
 def _build(cls: type[T], data: dict[str, Any]) -> T:
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in data.items() if k in names})
+    from torchrig.inputfiles import record
+
+    return record(cls, data, f"bench {cls.__name__}")  # every field checked against its annotation
 
 
 def measurements_from_json(data: dict[str, Any]) -> Measurements:
     """Rebuild :class:`Measurements` from its JSON form (as the worker writes it, or inside ``--json``)."""
-    if int(data.get("schema_version", 0)) != MEASUREMENTS_SCHEMA:
-        raise ValueError(f"unsupported measurements schema_version {data.get('schema_version')!r}")
+    if not isinstance(data, dict) or data.get("schema_version") != MEASUREMENTS_SCHEMA:
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        raise ValueError(f"unsupported measurements schema_version {version!r}")
     return Measurements(
         meta=_build(Meta, data["meta"]),
         gpus=tuple(_build(GpuInfo, g) for g in data.get("gpus", [])),

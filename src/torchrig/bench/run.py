@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import sys
 from collections.abc import Mapping
@@ -110,17 +109,15 @@ def load_measurements(path: str) -> Measurements:
     """Measurements from a worker file or a ``--json`` / ``bench.json`` report (its ``measurements`` key)."""
     from torchrig.bench.records import measurements_from_json
     from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
 
+    hint = "pass the bench.json that 'torchrig bench --out DIR' wrote"
+    if not pathlib.Path(path).exists():
+        raise InputError(f"no such file: {path}", hint=hint)
     try:
-        data = json.loads(pathlib.Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(
-            f"no such file: {path}", hint="pass the bench.json that 'torchrig bench --out DIR' wrote"
-        ) from None
-    except (OSError, ValueError) as err:
-        raise InputError(
-            f"cannot read {path} as JSON: {err}", hint="pass a bench.json written by torchrig bench"
-        ) from None
+        data = read_json(path, "bench report")  # bounded size and depth, UTF-8, no NaN
+    except InputError as err:
+        raise InputError(f"cannot read {path}: {err.message}", hint=hint) from None
     data = data.get("measurements", data) if isinstance(data, dict) else data
     try:
         return measurements_from_json(data)

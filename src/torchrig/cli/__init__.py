@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -84,6 +85,10 @@ class TorchrigParser(argparse.ArgumentParser):
     """argparse that raises a one-line UsageError instead of printing usage and exiting."""
 
     def error(self, message: str) -> NoReturn:
+        # "argument --gpus/--nproc-per-node: must be 1 or more" reads better as "--gpus must be 1 or more"
+        m = re.fullmatch(r"argument ([^\s:/]+)(?:/\S+)?: (must .*)", message)
+        if m:
+            message = f"{m.group(1)} {m.group(2)}"
         raise UsageError(f"{self.prog}: {message}", hint=f"see '{self.prog} --help'")
 
 
@@ -116,6 +121,9 @@ def build_parser(name: str) -> tuple[TorchrigParser, object]:
     common.add_argument("--json", action="store_true", help="print the result as JSON (with schema_version)")
     common.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     module.configure(parser)
+    from torchrig.argtypes import bound_numbers
+
+    bound_numbers(parser)  # every number finite and within 64 bits, whatever the command declared
     return parser, module
 
 
@@ -207,11 +215,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as err:  # a path the user gave: a full disk, a device, a folder, no permission
+        if debug or err.filename is None:
+            if debug:
+                raise
+            return _internal(err)
+        where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
+        return _fail(
+            UsageError(
+                f"cannot use {where}: {err.strerror or err}",
+                hint="check the path, its permissions and free space",
+            ),
+            command,
+            as_json,
+        )
     except Exception as err:  # a bug, not a user mistake
         if debug:
             raise
-        print(
-            f"torchrig: internal error: {type(err).__name__}: {err} (rerun with --debug and report it)",
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+        return _internal(err)
+
+
+def _internal(err: BaseException) -> int:
+    message = " ".join(str(err).split())[:300]
+    print(
+        f"torchrig: internal error: {type(err).__name__}: {message} (rerun with --debug and report it)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL

@@ -31,6 +31,7 @@ import sys
 import tempfile
 from typing import Any
 
+from torchrig.argtypes import MAX_PROCS, int_in
 from torchrig.errors import EngineUnavailable, UsageError
 from torchrig.fuzzy import did_you_mean
 
@@ -43,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         "--gpus",
         dest="nproc",
-        type=int,
+        type=int_in(1, MAX_PROCS),
         default=None,
         metavar="N",
         help="worker processes, one per GPU (default: every visible GPU; 2 on the CPU path)",
@@ -134,11 +135,11 @@ def run(args: argparse.Namespace) -> Any:
     if args.from_json:
         m = load_measurements(args.from_json)
         return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
+    chosen = _choices_from_args(args)  # the cheap checks first: matplotlib's import takes seconds
     if not args.no_plots and args.out:
         from torchrig.bench.plots import _pyplot
 
         _pyplot()  # fail now, not after minutes of measuring
-    chosen = _choices_from_args(args)
     kind, count = _device(args)
     from torchrig.bench.config import make_config
 

@@ -37,27 +37,47 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchrig.argtypes import MAX_NODES, MAX_PROCS, MAX_SECONDS, int_in
 from torchrig.errors import UsageError
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what runs on each node (the options of `torchrig launch`)")
-    g.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    g.add_argument("--nodes", type=int_in(1, MAX_NODES), default=1, help="number of nodes (default 1)")
     g.add_argument(
-        "--gpus-per-node", type=int, default=8, help="GPUs per node, one process each; 0 = CPU (default 8)"
+        "--gpus-per-node",
+        type=int_in(0, MAX_PROCS),
+        default=8,
+        help="GPUs per node, one process each; 0 = CPU (default 8)",
     )
     g.add_argument(
-        "--nproc-per-node", type=int, default=1, help="processes per node of a CPU job (default 1)"
+        "--nproc-per-node",
+        type=int_in(1, MAX_PROCS),
+        default=1,
+        help="processes per node of a CPU job (default 1)",
     )
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, run as python -m")
     g.add_argument("--rdzv-port", type=int, default=29500, help="c10d rendezvous port on the first node")
     g.add_argument(
-        "--rdzv-timeout", type=int, metavar="S", help="seconds to wait for all nodes (launch: 300)"
+        "--rdzv-timeout",
+        type=int_in(1, MAX_SECONDS),
+        metavar="S",
+        help="seconds to wait for all nodes (launch: 300)",
     )
-    g.add_argument("--max-restarts", type=int, default=0, help="restarts of the worker group on a failure")
-    g.add_argument("--collective-timeout", type=int, metavar="S", help="process-group timeout (launch: 600)")
     g.add_argument(
-        "--hang-timeout", type=int, metavar="S", help="no rank output for S s = hang (launch: off)"
+        "--max-restarts", type=int_in(0, 1000), default=0, help="restarts of the worker group on a failure"
+    )
+    g.add_argument(
+        "--collective-timeout",
+        type=int_in(1, MAX_SECONDS),
+        metavar="S",
+        help="process-group timeout (launch: 600)",
+    )
+    g.add_argument(
+        "--hang-timeout",
+        type=int_in(0, MAX_SECONDS),
+        metavar="S",
+        help="no rank output for S s = hang (launch: off)",
     )
     g.add_argument("--no-preflight", action="store_true", help="skip launch's pre-flight checks")
     g.add_argument("--log-dir", default="torchrig-logs", help="per-rank logs go under here (torchrig-logs)")
@@ -80,7 +100,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--partition")
     s.add_argument("--account")
     s.add_argument("--time", dest="time_limit", help="wall-time limit (MINUTES, HH:MM:SS, D-HH:MM:SS)")
-    s.add_argument("--cpus-per-task", type=int)
+    s.add_argument("--cpus-per-task", type=int_in(1, 100_000))
     s.add_argument("--container", help="container image to run in (pyxis unless --container-runtime)")
     s.add_argument("--container-runtime", choices=["none", "pyxis", "apptainer"], default=None)
     s.add_argument("--mount", action="append", default=[], metavar="SRC:DST", help="container bind mount")

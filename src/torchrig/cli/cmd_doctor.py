@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from torchrig.argtypes import MAX_SECONDS, float_in
 from torchrig.errors import InputError, UsageError
 
 
@@ -52,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=float,
+        type=float_in(0, MAX_SECONDS, lo_open=True),
         default=60.0,
         help="limit for the torch probe (import torch + CUDA init), default 60",
     )

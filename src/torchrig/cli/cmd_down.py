@@ -14,6 +14,7 @@ import argparse
 import os
 from typing import Any
 
+from torchrig.argtypes import MAX_SECONDS, int_in
 from torchrig.report import SimpleReport
 
 
@@ -25,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=int,
+        type=int_in(0, MAX_SECONDS),
         default=10,
         help="seconds to wait after SIGTERM before SIGKILL (default 10)",
     )

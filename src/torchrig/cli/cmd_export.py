@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig.argtypes import float_in, int_in
 from torchrig.report import jsonable, table
 
 # An example input only needs to exercise the model: larger ones just cost memory.
@@ -32,11 +33,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="run folder, checkpoints/ folder or step-N folder")
     parser.add_argument("--out", help="output folder (default: CHECKPOINT's run folder /export)")
     parser.add_argument("--format", choices=("all", "pt2", "onnx"), default="all", help="what to write (all)")
-    parser.add_argument("--batch", type=int, default=2, help="batch size of the example input (2)")
     parser.add_argument(
-        "--seq-len", type=int, help="GPT: sequence length of the example input (default: the context)"
+        "--batch", type=int_in(1, 2**16), default=2, help="batch size of the example input (2)"
     )
-    parser.add_argument("--tolerance", type=float, default=1e-3, help="max abs difference allowed (1e-3)")
+    parser.add_argument(
+        "--seq-len",
+        type=int_in(1, 2**24),
+        help="GPT: sequence length of the example input (default: the context)",
+    )
+    parser.add_argument(
+        "--tolerance", type=float_in(1e-30, 1e30), default=1e-3, help="max abs difference allowed (1e-3)"
+    )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,16 @@ def run(args: argparse.Namespace) -> SimpleReport:
     else:  # pragma: no cover
         import tomli as tomllib
 
+    for option, values in (
+        ("--torch", [args.torch]),
+        ("--variant", [args.variant]),
+        ("--python", [args.python]),
+        ("--driver", [args.driver or ""]),
+        ("--gpu", args.gpu),
+    ):
+        for value in values:  # a control character or an undecodable byte cannot go into a TOML string
+            if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+                raise UsageError(f"{option} {value!r} holds control or undecodable characters")
     path = Path(args.path)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or give another path")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from torchrig.argtypes import MAX_NODES, MAX_PROCS, MAX_SECONDS, int_in
 from torchrig.errors import UsageError
 
 
@@ -41,10 +42,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--gpus", help="all, a count (2) or a list (0,1) of the visible GPUs (default: all, or CPU if none)"
     )
     g.add_argument("--cpu", action="store_true", help="CPU ranks with gloo (no GPU)")
-    g.add_argument("--nproc-per-node", type=int, help="CPU ranks per node with --cpu (default 1)")
+    g.add_argument(
+        "--nproc-per-node", type=int_in(1, MAX_PROCS), help="CPU ranks per node with --cpu (default 1)"
+    )
     n = parser.add_argument_group("nodes and rendezvous")
-    n.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    n.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1 (default 0)")
+    n.add_argument("--nnodes", type=int_in(1, MAX_NODES), default=1, help="number of nodes (default 1)")
+    n.add_argument(
+        "--node-rank",
+        type=int_in(0, MAX_NODES - 1),
+        default=0,
+        help="this node's rank, 0..nnodes-1 (default 0)",
+    )
     n.add_argument(
         "--rdzv-endpoint", help="HOST:PORT of node 0's rendezvous store (default localhost, a free port)"
     )
@@ -53,20 +61,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rdzv-backend", default="c10d", choices=("c10d", "static"), help="rendezvous backend (c10d)"
     )
     n.add_argument(
-        "--rdzv-timeout", type=int, default=300, metavar="S", help="seconds to wait for all nodes (300)"
+        "--rdzv-timeout",
+        type=int_in(1, MAX_SECONDS),
+        default=300,
+        metavar="S",
+        help="seconds to wait for all nodes (300)",
     )
     f = parser.add_argument_group("failures")
-    f.add_argument("--max-restarts", type=int, default=0, help="restart the worker group this many times (0)")
+    f.add_argument(
+        "--max-restarts", type=int_in(0, 1000), default=0, help="restart the worker group this many times (0)"
+    )
     f.add_argument(
         "--collective-timeout",
-        type=int,
+        type=int_in(1, MAX_SECONDS),
         default=600,
         metavar="S",
         help="process-group timeout for torchrig's trainer and pre-flight (600)",
     )
     f.add_argument(
         "--hang-timeout",
-        type=int,
+        type=int_in(0, MAX_SECONDS),
         default=0,
         metavar="S",
         help="only if you ask: no rank output for S seconds = hang: dump stacks and flight records, stop, "
@@ -74,7 +88,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     f.add_argument(
         "--nccl-timeout-grace",
-        type=int,
+        type=int_in(0, MAX_SECONDS),
         default=30,
         metavar="S",
         help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
@@ -102,7 +116,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--no-preflight", action="store_true", help="skip the pre-flight checks")
     r.add_argument(
-        "--preflight-timeout", type=int, default=60, metavar="S", help="pre-flight all_reduce deadline (60)"
+        "--preflight-timeout",
+        type=int_in(1, MAX_SECONDS),
+        default=60,
+        metavar="S",
+        help="pre-flight all_reduce deadline (60)",
     )
     r.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as python -m")
     parser.add_argument("script", help="the training script (or module with -m)")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from torchrig.argtypes import int_in
 from torchrig.report import SimpleReport
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the environment (see 'torchrig ps')")
-    parser.add_argument("--tail", metavar="N", type=int, help="only the last N lines")
+    parser.add_argument("--tail", metavar="N", type=int_in(0, 2**31 - 1), help="only the last N lines")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new output")
     parser.add_argument("--timestamps", "-t", action="store_true", help="prefix each line with its time")
 

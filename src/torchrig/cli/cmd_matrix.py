@@ -20,6 +20,8 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torchrig.argtypes import int_in
+
 if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
     from torchrig.compat.matrix import Matrix
 
@@ -39,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_platform_argument(parser)
     parser.add_argument(
         "--newest",
-        type=int,
+        type=int_in(1, 1000),
         default=4,
         metavar="N",
         help="without --torch: how many of the newest releases to show (default 4)",

@@ -30,8 +30,10 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from torchrig.argtypes import MAX_PROCS, MAX_SECONDS, int_in
 from torchrig.errors import JobFailed, UsageError
 from torchrig.train.gpuwatch import render as render_gpus
 from torchrig.train.options import add_train_options, config_from_args
@@ -41,20 +43,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_train_options(parser)
     g = parser.add_argument_group("ranks (started through torchrig launch)")
     g.add_argument("--gpus", help="all, a count or a list of GPUs; more than one starts one rank per GPU")
-    g.add_argument("--nproc-per-node", type=int, help="CPU ranks (gloo) to start, with --device cpu")
     g.add_argument(
-        "--max-restarts", type=int, default=0, help="restart the ranks this many times after a failure"
+        "--nproc-per-node", type=int_in(1, MAX_PROCS), help="CPU ranks (gloo) to start, with --device cpu"
+    )
+    g.add_argument(
+        "--max-restarts",
+        type=int_in(0, 1000),
+        default=0,
+        help="restart the ranks this many times after a failure",
     )
     g.add_argument("--log-dir", default=None, help="per-rank logs (default OUT/logs)")
     g.add_argument(
-        "--collective-timeout", type=int, default=600, metavar="S", help="process-group timeout (600)"
+        "--collective-timeout",
+        type=int_in(1, MAX_SECONDS),
+        default=600,
+        metavar="S",
+        help="process-group timeout (600)",
     )
     g.add_argument(
-        "--hang-timeout", type=int, default=0, metavar="S", help="no output for S s = hang (0: off)"
+        "--hang-timeout",
+        type=int_in(0, MAX_SECONDS),
+        default=0,
+        metavar="S",
+        help="no output for S s = hang (0: off)",
     )
     g.add_argument(
         "--nccl-timeout-grace",
-        type=int,
+        type=int_in(0, MAX_SECONDS),
         default=30,
         metavar="S",
         help="stop the job S s after a rank's NCCL watchdog logs a collective timeout (30; 0: never)",
@@ -111,6 +126,18 @@ def render_profile(p: dict[str, Any]) -> str:
     )
 
 
+def _check_out(out: Path) -> None:
+    """--out must be a folder, or a path where one can be made: not a file or a device."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise UsageError(
+                    f"--out {str(out)!r}: {str(path)!r} is not a folder",
+                    hint="give a folder for the run (it is created if missing)",
+                )
+            return
+
+
 def _wants_launch(args: argparse.Namespace) -> bool:
     if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
         return False  # already one rank of a torchrun job
@@ -123,7 +150,6 @@ def _wants_launch(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> TrainReport:
     import json
-    from pathlib import Path
 
     cfg = config_from_args(args)
     # the launcher's options are checked even when one process trains without it, so a mistake never passes
@@ -137,6 +163,7 @@ def run(args: argparse.Namespace) -> TrainReport:
             raise UsageError(
                 f"{flag} must be {least} or more, got {value}", hint="see 'torchrig train --help'"
             )
+    _check_out(Path(cfg.out))
     from torchrig.train.rundir import plan_start
 
     # refused here, before any rank starts: a run folder that holds another run, --resume with nothing there

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig.argtypes import MAX_SECONDS, float_in
 from torchrig.errors import UsageError
 from torchrig.report import jsonable
 
@@ -102,7 +103,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait",
         metavar="SECONDS",
-        type=float,
+        type=float_in(0, MAX_SECONDS),
         default=120.0,
         help="wait until JupyterLab and sshd answer (default 120; 0: do not wait)",
     )
@@ -120,26 +121,23 @@ def _image_ref(args: argparse.Namespace) -> str:
 
 def image_of_spec(spec: Path) -> str:
     """The image a spec built: ``torchrig image build`` writes its tags to the lock file beside the spec."""
-    import json
-
     from torchrig.errors import InputError, SpecError
     from torchrig.image.pipeline import LOCK_NAME
     from torchrig.image.spec import load_spec
+    from torchrig.inputfiles import field, read_json
 
     load_spec(spec)  # a broken or missing spec is its own one-line error
     lock = spec.resolve().parent / LOCK_NAME
-    try:
-        tags = json.loads(lock.read_text(encoding="utf-8")).get("tags") or []
-    except FileNotFoundError:
+    if not lock.exists():
         raise InputError(
             f"{spec} has not been built yet (no {lock.name} beside it)",
             hint=f"build it: torchrig image build {spec}",
-        ) from None
-    except (OSError, ValueError) as err:
-        raise SpecError(
-            f"{lock}: unreadable lock file ({err})", hint=f"rebuild: torchrig image build {spec}"
-        ) from None
-    if not tags:
+        )
+    try:
+        tags = field(read_json(lock, "lock file"), "tags", list, str(lock), default=[])
+    except InputError as err:
+        raise SpecError(err.message, hint=f"rebuild: torchrig image build {spec}") from None
+    if not tags or not isinstance(tags[0], str):
         raise SpecError(f"{lock} records no image tag", hint=f"rebuild: torchrig image build {spec}")
     return str(tags[0])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -321,8 +320,8 @@ def _convert(tp: Any, value: Any, where: str, absent: list[str]) -> Any:
         if value is None:
             return None
         return _convert(args[0], value, where, absent)
-    if value is None:
-        return None
+    if value is None:  # a JSON null where the record has no None: named, not a crash in a check later
+        raise ValueError(f"{where}: null where {getattr(tp, '__name__', 'a value')} belongs")
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
@@ -341,8 +340,18 @@ def _convert(tp: Any, value: Any, where: str, absent: list[str]) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float, str, bool) and not isinstance(value, tp):
-        raise ValueError(f"{where}: expected {tp.__name__}, got {value!r}")
+        raise ValueError(f"{where}: expected {tp.__name__}, got {value!r:.60}")
+    if (
+        tp is int
+        and not (0 if where.endswith("count") else -(2**53)) <= value <= _MAX_INT[where.endswith("count")]
+    ):
+        # a count sizes loops and tables (device_count: one entry per GPU): bounded, so a file cannot
+        # make doctor allocate without end
+        raise ValueError(f"{where}: {value} is out of range")
     return value
+
+
+_MAX_INT = {False: 2**53, True: 65536}  # any integer fact; a count (GPUs, CPUs, links)
 
 
 def _accepts_none(tp: Any) -> bool:
@@ -385,7 +394,7 @@ def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
     if version != FACTS_SCHEMA_VERSION:
         raise ValueError(f"{where}: facts schema_version {version} is not {FACTS_SCHEMA_VERSION}")
     data = dict(data)
-    absent: list[str] = [part for part in AREAS if part not in data]
+    absent: list[str] = [part for part in AREAS if data.get(part) is None]  # a null area: not probed
     for part in absent:
         data[part] = {"status": ProbeStatus.SKIPPED.value}
     facts = _build(Facts, data, where, absent)
@@ -399,21 +408,13 @@ def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
 def load_facts(path: str | Path) -> Facts:
     """Read a facts snapshot; UsageError (exit 2) with a one-line message when it is unreadable or malformed."""
     from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
 
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(
-            f"facts file {str(p)!r} does not exist", hint="record one with 'torchrig doctor --record FILE'"
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read facts file {str(p)!r}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise InputError(
-            f"facts file {str(p)!r} is not JSON: {err.msg} at line {err.lineno}",
-            hint="record one with 'torchrig doctor --record FILE'",
-        ) from None
+        data = read_json(p, "facts file")  # bounded size and depth, UTF-8, no NaN
+    except InputError as err:
+        raise InputError(err.message, hint="record one with 'torchrig doctor --record FILE'") from None
     try:
         return facts_from_json(data, where=p.name)
     except (ValueError, TypeError) as err:

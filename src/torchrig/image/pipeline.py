@@ -115,18 +115,16 @@ def torchrig_requires() -> tuple[str, ...]:
 def read_lock_pins(spec_path: Path, stack: Any) -> LockPins:
     """The pins of the lock beside the spec; its torch must be the build the spec resolves to now."""
     from torchrig.errors import UsageError
+    from torchrig.inputfiles import InputError, field, read_json
 
     path = spec_path.resolve().parent / LOCK_NAME
+    if not path.exists():
+        raise UsageError(f"--locked: no {LOCK_NAME} beside {spec_path}", hint="build once without --locked")
     try:
-        lock = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(
-            f"--locked: no {LOCK_NAME} beside {spec_path}", hint="build once without --locked"
-        ) from None
-    except (OSError, ValueError) as err:
-        raise UsageError(
-            f"--locked: {path} is unreadable ({err})", hint="build again without --locked"
-        ) from None
+        lock = read_json(path, "--locked: lock file")  # bounded size and depth, UTF-8, no NaN
+        field(lock, "stack", dict, str(path))
+    except InputError as err:
+        raise UsageError(err.message, hint="build again without --locked") from None
     locked_torch = lock.get("stack", {}).get("org.torchrig.torch")
     if locked_torch != stack.label:
         raise UsageError(

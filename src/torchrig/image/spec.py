@@ -21,9 +21,9 @@ from torchrig.errors import SpecError
 from torchrig.fuzzy import did_you_mean
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover
-    import tomli as tomllib
+    pass
 
 SPEC_SCHEMA_VERSION = 1
 IMAGE_VARIANTS = ("runtime", "devel")
@@ -254,15 +254,14 @@ def parse_spec(data: Mapping[str, Any], path: str = "torchrig.toml") -> ImageSpe
 
 def load_spec(path: str | Path) -> ImageSpec:
     """Read and validate ``path``; a missing file or broken TOML is a one-line SpecError."""
+    from torchrig.errors import InputError
+    from torchrig.inputfiles import read_toml
+
     p = Path(path)
+    if not p.exists():
+        raise SpecError(f"{p}: no such spec file", hint="write one with 'torchrig init'")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{p}: no such spec file", hint="write one with 'torchrig init'") from None
-    except OSError as err:
-        raise SpecError(f"{p}: cannot read: {err.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{p}: not valid TOML: {err}") from None
+        data = read_toml(p, "spec file")  # bounded size and depth, UTF-8 text
+    except InputError as err:
+        raise SpecError(err.message, hint=err.hint) from None
     return parse_spec(data, str(p))

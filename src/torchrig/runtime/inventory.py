@@ -13,7 +13,6 @@ instances (MIG on): a MIG-enabled GPU is never leased whole.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,16 +153,15 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> Inventory:
+    from torchrig.inputfiles import read_json
+
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        data = read_json(p, "GPU inventory file")  # bounded size and depth, UTF-8, no NaN
+    except InputError as err:
         raise InputError(
-            f"GPU inventory file {p} does not exist",
-            hint=f"unset {INVENTORY_ENV} to use NVML, or point it at a recorded snapshot",
+            err.message, hint=f"unset {INVENTORY_ENV} to use NVML, or point it at a recorded snapshot"
         ) from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise InputError(f"GPU inventory file {p} is not readable JSON: {err}") from None
     if not isinstance(data, dict):
         raise InputError(f"GPU inventory file {p} is not a JSON object")
     return from_dict(data, str(p))

@@ -10,7 +10,6 @@ Secrets, first found wins:
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from collections.abc import Mapping
@@ -53,14 +52,17 @@ class ServeConfig:
 
 
 def read_image_config(path: str | Path = IMAGE_CONFIG) -> dict[str, Any]:
-    try:
-        return dict(json.loads(Path(path).read_text(encoding="utf-8")))
-    except FileNotFoundError:
+    from torchrig.inputfiles import InputError, read_json
+
+    if not Path(path).exists():
         return {}
-    except (OSError, ValueError) as err:
-        raise UsageError(
-            f"{path}: unreadable image config ({err})", hint="rebuild the image with torchrig image build"
-        ) from None
+    try:
+        data = read_json(path, "image config")  # bounded size and depth, UTF-8, no NaN
+    except InputError as err:
+        raise UsageError(err.message, hint="rebuild the image with torchrig image build") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: the image config is not a JSON object", hint="rebuild the image")
+    return data
 
 
 def parse_services(text: str) -> tuple[str, ...]:
@@ -81,28 +83,53 @@ def make_config(
     elif env.get("TORCHRIG_SERVICES") is not None:
         services = parse_services(env["TORCHRIG_SERVICES"])
     else:
-        services = tuple(str(s) for s in image.get("services", list(KNOWN_SERVICES)))
+        services = tuple(_image_field(image, "services", list, list(KNOWN_SERVICES)))
+        if not all(isinstance(s, str) for s in services):
+            raise UsageError(
+                "the image config's 'services' must be a list of names", hint="rebuild the image"
+            )
     return ServeConfig(
         services=services,
         user=user,
         home=home,
-        workdir=str(image.get("workdir", home)),
-        jupyter_port=int(env.get("TORCHRIG_JUPYTER_PORT", image.get("jupyter_port", 8888))),
-        ssh_port=int(env.get("TORCHRIG_SSH_PORT", image.get("ssh_port", 22))),
+        workdir=_image_field(image, "workdir", str, str(home)),
+        jupyter_port=_port(env, image, "TORCHRIG_JUPYTER_PORT", "jupyter_port", 8888),
+        ssh_port=_port(env, image, "TORCHRIG_SSH_PORT", "ssh_port", 22),
         state_dir=home / ".torchrig",
     )
 
 
-def _read_secret_file(path: Path, what: str) -> str | None:
+def _image_field(image: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    from torchrig.inputfiles import InputError, field
+
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        return field(dict(image), key, kind, "the image config", default=default)
+    except InputError as err:
+        raise UsageError(err.message, hint="rebuild the image with torchrig image build") from None
+
+
+def _port(env: Mapping[str, str], image: Mapping[str, Any], var: str, key: str, default: int) -> int:
+    """A TCP port from the environment, else the image config: an integer 1..65535 or a UsageError."""
+    value = env.get(var, image.get(key, default))
+    where = f"${var}" if var in env else f"the image config's {key}"
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = 0
+    if isinstance(value, bool) or not 1 <= port <= 65535:
+        raise UsageError(f"{where} must be a TCP port (1-65535), got {value!r:.40}")
+    return port
+
+
+def _read_secret_file(path: Path, what: str) -> str | None:
+    from torchrig.inputfiles import InputError, read_text
+
+    if not path.exists():
         return None
-    except OSError as err:
-        raise UsageError(
-            f"{path}: cannot read the {what} ({err.strerror})",
-            hint="mount it readable by the container's user",
-        ) from None
+    try:
+        return read_text(path, what, max_bytes=2**20)  # UTF-8 text, bounded
+    except InputError as err:
+        raise UsageError(err.message, hint="mount it readable by the container's user") from None
 
 
 def jupyter_token(env: Mapping[str, str]) -> Secret:

@@ -68,13 +68,33 @@ class TokenFile(Dataset):
     def __init__(self, path: Path, seq_len: int, vocab: int) -> None:
         import numpy as np
 
-        if path.suffix == ".npy":
-            self.tokens = np.load(path, mmap_mode="r")
-        else:
-            self.tokens = np.memmap(path, dtype=np.uint16, mode="r")
+        if not path.is_file():
+            raise InputError(f"{path}: not a token file", hint="give a .bin (uint16) or .npy file")
+        try:
+            if path.suffix == ".npy":
+                self.tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+            elif path.stat().st_size % 2:
+                raise InputError(
+                    f"{path}: {path.stat().st_size} bytes, an odd count: not a file of uint16 tokens",
+                    hint="write the tokens as uint16 (nanoGPT's .bin), or as a .npy array",
+                )
+            else:
+                self.tokens = np.memmap(path, dtype=np.uint16, mode="r")
+        except (ValueError, OSError, EOFError) as err:  # a damaged .npy header, an empty file
+            raise InputError(
+                f"{path}: not a readable token file ({' '.join(str(err).split())[:120]})"
+            ) from None
+        if getattr(self.tokens, "dtype", None) is None or self.tokens.dtype.kind not in "iu":
+            raise InputError(
+                f"{path}: tokens must be integers, found {getattr(self.tokens, 'dtype', type(self.tokens))}",
+                hint="save the token ids as uint16 or int32",
+            )
         if self.tokens.ndim != 1 or len(self.tokens) < seq_len + 1:
             raise InputError(f"{path}: need a 1-D token array of at least {seq_len + 1} tokens")
-        top = int(self.tokens[: min(len(self.tokens), 1 << 20)].max())
+        head = self.tokens[: min(len(self.tokens), 1 << 20)]
+        top, bottom = int(head.max()), int(head.min())
+        if bottom < 0:
+            raise InputError(f"{path}: negative token id {bottom}", hint="token ids start at 0")
         if top >= vocab:
             raise InputError(
                 f"{path}: token id {top} >= the model's vocabulary {vocab}", hint="choose a larger --size"

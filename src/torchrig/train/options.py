@@ -11,6 +11,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+from torchrig.argtypes import INT64, MAX_COUNT, MAX_SEED, float_in, int_in
+
 TEST_HOOK_PREFIX = "test_"  # TrainConfig fields for torchrig's own tests: accepted, never listed in --help
 
 _HELP = {
@@ -53,6 +55,25 @@ _HELP = {
 }
 
 
+# Upper bounds of TrainConfig's integers (its __post_init__ checks the lower ones, with their reasons);
+# every other integer field is at most MAX_COUNT, every float finite.
+_INT_LIMITS = {
+    "seed": (0, MAX_SEED),  # numpy and DataLoader workers take 32-bit seeds
+    "micro_batch": (-INT64, 2**20),
+    "image_size": (-INT64, 8192),
+    "num_classes": (-INT64, 10**7),
+    "workers": (-INT64, 256),  # DataLoader processes per rank
+    "seq_len": (-INT64, 2**24),
+}
+
+
+def _number_type(name: str, kind: type) -> Any:
+    if kind is float:
+        return float_in(-1e30, 1e30)
+    lo, hi = _INT_LIMITS.get(name, (-INT64, MAX_COUNT))
+    return int_in(lo, hi)
+
+
 def add_train_options(parser: argparse.ArgumentParser) -> None:
     from torchrig.train.config import TrainConfig
 
@@ -70,7 +91,8 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
             )
             continue
         kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
-        g.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help_text)
+        typ = _number_type(f.name, kind) if kind in (int, float) else kind
+        g.add_argument(flag, dest=f.name, type=typ, default=f.default, help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

@@ -1,0 +1,211 @@
+"""Reading the files a user hands torchrig (facts, inventories, specs, locks, reports): bounded and decoded safely.
+
+Every reader here turns what can go wrong with a file into one ``InputError`` line that names the file and
+what to do: missing, a folder or a device, unreadable, larger than the reader accepts (so ``/dev/zero`` or
+a runaway log cannot exhaust memory), not UTF-8 text (binary), nested deeper than any torchrig file, not
+JSON or TOML, or NaN/Infinity where JSON has no such numbers. ``field`` checks one key of a parsed mapping and
+names the key when it is missing or of the wrong type.
+
+>>> data = read_json("facts.json", "facts file")            # doctest: +SKIP
+>>> gpus = field(data, "gpus", list, "facts file facts.json")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from torchrig.errors import InputError
+
+# Far above any file torchrig writes or reads (a facts snapshot is ~50 KB, a bench report ~1 MB).
+MAX_FILE_BYTES = 64 * 2**20
+# Deeper than any torchrig file (facts: 5 levels) yet far from Python's recursion limit.
+MAX_DEPTH = 64
+
+T = TypeVar("T")
+
+
+def read_bytes(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The file's bytes; a missing file, a folder, a device or one over ``max_bytes`` is an InputError."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InputError(f"{what} {str(p)!r} does not exist", hint="check the path") from None
+    except OSError as err:
+        raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{what} {str(p)!r} is a folder, not a file", hint="give the path of the file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what} {str(p)!r} is not a regular file (a device, pipe or socket)")
+    if st.st_size > max_bytes:
+        raise InputError(
+            f"{what} {str(p)!r} is {st.st_size:,} bytes, more than the {max_bytes:,} torchrig reads",
+            hint="check that this is the right file",
+        )
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as err:
+        raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
+    if len(data) > max_bytes:  # it grew while we read it
+        raise InputError(f"{what} {str(p)!r} is larger than the {max_bytes:,} bytes torchrig reads")
+    return data
+
+
+def decode_text(data: bytes, what: str, where: str) -> str:
+    """UTF-8 (a BOM is dropped); binary or another encoding is an InputError naming the first bad byte."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{what} {where!r} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+            hint="is it a binary file? save it as UTF-8",
+        ) from None
+    if "\x00" in text:
+        raise InputError(f"{what} {where!r} holds NUL bytes: a binary file, not text")
+    return text
+
+
+def read_text(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES) -> str:
+    return decode_text(read_bytes(path, what, max_bytes=max_bytes), what, str(Path(path).expanduser()))
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def depth(value: Any) -> int:
+    """How deeply lists and mappings nest in ``value`` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:
+            return level
+        stack.extend((c, level + 1) for c in children)
+    return deepest
+
+
+def loads_json(text: str, what: str, where: str) -> Any:
+    """JSON text -> value; malformed, too deep or NaN/Infinity is an InputError naming ``where``."""
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        value = None
+        too_deep = True
+    except ValueError as err:  # JSONDecodeError, a NaN, or an integer over Python's digit limit
+        raise InputError(f"{what} {where!r} is not JSON: {err}", hint="check or re-create it") from None
+    else:
+        too_deep = depth(value) > MAX_DEPTH
+    if too_deep:
+        raise InputError(f"{what} {where!r} nests deeper than {MAX_DEPTH} levels: not a torchrig file")
+    return value
+
+
+def read_json(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    where = str(Path(path).expanduser())
+    return loads_json(read_text(path, what, max_bytes=max_bytes), what, where)
+
+
+def loads_toml(text: str, what: str, where: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        value = tomllib.loads(text)
+    except RecursionError:
+        raise InputError(f"{what} {where!r} nests deeper than TOML files do") from None
+    except (tomllib.TOMLDecodeError, ValueError) as err:
+        raise InputError(f"{what} {where!r} is not TOML: {err}") from None
+    if depth(value) > MAX_DEPTH:
+        raise InputError(f"{what} {where!r} nests deeper than {MAX_DEPTH} levels: not a torchrig file")
+    return value
+
+
+def read_toml(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
+    where = str(Path(path).expanduser())
+    return loads_toml(read_text(path, what, max_bytes=max_bytes), what, where)
+
+
+_TYPE_NAMES = {dict: "a table/object", list: "a list", str: "a string", int: "an integer", float: "a number"}
+
+
+def field(
+    data: Any,
+    key: str,
+    kind: type[T] | tuple[type, ...],
+    where: str,
+    *,
+    default: Any = ...,
+    check: Callable[[Any], bool] | None = None,
+    expected: str | None = None,
+) -> T:
+    """``data[key]``, checked: a missing key (without a default) or a value of another type is an InputError
+    that names the key. ``None`` counts as missing (a JSON ``null`` section). Booleans are not integers."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected {_TYPE_NAMES[dict]} around {key!r}, found {type(data).__name__}")
+    value = data.get(key)
+    if value is None:
+        if default is not ...:
+            return default
+        raise InputError(f"{where}: {key!r} is missing")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if ok and check is not None:
+        ok = check(value)
+    if not ok:
+        want = expected or " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise InputError(f"{where}: {key!r} must be {want}, found {value!r:.60}")
+    return value
+
+
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "None": (type(None),),
+}
+
+
+def record(cls: type[T], data: Any, where: str) -> T:
+    """A frozen dataclass of scalars (``int``, ``float``, ``str``, ``bool``, ``X | None``) from a parsed
+    mapping, each field checked against its annotation; keys it does not know are ignored. A field of
+    another annotation is passed through unchecked. Floats must be finite."""
+    import dataclasses
+    import math
+
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: expected an object, found {type(data).__name__}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise InputError(f"{where}: {f.name!r} is missing")
+            continue
+        value = data[f.name]
+        names = [n.strip() for n in str(f.type).split("|")]
+        if all(n in _SCALARS for n in names):
+            kinds = tuple(k for n in names for k in _SCALARS[n])
+            ok = isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+            if ok and isinstance(value, float) and not math.isfinite(value):
+                ok = False
+            if not ok:
+                raise InputError(f"{where}: {f.name!r} must be {' or '.join(names)}, found {value!r:.60}")
+        values[f.name] = value
+    return cls(**values)
