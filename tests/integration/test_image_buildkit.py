@@ -179,7 +179,7 @@ def test_cli_buildkit_failing_step_is_one_line_with_its_last_output(
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("torchrig: error: image build failed at [os 2/2] RUN set -eux")
     assert "the step exited with status 100" in last
-    assert "its last output: E: Unable to locate package no-such-package-torchrig" in last
+    assert "its first error: E: Unable to locate package no-such-package-torchrig" in last
     assert not (tmp_path / "torchrig.lock.json").exists()
 
 
