@@ -221,7 +221,7 @@ def test_locked_refuses_a_missing_or_stale_lock(cli, tmp_path):
     )
     (tmp_path / "torchrig.lock.json").write_text(stale)
     r = cli("image", "render", str(tmp_path / "torchrig.toml"), "--locked")
-    assert r.code == 2 and "records torch 2.12.0+cpu but the spec resolves to 2.13.0+cpu" in r.err
+    assert r.code == 2 and "records torch '2.12.0+cpu' but the spec resolves to 2.13.0+cpu" in r.err
 
 
 def test_init_into_an_unwritable_place_is_one_line_exit_2(cli):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -171,8 +172,8 @@ def plan_context(
                 and not wheel.name.startswith("torchrig-")
             ):
                 files[f"{render.CONTEXT_WHEELHOUSE}/{wheel.name}"] = wheel
-    if ca_cert is not None:
-        files[render.CONTEXT_CA] = ca_cert
+    if ca_cert is not None:  # the certificates alone, re-serialised: nothing else of the file travels
+        texts[render.CONTEXT_CA] = certificates(ca_cert)
     return ContextPlan(texts=texts, files=files)
 
 
@@ -207,9 +208,28 @@ def check_inputs(wheelhouse: Path | None, ca_cert: Path | None) -> None:
                 hint="pip download torch==VERSION -d DIR (with --python-version/--platform for the image)",
             )
     if ca_cert is not None:
-        if not ca_cert.is_file():
-            raise UsageError(f"--ca-cert {ca_cert}: no such file")
-        if b"-----BEGIN CERTIFICATE-----" not in ca_cert.read_bytes():
-            raise UsageError(
-                f"--ca-cert {ca_cert}: not a PEM certificate", hint="export the proxy's CA as PEM"
-            )
+        certificates(ca_cert)
+
+
+_PEM_CERT_RE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+-----END CERTIFICATE-----")
+_PRIVATE_KEY_RE = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File")
+
+
+def certificates(ca_cert: Path) -> str:
+    """The PEM certificates of ``--ca-cert`` and nothing else (what goes into the build context). A file
+    that also holds a private key is refused: a key must never reach an image layer."""
+    try:
+        data = ca_cert.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"--ca-cert {ca_cert}: no such file") from None
+    except OSError as err:
+        raise UsageError(f"--ca-cert {ca_cert}: cannot read ({err.strerror})") from None
+    if _PRIVATE_KEY_RE.search(data):
+        raise UsageError(
+            f"--ca-cert {ca_cert}: the file holds a PRIVATE KEY; torchrig will not put it in a build",
+            hint="give a file with the CA's certificate only (openssl x509 -in FILE -out ca.crt)",
+        )
+    certs = _PEM_CERT_RE.findall(data)
+    if not certs:
+        raise UsageError(f"--ca-cert {ca_cert}: not a PEM certificate", hint="export the proxy's CA as PEM")
+    return "".join(c.decode("ascii").replace("\r\n", "\n") + "\n" for c in certs)

@@ -73,6 +73,16 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
             ) from None
         if opts.base.endswith(":latest"):
             raise UsageError(f"--base {opts.base}: ':latest' moves", hint="pin a version tag or a digest")
+    if opts.pip_index_url is not None:
+        from torchrig.image.spec import index_url
+
+        try:
+            index_url(opts.pip_index_url)
+        except ValueError:
+            raise UsageError(
+                f"--pip-index-url {opts.pip_index_url!r}: not an http(s)://host/... or file:///... URL",
+                hint="e.g. --pip-index-url https://pypi.example.com/simple",
+            ) from None
     if kb is None:
         from torchrig.compat.kb import load_kb
 
@@ -95,10 +105,16 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
         jupyterlab=components["jupyterlab"],
         wheelhouse=opts.wheelhouse is not None,
         ca_cert=opts.ca_cert is not None,
-        pip_index_url=opts.pip_index_url or spec.pip_index_url,
+        pip_index_url=_index_url(opts.pip_index_url) or spec.pip_index_url,
         torchrig_requires=torchrig_requires(),
         locked=pins,
     )
+
+
+def _index_url(value: str | None) -> str | None:
+    from torchrig.image.spec import index_url
+
+    return index_url(value) if value is not None else None
 
 
 def torchrig_requires() -> tuple[str, ...]:
@@ -127,18 +143,73 @@ def read_lock_pins(spec_path: Path, stack: Any) -> LockPins:
         raise UsageError(
             f"--locked: {path} is unreadable ({err})", hint="build again without --locked"
         ) from None
+    if not isinstance(lock, dict) or not isinstance(lock.get("stack", {}), dict):
+        raise UsageError(f"--locked: {path}: not a torchrig lock", hint="build again without --locked")
     locked_torch = lock.get("stack", {}).get("org.torchrig.torch")
     if locked_torch != stack.label:
         raise UsageError(
-            f"--locked: {path} records torch {locked_torch} but the spec resolves to {stack.label}",
+            f"--locked: {path} records torch {locked_torch!r} but the spec resolves to {stack.label}",
             hint="build without --locked to update the lock",
         )
-    pip = tuple(
-        line for line in lock.get("pip_freeze", []) if "==" in line and not line.startswith("torchrig==")
-    )
-    apt = tuple((p.split("=", 1)[0], p.split("=", 1)[1]) for p in lock.get("apt_packages", []) if "=" in p)
+    return lock_pins(lock, path)
+
+
+def _lock_list(lock: dict[str, Any], key: str, where: Path) -> list[str]:
+    from torchrig.errors import UsageError
+
+    items = lock.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise UsageError(
+            f"--locked: {where}: {key} is not a list of strings", hint="build again without --locked"
+        )
+    return items
+
+
+def lock_pins(lock: Any, where: Path) -> LockPins:
+    """The lock's pins, each validated like the spec's own fields (a lock file is input like any other):
+    pip lines ``name==version`` by ``packaging``, apt entries by Debian's grammar, the base a digest."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    from torchrig.errors import UsageError
+    from torchrig.image.spec import SCHEMA, apt_package
+
+    def bad(key: str, value: str, allowed: str) -> UsageError:
+        return UsageError(
+            f"--locked: {where}: {key} entry {value[:80]!r}: allowed: {allowed}",
+            hint="build again without --locked to write a fresh lock",
+        )
+
+    if not isinstance(lock, dict):
+        raise UsageError(f"--locked: {where}: not a JSON object", hint="build again without --locked")
+    pip = []
+    for line in _lock_list(lock, "pip_freeze", where):
+        try:
+            req = Requirement(line) if line.isprintable() else None
+        except InvalidRequirement:
+            req = None
+        if req is not None and req.name == "torchrig":  # installed from the build's own wheel, never pinned
+            continue
+        spec = list(req.specifier) if req else []
+        if req is None or req.url or req.marker or req.extras or len(spec) != 1 or spec[0].operator != "==":
+            raise bad("pip_freeze", line, "name==version")
+        pip.append(f"{req.name}=={spec[0].version}")
+    apt = []
+    for entry in _lock_list(lock, "apt_packages", where):
+        try:
+            name, _, version = apt_package(entry).partition("=")
+        except ValueError:
+            raise bad("apt_packages", entry, "name=version by Debian's grammar") from None
+        if not version:
+            raise bad("apt_packages", entry, "name=version by Debian's grammar")
+        apt.append((name, version))
     ref = lock.get("base_reference") or ""
-    return LockPins(pip=pip, apt=apt, base=ref if "@sha256:" in ref else None)
+    base = None
+    if isinstance(ref, str) and "@sha256:" in ref:
+        try:
+            base = SCHEMA["image"]["base"][1](ref)
+        except ValueError:
+            raise bad("base_reference", ref, "repo@sha256:<64 hex digits>") from None
+    return LockPins(pip=tuple(pip), apt=tuple(apt), base=base)
 
 
 def lock_document(

@@ -113,6 +113,8 @@ def _apt_block(plan: ImagePlan) -> str:
     ]
     if spec.services.ssh:  # host keys are made per container by `torchrig serve`, never baked in
         lines.append("rm -f /etc/ssh/ssh_host_*")
+    # nothing in the image runs set-user-ID (sshd runs as the user, no su/sudo): no setuid/setgid bits
+    lines.append("find / -xdev -perm /6000 -type f -exec chmod a-s {} +")
     lines.append(f"python{py} -c 'import sys; assert sys.version_info[:2] == ({py.replace('.', ', ')})'")
     return _run(*lines)
 
@@ -121,13 +123,14 @@ def _pip_source(plan: ImagePlan, *, torch: bool) -> str:
     """Where pip looks: the wheelhouse alone (no network), or with --pip-index-url the wheelhouse first and
     the index for the rest (torch itself always from the wheelhouse when one is given)."""
     house = f"--find-links /tmp/{CONTEXT_WHEELHOUSE}"
-    if plan.wheelhouse and (torch or not plan.pip_index_url):
+    index = shlex.quote(plan.pip_index_url) if plan.pip_index_url else None
+    if plan.wheelhouse and (torch or not index):
         return f"--no-index {house}"
     if plan.wheelhouse:
-        return f"{house} --index-url {plan.pip_index_url}"
+        return f"{house} --index-url {index}"
     if torch and plan.stack.index_url:
-        return f"--index-url {plan.stack.index_url}"
-    return f"--index-url {plan.pip_index_url}" if plan.pip_index_url else ""
+        return f"--index-url {shlex.quote(plan.stack.index_url)}"
+    return f"--index-url {index}" if index else ""
 
 
 def _pip(plan: ImagePlan, args: str, *, torch: bool = False, constrained: bool = True) -> str:
@@ -194,8 +197,8 @@ def _final_stage(plan: ImagePlan) -> list[str]:
             f"useradd -m -u {u.uid} -g {u.gid} -s /bin/bash {u.name}",
             # data/ exists, owned by the user, so an empty named volume mounted there (-v data:WORKDIR/data)
             # starts with the user's ownership instead of root's
-            f"mkdir -p {spec.workdir}/data",
-            f"chown {u.uid}:{u.gid} {spec.workdir} {spec.workdir}/data",
+            f"mkdir -p {shlex.quote(spec.workdir + '/data')}",
+            f"chown {u.uid}:{u.gid} {shlex.quote(spec.workdir)} {shlex.quote(spec.workdir + '/data')}",
             f"dpkg-query -W -f '${{Package}}=${{Version}}\\n' > {ETC}/apt-packages.txt",
             f'echo "$TORCHRIG_BASE_DIGEST" > {ETC}/base-digest',
             f"rm -f {CA_PATH}",
@@ -226,7 +229,7 @@ def _runtime_config(plan: ImagePlan) -> list[str]:
         out.append(f"EXPOSE {' '.join(ports)}")
     out += [
         f"USER {u.uid}:{u.gid}",
-        f"WORKDIR {spec.workdir}",
+        f"WORKDIR {spec.workdir}",  # validated: letters, digits, ._+- and /
         "HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 "
         'CMD ["torchrig", "serve", "--check"]',
         'ENTRYPOINT ["/usr/bin/tini", "--"]',
@@ -245,7 +248,7 @@ def render_dockerfile(plan: ImagePlan) -> str:
             f"driver >= {s.min_driver or 'unknown'}"
         )
     head = [
-        f"# Rendered by torchrig {__version__} from {spec.path}; edit the spec, not this file.",
+        f"# Rendered by torchrig {__version__} from {json.dumps(spec.path)}; edit the spec, not this file.",
         f"# Stack: {'; '.join(facts)}.",
         f"# Base: {plan.base.image} ({plan.base.source}).",
         "# Build context: Dockerfile, torchrig-files/, torchrig-dist/"
