@@ -204,7 +204,7 @@ def test_locked_build_pins_what_the_lock_recorded(tmp_path):
     assert "python3.11=3.11.2-6+deb12u8 python3.11-venv=3.11.2-6+deb12u8" in text
     assert "COPY torchrig-files/locked.txt /etc/torchrig/locked.txt" in text
     assert "-c /etc/torchrig/locked.txt torch==2.13.0+cpu" in text
-    assert "-c /etc/torchrig/constraints.txt -c /etc/torchrig/locked.txt jupyterlab==4.6.6" in text
+    assert "-c /tmp/torchrig-layers.txt -c /etc/torchrig/locked.txt jupyterlab==4.6.6" in text
     wheel = tmp_path / "torchrig-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"")
     locked = context.plan_context(plan, wheel, None, None).texts["torchrig-files/locked.txt"].splitlines()

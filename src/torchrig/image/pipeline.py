@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,6 +39,40 @@ class ImageOptions:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One layer of the built image, from the engine's image history (``docker history``)."""
+
+    created_by: str  # the instruction that made it
+    size_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"created_by": self.created_by, "size_bytes": self.size_bytes}
+
+
+_HISTORY_CLEAN = (
+    (re.compile(r"^/bin/sh -c #\(nop\)\s+"), ""),  # the classic builder's metadata instructions
+    (re.compile(r"^(?:RUN )?\|\d+ (?:\S+=\S*\s+)*/bin/sh -c "), "RUN "),  # a RUN with build args
+    (re.compile(r"^/bin/sh -c "), "RUN "),
+    (re.compile(r"\s*# buildkit$"), ""),
+)
+
+
+def layers_of(history: list[dict[str, Any]]) -> tuple[Layer, ...]:
+    """The layers that hold files, oldest first, each named by the instruction that made it (as
+    ``docker history`` shows it, less the shell and build-argument prefixes); the base's is "(base)"."""
+    out = []
+    for entry in reversed(history):
+        size = int(entry.get("Size") or 0)
+        if size <= 0:
+            continue
+        text = " ".join(str(entry.get("CreatedBy") or "").split())
+        for pattern, repl in _HISTORY_CLEAN:
+            text = pattern.sub(repl, text)
+        out.append(Layer(created_by=text or "(base)", size_bytes=size))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class BuildResult:
     tags: tuple[str, ...]
     image_id: str
@@ -49,6 +84,7 @@ class BuildResult:
     stack: dict[str, str]
     builder: str = "classic"  # the builder that ran: buildkit or classic
     steps: tuple[Any, ...] = ()  # torchrig.image.build.BuildStep, in the order they ran
+    layers: tuple[Layer, ...] = ()  # the image's layers that hold files, base first
 
     @property
     def size_mib(self) -> float:
@@ -302,4 +338,5 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
         stack=render.labels(plan),
         builder=builder,
         steps=tuple(steps),
+        layers=layers_of(image.history()),
     )
