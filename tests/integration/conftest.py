@@ -75,8 +75,9 @@ def engine_ready() -> str | None:
 
 
 def make_wheelhouse(path: Path = WHEELHOUSE) -> Path:
-    """CPU torch + JupyterLab and their dependencies as cp311 manylinux wheels (cached between sessions)."""
-    stamp = path / ".complete"
+    """CPU torch + NumPy + JupyterLab and their dependencies, and tqdm (a small package the layer test adds),
+    as cp311 manylinux wheels (cached between sessions)."""
+    stamp = path / ".complete-2"  # -2: numpy and tqdm added
     if stamp.exists():
         return path
     path.mkdir(parents=True, exist_ok=True)
@@ -102,6 +103,8 @@ def make_wheelhouse(path: Path = WHEELHOUSE) -> Path:
         "-d",
         str(path),
         f"torch=={TORCH_VERSION}",
+        "numpy",
+        "tqdm",
         JUPYTERLAB,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

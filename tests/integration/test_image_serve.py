@@ -3,7 +3,9 @@ a password, and as root, the non-root user, the health check, signals and a dyin
 
 from __future__ import annotations
 
+import io
 import subprocess
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 TOKEN = "integration-token-7f3a9c"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +182,53 @@ def test_pip_cannot_replace_torch(running):
     assert code != 0 and b"The user requested (constraint) torch==2.13.0+cpu" in out, out
     code, out = container.exec_run(["cat", "/etc/torchrig/constraints.txt"])
     assert b"torch==2.13.0+cpu" in out
+
+
+def test_torch_has_numpy_and_the_user_can_pip_install_under_the_constraints(running):
+    container, _ = running
+    code, out = container.exec_run(
+        ["python", "-W", "error", "-c", "import torch, numpy; print(torch.ones(2).numpy().sum())"]
+    )
+    assert code == 0 and out.decode().strip() == "2.0", out  # -W error: torch's NumPy warning would fail
+    # the user (uid 1000, not root) installs a small package into the image's venv: no network here, so
+    # from a wheel copied in; the constraints still hold torch
+    wheel = next((ROOT / ".ci-work" / "wheelhouse").glob("tqdm-*.whl"))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(wheel, arcname=wheel.name)
+    container.exec_run(["mkdir", "-p", "/tmp/wh"])
+    assert container.put_archive("/tmp/wh", buf.getvalue())
+    code, out = container.exec_run(["pip", "install", "--no-index", "--find-links", "/tmp/wh", "tqdm"])
+    assert code == 0, out
+    code, out = container.exec_run(["python", "-c", "import tqdm, torch; print(torch.__version__)"])
+    assert code == 0 and out.decode().strip() == "2.13.0+cpu", out
+    code, out = container.exec_run(["pip", "uninstall", "-y", "tqdm"])
+    assert code == 0, out
+
+
+def test_tini_is_pid_1_and_the_health_check_is_quiet(running):
+    """One init: the image's tini is PID 1 (no Docker --init). The health check probes every 10 s without a
+    line in sshd's log; a second `torchrig serve` is refused and the check keeps probing SSH."""
+    container, _ = running
+    _code, out = container.exec_run(["cat", "/proc/1/cmdline"])
+    assert out.split(b"\0")[0] == b"/usr/bin/tini", out
+    assert b"Tini is not running as PID 1" not in container.logs()
+
+    def health():
+        container.reload()
+        return container.attrs["State"]["Health"]
+
+    wait_for(lambda: health()["Status"] == "healthy", 90, "the HEALTHCHECK to report healthy")
+    ssh_lines = container.logs().decode().count("[ssh]")
+    second = container.exec_run(["torchrig", "serve"])
+    assert second.exit_code == 2 and b"already running in this container" in second.output, second.output
+    since = health()["Log"][-1]["Start"]
+    time.sleep(23)  # two more checks (interval 10 s)
+    new = [e for e in health()["Log"] if e["Start"] > since]
+    assert len(new) >= 2, health()["Log"]
+    for entry in new:
+        assert entry["ExitCode"] == 0 and "ok   ssh" in entry["Output"] and "ok   jupyter" in entry["Output"]
+    assert container.logs().decode().count("[ssh]") == ssh_lines  # not a line from the checks
 
 
 def test_docker_stop_is_forwarded_and_clean(engine, test_image, keys):

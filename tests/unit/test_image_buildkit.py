@@ -234,8 +234,8 @@ def test_classic_stream_records_steps_with_cache_hits():
         follow(stream("build-stream-apt-missing-package"), Recorder(), steps)
     assert [s.state for s in steps] == [StepState.DONE, StepState.CACHED, StepState.ERROR]
     assert steps[-1].name.startswith("Step 3/26 : RUN") and steps[1].elapsed_s is None
-    # the one-line error ends with the step's own last output, not the engine's bookkeeping
-    assert "its last output: E: Unable to locate package no-such-package-torchrig" in err.value.one_line()
+    # the one-line error names the step's first error, not the engine's bookkeeping
+    assert "its first error: E: Unable to locate package no-such-package-torchrig" in err.value.one_line()
     assert not any(line.lstrip().startswith(("--->", "Removing")) for line in err.value.failure.log_tail)
 
 

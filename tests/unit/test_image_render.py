@@ -86,7 +86,8 @@ def test_secure_defaults_in_every_case(case):
     plan = plan_for(case)
     text = render.render_dockerfile(plan)
     froms = re.findall(r"^FROM (\S+)", text, re.M)
-    assert ":latest" not in text and all(f in ("os", plan.base.image) for f in froms)
+    stages = ("os", "torch", "tools", "packages")  # the pinned base, then stages built on it
+    assert ":latest" not in text and all(f in (*stages, plan.base.image) for f in froms)
     assert re.search(r"^USER [1-9]\d*:[1-9]\d*$", text, re.M), "final stage must run as a non-root uid"
     assert 'ENTRYPOINT ["/usr/bin/tini", "--"]' in text
     assert "HEALTHCHECK" in text and "PIP_CONSTRAINT=/etc/torchrig/constraints.txt" in text

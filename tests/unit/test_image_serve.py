@@ -210,3 +210,53 @@ def test_health_check_and_image_help_stay_light():
             args,
             mods,
         )
+
+
+def test_the_ssh_probe_reads_listening_sockets_without_connecting(tmp_path):
+    """The health check must not connect to sshd (each connection is two log lines); it reads the kernel's
+    socket table. A real listening socket on this machine, then the same port closed."""
+    import os
+    import socket
+
+    from torchrig.serve.health import listening_ports, probe_ssh
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert port in listening_ports()
+        assert probe_ssh(port, os.getpid()).ok
+        assert not probe_ssh(port, 2**22 + 7).ok  # no such process: sshd is gone
+    assert port not in listening_ports() and not probe_ssh(port, os.getpid()).ok
+
+
+def test_a_second_serve_is_refused_and_the_first_ones_state_stays(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import pytest
+
+    from torchrig.errors import UsageError
+    from torchrig.serve.supervisor import hold_serve_lock
+
+    state = tmp_path / ".torchrig"
+    state.mkdir()
+    (state / "serve.json").write_text(json.dumps({"services": {"jupyter": 7, "ssh": 8}}))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from torchrig.serve.supervisor import hold_serve_lock; hold_serve_lock(Path(sys.argv[1])); "
+         "print('held', flush=True); time.sleep(60)", str(state)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError) as err:
+            hold_serve_lock(state)
+        assert "already running in this container (jupyter, ssh)" in err.value.one_line()
+        assert json.loads((state / "serve.json").read_text())["services"] == {"jupyter": 7, "ssh": 8}
+    finally:
+        holder.kill()
+        holder.wait()
+    os_fd = hold_serve_lock(state)  # the holder is gone: the kernel dropped its lock
+    assert os_fd >= 0

@@ -206,7 +206,7 @@ def test_locked_build_pins_what_the_lock_recorded(tmp_path):
     assert "python3.11=3.11.2-6+deb12u8 python3.11-venv=3.11.2-6+deb12u8" in text
     assert "COPY torchrig-files/locked.txt /etc/torchrig/locked.txt" in text
     assert "-c /etc/torchrig/locked.txt torch==2.13.0+cpu" in text
-    assert "-c /etc/torchrig/constraints.txt -c /etc/torchrig/locked.txt jupyterlab==4.6.6" in text
+    assert "-c /tmp/torchrig-layers.txt -c /etc/torchrig/locked.txt jupyterlab==4.6.6" in text
     wheel = tmp_path / "torchrig-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"")
     locked = context.plan_context(plan, wheel, None, None).texts["torchrig-files/locked.txt"].splitlines()
@@ -223,7 +223,7 @@ def test_locked_refuses_a_missing_or_stale_lock(cli, tmp_path):
     )
     (tmp_path / "torchrig.lock.json").write_text(stale)
     r = cli("image", "render", str(tmp_path / "torchrig.toml"), "--locked")
-    assert r.code == 2 and "records torch 2.12.0+cpu but the spec resolves to 2.13.0+cpu" in r.err
+    assert r.code == 2 and "records torch '2.12.0+cpu' but the spec resolves to 2.13.0+cpu" in r.err
 
 
 def test_init_into_an_unwritable_place_is_one_line_exit_2(cli):

@@ -4,8 +4,10 @@
 `build` builds it through the Docker Engine API (progress on stderr), tags it after the resolved
 stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the context's digest), reads the lock
 of what went in (pip freeze, apt versions, base digest) from the image and writes it beside the spec as
-torchrig.lock.json, and reports the image's size and its steps (cached, done, error; --json has them all).
-A failing step is shown with the tail of its log, and the error line names it with its last output (exit 1).
+torchrig.lock.json, and reports the image's size, its layers (torch with its CUDA wheels, the tools and the
+spec's pip packages each in a layer of their own) and its steps (cached, done, error; --json has them all).
+A failing step is shown with the tail of its log, and the error line names it with its first error, e.g. an
+untrusted proxy certificate rather than pip's "No matching distribution found" (exit 1).
 
 Builders (--builder):
   auto       the default: BuildKit where the engine has it (Engine API >= 1.39 on Linux, or a /_ping that
@@ -15,9 +17,11 @@ Builders (--builder):
   classic    the engine's classic builder (what `DOCKER_BUILDKIT=0 docker build` uses)
   Either builds an equivalent image (same config, labels and lock); their layer caches are separate.
 
-The image: pinned base, Python venv in /opt/venv, torch pinned by /etc/torchrig/constraints.txt (PIP_CONSTRAINT),
-non-root user, tini as PID 1, `torchrig serve` (JupyterLab with a token, SSH with keys only), HEALTHCHECK,
-labels recording torch, CUDA, arch list, minimum driver, cuDNN and NCCL.
+The image: pinned base, Python venv in /opt/venv owned by the user (pip install works inside), torch and
+everything it brought pinned by /etc/torchrig/constraints.txt (PIP_CONSTRAINT), numpy, non-root user, no
+setuid files, tini as PID 1 (run it without docker's --init), `torchrig serve` (JupyterLab with a token,
+SSH with keys only), a quiet HEALTHCHECK, labels recording torch, CUDA, arch list, minimum driver, cuDNN
+and NCCL. Every value from the spec, the options and the lock is validated before it reaches the Dockerfile.
 
 Air-gapped and proxied builds:
   --wheelhouse DIR     install every wheel from DIR with --no-index (no network needed for pip)
@@ -122,6 +126,7 @@ class BuildReport:
             "stack": r.stack,
             "builder": r.builder,
             "steps": [s.to_json() for s in r.steps],
+            "layers": [layer.to_json() for layer in r.layers],
         }
 
     def render_text(self) -> str:
@@ -139,12 +144,20 @@ class BuildReport:
             f"cudnn {r.stack['org.torchrig.cudnn']}  nccl {r.stack['org.torchrig.nccl']}  "
             f"min driver {r.stack['org.torchrig.min-driver']}",
             f"  lock  {r.lock_path}",
+            "  layers (base first; a new pip package re-ships only the last venv layer):",
+        ]
+        lines += [
+            f"    {layer.size_bytes / 2**20:9,.1f} MiB  {_short(layer.created_by)}" for layer in r.layers
         ]
         return "\n".join(lines)
 
     @property
     def exit_code(self) -> int:
         return 0
+
+
+def _short(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def run(args: argparse.Namespace) -> Any:

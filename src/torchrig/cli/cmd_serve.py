@@ -95,8 +95,10 @@ def run(args: argparse.Namespace) -> Any:
             "torchrig serve runs the services as a non-root user, not root",
             hint="run the container without --user root (the image's USER is the spec's user)",
         )
-    from torchrig.serve.supervisor import Supervisor, ensure_host_key, log
+    from torchrig.serve.supervisor import Supervisor, ensure_host_key, hold_serve_lock, log
 
+    if not args.dry_run:
+        hold_serve_lock(cfg.state_dir)  # before anything is written: a second serve changes nothing
     plans, notes = _plans(cfg, lambda msg: log("serve", "warning: " + msg))
     if args.dry_run:
         data = {

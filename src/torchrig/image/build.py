@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from torchrig.errors import EngineUnavailable, JobFailed
+from torchrig.image.steplog import ErrorScan, StepError
 
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # classic: "... returned a non-zero code: 100"; BuildKit: "executor failed running [...]: exit code: 100"
@@ -59,6 +60,7 @@ class BuildFailure:
     step: str  # "Step 7/21 : RUN ..."
     message: str  # the engine's error
     log_tail: list[str] = field(default_factory=list)
+    first_error: StepError | None = None  # the cause in the step's whole log (pip's last line hides it)
 
 
 class BuildFailed(JobFailed):
@@ -67,10 +69,15 @@ class BuildFailed(JobFailed):
     def __init__(self, failure: BuildFailure) -> None:
         step = failure.step or "before the first step"
         last = next((line for line in reversed(failure.log_tail) if line.strip()), "")
-        said = f"; its last output: {_short(last, 160)}" if last else ""
+        cause = failure.first_error
+        if cause is not None:
+            said = f"; its first error: {_short(cause.text, 200)}"
+        else:
+            said = f"; its last output: {_short(last, 160)}" if last else ""
+        hint = "the step's log tail is above; fix the spec or the step and build again"
         super().__init__(
             f"image build failed at {_short(step)}: {failure.message.strip()}{said}",
-            hint="the step's log tail is above; fix the spec or the step and build again",
+            hint=f"{cause.hint} ({hint})" if cause is not None and cause.hint else hint,
         )
         self.failure = failure
 
@@ -121,6 +128,7 @@ def follow(chunks: Iterable[dict[str, Any]], progress: Progress, steps: list[Bui
     ``steps`` (if given) receives each step with its final state, also on failure."""
     step, image_id, pending = "", None, ""
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    scan = ErrorScan()
     seen: list[list[Any]] = []  # [name, cached, started (monotonic)]
 
     def close_step(state: StepState | None) -> None:
@@ -131,7 +139,7 @@ def follow(chunks: Iterable[dict[str, Any]], progress: Progress, steps: list[Bui
             steps.append(BuildStep(name=name, state=final, elapsed_s=elapsed))
 
     def line_done(line: str) -> None:
-        nonlocal step, image_id
+        nonlocal step, image_id, scan
         line = _ANSI_RE.sub("", line).rstrip()
         m = _STEP_RE.match(line.strip())
         if m:
@@ -139,10 +147,12 @@ def follow(chunks: Iterable[dict[str, Any]], progress: Progress, steps: list[Bui
             step = line.strip()
             seen.append([step, False, time.monotonic()])
             tail.clear()
+            scan = ErrorScan()
             progress.step(int(m.group(1)), int(m.group(2)), m.group(3))
         elif line.strip():
             if not _ENGINE_LINE_RE.match(line):
                 tail.append(line)
+                scan.feed(line)
             progress.log(line)
             if line.strip() == "---> Using cache" and seen:
                 seen[-1][1] = True
@@ -155,7 +165,12 @@ def follow(chunks: Iterable[dict[str, Any]], progress: Progress, steps: list[Bui
                 line_done(pending)
             close_step(StepState.ERROR)
             raise BuildFailed(
-                BuildFailure(step=step, message=error_text(str(chunk["error"])), log_tail=list(tail))
+                BuildFailure(
+                    step=step,
+                    message=error_text(str(chunk["error"])),
+                    log_tail=list(tail),
+                    first_error=scan.result,
+                )
             )
         aux = chunk.get("aux")
         if isinstance(aux, dict) and aux.get("ID"):

@@ -33,6 +33,7 @@ from torchrig.image.build import (
     error_text,
 )
 from torchrig.image.buildkit_status import ProtobufError, Vertex, decode_trace
+from torchrig.image.steplog import ErrorScan
 
 # The docker CLI builds with BuildKit without the daemon's experimental mode from Engine API 1.39 on
 # (docker/cli cli/command/image/build_session.go, isSessionSupported: ClientVersion >= "1.39"); daemons
@@ -128,6 +129,7 @@ class _VertexState:
     announced: bool = False
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
     partial: dict[int, str] = field(default_factory=dict)  # stream -> unfinished line
+    scan: ErrorScan = field(default_factory=ErrorScan)
 
     def step(self) -> BuildStep:
         if self.error:
@@ -186,6 +188,7 @@ class BuildkitFollower:
             line = _clean(line)
             if line.strip():
                 state.tail.append(line)
+                state.scan.feed(line)
                 self.progress.log(line)
 
     def _flush_partials(self) -> None:
@@ -194,6 +197,7 @@ class BuildkitFollower:
                 line = _clean(state.partial.pop(stream))
                 if line.strip():
                     state.tail.append(line)
+                    state.scan.feed(line)
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk or "errorDetail" in chunk:
@@ -233,6 +237,7 @@ class BuildkitFollower:
             step=vx.name if vx else "",
             message=error_text(message),
             log_tail=list(vx.tail) if vx else [],
+            first_error=vx.scan.result if vx else None,
         )
 
     def finish(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -16,6 +17,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from torchrig.errors import EngineUnavailable, UsageError
 from torchrig.image import render
@@ -55,40 +61,82 @@ def source_checkout() -> Path | None:
     return None
 
 
+def _backend_installed(root: Path) -> bool:
+    """Whether this Python already has every ``[build-system] requires`` of the checkout (then the wheel is
+    built offline with it); a fresh ``python3 -m venv`` has an old setuptools and no ``wheel``."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        doc = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+        requires = [Requirement(r) for r in doc["build-system"]["requires"]]
+    except (OSError, KeyError, TypeError, ValueError, InvalidRequirement):
+        return False
+    for req in requires:
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            return False
+        if not req.specifier.contains(have, prereleases=True):
+            return False
+    return True
+
+
+def wheel_command(root: Path, out_dir: Path, *, isolated: bool) -> list[str]:
+    """``pip wheel`` of the checkout: isolated (pip fetches the build backend into a throw-away environment)
+    unless this Python has the backend already."""
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check"]
+    if not isolated:
+        cmd.append("--no-build-isolation")
+    return [*cmd, "-w", str(out_dir), str(root)]
+
+
 def build_torchrig_wheel(out_dir: Path) -> Path:
-    """``pip wheel`` of the running torchrig's checkout (serve is torchrig code, so the image needs it)."""
+    """``pip wheel`` of the running torchrig's checkout (serve is torchrig code, so the image needs it).
+
+    It does not depend on this Python's setuptools or wheel: where they do not satisfy the checkout's
+    ``[build-system] requires``, pip builds in an isolated environment (which needs the index, or
+    ``PIP_FIND_LINKS`` with the backend's wheels). A failure names pip's first error, not its last line."""
     root = source_checkout()
     if root is None:
         raise UsageError(
             "torchrig is not running from a source checkout, so its wheel cannot be built",
             hint="pass --torchrig-dist DIR with a torchrig wheel",
         )
+    isolated = not _backend_installed(root)
     env = dict(os.environ, SOURCE_DATE_EPOCH=_EPOCH)
     with tempfile.TemporaryDirectory(prefix="torchrig-wheel-") as tmp:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--no-build-isolation",
-                "-q",
-                "-w",
-                str(out_dir),
-                str(root),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp,
-            timeout=300,
-        )
+        try:
+            proc = subprocess.run(
+                wheel_command(root, out_dir, isolated=isolated),
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=tmp,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired:
+            raise EngineUnavailable(
+                "building torchrig's wheel took over 300 s", hint="pass --torchrig-dist DIR"
+            ) from None
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        from torchrig.image.steplog import first_error
+
+        output = (proc.stdout + "\n" + proc.stderr).splitlines()
+        found = first_error(output)
+        last = next((ln.strip() for ln in reversed(output) if ln.strip()), "no output")
+        how = "in an isolated build environment" if isolated else "with this Python's setuptools"
+        hint = (
+            "let pip reach an index for the build backend (or PIP_FIND_LINKS with its wheels), or pip "
+            "install 'setuptools>=68' wheel into this Python, or pass --torchrig-dist DIR"
+            if isolated
+            else "pip install -U 'setuptools>=68' wheel, or pass --torchrig-dist DIR"
+        )
         raise EngineUnavailable(
-            f"building torchrig's wheel failed: {tail[0]}",
-            hint="pip install setuptools wheel, or pass --torchrig-dist DIR",
+            f"building torchrig's wheel {how} failed: {found.text if found else last}", hint=hint
         )
     wheels = sorted(out_dir.glob("torchrig-*.whl"))
     if not wheels:
@@ -124,8 +172,8 @@ def plan_context(
                 and not wheel.name.startswith("torchrig-")
             ):
                 files[f"{render.CONTEXT_WHEELHOUSE}/{wheel.name}"] = wheel
-    if ca_cert is not None:
-        files[render.CONTEXT_CA] = ca_cert
+    if ca_cert is not None:  # the certificates alone, re-serialised: nothing else of the file travels
+        texts[render.CONTEXT_CA] = certificates(ca_cert)
     return ContextPlan(texts=texts, files=files)
 
 
@@ -160,9 +208,28 @@ def check_inputs(wheelhouse: Path | None, ca_cert: Path | None) -> None:
                 hint="pip download torch==VERSION -d DIR (with --python-version/--platform for the image)",
             )
     if ca_cert is not None:
-        if not ca_cert.is_file():
-            raise UsageError(f"--ca-cert {ca_cert}: no such file")
-        if b"-----BEGIN CERTIFICATE-----" not in ca_cert.read_bytes():
-            raise UsageError(
-                f"--ca-cert {ca_cert}: not a PEM certificate", hint="export the proxy's CA as PEM"
-            )
+        certificates(ca_cert)
+
+
+_PEM_CERT_RE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+-----END CERTIFICATE-----")
+_PRIVATE_KEY_RE = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File")
+
+
+def certificates(ca_cert: Path) -> str:
+    """The PEM certificates of ``--ca-cert`` and nothing else (what goes into the build context). A file
+    that also holds a private key is refused: a key must never reach an image layer."""
+    try:
+        data = ca_cert.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"--ca-cert {ca_cert}: no such file") from None
+    except OSError as err:
+        raise UsageError(f"--ca-cert {ca_cert}: cannot read ({err.strerror})") from None
+    if _PRIVATE_KEY_RE.search(data):
+        raise UsageError(
+            f"--ca-cert {ca_cert}: the file holds a PRIVATE KEY; torchrig will not put it in a build",
+            hint="give a file with the CA's certificate only (openssl x509 -in FILE -out ca.crt)",
+        )
+    certs = _PEM_CERT_RE.findall(data)
+    if not certs:
+        raise UsageError(f"--ca-cert {ca_cert}: not a PEM certificate", hint="export the proxy's CA as PEM")
+    return "".join(c.decode("ascii").replace("\r\n", "\n") + "\n" for c in certs)

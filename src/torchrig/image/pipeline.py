@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,6 +39,40 @@ class ImageOptions:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One layer of the built image, from the engine's image history (``docker history``)."""
+
+    created_by: str  # the instruction that made it
+    size_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"created_by": self.created_by, "size_bytes": self.size_bytes}
+
+
+_HISTORY_CLEAN = (
+    (re.compile(r"^/bin/sh -c #\(nop\)\s+"), ""),  # the classic builder's metadata instructions
+    (re.compile(r"^(?:RUN )?\|\d+ (?:\S+=\S*\s+)*/bin/sh -c "), "RUN "),  # a RUN with build args
+    (re.compile(r"^/bin/sh -c "), "RUN "),
+    (re.compile(r"\s*# buildkit$"), ""),
+)
+
+
+def layers_of(history: list[dict[str, Any]]) -> tuple[Layer, ...]:
+    """The layers that hold files, oldest first, each named by the instruction that made it (as
+    ``docker history`` shows it, less the shell and build-argument prefixes); the base's is "(base)"."""
+    out = []
+    for entry in reversed(history):
+        size = int(entry.get("Size") or 0)
+        if size <= 0:
+            continue
+        text = " ".join(str(entry.get("CreatedBy") or "").split())
+        for pattern, repl in _HISTORY_CLEAN:
+            text = pattern.sub(repl, text)
+        out.append(Layer(created_by=text or "(base)", size_bytes=size))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class BuildResult:
     tags: tuple[str, ...]
     image_id: str
@@ -49,6 +84,7 @@ class BuildResult:
     stack: dict[str, str]
     builder: str = "classic"  # the builder that ran: buildkit or classic
     steps: tuple[Any, ...] = ()  # torchrig.image.build.BuildStep, in the order they ran
+    layers: tuple[Layer, ...] = ()  # the image's layers that hold files, base first
 
     @property
     def size_mib(self) -> float:
@@ -73,6 +109,16 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
             ) from None
         if opts.base.endswith(":latest"):
             raise UsageError(f"--base {opts.base}: ':latest' moves", hint="pin a version tag or a digest")
+    if opts.pip_index_url is not None:
+        from torchrig.image.spec import index_url
+
+        try:
+            index_url(opts.pip_index_url)
+        except ValueError:
+            raise UsageError(
+                f"--pip-index-url {opts.pip_index_url!r}: not an http(s)://host/... or file:///... URL",
+                hint="e.g. --pip-index-url https://pypi.example.com/simple",
+            ) from None
     if kb is None:
         from torchrig.compat.kb import load_kb
 
@@ -95,10 +141,16 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
         jupyterlab=components["jupyterlab"],
         wheelhouse=opts.wheelhouse is not None,
         ca_cert=opts.ca_cert is not None,
-        pip_index_url=opts.pip_index_url or spec.pip_index_url,
+        pip_index_url=_index_url(opts.pip_index_url) or spec.pip_index_url,
         torchrig_requires=torchrig_requires(),
         locked=pins,
     )
+
+
+def _index_url(value: str | None) -> str | None:
+    from torchrig.image.spec import index_url
+
+    return index_url(value) if value is not None else None
 
 
 def torchrig_requires() -> tuple[str, ...]:
@@ -128,15 +180,68 @@ def read_lock_pins(spec_path: Path, stack: Any) -> LockPins:
     locked_torch = lock.get("stack", {}).get("org.torchrig.torch")
     if locked_torch != stack.label:
         raise UsageError(
-            f"--locked: {path} records torch {locked_torch} but the spec resolves to {stack.label}",
+            f"--locked: {path} records torch {locked_torch!r} but the spec resolves to {stack.label}",
             hint="build without --locked to update the lock",
         )
-    pip = tuple(
-        line for line in lock.get("pip_freeze", []) if "==" in line and not line.startswith("torchrig==")
-    )
-    apt = tuple((p.split("=", 1)[0], p.split("=", 1)[1]) for p in lock.get("apt_packages", []) if "=" in p)
+    return lock_pins(lock, path)
+
+
+def _lock_list(lock: dict[str, Any], key: str, where: Path) -> list[str]:
+    from torchrig.errors import UsageError
+
+    items = lock.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise UsageError(
+            f"--locked: {where}: {key} is not a list of strings", hint="build again without --locked"
+        )
+    return items
+
+
+def lock_pins(lock: Any, where: Path) -> LockPins:
+    """The lock's pins, each validated like the spec's own fields (a lock file is input like any other):
+    pip lines ``name==version`` by ``packaging``, apt entries by Debian's grammar, the base a digest."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    from torchrig.errors import UsageError
+    from torchrig.image.spec import SCHEMA, apt_package
+
+    def bad(key: str, value: str, allowed: str) -> UsageError:
+        return UsageError(
+            f"--locked: {where}: {key} entry {value[:80]!r}: allowed: {allowed}",
+            hint="build again without --locked to write a fresh lock",
+        )
+
+    if not isinstance(lock, dict):
+        raise UsageError(f"--locked: {where}: not a JSON object", hint="build again without --locked")
+    pip = []
+    for line in _lock_list(lock, "pip_freeze", where):
+        try:
+            req = Requirement(line) if line.isprintable() else None
+        except InvalidRequirement:
+            req = None
+        if req is not None and req.name == "torchrig":  # installed from the build's own wheel, never pinned
+            continue
+        spec = list(req.specifier) if req else []
+        if req is None or req.url or req.marker or req.extras or len(spec) != 1 or spec[0].operator != "==":
+            raise bad("pip_freeze", line, "name==version")
+        pip.append(f"{req.name}=={spec[0].version}")
+    apt = []
+    for entry in _lock_list(lock, "apt_packages", where):
+        try:
+            name, _, version = apt_package(entry).partition("=")
+        except ValueError:
+            raise bad("apt_packages", entry, "name=version by Debian's grammar") from None
+        if not version:
+            raise bad("apt_packages", entry, "name=version by Debian's grammar")
+        apt.append((name, version))
     ref = lock.get("base_reference") or ""
-    return LockPins(pip=pip, apt=apt, base=ref if "@sha256:" in ref else None)
+    base = None
+    if isinstance(ref, str) and "@sha256:" in ref:
+        try:
+            base = SCHEMA["image"]["base"][1](ref)
+        except ValueError:
+            raise bad("base_reference", ref, "repo@sha256:<64 hex digits>") from None
+    return LockPins(pip=tuple(pip), apt=tuple(apt), base=base)
 
 
 def lock_document(
@@ -229,4 +334,5 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
         stack=render.labels(plan),
         builder=builder,
         steps=tuple(steps),
+        layers=layers_of(image.history()),
     )

@@ -109,10 +109,14 @@ def _apt_block(plan: ImagePlan) -> str:
         f"then py=''; else py='{py_pkgs}'; fi",
         f"apt-get{ca} update",
         f"apt-get{ca} install -y --no-install-recommends {' '.join(want)} $py",
-        "rm -rf /var/lib/apt/lists/*",
+        # no apt caches in the layer: the package lists, the .deb archives, the binary caches
+        "apt-get clean",
+        "rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb",
     ]
     if spec.services.ssh:  # host keys are made per container by `torchrig serve`, never baked in
         lines.append("rm -f /etc/ssh/ssh_host_*")
+    # nothing in the image runs set-user-ID (sshd runs as the user, no su/sudo): no setuid/setgid bits
+    lines.append("find / -xdev -perm /6000 -type f -exec chmod a-s {} +")
     lines.append(f"python{py} -c 'import sys; assert sys.version_info[:2] == ({py.replace('.', ', ')})'")
     return _run(*lines)
 
@@ -121,66 +125,118 @@ def _pip_source(plan: ImagePlan, *, torch: bool) -> str:
     """Where pip looks: the wheelhouse alone (no network), or with --pip-index-url the wheelhouse first and
     the index for the rest (torch itself always from the wheelhouse when one is given)."""
     house = f"--find-links /tmp/{CONTEXT_WHEELHOUSE}"
-    if plan.wheelhouse and (torch or not plan.pip_index_url):
+    index = shlex.quote(plan.pip_index_url) if plan.pip_index_url else None
+    if plan.wheelhouse and (torch or not index):
         return f"--no-index {house}"
     if plan.wheelhouse:
-        return f"{house} --index-url {plan.pip_index_url}"
+        return f"{house} --index-url {index}"
     if torch and plan.stack.index_url:
-        return f"--index-url {plan.stack.index_url}"
-    return f"--index-url {plan.pip_index_url}" if plan.pip_index_url else ""
+        return f"--index-url {shlex.quote(plan.stack.index_url)}"
+    return f"--index-url {index}" if index else ""
 
 
-def _pip(plan: ImagePlan, args: str, *, torch: bool = False, constrained: bool = True) -> str:
+def _pip(plan: ImagePlan, args: str, *, torch: bool = False, constraints: tuple[str, ...] = ()) -> str:
     src = _pip_source(plan, torch=torch)
-    con = f" -c {ETC}/constraints.txt" if constrained else ""
+    con = "".join(f" -c {c}" for c in constraints)
     if plan.locked:
         con += f" -c {ETC}/locked.txt"
     return f"{VENV}/bin/pip install{' ' + src if src else ''}{con} {args}"
 
 
-def _build_stage(plan: ImagePlan) -> list[str]:
-    spec, py = plan.spec, plan.stack.python
-    out = ["FROM os AS build"]
+LAYER = "/opt/layer"  # in a layer stage: the files that stage's installs added to the venv, and no others
+_BEFORE, _AFTER, _STAMP = "/tmp/torchrig-before.txt", "/tmp/torchrig-after.txt", "/tmp/torchrig-stamp"
+LAYER_CONSTRAINTS = "/tmp/torchrig-layers.txt"  # build only: everything the earlier layers installed
+
+
+def _torch_stage(plan: ImagePlan) -> list[str]:
+    """torch alone, with what it brought (its CUDA wheels), and numpy: the big layer, cached across spec
+    changes. The constraints are derived from that install, so they pin every nvidia-*/cuda-* wheel too."""
+    py = plan.stack.python
+    out = ["FROM os AS torch"]
     if plan.wheelhouse:
         out.append(f"COPY {CONTEXT_WHEELHOUSE}/ /tmp/{CONTEXT_WHEELHOUSE}/")
     env = ["PIP_NO_CACHE_DIR=1", "PIP_DISABLE_PIP_VERSION_CHECK=1"]
     if plan.ca_cert:
         env.append(f"PIP_CERT={CA_PATH}")
     out.append("ENV " + " \\\n    ".join(env))
-    out.append(_run(f"python{py} -m venv {VENV}", f"mkdir -p {ETC}"))
     if plan.locked:
         out.append(f"COPY {CONTEXT_FILES}/locked.txt {ETC}/locked.txt")
-    # torch first, alone: its layer is the big one and is cached across spec changes.
     out.append(
         _run(
-            _pip(plan, shlex.quote(plan.stack.torch_requirement), torch=True, constrained=False),
-            # pin torch and the CUDA libraries it brought, so later installs cannot swap them
-            f"{VENV}/bin/pip freeze | grep -iE '^(torch|triton|nvidia-[a-z0-9-]+)==' > {ETC}/constraints.txt",
+            f"python{py} -m venv {VENV}",
+            f"mkdir -p {ETC}",
+            _pip(plan, shlex.quote(plan.stack.torch_requirement), torch=True),
+            # pin torch and everything its install brought, so later installs cannot move them
+            f"{VENV}/bin/pip freeze > {ETC}/constraints.txt",
             f"cat {ETC}/constraints.txt",
+            # torch warns at import without NumPy, and .numpy() needs it; not pinned: users may move it
+            _pip(plan, "numpy", constraints=(f"{ETC}/constraints.txt",)),
         )
     )
-    extras = []
-    if spec.services.jupyter:
-        extras.append(f"jupyterlab=={plan.jupyterlab}")
-    extras += list(spec.pip) + list(plan.torchrig_requires)
-    if extras:
-        out.append(_run(_pip(plan, " ".join(shlex.quote(e) for e in extras)), f"{VENV}/bin/pip check"))
     return out
 
 
-def _final_stage(plan: ImagePlan) -> list[str]:
-    spec, u = plan.spec, plan.spec.user
+def _layer_stage(plan: ImagePlan, name: str, parent: str, requirements: list[str]) -> list[str]:
+    """A stage that installs ``requirements`` on top of ``parent``'s venv and collects the files they added
+    under /opt/layer, so the final image gets them as a layer of their own. Every package of the earlier
+    layers is pinned while they install, so no file of an earlier layer changes or goes."""
+    reqs = " ".join(shlex.quote(r) for r in requirements)
+    return [
+        f"FROM {parent} AS {name}",
+        _run(
+            f"rm -rf {LAYER}",
+            f"cd {VENV}",
+            f"find . ! -type d | sort > {_BEFORE}",
+            f"{VENV}/bin/pip freeze > {LAYER_CONSTRAINTS}",
+            f"touch {_STAMP}",
+            _pip(plan, reqs, constraints=(f"{ETC}/constraints.txt", LAYER_CONSTRAINTS)),
+            f"{VENV}/bin/pip check",
+            f"find . ! -type d | sort > {_AFTER}",
+            f'gone=$(comm -23 {_BEFORE} {_AFTER} | head -n 3); if [ -n "$gone" ]; then '
+            f'echo "error: the install removed files of an earlier layer: $gone" >&2; exit 1; fi',
+            f"mkdir -p {LAYER}",
+            f"{{ comm -13 {_BEFORE} {_AFTER}; find . ! -type d -newer {_STAMP}; }} | sort -u "
+            f"| tar -cf - --no-recursion -T - | tar -C {LAYER} -xf -",
+            f"du -sh {LAYER}",
+        ),
+    ]
+
+
+def _build_stages(plan: ImagePlan) -> tuple[list[str], list[str]]:
+    """The stages that make the venv, and the names of the layer stages the final image copies from."""
+    spec = plan.spec
+    out = _torch_stage(plan)
+    tools = ([f"jupyterlab=={plan.jupyterlab}"] if spec.services.jupyter else []) + list(
+        plan.torchrig_requires
+    )
+    layers, parent = [], "torch"
+    # the tools (JupyterLab, torchrig's requirements) change rarely; the spec's packages change most often
+    for name, reqs in (("tools", tools), ("packages", list(spec.pip))):
+        if reqs:
+            out += ["", *_layer_stage(plan, name, parent, reqs)]
+            layers.append(name)
+            parent = name
+    return out, layers
+
+
+def _final_stage(plan: ImagePlan, layers: list[str]) -> list[str]:
+    spec, u, py = plan.spec, plan.spec.user, plan.stack.python
+    own = f"--chown={u.uid}:{u.gid}"  # the venv is the user's: `pip install` works inside (constrained)
     out = [
         "FROM os",
         "ARG TORCHRIG_BASE_DIGEST=unknown",
-        f"COPY --from=build {VENV} {VENV}",
-        f"COPY --from=build {ETC}/ {ETC}/",
+        # one layer per stage: torch and its CUDA wheels, then the tools, then the spec's packages; a new
+        # package re-ships only the last
+        f"COPY --from=torch {own} {VENV} {VENV}",
+        *(f"COPY --from={name} {own} {LAYER}/ {VENV}/" for name in layers),
+        f"COPY --from=torch {ETC}/ {ETC}/",
         f"COPY {CONTEXT_FILES}/image.json {ETC}/image.json",
         f"COPY {CONTEXT_FILES}/profile.sh /etc/profile.d/torchrig.sh",
-        # torchrig last and alone (its dependencies came with the build stage): a new torchrig rebuilds
+        # torchrig last and alone (its dependencies came with the tools): a new torchrig rebuilds
         # this small layer, not the venv
         f"COPY {CONTEXT_TORCHRIG}/ /tmp/{CONTEXT_TORCHRIG}/",
     ]
+    site = f"{VENV}/lib/python{py}/site-packages"
     out.append(
         _run(
             f"{VENV}/bin/pip install --no-cache-dir --no-index --no-deps /tmp/{CONTEXT_TORCHRIG}/*.whl",
@@ -192,10 +248,11 @@ def _final_stage(plan: ImagePlan) -> list[str]:
             f'old=$(getent group {u.gid} | cut -d: -f1); if [ -n "$old" ]; then groupdel "$old"; fi',
             f"groupadd -g {u.gid} {u.name}",
             f"useradd -m -u {u.uid} -g {u.gid} -s /bin/bash {u.name}",
+            f"chown -R {u.uid}:{u.gid} {site}/torchrig {site}/torchrig-*.dist-info {VENV}/bin/torchrig",
             # data/ exists, owned by the user, so an empty named volume mounted there (-v data:WORKDIR/data)
             # starts with the user's ownership instead of root's
-            f"mkdir -p {spec.workdir}/data",
-            f"chown {u.uid}:{u.gid} {spec.workdir} {spec.workdir}/data",
+            f"mkdir -p {shlex.quote(spec.workdir + '/data')}",
+            f"chown {u.uid}:{u.gid} {shlex.quote(spec.workdir)} {shlex.quote(spec.workdir + '/data')}",
             f"dpkg-query -W -f '${{Package}}=${{Version}}\\n' > {ETC}/apt-packages.txt",
             f'echo "$TORCHRIG_BASE_DIGEST" > {ETC}/base-digest',
             f"rm -f {CA_PATH}",
@@ -226,7 +283,7 @@ def _runtime_config(plan: ImagePlan) -> list[str]:
         out.append(f"EXPOSE {' '.join(ports)}")
     out += [
         f"USER {u.uid}:{u.gid}",
-        f"WORKDIR {spec.workdir}",
+        f"WORKDIR {spec.workdir}",  # validated: letters, digits, ._+- and /
         "HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 "
         'CMD ["torchrig", "serve", "--check"]',
         'ENTRYPOINT ["/usr/bin/tini", "--"]',
@@ -245,7 +302,7 @@ def render_dockerfile(plan: ImagePlan) -> str:
             f"driver >= {s.min_driver or 'unknown'}"
         )
     head = [
-        f"# Rendered by torchrig {__version__} from {spec.path}; edit the spec, not this file.",
+        f"# Rendered by torchrig {__version__} from {json.dumps(spec.path)}; edit the spec, not this file.",
         f"# Stack: {'; '.join(facts)}.",
         f"# Base: {plan.base.image} ({plan.base.source}).",
         "# Build context: Dockerfile, torchrig-files/, torchrig-dist/"
@@ -258,10 +315,11 @@ def render_dockerfile(plan: ImagePlan) -> str:
     if plan.ca_cert:
         os_stage.append(f"COPY {CONTEXT_CA} {CA_PATH}")
     os_stage.append(_apt_block(plan))
+    build, layers = _build_stages(plan)
     blocks = [
         "\n".join(head),
         "\n".join(os_stage),
-        "\n".join(_build_stage(plan)),
-        "\n".join(_final_stage(plan)),
+        "\n".join(build),
+        "\n".join(_final_stage(plan, layers)),
     ]
     return "\n\n".join(blocks) + "\n"

@@ -35,11 +35,11 @@ _VARIANT_RE = re.compile(r"cpu|cu\d{2,4}")
 _PYTHON_RE = re.compile(r"3\.\d{1,2}")
 _DRIVER_RE = re.compile(r"\d{2,4}(\.\d{1,3}){0,2}")
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-# A pip requirement as pip reads it on one line: a name, extras, then a version specifier or URL.
-_PIP_RE = re.compile(
-    r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*((===?|~=|!=|<=?|>=?)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*"
-)
-_APT_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?")
+# Debian's grammar (Debian Policy 5.6.1 Package, 5.6.12 Version): a name of lower-case letters, digits and
+# + - . (two or more, starting alphanumeric); a version [epoch:]upstream[-revision] whose upstream starts with
+# a digit. https://www.debian.org/doc/debian-policy/ch-controlfields.html
+_APT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+_APT_VERSION_RE = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*(?:-[A-Za-z0-9.+~]+)?")
 _IMAGE_REF_RE = re.compile(r"[a-z0-9]+([._/-][a-z0-9]+)*(:[A-Za-z0-9_.-]{1,128})?(@sha256:[0-9a-f]{64})?")
 _REPO_RE = re.compile(r"[a-z0-9]+([._/-][a-z0-9]+)*")
 
@@ -133,16 +133,68 @@ def _list_of(item: Check) -> Check:
     return check
 
 
-def _abs_path(v: Any) -> str:
-    if not isinstance(v, str) or not v.startswith("/") or any(c in v for c in " \"'$\\\n"):
+_PATH_RE = re.compile(r"(/[A-Za-z0-9._+-]+)+/?|/")
+
+
+def abs_path(v: Any) -> str:
+    """An absolute path of letters, digits and ``._+-`` only (no spaces, quotes, ``$``, control characters
+    or ``..``): safe in a RUN line, WORKDIR and the image's JSON config."""
+    if not isinstance(v, str) or not _PATH_RE.fullmatch(v) or ".." in v.split("/"):
         raise ValueError
     return v.rstrip("/") or "/"
 
 
-def _url(v: Any) -> str:
-    if not isinstance(v, str) or not re.fullmatch(r"(https?|file)://\S+", v):
+_URL_SAFE = "/:@%+~=,.-_"  # kept as they are; every other character is percent-encoded
+
+
+def index_url(v: Any) -> str:
+    """An ``http(s)://host/...`` or ``file:///...`` URL, parsed and re-serialised (anything outside RFC 3986
+    is percent-encoded); no whitespace, control characters or quotes."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    if not isinstance(v, str) or not v.isprintable() or any(c in v for c in " \"'`\\<>{}|^$;&()!*#"):
         raise ValueError
-    return v
+    try:
+        u = urlsplit(v)
+        port = u.port  # raises ValueError on a malformed port
+    except ValueError:
+        raise ValueError from None
+    if u.scheme not in ("http", "https", "file") or (u.scheme != "file" and not u.hostname):
+        raise ValueError
+    if u.scheme == "file" and (u.netloc or not u.path.startswith("/")):
+        raise ValueError
+    if u.hostname and not re.fullmatch(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]", u.hostname):
+        raise ValueError
+    del port
+    path = quote(u.path, safe=_URL_SAFE)
+    query = quote(u.query, safe=_URL_SAFE + "&")
+    return urlunsplit((u.scheme, u.netloc, path, query, ""))
+
+
+def pip_requirement(v: Any) -> str:
+    """A requirement as pip reads it (PEP 508, parsed with ``packaging``), normalised; no options (``-r``,
+    ``--index-url``), no control characters."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not isinstance(v, str) or not v.strip() or not v.isprintable():
+        raise ValueError
+    try:
+        req = Requirement(v.strip())
+    except InvalidRequirement:
+        raise ValueError from None
+    if req.url is not None and not req.url.startswith(("https://", "http://", "file://")):
+        raise ValueError
+    return str(req)
+
+
+def apt_package(v: Any) -> str:
+    """``name`` or ``name=version`` by Debian's grammar."""
+    if not isinstance(v, str):
+        raise ValueError
+    name, eq, version = v.strip().partition("=")
+    if not _APT_NAME_RE.fullmatch(name) or (eq and not _APT_VERSION_RE.fullmatch(version)):
+        raise ValueError
+    return v.strip()
 
 
 _GPU_NAME = _matching(re.compile(r"[A-Za-z0-9 ._()/-]{2,64}"))
@@ -156,8 +208,11 @@ SCHEMA: dict[str, dict[str, tuple[str, Check]]] = {
     },
     "python": {"version": ("a Python version like '3.11'", _matching(_PYTHON_RE))},
     "packages": {
-        "pip": ("a list of pip requirements, e.g. ['transformers==4.46.0']", _list_of(_matching(_PIP_RE))),
-        "apt": ("a list of Debian/Ubuntu package names, e.g. ['git', 'htop']", _list_of(_matching(_APT_RE))),
+        "pip": ("a list of pip requirements, e.g. ['transformers==4.46.0']", _list_of(pip_requirement)),
+        "apt": (
+            "a list of Debian/Ubuntu packages, 'name' or 'name=version', e.g. ['git', 'htop']",
+            _list_of(apt_package),
+        ),
     },
     "services": {
         "jupyter": ("true or false", _boolean),
@@ -170,13 +225,13 @@ SCHEMA: dict[str, dict[str, tuple[str, Check]]] = {
     },
     "image": {
         "variant": (", ".join(IMAGE_VARIANTS), _choice(*IMAGE_VARIANTS)),
-        "workdir": ("an absolute path without spaces or quotes", _abs_path),
+        "workdir": ("an absolute path of letters, digits and ._+- (no spaces, quotes or '..')", abs_path),
         "name": ("an image repository like 'torchrig/pytorch' (no tag)", _matching(_REPO_RE)),
         "base": (
             "an image reference like 'debian:bookworm-slim' or 'repo@sha256:...' (never :latest)",
             _matching(_IMAGE_REF_RE),
         ),
-        "pip_index_url": ("an http(s):// or file:// URL", _url),
+        "pip_index_url": ("an http(s)://host/... or file:///... URL", index_url),
     },
 }
 
@@ -252,12 +307,21 @@ def parse_spec(data: Mapping[str, Any], path: str = "torchrig.toml") -> ImageSpe
     )
 
 
+def spec_path(path: str) -> str:
+    """The spec's path as given; control characters (a newline, an escape) are refused."""
+    if not path.isprintable():
+        raise SpecError(
+            f"{path!r}: a spec path with control characters", hint="rename the file or its directory"
+        )
+    return path
+
+
 def load_spec(path: str | Path) -> ImageSpec:
     """Read and validate ``path``; a missing file or broken TOML is a one-line SpecError."""
     from torchrig.errors import InputError
     from torchrig.inputfiles import read_toml
 
-    p = Path(path)
+    p = Path(spec_path(str(path)))
     if not p.exists():
         raise SpecError(f"{p}: no such spec file", hint="write one with 'torchrig init'")
     try:

@@ -1,10 +1,14 @@
 """``torchrig serve --check``: the image's HEALTHCHECK. Each started service answers on its port, or the
-check fails with one line naming the service (Docker shows it in ``docker inspect``)."""
+check fails with one line naming the service (Docker shows it in ``docker inspect``).
+
+Quiet by design: the check runs every 10 s, so it must not write to the services' logs. JupyterLab logs a
+successful request at debug level only, so ``/api`` is asked; sshd logs every connection ("Connection closed
+by 127.0.0.1 [preauth]"), so SSH is checked without connecting: the sshd that serve started is alive and a
+socket listens on its port (``/proc/net/tcp``, what ``ss -ltn`` reads)."""
 
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -32,23 +36,51 @@ def probe_jupyter(port: int) -> Probe:
         return Probe("jupyter", False, f"no answer on :{port} ({err})")
 
 
-def probe_ssh(port: int) -> Probe:
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
+
+
+def listening_ports(proc_net: Path = Path("/proc/net")) -> set[int]:
+    """The TCP ports with a listening socket in this network namespace (IPv4 and IPv6)."""
+    ports: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc_net / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == _LISTEN:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def pid_alive(pid: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as s:
-            banner = s.recv(64).decode("ascii", "replace").strip()
-    except OSError as err:
-        return Probe("ssh", False, f"no answer on :{port} ({err})")
-    return Probe("ssh", banner.startswith("SSH-2.0"), banner or "no banner")
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def probe_ssh(port: int, pid: int | None, proc_net: Path = Path("/proc/net")) -> Probe:
+    if pid is not None and not pid_alive(pid):
+        return Probe("ssh", False, f"sshd (pid {pid}) is gone")
+    if port not in listening_ports(proc_net):
+        return Probe("ssh", False, f"nothing listens on :{port}")
+    return Probe("ssh", True, f"sshd (pid {pid}) listens on :{port}")
 
 
 def check(cfg: ServeConfig) -> list[Probe]:
     """Probe the services serve started (from its state file), else those the config names."""
     state = cfg.state_dir / "serve.json"
     try:
-        started = list(json.loads(Path(state).read_text(encoding="utf-8"))["services"])
-    except (OSError, ValueError, KeyError):
+        started = dict(json.loads(Path(state).read_text(encoding="utf-8"))["services"])
+    except (OSError, ValueError, KeyError, TypeError):
         return [Probe("serve", False, f"{state} missing: torchrig serve is not running (yet)")]
     probes = []
-    for name in started:
-        probes.append(probe_jupyter(cfg.jupyter_port) if name == "jupyter" else probe_ssh(cfg.ssh_port))
+    for name, pid in started.items():
+        if name == "jupyter":
+            probes.append(probe_jupyter(cfg.jupyter_port))
+        else:
+            probes.append(probe_ssh(cfg.ssh_port, pid if isinstance(pid, int) else None))
     return probes or [Probe("serve", True, "no services configured")]

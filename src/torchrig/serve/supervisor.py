@@ -47,6 +47,33 @@ def ensure_host_key(path: Path) -> None:
     )
 
 
+def hold_serve_lock(state_dir: Path) -> int:
+    """Take ``~/.torchrig/serve.lock`` for this serve's lifetime (the kernel drops it when the process
+    ends); a second ``torchrig serve`` in the same container is refused before it touches anything, so
+    the first one's state (what the health check probes) stays as it is."""
+    import fcntl
+
+    from torchrig.errors import UsageError
+
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(state_dir / "serve.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        try:
+            running = json.loads((state_dir / "serve.json").read_text(encoding="utf-8"))
+            what = ", ".join(running.get("services", {})) or "no services"
+        except (OSError, ValueError, AttributeError):
+            what = "its services"
+        raise UsageError(
+            f"torchrig serve is already running in this container ({what})",
+            hint="use the running services; to change them, restart the container with TORCHRIG_SERVICES",
+        ) from None
+    os.set_inheritable(fd, False)
+    return fd
+
+
 def _pump(name: str, stream: object) -> None:
     for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
         log(name, raw.decode("utf-8", "replace").rstrip("\n"))
