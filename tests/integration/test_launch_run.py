@@ -81,7 +81,9 @@ def test_hang_watchdog_dumps_stacks_and_stops_the_job(tmp_path):
     assert res["hung"] and res["summary"]["kind"] == "hang"
     # the flight records name the culprit first (the rank that never called the collective)
     assert res["summary"]["headline"] == "hang: rank 1 never arrived at the collective that rank 0 wait(s) in"
-    assert res["summary"]["evidence"].startswith("no rank wrote to its log for 30 s (--hang-timeout, as asked)")
+    assert res["summary"]["evidence"].startswith(
+        "no rank wrote to its log for 30 s (--hang-timeout, as asked)"
+    )
     # Asked by the launcher, both gloo ranks (recorder on) wrote their flight records, naming the missed call.
     assert [Path(p).name for p in res["flight_records"]] == ["nccl_trace_rank_0", "nccl_trace_rank_1"]
     assert res["flight"]["culprits"] == [1]

@@ -135,6 +135,7 @@ def test_an_argument_the_script_rejects_names_the_exception_and_the_scripts_line
         ),
         (signal.SIGSEGV, "killed by SIGSEGV", "the process crashed with a segmentation fault"),
     ],
+    ids=["SIGKILL", "SIGTERM", "SIGSEGV"],
 )
 def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tmp_path, sig, status, cause):
     job, logs = nanogpt(tmp_path), tmp_path / "logs"
@@ -156,12 +157,15 @@ def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tm
     written = loss_lines(output_log(logs, 1).read_text())
     last = v[1]["last_lines"]
     assert written and all(re.match(r"\d\d:\d\d:\d\d\.\d{3} ", ln) for ln in last)
-    if sig != signal.SIGSEGV:
+    in_script = rf"{job}/(bench|model)\.py:\d+ in \S+"
+    if sig == signal.SIGKILL:  # no stack: nothing runs in a SIGKILLed process
         assert last[-1].endswith(written[-1]) and v[1]["where"] is None
+    elif sig == signal.SIGTERM:  # the shim's faulthandler dumped the stack where the signal hit
+        assert last[-1].endswith(written[-1]) and re.fullmatch(in_script, v[1]["where"]), v[1]
     else:  # faulthandler's report comes after the last loss line; its dump gives the script's frame
         texts = [ln[13:] for ln in last]
         assert texts.index("Fatal Python error: Segmentation fault") > texts.index(written[-1])
-        assert re.fullmatch(rf"{job}/(bench|model)\.py:\d+ in \S+", v[1]["where"]), v[1]
+        assert re.fullmatch(in_script, v[1]["where"]), v[1]
 
 
 def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victim(tmp_path):

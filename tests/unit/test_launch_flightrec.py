@@ -146,10 +146,19 @@ def test_the_worker_writes_its_record_when_asked_and_keeps_nccls_own(tmp_path, m
     time.sleep(0.6)
     assert not (tmp_path / "nccl_trace_rank_3").exists()
     (tmp_path / ".flight-record-request.2").touch()
-    t.join(timeout=10)
+    deadline = time.monotonic() + 10
+    while len(asked) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)  # the record with stacks replaces the quick one
     assert asked == [False, True]  # without the stacks at once, then with them
     assert flightrec.load(tmp_path / "nccl_trace_rank_3") == pickle.loads(recorded)
     assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name or p.name.endswith(".symbolizing")] == []
+    # The launcher asks again (it touches the request): the rank writes its record again.
+    os.utime(tmp_path / ".flight-record-request.2", ns=(time.time_ns() + 10**9,) * 2)
+    deadline = time.monotonic() + 10
+    while len(asked) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert asked == [False, True, False, True]
     # A record NCCL's watchdog wrote for this process stays as it is.
     (tmp_path / "nccl_trace_rank_3").write_bytes(b"nccl's")
     worker._dump_flight_record(str(tmp_path / "nccl_trace_rank_3"), time.time() - 60)

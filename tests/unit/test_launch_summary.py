@@ -63,7 +63,9 @@ def test_hang_watchdog_stacks():
 def test_sigkill_is_named():
     log = RankLog(global_rank=3, local_rank=1, host="n1", pid=9, attempt=0, text="step 5\n", exit_code=-9)
     s = summarize_failure([log], 0)
-    assert s.ranks[0].status == "killed by SIGKILL from outside the job: neither torchrun nor torchrig sent it"
+    assert (
+        s.ranks[0].status == "killed by SIGKILL from outside the job: neither torchrun nor torchrig sent it"
+    )
     assert "OOM killer" in s.likely_cause
 
 
@@ -232,8 +234,8 @@ def test_report_points_at_the_flight_records():
 
 
 def test_report_gives_the_flight_records_verdict_before_the_files():
-    from torchrig.launch.run import LaunchReport
     from torchrig.launch.flightrec import FlightVerdict
+    from torchrig.launch.run import LaunchReport
     from torchrig.launch.summary import FailureSummary
     from torchrig.launch.supervise import LaunchResult
 

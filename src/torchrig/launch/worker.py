@@ -10,8 +10,9 @@ looks for it twice a second; a rank blocked inside a collective still answers, s
 while it waits); (4) keeps one merged, timestamped copy of the rank's stdout and stderr in the order they
 were written (``output.log`` next to torchrun's ``stdout.log``/``stderr.log``), written by a small process
 forked before the script starts, so the last lines survive a SIGKILL of the rank; (5) runs the script as
-``python SCRIPT`` would (``__file__`` absolute, as under plain ``python``), under torchelastic's ``record``
-so an uncaught exception lands in the rank's error file.
+``python SCRIPT`` would (``__file__`` absolute, as under plain ``python``), and writes an uncaught
+exception to the rank's error file as torchelastic's ``record`` does. Nothing here imports torch before the
+script's first line: the script starts as soon as under plain torchrun.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ _OURS: set[int] = set()  # st_mtime_ns of the records this process wrote itself
 
 def _dump_flight_record(path: str, started: float) -> None:
     """Write this rank's flight record to ``path``, unless NCCL's watchdog already wrote one there for this
-    process (its dump at the timeout comes first; a record this process wrote before is replaced). The record without Python stacks comes first: on an H200
+    process (its dump at the timeout comes first; a record this process wrote before is replaced).
+    The record without Python stacks comes first: on an H200
     with torch 2.11 it took 0.0 s where the first one with stacks took 4.4-5.8 s (their symbolisation);
     the one with stacks then replaces it, while a ``.symbolizing`` marker tells the launcher to wait."""
     try:
@@ -232,30 +234,39 @@ def main(argv: list[str]) -> None:
         print("usage: python -m torchrig.launch.worker [--module] SCRIPT [ARGS...]", file=sys.stderr)
         raise SystemExit(2)
     given, args = argv[0], argv[1:]
-    target = (
-        given if module else os.path.abspath(given)
-    )  # as plain ``python SCRIPT`` sets ``__file__``; a chdir changes nothing
+    # absolute, as plain ``python SCRIPT`` sets ``__file__``: a script that changes directory changes nothing
+    target = given if module else os.path.abspath(given)
     start_output_log()
     print(header(), file=sys.stderr, flush=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     serve_flight_record()
 
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    sys.excepthook = _script_excepthook  # after torch's import; the script may set its own, which then prints
-
-    @record
-    def run() -> None:
+    sys.excepthook = _script_excepthook  # the script may set its own, which then prints
+    faulthandler.enable(all_threads=True)  # what torchelastic's ``record`` sets up, without importing torch
+    sys.argv = [given, *args]
+    if not module:
+        sys.path[0] = os.path.dirname(target)
+    try:
         if module:
-            sys.argv = [given, *args]
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [given, *args]
-            sys.path[0] = os.path.dirname(target)
             runpy.run_path(target, run_name="__main__")
+    except Exception as e:
+        _record(e)
+        raise
 
-    run()
+
+def _record(e: Exception) -> None:
+    """Write the rank's error file as torchelastic's ``record`` does (``$TORCHELASTIC_ERROR_FILE``). torch is
+    imported only here, after a failure: the script's first line runs before any torch import, as under plain
+    torchrun (where ``record`` wraps torchrun's own entry point, not the script)."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        get_error_handler().record_exception(e)
+    except Exception as err:  # the error file is a diagnosis aid: the script's own exception comes first
+        print(f"torchrig-worker: could not write the error file: {err}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
