@@ -176,12 +176,12 @@ def test_recorded_stacks_agree_with_the_knowledge_base(label):
     assert resolve_stack(spec, load_kb()) == stack(label, "3.11")
 
 
-def test_readme_shows_the_dockerfile_as_it_renders(tmp_path, monkeypatch):
-    """The README's Images section shows a real render; it must stay what the code renders."""
+def test_the_docs_show_the_dockerfile_as_it_renders(tmp_path, monkeypatch):
+    """docs/images.md shows a real render; it must stay what the code renders."""
     from torchrig.image.pipeline import ImageOptions, make_plan
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Images") :]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "images.md").read_text()
+    section = doc[doc.index("## A real render, start to finish") :]
     spec_text = section.split("```toml\n", 1)[1].split("```", 1)[0]
     shown = section.split("--base torchrig-test/debian:bookworm\n", 1)[1].split(
         "\n$ torchrig image build", 1
