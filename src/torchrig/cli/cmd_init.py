@@ -81,13 +81,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def render_spec(args: argparse.Namespace) -> str:
     gpus = args.gpu or ([] if args.variant == "cpu" else ["H100"])
     driver = args.driver or (None if args.variant == "cpu" else "535.104.05")
+
+    def q(value: object) -> str:  # a TOML basic string (or list of them): JSON's escapes, but raw non-ASCII
+        return json.dumps(
+            value, ensure_ascii=False
+        )  # JSON would escape U+10000 as a surrogate pair: not TOML
+
     return TEMPLATE.format(
-        version=json.dumps(args.torch),
-        variant=json.dumps(args.variant),
-        gpus=json.dumps(gpus),
-        driver_line=f"min_driver = {json.dumps(driver)}" if driver else '# min_driver = "535.104.05"',
-        python=json.dumps(args.python),
-        image_variant=json.dumps("devel" if args.devel else "runtime"),
+        version=q(args.torch),
+        variant=q(args.variant),
+        gpus=q(gpus),
+        driver_line=f"min_driver = {q(driver)}" if driver else '# min_driver = "535.104.05"',
+        python=q(args.python),
+        image_variant=q("devel" if args.devel else "runtime"),
     )
 
 
