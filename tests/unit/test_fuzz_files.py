@@ -24,6 +24,8 @@ fuzzkit.preload()
 
 FIX = fuzzkit.FIXTURES
 SPEC = (FIX / "image" / "cpu-only.toml").read_bytes()
+# the spec the recorded lock was built from (torch 2.13.0, CPU): --locked accepts the lock for it
+LOCKED_SPEC = SPEC.replace(b'version = "2.8.0"', b'version = "2.13.0"')
 LOCK = (FIX / "image" / "lock-2.13.0-cpu-jupyter-ssh.json").read_bytes()
 IMAGE_CONFIG = json.dumps(
     {"services": ["jupyter", "ssh"], "workdir": "/workspace", "jupyter_port": 8888, "ssh_port": 22}
@@ -88,8 +90,15 @@ TARGETS = [
         "toml",
         {},
     ),
-    ("image-lock", ["image", "build", "--locked", "c/spec.toml"], "c/torchrig.lock.json", LOCK, "json", {}),
-    ("up-lock", ["up", "--dry-run", "--spec", "c/spec.toml"], "c/torchrig.lock.json", LOCK, "json", {}),
+    (
+        "image-lock",
+        ["image", "build", "--locked", "l/torchrig.toml"],
+        "l/torchrig.lock.json",
+        LOCK,
+        "json",
+        {},
+    ),
+    ("up-lock", ["up", "--dry-run", "--spec", "l/torchrig.toml"], "l/torchrig.lock.json", LOCK, "json", {}),
     (
         "serve-image-config",
         ["serve", "--dry-run"],
@@ -149,6 +158,8 @@ def test_file_content_fuzz(what, argv, rel, seed, kind, env, data):
     files = {rel: content}
     if rel.startswith("s/"):
         files["s/torchrig.lock.json"] = LOCK
+    if rel.startswith("l/"):
+        files["l/torchrig.toml"] = LOCKED_SPEC
     fuzzkit.check(fuzzkit.call(argv, env=env, files=files))
 
 
@@ -160,6 +171,8 @@ def test_every_seed_is_accepted_as_recorded():
         files = {rel: seed.read_bytes() if isinstance(seed, Path) else seed}
         if rel.startswith("s/"):
             files["s/torchrig.lock.json"] = LOCK
+        if rel.startswith("l/"):
+            files["l/torchrig.toml"] = LOCKED_SPEC
         out = fuzzkit.call(argv, env=env, files=files)
         assert out.code in (0, 1, fuzzkit.REACHED_EXIT), f"{what}: " + out.describe()
 

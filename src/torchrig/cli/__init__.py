@@ -127,6 +127,15 @@ def build_parser(name: str) -> tuple[TorchrigParser, object]:
     return parser, module
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Options may come between positionals (``image render --json SPEC``): argparse's plain parse gives an
+    optional positional its default at the first one and then refuses SPEC. Commands whose last positional
+    takes the rest of the line (``launch SCRIPT ARGS``) or that have sub-commands parse as before."""
+    if any(a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in parser._actions):
+        return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
+
+
 def _split_globals(argv: list[str]) -> tuple[dict[str, bool], list[str]]:
     flags = {"json": False, "debug": False}
     rest = list(argv)
@@ -189,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hint=did_you_mean(command, COMMANDS) or "see 'torchrig --help'",
             )
         parser, module = build_parser(command)
-        args = parser.parse_args(rest)
+        args = _parse(parser, rest)
         args.json = bool(args.json or flags["json"])
         args.debug = bool(args.debug or flags["debug"])
         as_json, debug = args.json, args.debug

@@ -96,16 +96,22 @@ def choose(args: argparse.Namespace) -> Any:
     return choose_target(args.gpu, args.driver, args.variant, detect_local_gpus() if looked else None)
 
 
+def _q(value: object) -> str:
+    """A TOML basic string (or a list of them): JSON's escapes, but raw non-ASCII (JSON would escape U+10000
+    as a surrogate pair, which TOML does not read)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def render_spec(args: argparse.Namespace, target: Any) -> str:
     driver = target.driver
     return TEMPLATE.format(
         why=target.why,
-        version=json.dumps(args.torch),
-        variant=json.dumps(target.variant),
-        gpus=json.dumps(list(target.gpus)),
-        driver_line=f"min_driver = {json.dumps(driver)}" if driver else '# min_driver = "535.104.05"',
-        python=json.dumps(args.python),
-        image_variant=json.dumps("devel" if args.devel else "runtime"),
+        version=_q(args.torch),
+        variant=_q(target.variant),
+        gpus=_q(list(target.gpus)),
+        driver_line=f"min_driver = {_q(driver)}" if driver else '# min_driver = "535.104.05"',
+        python=_q(args.python),
+        image_variant=_q("devel" if args.devel else "runtime"),
     )
 
 

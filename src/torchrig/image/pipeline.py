@@ -172,9 +172,16 @@ def read_lock_pins(spec_path: Path, stack: Any) -> LockPins:
     path = spec_path.resolve().parent / LOCK_NAME
     if not path.exists():
         raise UsageError(f"--locked: no {LOCK_NAME} beside {spec_path}", hint="build once without --locked")
+
+    def strings(value: Any) -> bool:
+        return all(isinstance(x, str) for x in value)
+
     try:
         lock = read_json(path, "--locked: lock file")  # bounded size and depth, UTF-8, no NaN
         field(lock, "stack", dict, str(path))
+        for key in ("pip_freeze", "apt_packages"):
+            field(lock, key, list, str(path), default=[], check=strings, expected="a list of strings")
+        field(lock, "base_reference", str, str(path), default="")
     except InputError as err:
         raise UsageError(err.message, hint="build again without --locked") from None
     locked_torch = lock.get("stack", {}).get("org.torchrig.torch")
