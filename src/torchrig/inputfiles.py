@@ -131,7 +131,7 @@ def loads_toml(text: str, what: str, where: str) -> dict[str, Any]:
     except RecursionError:
         raise InputError(f"{what} {where!r} nests deeper than TOML files do") from None
     except (tomllib.TOMLDecodeError, ValueError) as err:
-        raise InputError(f"{what} {where!r} is not TOML: {err}") from None
+        raise InputError(f"{what} {where!r} is not valid TOML: {err}") from None
     if depth(value) > MAX_DEPTH:
         raise InputError(f"{what} {where!r} nests deeper than {MAX_DEPTH} levels: not a torchrig file")
     return value

@@ -42,7 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="GPT: sequence length of the example input (default: the context)",
     )
     parser.add_argument(
-        "--tolerance", type=float_in(1e-30, 1e30), default=1e-3, help="max abs difference allowed (1e-3)"
+        "--tolerance",
+        type=float_in(0, 1e30, lo_open=True),
+        default=1e-3,
+        help="max abs difference allowed (1e-3)",
     )
 
 
