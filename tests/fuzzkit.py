@@ -119,6 +119,7 @@ def install_boundaries() -> None:
         "torchrig.serve.supervisor": ["Supervisor"],
         "torchrig.cluster.slurm": ["submit"],
         "torchrig.cluster.k8s": ["apply"],
+        "torchrig.cli.cmd_dashboard": ["_serve"],  # serves until stopped
     }
     for mod_name, names in stops.items():
         try:

@@ -333,10 +333,10 @@ def test_metrics_on_a_full_disk_say_disk_full_and_name_the_last_checkpoint(tmp_p
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--batch", "0"], "--batch must be 1..1024"),
-        (["--batch", "99999999999"], "--batch must be 1..1024"),
-        (["--tolerance", "nan"], "--tolerance must be a positive number"),
-        (["--tolerance", "-1"], "--tolerance must be a positive number"),
+        (["--batch", "0"], "--batch must be at least 1"),
+        (["--batch", "99999999999"], "--batch must be"),
+        (["--tolerance", "nan"], "--tolerance must be a finite number"),
+        (["--tolerance", "-1"], "--tolerance must be positive"),
         (["--out", "/dev/null"], "is not a folder"),
     ],
 )

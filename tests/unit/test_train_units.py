@@ -172,7 +172,7 @@ def test_gpt_flops_formula_matches_the_baseline_count():
         (["launch", "--nnodes", "2", "t.py"], "--rdzv-endpoint"),
         (["launch", "--cpu", "--env", "NOEQUALS", "t.py"], "malformed --env"),
         (["export", "/nonexistent/run"], "no checkpoint at"),
-        (["export", "/nonexistent/run", "--tolerance", "0"], "--tolerance must be a positive number"),
+        (["export", "/nonexistent/run", "--tolerance", "0"], "--tolerance must be positive"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(cli, args, msg):
