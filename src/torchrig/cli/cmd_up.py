@@ -212,7 +212,7 @@ class UpReport:
                 lines.append(f"  SSH      {r.ssh_command}")
             lines.append(f"  stop it  torchrig down {p.name}")
         for f in r.preflight:
-            if f.severity.value != "info":
+            if f.severity.is_problem:  # caveats and failures
                 lines.append(f"  note     {f.summary}")
         lines += [f"  note     {n}" for n in p.notes]
         return "\n".join(lines)
