@@ -17,9 +17,10 @@ from typing import Any
 
 from torchrig.errors import InputError, JobFailed
 from torchrig.runtime.engine import Engine
-from torchrig.runtime.inventory import Inventory, current
+from torchrig.runtime.inventory import Inventory
 from torchrig.runtime.lease import NoFreeGpu, acquire, too_few
 from torchrig.runtime.ledger import Ledger
+from torchrig.runtime.nvml import current
 from torchrig.runtime.placement import pick, resolve_named
 from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, make_plan
 from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight
