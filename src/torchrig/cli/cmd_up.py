@@ -136,10 +136,11 @@ def image_of_spec(spec: Path) -> str:
 
 def request_from(args: argparse.Namespace) -> Any:
     from torchrig.runtime.ledger import current_user
-    from torchrig.runtime.options import check_name, parse_cpus, parse_size, parse_ulimit, parse_volume
+    from torchrig.runtime.options import check_name, parse_cpus, parse_ulimit, parse_volume
     from torchrig.runtime.placement import parse_gpus
     from torchrig.runtime.plan import UpRequest
     from torchrig.runtime.up import default_name
+    from torchrig.sizes import parse_size
 
     user = args.user or current_user()
     check_name(user) if args.user else None
