@@ -70,3 +70,19 @@ def test_json_words_unchanged() -> None:
 
     assert finding == [s.value for s in LEVELS]
     assert {s.value for s in Severity} == {"ok", "info", "caveat", "warning", "fail", "error"}
+
+
+def test_check_json_keeps_the_compatibility_words() -> None:
+    """``check --json`` reasons say info/caveat/fail (scripts match on them), for a pass, a caveat and a fail."""
+    from torchrig.compat import check, load_kb
+
+    kb = load_kb()
+    seen: set[str] = set()
+    for gpu, driver, build in [
+        ("RTX 5090", "570.86.10", "2.7.0+cu128"),  # works
+        ("RTX 5090", "570.86.10", "2.6.0+cu124"),  # fails
+        ("A100-SXM4-80GB", "535.104.05", "2.8.0+cu128"),  # minor-version compatibility: a caveat
+    ]:
+        result = check(kb, [kb.find_gpu(gpu)], driver, kb.find_build(build)).to_json()
+        seen |= {r["severity"] for r in result["reasons"]}
+    assert seen == {"info", "caveat", "fail"}
