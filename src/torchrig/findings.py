@@ -1,18 +1,12 @@
 """The one severity scale every subsystem reports on, and the diagnostic finding record.
 
-Two families of words sit on one scale, ordered by :attr:`Severity.rank`:
+Two families of words sit on one scale, ordered by :attr:`Severity.rank` (higher is worse):
 
-=========  ====  ==========================================================================
-word       rank  used by
-=========  ====  ==========================================================================
-``ok``     0     a passed probe (``doctor``, launch pre-flight)
-``info``   1     worth knowing, changes nothing (all)
-``caveat`` 2     a compatibility judgment: it runs, with a catch (``check``, ``resolve``,
-                 ``matrix``, ``up``'s pre-flight)
-``warning``2     a probe's outcome: it will bite later (``doctor``, launch pre-flight)
-``fail``   3     a compatibility judgment: it does not run (``check`` ... ``up``'s pre-flight)
-``error``  3     a probe's outcome: it is broken now (``doctor``, launch pre-flight)
-=========  ====  ==========================================================================
+- rank 0, ``ok``: a passed probe (``doctor``, launch pre-flight);
+- rank 1, ``info``: worth knowing, changes nothing (every subsystem);
+- rank 2, ``caveat`` (a compatibility judgment: it runs, with a catch; ``check``, ``resolve``, ``matrix``,
+  ``up``'s pre-flight) or ``warning`` (a probe's outcome: it will bite later; ``doctor``, launch pre-flight);
+- rank 3, ``fail`` (a compatibility judgment: it does not run) or ``error`` (a probe's outcome: broken now).
 
 ``caveat``/``warning`` and ``fail``/``error`` share a rank: the words stay what each command's ``--json``
 has always printed (``check --json`` reasons, ``doctor``'s ``report.schema.json``), while code compares
