@@ -11,10 +11,10 @@ from torchrig.bench.busbw import (
     effective_size,
     element_counts,
     format_size,
-    parse_size,
     size_sweep,
 )
 from torchrig.errors import UsageError
+from torchrig.sizes import parse_size
 
 GiB = 1 << 30
 

@@ -29,7 +29,7 @@ def one_line_usage_error(r, *needles):
         (["--collectives", "all_reduse"], ["did you mean: all_reduce"]),
         (["--dtypes", "int8"], ["unknown --dtypes value 'int8'"]),
         (["--only", ","], ["--only is empty"]),
-        (["--max-size", "4XB"], ["malformed size '4XB'"]),
+        (["--max-size", "4XB"], ["malformed --max-size '4XB'"]),
         (["--min-size", "1GiB", "--max-size", "1MiB"], ["--min-size 1 GiB is above --max-size 1 MiB"]),
         (["--nproc-per-node", "0"], ["at least 1"]),
         (["--nproc-per-node", "two"], ["invalid int value"]),

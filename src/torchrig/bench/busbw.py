@@ -25,7 +25,6 @@ sendrecv       1                         the buffer each rank sends
 from __future__ import annotations
 
 import enum
-import re
 
 from torchrig.errors import UsageError
 
@@ -89,24 +88,6 @@ def effective_size(op: str | Collective, size_bytes: int, elem_bytes: int, ranks
     n_in, n_out = element_counts(op, size_bytes, elem_bytes, ranks)
     kind = Collective(op)
     return (n_out if kind is Collective.ALL_GATHER else n_in) * elem_bytes
-
-
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", re.IGNORECASE)
-_UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """A size with a binary unit: ``"1KiB"``, ``"256M"``, ``"4GiB"``, ``"4096"`` (bytes). Units are powers of 1024."""
-    m = _SIZE_RE.fullmatch(text or "")
-    if not m:
-        raise UsageError(
-            f"malformed size {text!r}",
-            hint="expected a number with an optional unit, e.g. 1KiB, 256MiB, 4GiB",
-        )
-    value = float(m.group(1)) * _UNIT[m.group(2).upper()]
-    if value < 1:
-        raise UsageError(f"size {text!r} is below one byte", hint="use e.g. 1KiB")
-    return int(value)
 
 
 def format_size(size_bytes: int) -> str:

@@ -111,15 +111,16 @@ def _device(args: argparse.Namespace) -> tuple[str, int]:
 
 def _choices_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The user's selections, validated before anything heavy is imported."""
-    from torchrig.bench.busbw import Collective, parse_size, size_sweep
+    from torchrig.bench.busbw import Collective, size_sweep
     from torchrig.bench.config import GEMM_DTYPES, Part
+    from torchrig.sizes import parse_size
 
     chosen: dict[str, Any] = dict(
         parts=_choices(args.only, tuple(p.value for p in Part), "--only"),
         collectives=_choices(args.collectives, tuple(c.value for c in Collective), "--collectives"),
         gemm_dtypes=_choices(args.dtypes, GEMM_DTYPES, "--dtypes"),
-        min_size=parse_size(args.min_size) if args.min_size else None,
-        max_size=parse_size(args.max_size) if args.max_size else None,
+        min_size=parse_size(args.min_size, "--min-size") if args.min_size else None,
+        max_size=parse_size(args.max_size, "--max-size") if args.max_size else None,
     )
     if chosen["min_size"] and chosen["max_size"]:
         size_sweep(chosen["min_size"], chosen["max_size"])  # raises the one-line error for a reversed range

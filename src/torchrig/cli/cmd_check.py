@@ -26,10 +26,12 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torchrig.findings import Severity
+
 if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
     from torchrig.compat.check import CheckResult
 
-MARK = {"info": "ok  ", "caveat": "warn", "fail": "FAIL"}
+MARK = {Severity.INFO: "ok  ", Severity.CAVEAT: "warn", Severity.FAIL: "FAIL"}
 TITLE = {"works": "WORKS", "works_with_caveats": "WORKS WITH CAVEATS", "fails": "FAILS"}
 
 
@@ -93,7 +95,7 @@ class CheckReport:
         driver = f"driver {r.driver}" if r.driver else "driver not given"
         lines = [f"torch {r.build.label} on {gpus}, {driver}, {r.platform}: {TITLE[r.verdict.value]}", ""]
         for reason in r.reasons:
-            lines.append(f"  {MARK[reason.severity.value]}  {reason.message}  [{reason.code}]")
+            lines.append(f"  {MARK[reason.severity]}  {reason.message}  [{reason.code}]")
         if r.fixes:
             lines += ["", "fixes (nearest first):"]
             for i, fix in enumerate(r.fixes, 1):

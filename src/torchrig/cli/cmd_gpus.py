@@ -121,8 +121,9 @@ class Board:
 def run(args: argparse.Namespace) -> Any:
     from torchrig.errors import EngineUnavailable, InputError
     from torchrig.report import SimpleReport
-    from torchrig.runtime.inventory import current, to_dict
+    from torchrig.runtime.inventory import to_dict
     from torchrig.runtime.ledger import Ledger
+    from torchrig.runtime.nvml import current
 
     if args.record:
         from torchrig.runtime import nvml

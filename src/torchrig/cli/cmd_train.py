@@ -199,6 +199,6 @@ def run(args: argparse.Namespace) -> TrainReport:
     )
     if report.exit_code != 0 and report.result is None:
         raise JobFailed(
-            "pre-flight failed: " + "; ".join(f.summary for f in report.findings if f.severity.value != "ok")
+            "pre-flight failed: " + "; ".join(f.summary for f in report.findings if f.severity.is_problem)
         )
     return TrainReport(summary, report)

@@ -149,13 +149,13 @@ def request_from(args: argparse.Namespace) -> Any:
         check_name,
         parse_cpus,
         parse_labels,
-        parse_size,
         parse_ulimit,
         parse_volume,
     )
     from torchrig.runtime.placement import parse_gpus
     from torchrig.runtime.plan import UpRequest
     from torchrig.runtime.up import default_name
+    from torchrig.sizes import parse_size
 
     uid = owner_uid()
     if args.user:
@@ -261,7 +261,7 @@ class UpReport:
                 lines.append(f"  host key {r.known_hosts_line.split(' ', 1)[1]} (kept for this name)")
             lines.append(f"  stop it  torchrig down {p.name}")
         for f in r.preflight:
-            if f.severity.value != "info":
+            if f.severity.is_problem:  # caveats and failures
                 lines.append(f"  note     {f.summary}")
         lines += [f"  note     {n}" for n in p.notes]
         return "\n".join(lines)

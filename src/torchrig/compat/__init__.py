@@ -12,8 +12,9 @@ True
 
 from __future__ import annotations
 
-from torchrig.compat.check import CheckResult, Fix, Reason, Severity, Verdict, check
+from torchrig.compat.check import CheckResult, check
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release, Toolkit, Variant, build_kb, load_kb
+from torchrig.compat.reasons import Fix, Reason, Severity, Verdict
 from torchrig.compat.resolve import NoBuildFound, Resolution, resolve
 
 __all__ = [

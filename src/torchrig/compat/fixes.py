@@ -10,10 +10,10 @@ import re
 from collections.abc import Sequence
 
 from torchrig.compat import versions as V
-from torchrig.compat.check import Fix, Reason, Severity
+from torchrig.compat.candidates import Candidate, candidates
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release
 from torchrig.compat.platforms import Platform
-from torchrig.compat.resolve import Candidate, candidates
+from torchrig.compat.reasons import Fix, Reason, Severity
 
 _DRIVER_CODES = {"driver_too_old", "arch_ptx_jit_driver_too_old"}
 _BRANCH_CODES = {"driver_branch_drops_arch", "driver_branch_predates_arch"}

@@ -3,7 +3,7 @@
 The matrix is for one platform (``--platform``): its builds' kernels and PyPI defaults (platforms.toml). Jetson
 modules (segment "embedded") are rows only for ``--platform jetson``: elsewhere they run NVIDIA's JetPack builds.
 
-Each cell is the :func:`~torchrig.compat.check.evaluate` verdict of the row's representative GPU on the
+Each cell is the :func:`~torchrig.compat.evaluate.evaluate` verdict of the row's representative GPU on the
 column's build (with ``driver`` if given, else the architecture alone). Rendered as a plain table,
 Markdown, or a standalone HTML page.
 """
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchrig.compat import versions as V
-from torchrig.compat.check import Severity, Verdict, evaluate, verdict_of
+from torchrig.compat.evaluate import evaluate
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase
 from torchrig.compat.platforms import Platform
+from torchrig.compat.reasons import Severity, Verdict, verdict_of
 
 LEGEND = {
     Verdict.WORKS: "native kernels for the GPU (or binary-compatible ones of the same major)"

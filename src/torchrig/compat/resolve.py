@@ -24,58 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchrig.compat import versions as V
-from torchrig.compat.check import Fix, Reason, Severity, Verdict, evaluate, verdict_of
+from torchrig.compat.candidates import Candidate, candidates
+from torchrig.compat.evaluate import evaluate, platform_for
+from torchrig.compat.fixes import nearest_fixes
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release
 from torchrig.compat.platforms import Platform
-from torchrig.compat.rules import DriverSupportKind
+from torchrig.compat.reasons import Fix, Reason, Severity, Verdict
 from torchrig.errors import InputError, JobFailed
-
-
-@dataclass(frozen=True)
-class Candidate:
-    build: Build
-    reasons: list[Reason]
-    driver_kind: DriverSupportKind | None
-
-    @property
-    def verdict(self) -> Verdict:
-        return verdict_of(self.reasons)
-
-    @property
-    def native(self) -> bool:
-        return self.driver_kind is DriverSupportKind.NATIVE
-
-    @property
-    def pins_known(self) -> bool:
-        return self.build.variant.cudnn is not None and self.build.variant.nccl is not None
-
-    def rank(self, with_driver: bool) -> tuple[int, ...]:
-        jit = any(r.code == "arch_ptx_jit" for r in self.reasons)
-        cuda = V.parse_cuda(self.build.cuda) if self.build.cuda else (0, 0)
-        pypi = int(self.build.is_pypi_default)
-        if with_driver:
-            return (int(self.native), int(not jit), int(self.pins_known), *cuda, pypi)
-        return (int(not jit), pypi, *cuda)
-
-
-def candidates(
-    kb: KnowledgeBase,
-    gpus: Sequence[Gpu],
-    driver: str | None,
-    release: Release,
-    platform: Platform | None = None,
-) -> list[Candidate]:
-    """The release's GPU variants that do not fail on ``platform``, best first."""
-    out = []
-    for variant in release.variants:
-        if variant.is_cpu:
-            continue
-        build = kb.build(release, variant, platform)
-        reasons, kind = evaluate(kb, gpus, driver, build, platform)
-        cand = Candidate(build, reasons, kind)
-        if cand.verdict is not Verdict.FAILS:
-            out.append(cand)
-    return sorted(out, key=lambda c: c.rank(driver is not None), reverse=True)
 
 
 @dataclass(frozen=True)
@@ -179,8 +134,6 @@ def resolve(
     NoBuildFound (exit 1) if none works."""
     if driver is not None:
         V.parse_driver(driver)
-    from torchrig.compat.check import platform_for
-
     plat, _switched = platform_for(gpus, platform)
     releases = _releases_in_range(kb, torch_spec, python)
     if not gpus:
@@ -308,8 +261,6 @@ def _no_build(
     blockers = [r for r in reasons if r.severity is Severity.FAIL]
     suggestions: list[Fix] = []
     if driver is not None:  # what would change it: a driver branch, another release, or both
-        from torchrig.compat.fixes import nearest_fixes
-
         suggestions = nearest_fixes(kb, gpus, driver, pypi, reasons, plat)
     if not suggestions and (torch_spec or python):  # would a wider range help?
         try:

@@ -15,10 +15,15 @@ Arch(kind='sm', major=9, minor=0, suffix='a')
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torchrig.errors import UsageError
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
 
 _NUM = r"(?:0|[1-9]\d*)"
 _DRIVER_RE = re.compile(r"\d{2,4}(?:\.\d{1,3}){0,2}")
@@ -202,36 +207,27 @@ def parse_python(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Clause:
-    op: str
-    version: tuple[int, ...]
-    wildcard: bool
-
-    def admits(self, v: tuple[int, ...]) -> bool:
-        if self.wildcard:  # ==2.8.* / !=2.8.*
-            same = v[: len(self.version)] == self.version
-            return same if self.op == "==" else not same
-        w = self.version + (0,) * (3 - len(self.version))
-        if self.op == "~=":  # ~=2.6 -> >=2.6, ==2.*; ~=2.6.1 -> >=2.6.1, ==2.6.*
-            prefix = self.version[:-1]
-            return v >= w and v[: len(prefix)] == prefix
-        return {"==": v == w, "!=": v != w, "<=": v <= w, ">=": v >= w, "<": v < w, ">": v > w}[self.op]
-
-
-@dataclass(frozen=True)
 class Spec:
-    """A version specifier in the PEP 440 subset users write for torch: ``>=2.6``, ``>=2.5,<2.8``, ``==2.7.*``."""
+    """A version specifier in the PEP 440 subset users write for torch: ``>=2.6``, ``>=2.5,<2.8``, ``==2.7.*``.
+
+    Matching is ``packaging``'s (:class:`packaging.specifiers.SpecifierSet`); this module only checks the text
+    is in the subset above, so a typo is a one-line error rather than a surprise match.
+    """
 
     text: str
-    clauses: tuple[Clause, ...]
+    specifier: SpecifierSet
 
     def admits(self, release: str) -> bool:
-        v = parse_release(release)
-        return all(c.admits(v) for c in self.clauses)
+        from packaging.version import Version
+
+        return Version(normalise_release(release)) in self.specifier
 
 
+@functools.lru_cache(maxsize=256)  # the knowledge base reads the same row specifiers for every build
 def parse_spec(text: str) -> Spec:
     """Parse a specifier; a bare version (``2.7``) means ``==2.7.*``, ``2.7.1`` means ``==2.7.1``."""
+    from packaging.specifiers import SpecifierSet
+
     t = _strict(text, "torch specifier").removeprefix("torch")
     clauses = []
     for raw in t.split(","):
@@ -246,7 +242,8 @@ def parse_spec(text: str) -> Spec:
                 f"malformed torch specifier {text.strip()!r}",
                 hint="expected e.g. '>=2.6', '>=2.5,<2.8', '==2.7.*' or '2.7'",
             )
-        op, ver = m.group(1), tuple(int(p) for p in m.group(2).split("."))
-        wildcard = bool(m.group(3)) or (op is None and len(ver) < 3)
-        clauses.append(Clause(op or "==", ver, wildcard))
-    return Spec(t.strip(), tuple(clauses))
+        op, version, wildcard = m.group(1), m.group(2), m.group(3) or ""
+        if op is None:  # a bare version: 2.7 -> ==2.7.*, 2.7.1 -> ==2.7.1
+            op, wildcard = "==", (".*" if version.count(".") < 2 else "")
+        clauses.append(f"{op}{version}{wildcard}")
+    return Spec(t.strip(), SpecifierSet(",".join(clauses)))

@@ -209,8 +209,8 @@ def collect(
     viewer: Viewer, inventory: str | None, bench_dir: str | None, doctor: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Everything the page shows, now."""
-    from torchrig.runtime.inventory import current
     from torchrig.runtime.ledger import Ledger
+    from torchrig.runtime.nvml import current
 
     notes: list[str] = []
     inv = current(inventory)

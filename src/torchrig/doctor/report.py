@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchrig.doctor.facts import Facts, ProbeStatus, facts_to_json
-from torchrig.doctor.findings import Finding, Severity
+from torchrig.doctor.findings import LEVELS, Finding, Severity
 from torchrig.report import jsonable
 
 REPORT_SCHEMA_VERSION = 1
@@ -47,7 +47,7 @@ class DoctorReport:
             "verdict": {
                 "status": self.status,
                 "exit_code": self.exit_code,
-                **{s.value: self.count(s) for s in Severity},
+                **{s.value: self.count(s) for s in LEVELS},
             },
             "machine": self.machine_line(),
             "areas": list(self.areas),

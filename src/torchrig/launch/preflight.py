@@ -10,19 +10,13 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import io
 from dataclasses import dataclass
 
+from torchrig.findings import Severity  # probe words: ok, warning, error
 from torchrig.launch import probe
 from torchrig.launch.plan import LaunchPlan
 from torchrig.launch.summary import render
-
-
-class Severity(str, enum.Enum):
-    OK = "ok"
-    WARNING = "warning"
-    ERROR = "error"
 
 
 @dataclass(frozen=True)

@@ -165,13 +165,3 @@ def load_snapshot(path: str | os.PathLike[str]) -> Inventory:
     if not isinstance(data, dict):
         raise InputError(f"GPU inventory file {p} is not a JSON object")
     return from_dict(data, str(p))
-
-
-def current(path: str | None = None) -> Inventory:
-    """The inventory to use: ``path``, else ``$TORCHRIG_GPU_INVENTORY``, else NVML (an empty one without GPUs)."""
-    chosen = path or os.environ.get(INVENTORY_ENV)
-    if chosen:
-        return load_snapshot(chosen)
-    from torchrig.runtime import nvml
-
-    return nvml.probe()

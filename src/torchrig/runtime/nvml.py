@@ -9,12 +9,13 @@ GPU whose handle NVML refuses) yields an empty inventory, never an exception.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from torchrig.hw import nvml
 from torchrig.hw.nvml import NvlinkRemote, NvmlDevice, NvmlFabric, NvmlLink, NvmlSystem
-from torchrig.runtime.inventory import GpuRecord, Inventory, MigRecord
+from torchrig.runtime.inventory import INVENTORY_ENV, GpuRecord, Inventory, MigRecord, load_snapshot
 
 
 def numa_node_of(pci_bus_id: str | None) -> int | None:
@@ -147,3 +148,14 @@ def probe(numa_of: Callable[[str | None], int | None] = numa_node_of) -> Invento
             return Inventory("nvml (nvidia-ml-py not installed)", None, None, ())
         return Inventory(f"nvml ({err.message})", None, None, ())
     return inventory(system, devices, numa_of)
+
+
+def current(path: str | None = None) -> Inventory:
+    """The inventory to use: ``path``, else ``$TORCHRIG_GPU_INVENTORY``, else NVML (an empty one without GPUs).
+
+    It lives beside the NVML probe (not in ``inventory``, which only holds the records) so that the records
+    module imports nothing of the adapter."""
+    chosen = path or os.environ.get(INVENTORY_ENV)
+    if chosen:
+        return load_snapshot(chosen)
+    return probe()

@@ -8,20 +8,7 @@ from pathlib import Path, PurePosixPath
 
 from torchrig.errors import InputError, UsageError
 
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}")
-
-
-def parse_size(text: str, what: str) -> int:
-    """``"32g"``, ``"512m"``, ``"16GiB"`` -> bytes (binary units, as Docker reads them)."""
-    m = _SIZE_RE.fullmatch(text.strip())
-    if not m:
-        raise UsageError(f"malformed {what} {text!r}", hint="expected a size like 512m, 16g or 32GiB")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise UsageError(f"{what} {text!r} must be more than zero")
-    return n
 
 
 def parse_cpus(text: str, host_cpus: int) -> int:

@@ -7,11 +7,11 @@ exactly what ``torchrig check`` would call a failure, with the reason and the fi
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torchrig.findings import Severity  # compatibility words: info, caveat, fail
 from torchrig.runtime.inventory import Inventory, Unit
 
 # The image's labels, as torchrig.image writes them.
@@ -29,12 +29,6 @@ def load_host_kb() -> Any:
     from torchrig.compat import build_kb
 
     return build_kb(data.load("gpus"), data.load("cuda"), data.load("drivers"), {"schema_version": 1})
-
-
-class Severity(str, enum.Enum):
-    INFO = "info"
-    CAVEAT = "caveat"
-    FAIL = "fail"
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ from pathlib import Path
 from torchrig.errors import InputError, JobFailed
 from torchrig.runtime import hostkey
 from torchrig.runtime.engine import Engine
-from torchrig.runtime.inventory import Inventory, current
+from torchrig.runtime.inventory import Inventory
 from torchrig.runtime.lease import acquire, preview
 from torchrig.runtime.ledger import Ledger
+from torchrig.runtime.nvml import current
 from torchrig.runtime.placement import resolve_named
 from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, default_ulimits, make_plan
 from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight

@@ -50,7 +50,7 @@ __all__ = ["LATEST", "META", "latest", "load", "load_model_only", "read_meta", "
 try:  # a BaseException: DCP raises it on every rank when any rank's save or load failed
     from torch.distributed.checkpoint.api import CheckpointException
 except ImportError:  # pragma: no cover
-    CheckpointException = RuntimeError  # type: ignore[misc,assignment]
+    CheckpointException = RuntimeError  # type: ignore[misc,assignment,unused-ignore]  # only with torch installed
 
 
 # DCP's warning when no process group runs (one process): that is this module's intent, not a mistake.

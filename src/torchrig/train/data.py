@@ -220,7 +220,7 @@ class ResumableSampler(DistributedSampler):
         super().__init__(
             dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
-        n = len(dataset)  # type: ignore[arg-type]
+        n = len(dataset)  # type: ignore[arg-type,unused-ignore]  # only with torch installed
         self.usable = (n // global_batch) * global_batch  # whole global batches per epoch
         if self.usable == 0:
             raise InputError(
@@ -235,7 +235,7 @@ class ResumableSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.dataset), generator=g)[: self.usable].tolist()  # type: ignore[arg-type]
+        order = torch.randperm(len(self.dataset), generator=g)[: self.usable].tolist()  # type: ignore[arg-type,unused-ignore]  # only with torch installed
         return iter(order[self.start + self.rank :: self.num_replicas])
 
     def __len__(self) -> int:

@@ -125,7 +125,7 @@ def _mode(cfg: TrainConfig) -> str | None:
 
 
 def _compile(module: nn.Module, cfg: TrainConfig) -> nn.Module:
-    return torch.compile(module, mode=_mode(cfg))  # type: ignore[return-value]
+    return torch.compile(module, mode=_mode(cfg))  # type: ignore[return-value,unused-ignore]  # only with torch installed
 
 
 def _ddp(module: nn.Module, rt: Runtime, cfg: TrainConfig, late: list[nn.Parameter]) -> nn.Module:
