@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
+from typing import NoReturn
+
+from torchrig.errors import UsageError
 
 # Sane limits, far above any real use and far below what overflows a C integer or a timer.
 MAX_SECONDS = 30 * 24 * 3600  # a timeout or wait of a month
@@ -82,3 +86,14 @@ def bound_numbers(parser: argparse.ArgumentParser) -> None:
             action.type = int_in(-INT64, INT64)
         elif action.type is float:
             action.type = float_in(-1e300, 1e300)
+
+
+class TorchrigParser(argparse.ArgumentParser):
+    """argparse that raises a one-line UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --gpus/--nproc-per-node: must be 1 or more" reads better as "--gpus must be 1 or more"
+        m = re.fullmatch(r"argument ([^\s:/]+)(?:/\S+)?: (must .*)", message)
+        if m:
+            message = f"{m.group(1)} {m.group(2)}"
+        raise UsageError(f"{self.prog}: {message}", hint=f"see '{self.prog} --help'")

@@ -55,7 +55,10 @@ def test_cache_is_written_reused_and_survives_corruption(tmp_path, monkeypatch):
     assert again == first and again is not first  # read back from the file
     files[0].write_bytes(b"not a pickle")
     assert build() == first  # rebuilt from the TOML files
-    assert kbmod.build_kb(*(kbmod._load_docs()[n] for n in ("gpus", "cuda", "drivers", "torch", "platforms"))) == first
+    assert (
+        kbmod.build_kb(*(kbmod._load_docs()[n] for n in ("gpus", "cuda", "drivers", "torch", "platforms")))
+        == first
+    )
 
 
 def test_jetson_is_not_an_x86_wheel_target():

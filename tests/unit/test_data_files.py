@@ -452,7 +452,15 @@ def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
 TORCH_VARIANT_NAME = re.compile(r"^(cpu|cu(\d{2})(\d))$")
 # "reported": a build public reports name but that was not read from its wheel or index; such rows carry
 # confirmed = false and torchrig says "not confirmed" wherever it uses them.
-TORCH_EVIDENCE = {"wheel", "build-script", "release-matrix", "release-page", "torch-output", "index-pin", "reported"}
+TORCH_EVIDENCE = {
+    "wheel",
+    "build-script",
+    "release-matrix",
+    "release-page",
+    "torch-output",
+    "index-pin",
+    "reported",
+}
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 
 

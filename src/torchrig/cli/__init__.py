@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from torchrig import __version__
+from torchrig.argtypes import TorchrigParser  # every command's parser (python -m torchrig.train uses it too)
 from torchrig.errors import EXIT_INTERNAL, EXIT_USAGE, TorchrigError, UsageError
 
 # name -> (module, one-line summary, group). Order is the order of --help.
@@ -79,17 +78,6 @@ EPILOG = """examples:
 every command takes --json (machine-readable, with schema_version) and --debug (tracebacks).
 exit status: 0 ok, 1 problems found, 2 bad usage or input.
 """
-
-
-class TorchrigParser(argparse.ArgumentParser):
-    """argparse that raises a one-line UsageError instead of printing usage and exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        # "argument --gpus/--nproc-per-node: must be 1 or more" reads better as "--gpus must be 1 or more"
-        m = re.fullmatch(r"argument ([^\s:/]+)(?:/\S+)?: (must .*)", message)
-        if m:
-            message = f"{m.group(1)} {m.group(2)}"
-        raise UsageError(f"{self.prog}: {message}", hint=f"see '{self.prog} --help'")
 
 
 def top_help() -> str:

@@ -9,82 +9,30 @@ goes to stderr.
 from __future__ import annotations
 
 import collections
-import enum
 import io
 import re
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
-from torchrig.errors import EngineUnavailable, JobFailed
-from torchrig.image.steplog import ErrorScan, StepError
+from torchrig.errors import EngineUnavailable
+from torchrig.image.buildrecords import (
+    LOG_TAIL_LINES,
+    BuildFailed,
+    BuildFailure,
+    BuildStep,
+    Progress,
+    StepState,
+    _short,
+    error_text,
+)
+from torchrig.image.steplog import ErrorScan
 
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-# classic: "... returned a non-zero code: 100"; BuildKit: "executor failed running [...]: exit code: 100"
-_NONZERO_RE = re.compile(r"(?:returned a non-zero code|exit code): (\d+)")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 # the classic builder's own bookkeeping between a step's output lines, not output of the step
 _ENGINE_LINE_RE = re.compile(r"^\s*(---> |Removing intermediate container )")
-LOG_TAIL_LINES = 25
-
-
-class Progress(Protocol):
-    def step(self, number: int, total: int, text: str) -> None: ...
-    def log(self, line: str) -> None: ...
-    def close(self) -> None: ...
-
-
-class StepState(str, enum.Enum):
-    CACHED = "cached"  # the engine reused the layer
-    DONE = "done"
-    ERROR = "error"
-    NOT_FINISHED = "not finished"  # the build stopped (another step failed) before this one ended
-
-
-@dataclass(frozen=True)
-class BuildStep:
-    """One Dockerfile instruction as it ran: "Step 3/26 : RUN ..." (classic) or "[build 3/7] RUN ..." (BuildKit)."""
-
-    name: str
-    state: StepState
-    elapsed_s: float | None  # None where the engine does not say (classic cached steps, unfinished ones)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "state": self.state.value, "elapsed_s": self.elapsed_s}
-
-
-@dataclass
-class BuildFailure:
-    step: str  # "Step 7/21 : RUN ..."
-    message: str  # the engine's error
-    log_tail: list[str] = field(default_factory=list)
-    first_error: StepError | None = None  # the cause in the step's whole log (pip's last line hides it)
-
-
-class BuildFailed(JobFailed):
-    """The build ran and a step failed (exit 1); carries the step and its log tail."""
-
-    def __init__(self, failure: BuildFailure) -> None:
-        step = failure.step or "before the first step"
-        last = next((line for line in reversed(failure.log_tail) if line.strip()), "")
-        cause = failure.first_error
-        if cause is not None:
-            said = f"; its first error: {_short(cause.text, 200)}"
-        else:
-            said = f"; its last output: {_short(last, 160)}" if last else ""
-        hint = "the step's log tail is above; fix the spec or the step and build again"
-        super().__init__(
-            f"image build failed at {_short(step)}: {failure.message.strip()}{said}",
-            hint=f"{cause.hint} ({hint})" if cause is not None and cause.hint else hint,
-        )
-        self.failure = failure
-
-
-def _short(text: str, width: int = 100) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def connect() -> Any:
@@ -114,12 +62,6 @@ def base_reference(client: Any, image: str) -> str | None:
         return None
     digests = attrs.get("RepoDigests") or []
     return str(digests[0]) if digests else str(attrs.get("Id"))
-
-
-def error_text(message: str) -> str:
-    """The engine's error without the echoed command (which can be a screenful)."""
-    m = _NONZERO_RE.search(message)
-    return f"the step exited with status {m.group(1)}" if m else " ".join(message.split())
 
 
 def follow(chunks: Iterable[dict[str, Any]], progress: Progress, steps: list[BuildStep] | None = None) -> str:

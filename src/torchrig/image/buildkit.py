@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from torchrig.errors import EngineUnavailable, JobFailed
-from torchrig.image.build import (
+from torchrig.image.buildkit_status import ProtobufError, Vertex, decode_trace
+from torchrig.image.buildrecords import (
     LOG_TAIL_LINES,
     BuildFailed,
     BuildFailure,
@@ -32,7 +33,6 @@ from torchrig.image.build import (
     StepState,
     error_text,
 )
-from torchrig.image.buildkit_status import ProtobufError, Vertex, decode_trace
 from torchrig.image.steplog import ErrorScan
 
 # The docker CLI builds with BuildKit without the daemon's experimental mode from Engine API 1.39 on

@@ -8,8 +8,8 @@ from torchrig.errors import TorchrigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torchrig.cli import TorchrigParser
-    from torchrig.cli.cmd_train import add_train_options, config_from_args
+    from torchrig.argtypes import TorchrigParser
+    from torchrig.train.options import add_train_options, config_from_args
 
     parser = TorchrigParser(prog="python -m torchrig.train")
     add_train_options(parser)
