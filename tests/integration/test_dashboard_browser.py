@@ -9,12 +9,14 @@ Jupyter token and another user's environment never does.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,15 +52,23 @@ def _torchrig(args, env, **kw):
 
 @contextlib.contextmanager
 def _dashboard(env, *extra, user=None):
-    argv = [sys.executable, "-m", "torchrig", "dashboard", "--port", "0", "--interval", "1", "--no-doctor"]
+    argv = ["-m", "torchrig", "dashboard", "--port", "0", "--interval", "1", "--no-doctor"]
     argv += ["--inventory", str(INVENTORY), *extra]
-    if user:
-        argv = ["runuser", "-u", user, "--", *argv]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if user:  # another Unix user: a python they may run, torchrig from this checkout
+        python, pythonpath = user["python"], user["pythonpath"]
+        keep = {k: env[k] for k in ("TORCHRIG_STATE_DIR", "TORCHRIG_GPU_INVENTORY")}
+        keep.update(PYTHONPATH=pythonpath, HOME=user["home"], PATH="/usr/bin:/bin")
+        full = ["runuser", "-u", user["name"], "--", "env", "-i", *(f"{k}={v}" for k, v in keep.items())]
+        full += [python, *argv]
+    else:
+        full = [sys.executable, *argv]
+    proc = subprocess.Popen(full, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert "?key=" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        if "?key=" not in line:
+            proc.wait(10)
+            raise AssertionError(f"no URL printed: {line!r} {proc.stderr.read() if proc.stderr else ''}")
         yield line.split(": ", 1)[1].strip()
     finally:
         proc.terminate()
@@ -87,12 +97,20 @@ def _wait(predicate, timeout_s=15.0):
 
 
 @pytest.fixture
-def env(tmp_path):
-    state = tmp_path / "state"
-    state.mkdir(mode=0o777)
-    os.chmod(state, 0o777)
-    os.chmod(tmp_path, 0o755)
-    return {**os.environ, "TORCHRIG_STATE_DIR": str(state), "TORCHRIG_GPU_INVENTORY": str(INVENTORY)}
+def env():
+    """A ledger folder every user of this machine can reach (pytest's own tmp folder is root's alone)."""
+    scratch = Path(tempfile.mkdtemp(prefix="trdash-"))
+    scratch.chmod(0o755)
+    state = scratch / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    yield {
+        **os.environ,
+        "TORCHRIG_STATE_DIR": str(state),
+        "TORCHRIG_GPU_INVENTORY": str(INVENTORY),
+        "SCRATCH": str(scratch),
+    }
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture
@@ -139,14 +157,39 @@ def test_the_page_shows_what_gpus_and_ps_say_and_a_new_lease_appears(engine, env
         browser.quit()
 
 
+DEPS = ("docker", "requests", "urllib3", "idna", "charset_normalizer", "certifi")
+
+
 @pytest.fixture
-def other_user(engine):
+def other_user(engine, env):
+    """A second Unix user in the docker group (as 'ps' needs), with a python they may run and torchrig."""
     if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
         pytest.skip("needs root, useradd and runuser to make a second Unix user")
     subprocess.run(["userdel", "-r", OTHER], capture_output=True)
     subprocess.run(["useradd", "-m", OTHER], check=True)
-    subprocess.run(["usermod", "-aG", "docker", OTHER], capture_output=True)  # read the engine, as ps does
-    yield OTHER
+    subprocess.run(["usermod", "-aG", "docker", OTHER], capture_output=True)
+    scratch = Path(env["SCRATCH"])
+    home = f"/home/{OTHER}"
+    src = str(ROOT / "src")
+
+    def runs(python, path):
+        probe = ["runuser", "-u", OTHER, "--", "env", "-i", f"PYTHONPATH={path}", f"HOME={home}", python, "-c", "import docker, torchrig"]  # fmt: skip
+        return subprocess.run(probe, capture_output=True).returncode == 0
+
+    python, path = sys.executable, src
+    if not runs(python, path):  # this interpreter lives where the user may not go: the system's python
+        python = shutil.which("python3", path="/usr/bin:/bin") or ""
+        deps = scratch / "deps"
+        for name in DEPS:
+            spec = importlib.util.find_spec(name)
+            assert spec is not None and spec.submodule_search_locations, name
+            shutil.copytree(next(iter(spec.submodule_search_locations)), deps / name)
+        subprocess.run(["chmod", "-R", "a+rX", str(deps)], check=True)
+        path = f"{src}:{deps}"
+        if not python or not runs(python, path):
+            subprocess.run(["userdel", "-r", OTHER], capture_output=True)
+            pytest.skip("no python the second user can run torchrig with")
+    yield {"name": OTHER, "python": python, "pythonpath": path, "home": home}
     subprocess.run(["userdel", "-r", OTHER], capture_output=True)
 
 
@@ -164,7 +207,7 @@ def test_only_the_viewer_sees_their_own_token(engine, env, names, test_image, ot
         with _dashboard(env, user=other_user) as url:  # another user: never
             browser.delete_all_cookies()
             browser.get(url)
-            assert browser.execute_script("return document.getElementById('viewer').innerText") == other_user
+            assert browser.execute_script("return document.getElementById('viewer').innerText") == OTHER
             assert name in {row[0] for row in _rows(browser, "envs")}
             time.sleep(2.5)  # two refreshes
             assert token not in browser.page_source
