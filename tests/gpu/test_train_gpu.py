@@ -172,3 +172,11 @@ def test_embeddings_outside_ddp_on_one_nccl_rank_step_like_ddp_alone(tmp_path):
             assert torch.allclose(p, q, atol=1e-4), name
     finally:
         dist.destroy_process_group()
+
+
+def test_compile_mode_auto_is_cuda_graphs_on_one_gpu(tmp_path):
+    """The default --compile-mode auto resolves to reduce-overhead on a GPU (no FSDP); --attention cudnn trains."""
+    s = summary(
+        torchrig(*TINY, "--precision", "bf16", "--compile", "--attention", "cudnn", "--out", str(tmp_path))
+    )
+    assert (s["compile_mode"], s["attention"]) == ("reduce-overhead", "cudnn") and s["final_loss"] < 6.0

@@ -9,7 +9,7 @@ import pytest
 
 from torchrig.errors import UsageError
 from torchrig.train.config import TrainConfig
-from torchrig.train.profile import breakdown, is_comm_kernel, read_trace
+from torchrig.train.profile import breakdown, is_comm_kernel, kernel_groups, read_trace
 
 
 def k(name, ts, dur, cat="kernel"):
@@ -102,3 +102,46 @@ def test_breakdown_of_recorded_h200_traces(fixture, expected):
         meta = json.load(f)["torchrig"]
     b = breakdown(read_trace(path), meta["steps"], meta["wall_s"])
     assert {k: b[k] for k in expected} == expected
+
+
+def test_kernel_groups_sort_kernels_into_parts_of_the_model():
+    ev = [
+        k("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 0, 400),
+        k("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", 400, 200),
+        k("triton_red_fused__log_softmax__to_copy__unsafe_view_prepare_softmax_online_view_18", 600, 100),
+        k("triton_poi_fused_gelu_view_9", 700, 50),
+        k(
+            "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata, FusedAdamMathFunctor>",
+            750,
+            30,
+        ),
+        k(NCCL, 780, 20),
+        k("Memcpy HtoD (Pinned -> Device)", 800, 10, cat="gpu_memcpy"),
+        k("some_cpu_op", 0, 999, cat="cpu_op"),
+    ]
+    g = kernel_groups(ev, steps=2, top=2)
+    assert g["groups_ms"] == {
+        "matmul": 0.2,
+        "attention": 0.1,
+        "loss (softmax, NLL)": 0.05,
+        "norm, GELU, adds (Triton)": 0.025,
+        "optimizer": 0.015,
+        "nccl": 0.01,
+        "copy, fill": 0.005,
+    }
+    assert [n for n, _ in g["top_kernels_ms"]] == [ev[0]["name"], ev[1]["name"]]
+
+
+def test_kernel_groups_of_the_recorded_h200_trace():
+    """GPT-2 small, bf16, compiled, micro-batch 16 on one H200 (tools/gpu/trace_kernels.py): the matmuls take
+    about half of the GPU time; cuDNN's attention, Inductor's kernels and the loss the rest."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "fixtures" / "train" / "h200x1-profile-kernels.json.gz"
+    g = kernel_groups(read_trace(path), 5)["groups_ms"]
+    assert (g["matmul"], g["attention"], g["loss (softmax, NLL)"], g["optimizer"]) == (
+        17.202,
+        3.952,
+        2.337,
+        1.022,
+    )

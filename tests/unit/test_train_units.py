@@ -30,6 +30,7 @@ def test_sizes_have_sources_and_gpt2_small_is_124m_shape():
         ),
         ({"seq_len": 5000}, "seq-len"),
         ({"gc_every": -1}, "--gc-every must be 0 or more"),
+        ({"attention": "fa3"}, "choose from auto, cudnn, flash"),
     ],
 )
 def test_config_errors(kw, msg):
@@ -243,3 +244,34 @@ def test_ddp_knobs_reach_ddp_and_outer_compiles_the_ddp_module(tmp_path):
         assert default.bucket_bytes_cap == 100 * 1024 * 1024  # torchrig's default, not PyTorch's 25 MB
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "device, parallel, mode, resolved, graphs",
+    [
+        ("cuda", "none", "auto", "reduce-overhead", True),
+        ("cuda", "ddp", "auto", "reduce-overhead", True),
+        ("cuda", "fsdp", "auto", "default", False),  # FSDP2 regathers parameters: no fixed addresses
+        ("cpu", "none", "auto", "default", False),  # no CUDA graphs on the CPU
+        ("cuda", "none", "default", "default", False),
+        ("cuda", "none", "max-autotune", "max-autotune", True),
+        ("cpu", "none", "reduce-overhead", "reduce-overhead", False),
+    ],
+)
+def test_compile_mode_auto_uses_cuda_graphs_only_where_shapes_are_static(
+    device, parallel, mode, resolved, graphs
+):
+    import torch
+
+    from torchrig.train.setup import Runtime, compile_mode, uses_cudagraphs
+
+    rt = Runtime(0, 0, 1, torch.device(device), "bf16", parallel, 0)
+    cfg = TrainConfig(compile=True, compile_mode=mode)
+    assert compile_mode(cfg, rt) == resolved
+    assert uses_cudagraphs(cfg, rt) is graphs
+    assert uses_cudagraphs(TrainConfig(compile=False, compile_mode=mode), rt) is False
+
+
+def test_compile_mode_defaults_to_auto_and_attention_to_pytorchs_choice():
+    cfg = TrainConfig()
+    assert (cfg.compile_mode, cfg.attention, cfg.compile_tuning) == ("auto", "auto", False)

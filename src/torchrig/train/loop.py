@@ -24,7 +24,7 @@ from torch import nn
 
 from torchrig.errors import UsageError
 from torchrig.train import checkpoint as ckpt
-from torchrig.train import rundir
+from torchrig.train import rundir, setup
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
 from torchrig.train.gpuwatch import GpuWatch
@@ -294,9 +294,7 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
     cfg, rt = job.cfg, job.rt
     for group in job.opt.param_groups:
         group["lr"] = lr_at(step, cfg)
-    graphs = (
-        cfg.compile and cfg.compile_mode in ("reduce-overhead", "max-autotune") and rt.device.type == "cuda"
-    )
+    graphs = setup.uses_cudagraphs(cfg, rt)
     # With CUDA graphs a gradient that autograd stores as .grad (it does when .grad is None) lives in the
     # graph's own memory, which the next micro-step's replay overwrites. Accumulating over micro-steps then
     # needs .grad buffers of its own that autograd adds into: allocate them once and zero them in place.
@@ -436,6 +434,8 @@ def _finish(
         "precision": rt.precision,
         "parallel": rt.parallel,
         "compile": cfg.compile,
+        "compile_mode": setup.compile_mode(cfg, rt) if cfg.compile else None,
+        "attention": cfg.attention,
         "ddp": {
             "compile": cfg.ddp_compile,
             "bucket_mb": cfg.ddp_bucket_mb,

@@ -26,8 +26,12 @@ _HELP = {
     "parallel": "auto (ddp with several ranks), ddp, fsdp, none",
     "precision": "auto (bf16 on GPU), bf16, fp16, fp32",
     "compile": "torch.compile the model",
-    "compile_mode": "torch.compile mode with --compile: default, reduce-overhead (CUDA graphs: less host time "
+    "compile_mode": "torch.compile mode with --compile: auto (reduce-overhead on GPUs without FSDP, else default), default, reduce-overhead (CUDA graphs: less host time "
     "per step), max-autotune, max-autotune-no-cudagraphs",
+    "compile_tuning": "with --compile: let Inductor tune the launch settings of the kernels it generates "
+    "(norms, GELU, the loss) by coordinate descent; a longer first compile",
+    "attention": "the attention kernel on GPUs: auto (PyTorch's choice), cudnn (cuDNN's fused attention), "
+    "flash, efficient, math",
     "ddp_compile": "with --compile and DDP: outer (the default) = compile(DDP(model)), all-reduce overlapped "
     "with the backward, measured faster on 2xH200; inner = DDP(compile(model)), all-reduce after the backward",
     "ddp_bucket_mb": "DDP gradient bucket size in MB (default 100; PyTorch's own is 25: fewer, larger buckets measured faster with compile(DDP))",

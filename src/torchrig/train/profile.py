@@ -88,6 +88,42 @@ def breakdown(events: list[dict[str, Any]], steps: int, wall_s: float) -> dict[s
     }
 
 
+# Kernel-name patterns -> the part of the step they belong to (first match wins). Names as the profiler records
+# them: cuBLAS (nvjet_*, sm90_xmma_gemm_*, cutlass_*gemm*), PyTorch's SDPA kernels (flash_fwd/bwd,
+# fmha_cutlass*, cudnn's *sdpa*/*fmha*), Inductor's generated kernels (triton_{poi,red,per}_fused_<ops>).
+KERNEL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("nccl", ("nccl",)),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("loss (softmax, NLL)", ("softmax", "nll", "cross_entropy")),
+    ("embedding", ("embedding",)),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "wgmma", "matmul", "splitk")),
+    ("norm, GELU, adds (Triton)", ("triton",)),
+    ("copy, fill", ("memcpy", "memset", "copy", "fill")),
+)
+
+
+def kernel_groups(events: list[dict[str, Any]], steps: int, top: int = 12) -> dict[str, Any]:
+    """GPU time per step by part of the model (summed kernel durations, so overlapping kernels count twice),
+    and the ``top`` kernels by time: where to look for a speed-up."""
+    groups: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for ev in events:
+        if ev.get("ph") != "X" or str(ev.get("cat", "")).lower() not in DEVICE_CATEGORIES:
+            continue
+        name, dur = str(ev.get("name", "")), float(ev.get("dur", 0.0))
+        low = name.lower()
+        group = next((g for g, pats in KERNEL_GROUPS if any(p in low for p in pats)), "other")
+        groups[group] = groups.get(group, 0.0) + dur
+        by_name[name] = by_name.get(name, 0.0) + dur
+    per = 1e-3 / max(steps, 1)
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "groups_ms": {g: round(v * per, 3) for g, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms": [[n[:120], round(v * per, 3)] for n, v in ranked],
+    }
+
+
 def read_trace(path: Path) -> list[dict[str, Any]]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
@@ -127,6 +163,8 @@ class StepProfiler:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"rank{self.rank}.trace.json.gz"
         self.prof.export_chrome_trace(str(path))
-        result = breakdown(read_trace(path), steps, wall)
+        events = read_trace(path)
+        result = breakdown(events, steps, wall)
+        result["kernels"] = kernel_groups(events, steps)
         result["trace"] = str(path)
         return result

@@ -45,6 +45,13 @@ def init(cfg: TrainConfig) -> Runtime:
         # TF32 for the fp32 matmuls that remain outside autocast (PyTorch's CUDA semantics notes).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        _attention_backend(cfg.attention)
+    if cfg.compile and cfg.compile_tuning:
+        import torch._inductor.config as inductor_config
+
+        # Tunes block sizes and warps of each generated kernel, measured on the GPU at compile time (the
+        # results go into Inductor's cache with the kernel).
+        inductor_config.coordinate_descent_tuning = True
     if world > 1:
         timeout = datetime.timedelta(seconds=int(os.environ.get("TORCHRIG_COLLECTIVE_TIMEOUT_S", "600")))
         dist.init_process_group(
@@ -104,28 +111,59 @@ def wrap(
             # dynamic=False: blocks of different widths (ResNet's stages) each get a static graph instead of
             # one dynamic-shape graph after the second width.
             for blk in blocks:
-                blk.compile(mode=_mode(cfg), dynamic=False)
+                blk.compile(mode=_mode(cfg, rt), dynamic=False)
             head = getattr(model, "head_loss", None)  # the models' part after the blocks
             if callable(head):
-                model.__dict__["head_loss"] = torch.compile(head, mode=_mode(cfg))
+                model.__dict__["head_loss"] = torch.compile(head, mode=_mode(cfg, rt))
         for blk in blocks:
             fully_shard(blk)
         fully_shard(model)
-        return _compile(model, cfg) if cfg.compile and not blocks else model
+        return _compile(model, cfg, rt) if cfg.compile and not blocks else model
     if rt.parallel != "ddp":
-        return _compile(model, cfg) if cfg.compile else model
+        return _compile(model, cfg, rt) if cfg.compile else model
     outer = cfg.compile and cfg.ddp_compile == "outer"
-    inner = _compile(model, cfg) if cfg.compile and not outer else model
+    inner = _compile(model, cfg, rt) if cfg.compile and not outer else model
     ddp = _ddp(inner, rt, cfg, late or [])
-    return _compile(ddp, cfg) if outer else ddp
+    return _compile(ddp, cfg, rt) if outer else ddp
 
 
-def _mode(cfg: TrainConfig) -> str | None:
-    return None if cfg.compile_mode == "default" else cfg.compile_mode
+def compile_mode(cfg: TrainConfig, rt: Runtime) -> str:
+    """``--compile-mode`` with ``auto`` resolved: reduce-overhead (CUDA graphs: the step's kernels launched
+    as one graph, no host time between them) on GPUs where the step's shapes are static, i.e. not under FSDP2,
+    which frees and gathers the parameters every step; default elsewhere (CPU has no graphs)."""
+    if cfg.compile_mode != "auto":
+        return cfg.compile_mode
+    return "reduce-overhead" if rt.device.type == "cuda" and rt.parallel != "fsdp" else "default"
 
 
-def _compile(module: nn.Module, cfg: TrainConfig) -> nn.Module:
-    return torch.compile(module, mode=_mode(cfg))  # type: ignore[return-value,unused-ignore]  # only with torch installed
+def uses_cudagraphs(cfg: TrainConfig, rt: Runtime) -> bool:
+    return (
+        cfg.compile
+        and rt.device.type == "cuda"
+        and compile_mode(cfg, rt) in ("reduce-overhead", "max-autotune")
+    )
+
+
+def _attention_backend(choice: str) -> None:
+    """Restrict ``scaled_dot_product_attention`` on GPUs to one kernel (the math kernel stays on as the
+    fallback for shapes that kernel refuses); ``auto`` leaves PyTorch's own order. Process-wide flags, read when
+    torch.compile traces the model, so set before it."""
+    if choice == "auto":
+        return
+    b = torch.backends.cuda
+    b.enable_cudnn_sdp(choice == "cudnn")
+    b.enable_flash_sdp(choice == "flash")
+    b.enable_mem_efficient_sdp(choice == "efficient")
+    b.enable_math_sdp(True)
+
+
+def _mode(cfg: TrainConfig, rt: Runtime | None = None) -> str | None:
+    mode = compile_mode(cfg, rt) if rt is not None else cfg.compile_mode
+    return None if mode in ("default", "auto") else mode
+
+
+def _compile(module: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
+    return torch.compile(module, mode=_mode(cfg, rt))  # type: ignore[return-value,unused-ignore]  # only with torch installed
 
 
 def _ddp(module: nn.Module, rt: Runtime, cfg: TrainConfig, late: list[nn.Parameter]) -> nn.Module:
