@@ -43,7 +43,7 @@ TRAIN = [
     "-m", "torchrig.train",
     "--model", "gpt", "--size", "tiny", "--data", "synthetic", "--seed", "0",
     "--micro-batch", "8", "--steps", str(STEPS), "--log-every", "1", "--ckpt-every", str(CKPT_EVERY),
-    "--workers", "0", "--device", "cpu", "--no-tensorboard", "--resume",
+    "--workers", "0", "--device", "cpu", "--no-tensorboard", "--resume-if-possible",
 ]  # fmt: skip
 # The worktree's torchrig on the nodes: sbatch hands the submitter's environment to the job, PATH included.
 # One OpenMP thread per rank everywhere, so the two-node and one-node runs do the same arithmetic.
