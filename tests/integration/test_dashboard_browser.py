@@ -9,6 +9,7 @@ Jupyter token and another user's environment never does.
 from __future__ import annotations
 
 import contextlib
+import grp
 import importlib.util
 import json
 import os
@@ -103,7 +104,9 @@ def env():
     scratch.chmod(0o755)
     state = scratch / "state"
     state.mkdir()
-    state.chmod(0o777)
+    # as a team server's admin sets the ledger up (docs/environments.md): setgid to the group its users share
+    os.chown(state, -1, grp.getgrnam("docker").gr_gid)
+    state.chmod(0o2775)
     yield {
         **os.environ,
         "TORCHRIG_STATE_DIR": str(state),
