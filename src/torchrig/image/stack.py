@@ -6,7 +6,6 @@ The resolved record is what the Dockerfile is rendered from and what the image's
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,14 +97,6 @@ class ImagePlan:
 def content_tag(plan: ImagePlan, context_digest: str) -> str:
     """The stack tag plus a short digest of the build context: the same inputs give the same tag."""
     return f"{plan.stack_tag}-{context_digest[:10]}"
-
-
-def digest_text(*parts: str) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p.encode())
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- the torch build

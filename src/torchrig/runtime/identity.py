@@ -8,16 +8,6 @@ then runs as ``UID:GID``. Pure text functions; the engine adapter copies the fil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Remap:
-    name: str
-    uid: int
-    gid: int
-    home: str
-
 
 class RemapConflict(ValueError):
     """The host UID already names another account in the image (the remap would be ambiguous)."""
