@@ -156,7 +156,11 @@ def test_image_build(engine, wheelhouse, tmp_path_factory) -> dict:
         raise RuntimeError(f"test image build failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
     result = json.loads(proc.stdout)
     result["spec_path"] = str(spec)
-    return result
+    yield result
+    # the session's image goes with the session (the builder's cache keeps its layers for the next build)
+    for tag in result.get("tags", []):
+        with contextlib.suppress(Exception):
+            engine.images.remove(tag, force=True)
 
 
 @pytest.fixture(scope="session")

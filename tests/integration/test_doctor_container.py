@@ -3,6 +3,7 @@ that (and notice Docker's 64 MB /dev/shm), not "no driver"."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -30,11 +31,16 @@ def py_image():
         pytest.skip(
             f"needs dockerd and {BASE} (tools/ci/start-dockerd.sh, tools/ci/make-base-image.sh): {err}"
         )
+    built = False
     try:
         client.images.get(IMAGE)
     except docker.errors.ImageNotFound:
         client.images.build(fileobj=io.BytesIO(DOCKERFILE.encode()), tag=IMAGE, rm=True)
-    return client
+        built = True
+    yield client
+    if built:  # what this session made, it removes
+        with contextlib.suppress(Exception):
+            client.images.remove(IMAGE, force=True)
 
 
 def doctor_in_container(
