@@ -218,7 +218,9 @@ def test_only_the_viewer_sees_their_own_token(engine, env, names, test_image, ot
 
             base = url.split("?")[0].rstrip("/")
             key = url.split("key=")[1]
-            opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())  # keeps the key's cookie
+            opener = urllib.request.build_opener(
+                urllib.request.HTTPCookieProcessor()
+            )  # keeps the key's cookie
             for path in ("/", "/fragment", "/state.json"):
                 with opener.open(f"{base}{path}?key={key}", timeout=10) as resp:
                     assert token not in resp.read().decode()

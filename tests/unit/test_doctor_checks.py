@@ -67,7 +67,10 @@ HEALTHY_RE = re.compile(r"h200x\d-driver\d+-cu\d+|h200x\d-recorded-healthy")
 # (docs/results/doctor-faults.md): each named by its cause, first.
 RECORDED = {
     "libcuda-stub": ("driver.stub_library", "error"),
-    "libnvidia-ml-stub": ("driver.stub_library", "error"),  # missed in the first run (stdout), named in the second
+    "libnvidia-ml-stub": (
+        "driver.stub_library",
+        "error",
+    ),  # missed in the first run (stdout), named in the second
     "libcuda-other-version": ("driver.library_mismatch", "error"),
     "cuda-compat": ("driver.cuda_compat_mismatch", "error"),
     "libnccl-shadow": ("env.shadowed_libraries", "warning"),  # torch preloaded the wheel's copy itself
