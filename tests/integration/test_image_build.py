@@ -5,6 +5,7 @@ classic builder (test_image_buildkit.py has BuildKit's)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -204,17 +205,22 @@ def test_ca_cert_lets_pip_through_the_intercepting_proxy(tmp_path, engine, wheel
     assert "its first error: certificate verify failed" in last and "--ca-cert" in last, last
     r = image_build_cli(spec, *common, "--ca-cert", str(HOST_BUNDLE), "--json", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    tag = json.loads(r.stdout)["tags"][0]
-    out = engine.containers.run(
-        tag,
-        [
-            "python",
-            "-c",
-            "import tomli_w, os; print(tomli_w.dumps({'a': 1}).strip(), "
-            "os.path.exists('/usr/local/share/torchrig/build-ca.crt'))",
-        ],
-        remove=True,
-    )
+    tags = json.loads(r.stdout)["tags"]
+    try:
+        out = engine.containers.run(
+            tags[0],
+            [
+                "python",
+                "-c",
+                "import tomli_w, os; print(tomli_w.dumps({'a': 1}).strip(), "
+                "os.path.exists('/usr/local/share/torchrig/build-ca.crt'))",
+            ],
+            remove=True,
+        )
+    finally:
+        for tag in tags:  # the image goes with the test
+            with contextlib.suppress(Exception):
+                engine.images.remove(tag, force=True)
     assert out.decode().split() == [
         "a",
         "=",
