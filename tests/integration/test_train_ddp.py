@@ -221,5 +221,8 @@ def test_fsdp_compiles_resnet_blocks_of_every_width(tmp_path):
     train(compiled, *resnet, "--compile", nproc=2)
     a, b = losses(eager), losses(compiled)
     assert a.keys() == b.keys() == set(range(1, 5))
+    # the first step's loss is the same forward pass; later steps drift by float rounding, which BatchNorm over
+    # a micro-batch of 4 amplifies (1e-3 apart at step 4 on some CPUs): a wrong graph or update is far more
+    assert a[1] == pytest.approx(b[1], rel=1e-4), (a[1], b[1])
     for k in a:
-        assert a[k] == pytest.approx(b[k], rel=1e-3), (k, a[k], b[k])
+        assert a[k] == pytest.approx(b[k], rel=5e-3), (k, a[k], b[k])

@@ -59,6 +59,18 @@ def test_last_lines_keep_the_order_written_and_the_time_stamps():
     )
 
 
+def test_last_lines_leave_out_a_stack_dump_taken_while_the_rank_was_exiting():
+    """A rank stopped by torchrun while its interpreter shuts down dumps its threads (faulthandler): "Garbage-
+    collecting" and the thread header are the dump's, not the script's; its exception stays the last line."""
+    merged = (
+        "16:00:03.000 err| ValueError: Unknown config key: no_such_key\n"
+        "16:00:04.000 err| Current thread 0x00007f0000000000 (most recent call first):\n"
+        "16:00:04.001 err|   Garbage-collecting\n"
+        "16:00:04.002 err|   <no Python frame>\n"
+    )
+    assert tail(merged) == ("16:00:03.000 ValueError: Unknown config key: no_such_key",)
+
+
 def _log(rank: int, **kw) -> RankLog:
     return RankLog(global_rank=rank, local_rank=rank, host="h", pid=100 + rank, attempt=0, text="", **kw)
 

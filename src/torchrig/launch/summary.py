@@ -250,7 +250,7 @@ def tail(text: str, n: int = 8) -> tuple[str, ...]:
             or _THREAD_RE.match(ln)
             or set(s) <= set("^~ ")
             or "debug_logger.cc" in s
-            or s == "<no Python frame>"
+            or s in ("<no Python frame>", "Garbage-collecting")  # faulthandler's dump, not the script's
             or s.startswith("torchrig-worker:")
         ):
             continue
