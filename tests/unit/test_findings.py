@@ -86,3 +86,44 @@ def test_check_json_keeps_the_compatibility_words() -> None:
         result = check(kb, [kb.find_gpu(gpu)], driver, kb.find_build(build)).to_json()
         seen |= {r["severity"] for r in result["reasons"]}
     assert seen == {"info", "caveat", "fail"}
+
+
+def test_doctor_and_both_pre_flights_return_the_shared_finding() -> None:
+    """One record for ``doctor``, ``launch``'s pre-flight and ``up``'s pre-flight (bench's graded figures
+    are another idea: a measured value against a datasheet peak)."""
+    from torchrig.doctor.findings import Finding as doctor_finding
+    from torchrig.launch.preflight import Finding as launch_finding
+    from torchrig.runtime.preflight import Finding as runtime_finding
+
+    assert doctor_finding is launch_finding is runtime_finding is Finding
+    found = [
+        str(p.relative_to(SRC)) for p, text in _sources() if re.search(r"^class \w*Finding\b", text, re.M)
+    ]
+    assert found == ["bench/records.py", "findings.py"]
+
+
+def test_pre_flight_json_keeps_its_fields() -> None:
+    """``launch --json`` and ``up --json`` print the fields they always did (text or null, not lists)."""
+    from torchrig.launch.preflight import finding_json as launch_json
+    from torchrig.runtime.preflight import finding_json as up_json
+
+    port = Finding(
+        "port", Severity.ERROR, "port 29500 in use", cause="a leftover torchrun", fix=("pick another",),
+        evidence=("bind failed",),
+    )  # fmt: skip
+    assert launch_json(port) == {
+        "id": "port",
+        "severity": "error",
+        "summary": "port 29500 in use",
+        "cause": "a leftover torchrun",
+        "fix": "pick another",
+        "evidence": "bind failed",
+    }
+    ok = Finding("gpus", Severity.OK, "2 GPU(s) selected")
+    assert launch_json(ok) == {
+        "id": "gpus", "severity": "ok", "summary": "2 GPU(s) selected", "cause": None, "fix": None, "evidence": None,
+    }  # fmt: skip
+    assert up_json(Finding("driver_too_old", Severity.FAIL, "old", fix=("upgrade",))) == {
+        "code": "driver_too_old", "severity": "fail", "summary": "old", "fix": "upgrade",
+    }  # fmt: skip
+    assert up_json(Finding("arch_ptx_jit", Severity.CAVEAT, "jit"))["fix"] is None

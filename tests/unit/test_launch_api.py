@@ -183,13 +183,13 @@ def test_passed_pre_flight_checks_are_printed_once(tmp_path, monkeypatch):
     """They go to stderr while the job starts; the final report lists only those that did not pass."""
     import dataclasses
 
+    from torchrig.findings import Finding, Severity
     from torchrig.launch import LaunchRequest, launch
-    from torchrig.launch import preflight as pf
 
     monkeypatch.chdir(tmp_path)
     report = launch(LaunchRequest(script="train.py", cpu=True), dry_run=True)
-    ok = pf.Finding("port", pf.Severity.OK, "rendezvous port 1 is free")
-    warn = pf.Finding("p2p", pf.Severity.WARNING, "P2P is not available", fix="expect lower bandwidth")
+    ok = Finding("port", Severity.OK, "rendezvous port 1 is free")
+    warn = Finding("p2p", Severity.WARNING, "P2P is not available", fix=("expect lower bandwidth",))
     ran = dataclasses.replace(report, findings=(ok, warn), dry_run=False)
     assert ran.render_text().splitlines() == [
         "pre-flight p2p: warning: P2P is not available — fix: expect lower bandwidth"

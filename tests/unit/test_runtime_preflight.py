@@ -32,27 +32,27 @@ def test_cu130_image_refused_on_driver_535_with_fix():
     pf = preflight(labels(), inv, inv.units()[:1], load_host_kb)
     assert not pf.ok
     f = pf.failures()[0]
-    assert f.code == "driver_too_old" and "535.104.05" in f.summary
-    assert "upgrade the host driver to ≥ 580" in f.fix and "CUDA ≤ 12.2" in f.fix
+    assert f.id == "driver_too_old" and "535.104.05" in f.summary
+    assert "upgrade the host driver to ≥ 580" in f.fix[0] and "CUDA ≤ 12.2" in f.fix[0]
 
 
 def test_min_driver_label_refuses():
     inv = load_snapshot(FIX / "inventory-8xh200.json")
     pf = preflight(labels(cuda="12.8", min_driver="590.1"), inv, inv.units()[:1], load_host_kb)
-    assert [f.code for f in pf.failures()] == ["image_needs_newer_driver"]
+    assert [f.id for f in pf.failures()] == ["image_needs_newer_driver"]
 
 
 def test_h200_with_cu130_runs():
     inv = load_snapshot(FIX / "inventory-8xh200.json")
     pf = preflight(labels(), inv, inv.units()[:2], load_host_kb)
-    assert pf.ok and any(f.code == "driver_native" for f in pf.findings)
+    assert pf.ok and any(f.id == "driver_native" for f in pf.findings)
 
 
 def test_arch_missing_is_refused():
     inv = load_snapshot(FIX / "inventory-8xh200.json")
     pf = preflight(labels(archs="sm_80 sm_86"), inv, inv.units()[:1], load_host_kb)
-    assert [f.code for f in pf.failures()] == ["arch_not_covered"]
-    assert "sm_90" in pf.failures()[0].fix
+    assert [f.id for f in pf.failures()] == ["arch_not_covered"]
+    assert "sm_90" in pf.failures()[0].fix[0]
 
 
 def test_torch_arch_list_form_is_understood():
@@ -70,7 +70,7 @@ def test_torch_arch_list_form_is_understood():
 def test_unlabelled_and_cpu_images(lab, code, sev):
     inv = load_snapshot(FIX / "inventory-8xh200.json")
     pf = preflight(lab, inv, inv.units()[:1], load_host_kb)
-    assert pf.findings[0].code == code and pf.findings[0].severity is sev
+    assert pf.findings[0].id == code and pf.findings[0].severity is sev
 
 
 def test_no_gpus_no_checks():
@@ -91,4 +91,4 @@ def test_recorded_h200_host_runs_its_own_torch_build_and_refuses_a_newer_cuda():
     )
     assert ok.ok
     newer = preflight(labels(cuda="13.0", min_driver="595.1"), inv, inv.units(), load_host_kb)
-    assert [f.code for f in newer.failures()] == ["image_needs_newer_driver"]
+    assert [f.id for f in newer.failures()] == ["image_needs_newer_driver"]

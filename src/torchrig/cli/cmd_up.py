@@ -212,6 +212,8 @@ class UpReport:
         return 0
 
     def to_json(self) -> dict[str, Any]:
+        from torchrig.runtime.preflight import finding_json
+
         r = self.result
         return {
             "state": r.state,
@@ -220,7 +222,7 @@ class UpReport:
             "ssh_command": r.ssh_command,
             "known_hosts_line": r.known_hosts_line,
             "host_ports": r.host_ports,
-            "preflight": jsonable(list(r.preflight)),
+            "preflight": [finding_json(f) for f in r.preflight],
             "plan": jsonable(r.plan),
             "docker_run": r.plan.docker_run(),
         }

@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from dataclasses import dataclass
 
-from torchrig.findings import Severity  # probe words: ok, warning, error
+from torchrig.findings import Finding, Severity  # probe words: ok, warning, error
 from torchrig.launch import probe
 from torchrig.launch.plan import LaunchPlan
 from torchrig.launch.summary import render
 
 
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    severity: Severity
-    summary: str
-    cause: str | None = None
-    fix: str | None = None
-    evidence: str | None = None
+def finding_json(f: Finding) -> dict[str, str | None]:
+    """``launch --json``'s pre-flight entry: ``{id, severity, summary, cause, fix, evidence}``, each text or
+    null (its fields since the start; the shared record keeps ``fix`` and ``evidence`` as tuples)."""
+    return {
+        "id": f.id,
+        "severity": f.severity.value,
+        "summary": f.summary,
+        "cause": f.cause or None,
+        "fix": "; ".join(f.fix) or None,
+        "evidence": "\n".join(f.evidence) or None,
+    }
 
 
 def check_gpus(plan: LaunchPlan, names: tuple[str, ...]) -> Finding:
@@ -49,8 +51,8 @@ def check_port(plan: LaunchPlan) -> Finding:
         Severity.ERROR,
         f"rendezvous port {plan.rdzv_port} is already in use",
         cause="another job (or a leftover torchrun) holds it",
-        fix="pick another port in --rdzv-endpoint, or leave it out on one node to get a free one",
-        evidence=f"bind(('', {plan.rdzv_port})) failed",
+        fix=("pick another port in --rdzv-endpoint, or leave it out on one node to get a free one",),
+        evidence=(f"bind(('', {plan.rdzv_port})) failed",),
     )
 
 
@@ -65,7 +67,7 @@ def check_p2p(plan: LaunchPlan) -> Finding:
         Severity.WARNING,
         "P2P is not available between the chosen GPUs: NCCL_P2P_DISABLE=1",
         cause=s.reason,
-        fix="expect lower all_reduce bandwidth; check IOMMU/ACS settings ('torchrig doctor')",
+        fix=("expect lower all_reduce bandwidth; check IOMMU/ACS settings ('torchrig doctor')",),
     )
 
 
@@ -96,7 +98,7 @@ def check_process_group(plan: LaunchPlan, timeout_s: int) -> Finding:
         Severity.ERROR,
         f"pre-flight all_reduce failed{' (hang)' if res.hung else ''}: "
         + (res.summary.headline if res.summary else f"torchrun exit {res.exit_code}"),
-        cause=res.summary.likely_cause if res.summary else None,
-        fix=res.summary.fix if res.summary else "read the evidence",
-        evidence=detail,
+        cause=(res.summary.likely_cause if res.summary else None) or "",
+        fix=(res.summary.fix if res.summary else "read the evidence",),
+        evidence=(detail,),
     )

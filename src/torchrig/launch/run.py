@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.errors import UsageError
+from torchrig.findings import Finding, Severity
 from torchrig.launch import preflight as pf
 from torchrig.launch import probe
 from torchrig.launch.plan import LaunchPlan, LaunchRequest, build_plan
@@ -37,7 +38,7 @@ class LaunchReport:
     """What a launch did: the plan, the pre-flight findings, and the job's result (None: not run)."""
 
     plan: LaunchPlan
-    findings: tuple[pf.Finding, ...]
+    findings: tuple[Finding, ...]
     result: Any | None  # supervise.LaunchResult
     dry_run: bool
 
@@ -45,13 +46,13 @@ class LaunchReport:
         return {
             "dry_run": self.dry_run,
             "plan": jsonable(self.plan),
-            "preflight": jsonable(self.findings),
+            "preflight": [pf.finding_json(f) for f in self.findings],
             "result": jsonable(self.result),
         }
 
     @property
     def exit_code(self) -> int:
-        if any(f.severity is pf.Severity.ERROR for f in self.findings):
+        if any(f.severity is Severity.ERROR for f in self.findings):
             return 1
         return 0 if self.result is None else (0 if self.result.exit_code == 0 else 1)
 
@@ -60,14 +61,14 @@ class LaunchReport:
         appear here (and every one in a dry run's plan)."""
         out = _render_plan(self.plan) if self.dry_run else []
         for f in self.findings:
-            if f.severity is pf.Severity.OK and not self.dry_run:
+            if f.severity is Severity.OK and not self.dry_run:
                 continue
             out.append(
                 f"pre-flight {f.id}: {f.severity.value}: {f.summary}"
-                + (f" — fix: {f.fix}" if f.severity is not pf.Severity.OK and f.fix else "")
+                + (f" — fix: {'; '.join(f.fix)}" if f.severity is not Severity.OK and f.fix else "")
             )
-            if f.severity is pf.Severity.ERROR and f.evidence:
-                out.append("  " + f.evidence.replace("\n", "\n  "))
+            if f.severity is Severity.ERROR and f.evidence:
+                out.append("  " + "\n".join(f.evidence).replace("\n", "\n  "))
         if self.result is not None:
             out += _render_result(self.result)
         return "\n".join(out)
@@ -180,7 +181,7 @@ def launch(
     findings = [pf.check_gpus(plan, names), pf.check_port(plan), pf.check_p2p(plan)]
     for f in findings:
         say(f"pre-flight {f.id}: {f.severity.value}: {f.summary}")
-    if any(f.severity is pf.Severity.ERROR for f in findings):
+    if any(f.severity is Severity.ERROR for f in findings):
         return LaunchReport(plan, tuple(findings), None, False)
     if not preflight:
         return LaunchReport(plan, tuple(findings), execute(plan), False)
@@ -189,7 +190,7 @@ def launch(
         found = pf.check_process_group(plan, preflight_timeout_s)
         say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
         findings.append(found)
-        if found.severity is pf.Severity.ERROR:
+        if found.severity is Severity.ERROR:
             return LaunchReport(plan, tuple(findings), None, False)
         return LaunchReport(plan, tuple(findings), execute(plan), False)
     check = _Beside(plan, preflight_timeout_s, say)
@@ -203,7 +204,7 @@ class _Beside:
     """The process-group check in a thread of its own, while the job starts."""
 
     def __init__(self, plan: LaunchPlan, timeout_s: int, say: Progress) -> None:
-        self._found: pf.Finding | None = None
+        self._found: Finding | None = None
         self._say = say
         self._thread = threading.Thread(target=self._run, args=(plan, timeout_s), daemon=True)
         self._thread.start()
@@ -212,8 +213,8 @@ class _Beside:
         try:
             found = pf.check_process_group(plan, timeout_s)
         except Exception as e:  # the check must never take the job down with it
-            found = pf.Finding(
-                "process-group", pf.Severity.WARNING, f"the pre-flight all_reduce could not run: {e}"
+            found = Finding(
+                "process-group", Severity.WARNING, f"the pre-flight all_reduce could not run: {e}"
             )
         self._found = found
         self._say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
@@ -221,14 +222,14 @@ class _Beside:
     def failure(self) -> str | None:
         """Why the job must stop (the check failed), or None."""
         f = self._found
-        if f is not None and f.severity is pf.Severity.ERROR:
+        if f is not None and f.severity is Severity.ERROR:
             return f"the pre-flight process-group check failed beside the job: {f.summary}"
         return None
 
-    def wait(self) -> pf.Finding:
+    def wait(self) -> Finding:
         self._thread.join()
-        return self._found or pf.Finding(
-            "process-group", pf.Severity.WARNING, "the pre-flight all_reduce gave no answer"
+        return self._found or Finding(
+            "process-group", Severity.WARNING, "the pre-flight all_reduce gave no answer"
         )
 
 

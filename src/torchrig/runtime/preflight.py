@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torchrig.findings import Severity  # compatibility words: info, caveat, fail
+from torchrig.findings import Finding, Severity  # compatibility words: info, caveat, fail
 from torchrig.runtime.inventory import Inventory, Unit
 
 # The image's labels, as torchrig.image writes them.
@@ -31,12 +31,14 @@ def load_host_kb() -> Any:
     return build_kb(data.load("gpus"), data.load("cuda"), data.load("drivers"), {"schema_version": 1})
 
 
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: Severity
-    summary: str
-    fix: str | None = None
+def _finding(code: str, severity: Severity, summary: str, fix: str | None = None) -> Finding:
+    """The shared record (:class:`torchrig.findings.Finding`) with pre-flight's one-line fix."""
+    return Finding(code, severity, summary, fix=(fix,) if fix else ())
+
+
+def finding_json(f: Finding) -> dict[str, str | None]:
+    """``up --json``'s pre-flight entry: ``{code, severity, summary, fix}`` (its fields since the start)."""
+    return {"code": f.id, "severity": f.severity.value, "summary": f.summary, "fix": "; ".join(f.fix) or None}
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _driver_findings(kb: Any, driver: str, cuda: str, min_driver: str | None) ->
     )
     if min_driver and V.parse_driver(driver) < V.parse_driver(min_driver):
         out.append(
-            Finding(
+            _finding(
                 "image_needs_newer_driver",
                 Severity.FAIL,
                 f"the image needs NVIDIA driver ≥ {min_driver} (its label {LABEL_MIN_DRIVER}); this host has {driver}",
@@ -94,7 +96,7 @@ def _driver_findings(kb: Any, driver: str, cuda: str, min_driver: str | None) ->
     if ds.kind is DriverSupportKind.UNSUPPORTED:
         if not out:
             out.append(
-                Finding(
+                _finding(
                     "driver_too_old",
                     Severity.FAIL,
                     f"the image's CUDA {cuda}: {ds.message}",
@@ -104,7 +106,7 @@ def _driver_findings(kb: Any, driver: str, cuda: str, min_driver: str | None) ->
             )
     elif ds.kind is DriverSupportKind.MINOR_COMPAT:
         out.append(
-            Finding(
+            _finding(
                 "driver_minor_compat",
                 Severity.CAVEAT,
                 f"{ds.message}; {ds.caveat}",
@@ -112,7 +114,7 @@ def _driver_findings(kb: Any, driver: str, cuda: str, min_driver: str | None) ->
             )
         )
     else:
-        out.append(Finding("driver_native", Severity.INFO, ds.message))
+        out.append(_finding("driver_native", Severity.INFO, ds.message))
     return out
 
 
@@ -137,7 +139,7 @@ def _gpu_findings(
             bs = driver_supports_arch(kb, driver, known)
             if not bs.ok:
                 out.append(
-                    Finding(
+                    _finding(
                         bs.code, Severity.FAIL, bs.message, "install a driver branch that supports this GPU"
                     )
                 )
@@ -148,7 +150,7 @@ def _gpu_findings(
         cov = arch_coverage(cc, cubins, ptx)
         if cov.kind is CoverageKind.NOT_COVERED:
             out.append(
-                Finding(
+                _finding(
                     "arch_not_covered",
                     Severity.FAIL,
                     f"{gpu.name} (compute capability {cc}) has no kernels in the image: {cov.why}",
@@ -156,7 +158,7 @@ def _gpu_findings(
                 )
             )
         elif cov.kind is CoverageKind.PTX_JIT:
-            out.append(Finding("arch_ptx_jit", Severity.CAVEAT, f"{gpu.name}: {cov.why} (slow first start)"))
+            out.append(_finding("arch_ptx_jit", Severity.CAVEAT, f"{gpu.name}: {cov.why} (slow first start)"))
     return out
 
 
@@ -172,7 +174,7 @@ def preflight(
     if not torch and not cuda:
         return Preflight(
             (
-                Finding(
+                _finding(
                     "image_unlabelled",
                     Severity.CAVEAT,
                     f"the image has no {LABEL_TORCH}/{LABEL_CUDA} labels: its build was not checked "
@@ -184,7 +186,7 @@ def preflight(
     if cuda == "unknown":
         return Preflight(
             (
-                Finding(
+                _finding(
                     "image_cuda_unknown",
                     Severity.CAVEAT,
                     f"the image's torch {torch or '?'} has no known CUDA version: not checked",
@@ -195,7 +197,7 @@ def preflight(
     if not cuda or cuda in ("cpu", "none"):
         return Preflight(
             (
-                Finding(
+                _finding(
                     "cpu_only_image",
                     Severity.FAIL,
                     f"the image's torch {torch or ''} is a CPU-only build: the GPUs would go unused",
@@ -207,7 +209,7 @@ def preflight(
     if not driver:
         return Preflight(
             (
-                Finding(
+                _finding(
                     "no_driver",
                     Severity.FAIL,
                     f"no NVIDIA driver answered on this host ({inv.source})",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from torchrig.errors import InputError, JobFailed
+from torchrig.findings import Finding
 from torchrig.runtime import hostkey
 from torchrig.runtime.engine import Engine
 from torchrig.runtime.inventory import Inventory
@@ -24,7 +25,7 @@ from torchrig.runtime.ledger import Ledger
 from torchrig.runtime.nvml import current
 from torchrig.runtime.placement import resolve_named
 from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, default_ulimits, make_plan
-from torchrig.runtime.preflight import Finding, Preflight, load_host_kb, preflight
+from torchrig.runtime.preflight import Preflight, load_host_kb, preflight
 from torchrig.runtime.serve_contract import LABEL_SERVICES, SERVE
 
 SERVE_STATE = ".torchrig"  # torchrig serve's state in the user's home (serve.config: state_dir)
@@ -135,9 +136,10 @@ def _check(pf: Preflight) -> None:
     bad = pf.failures()
     if bad:
         f = bad[0]
-        more = f" (+{len(bad) - 1} more: {', '.join(b.code for b in bad[1:])})" if len(bad) > 1 else ""
+        more = f" (+{len(bad) - 1} more: {', '.join(b.id for b in bad[1:])})" if len(bad) > 1 else ""
         raise PreflightRefused(
-            f"pre-flight refused the image: {f.summary}{more}", hint=f"fix: {f.fix}" if f.fix else None
+            f"pre-flight refused the image: {f.summary}{more}",
+            hint=f"fix: {'; '.join(f.fix)}" if f.fix else None,
         )
 
 
