@@ -6,16 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from torchrig.contract import LABEL_ARCH_LIST, LABEL_CUDA, LABEL_MIN_DRIVER, LABEL_TORCH
 from torchrig.runtime.inventory import load_snapshot
-from torchrig.runtime.preflight import (
-    LABEL_ARCH_LIST,
-    LABEL_CUDA,
-    LABEL_MIN_DRIVER,
-    LABEL_TORCH,
-    Severity,
-    load_host_kb,
-    preflight,
-)
+from torchrig.runtime.preflight import Severity, load_host_kb, preflight
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures/runtime"
 

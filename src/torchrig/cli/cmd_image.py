@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig import contract as K
 from torchrig.report import SimpleReport
 
 
@@ -140,9 +141,9 @@ class BuildReport:
         lines += [
             f"  id    {r.image_id}",
             f"  base  {r.base}" + (f" ({r.base_reference})" if r.base_reference else ""),
-            f"  torch {r.stack['org.torchrig.torch']}  cuda {r.stack['org.torchrig.cuda']}  "
-            f"cudnn {r.stack['org.torchrig.cudnn']}  nccl {r.stack['org.torchrig.nccl']}  "
-            f"min driver {r.stack['org.torchrig.min-driver']}",
+            f"  torch {r.stack[K.LABEL_TORCH]}  cuda {r.stack[K.LABEL_CUDA]}  "
+            f"cudnn {r.stack[K.LABEL_CUDNN]}  nccl {r.stack[K.LABEL_NCCL]}  "
+            f"min driver {r.stack[K.LABEL_MIN_DRIVER]}",
             f"  lock  {r.lock_path}",
             "  layers (base first; a new pip package re-ships only the last venv layer):",
         ]

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchrig.contract import IMAGE_CONFIG, SERVE_STATE_FILE
 from torchrig.errors import UsageError
 from torchrig.report import SimpleReport
 
@@ -48,7 +49,7 @@ def _config(args: argparse.Namespace) -> Any:
     from torchrig.serve import config as C
 
     entry = pwd.getpwuid(os.getuid())
-    image = C.read_image_config(os.environ.get("TORCHRIG_IMAGE_CONFIG", C.IMAGE_CONFIG))
+    image = C.read_image_config(os.environ.get("TORCHRIG_IMAGE_CONFIG", IMAGE_CONFIG))
     return C.make_config(image, os.environ, Path(entry.pw_dir), entry.pw_name, args.services)
 
 
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> Any:
             "serve",
             "note: no NVIDIA driver in the container (run with --gpus all and the NVIDIA Container Toolkit)",
         )
-    sup = Supervisor(plans, cfg.state_dir / "serve.json")
+    sup = Supervisor(plans, cfg.state_dir / SERVE_STATE_FILE)
     sup.start()
     code = sup.wait()
     return SimpleReport(data={"exit_code": code}, text="", code=code)

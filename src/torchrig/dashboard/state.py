@@ -121,14 +121,14 @@ def _gpus(inv: Any, leases: list[Any]) -> list[dict[str, Any]]:
 
 def _access(engine: Any, env: Any) -> dict[str, str]:
     """The viewer's own environment: its Jupyter link with the token, and the ssh command."""
-    from torchrig.runtime.serve_contract import SERVE
+    from torchrig.contract import JUPYTER_TOKEN_FILE
 
     out: dict[str, str] = {}
     if "jupyter" in env.ports:
         ip, port = env.ports["jupyter"]
         url = f"http://{ip if ip not in ('0.0.0.0', '') else '127.0.0.1'}:{port}/lab"
         try:
-            token = engine.get_file(env.id, f"{SERVE.secrets_dir}/{SERVE.token_file}").decode().strip()
+            token = engine.get_file(env.id, JUPYTER_TOKEN_FILE).decode().strip()
         except Exception:  # the container's secrets are unreadable: the link still helps
             token = ""
         out["jupyter"] = url + (f"?token={token}" if token else "")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig.contract import IMAGE_ETC, LABEL_BASE_REFERENCE, LABEL_TORCH
 from torchrig.image import context as ctx_mod
 from torchrig.image import render
 from torchrig.image.spec import load_spec
@@ -184,7 +185,7 @@ def read_lock_pins(spec_path: Path, stack: Any) -> LockPins:
         field(lock, "base_reference", str, str(path), default="")
     except InputError as err:
         raise UsageError(err.message, hint="build again without --locked") from None
-    locked_torch = lock.get("stack", {}).get("org.torchrig.torch")
+    locked_torch = lock.get("stack", {}).get(LABEL_TORCH)
     if locked_torch != stack.label:
         raise UsageError(
             f"--locked: {path} records torch {locked_torch!r} but the spec resolves to {stack.label}",
@@ -315,7 +316,7 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
                     builder=builder,
                     steps=steps,
                     buildargs={"TORCHRIG_BASE_DIGEST": base_ref or "unknown"},
-                    labels={"org.torchrig.base.reference": base_ref or "unknown"},
+                    labels={LABEL_BASE_REFERENCE: base_ref or "unknown"},
                 )
             except engine.BuildFailed as err:
                 if hasattr(progress, "failure"):
@@ -325,7 +326,7 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
     for tag in tags[1:]:
         repo, _, name = tag.rpartition(":")
         image.tag(repo, name)
-    files = engine.read_files(client, image_id, render.ETC)
+    files = engine.read_files(client, image_id, IMAGE_ETC)
     size = int(image.attrs.get("Size") or 0)
     lock = lock_document(plan, tags, image_id, size, base_ref, files)
     lock_path = Path(plan.spec.path).resolve().parent / LOCK_NAME

@@ -12,41 +12,37 @@ import json
 import shlex
 
 from torchrig import __version__
+from torchrig import contract as K
 from torchrig.image.stack import ImagePlan
 
-LABEL_PREFIX = "org.torchrig"
 CONTEXT_WHEELHOUSE = "wheelhouse"
 CONTEXT_TORCHRIG = "torchrig-dist"
 CONTEXT_CA = "build-ca.crt"
 CONTEXT_FILES = "torchrig-files"
 CA_PATH = "/usr/local/share/torchrig/build-ca.crt"
-VENV = "/opt/venv"
-ETC = "/etc/torchrig"
-JUPYTER_PORT = 8888
-SSH_PORT = 22
 
 
 def labels(plan: ImagePlan) -> dict[str, str]:
     """The image's labels: the resolved stack. 'none' where the build has none (a CPU build, no PTX);
     'unknown' where the build came from a wheel the knowledge base does not list."""
     s = plan.stack
-    missing = "unknown" if s.source == "wheelhouse" and not s.is_cpu else "none"
+    missing = K.LABEL_UNKNOWN if s.source == "wheelhouse" and not s.is_cpu else K.LABEL_NONE
     return {
-        "org.opencontainers.image.title": plan.repository,
-        "org.opencontainers.image.base.name": plan.base.image,
-        f"{LABEL_PREFIX}.version": __version__,
-        f"{LABEL_PREFIX}.torch": s.label,
-        f"{LABEL_PREFIX}.python": s.python,
-        f"{LABEL_PREFIX}.variant": plan.spec.variant,
-        f"{LABEL_PREFIX}.cuda": s.cuda or missing,
-        f"{LABEL_PREFIX}.arch-list": " ".join(s.arch_list) or missing,
-        f"{LABEL_PREFIX}.ptx": " ".join(s.ptx) or missing,
-        f"{LABEL_PREFIX}.min-driver": s.min_driver or missing,
-        f"{LABEL_PREFIX}.min-driver-minor-compat": s.min_driver_minor_compat or missing,
-        f"{LABEL_PREFIX}.cudnn": s.cudnn or missing,
-        f"{LABEL_PREFIX}.nccl": s.nccl or missing,
-        f"{LABEL_PREFIX}.services": " ".join(plan.spec.services.enabled) or "none",
-        f"{LABEL_PREFIX}.user": f"{plan.spec.user.name}:{plan.spec.user.uid}:{plan.spec.user.gid}",
+        K.LABEL_OCI_TITLE: plan.repository,
+        K.LABEL_OCI_BASE_NAME: plan.base.image,
+        K.LABEL_VERSION: __version__,
+        K.LABEL_TORCH: s.label,
+        K.LABEL_PYTHON: s.python,
+        K.LABEL_VARIANT: plan.spec.variant,
+        K.LABEL_CUDA: s.cuda or missing,
+        K.LABEL_ARCH_LIST: " ".join(s.arch_list) or missing,
+        K.LABEL_PTX: " ".join(s.ptx) or missing,
+        K.LABEL_MIN_DRIVER: s.min_driver or missing,
+        K.LABEL_MIN_DRIVER_MINOR_COMPAT: s.min_driver_minor_compat or missing,
+        K.LABEL_CUDNN: s.cudnn or missing,
+        K.LABEL_NCCL: s.nccl or missing,
+        K.LABEL_SERVICES: " ".join(plan.spec.services.enabled) or K.LABEL_NONE,
+        K.LABEL_USER: f"{plan.spec.user.name}:{plan.spec.user.uid}:{plan.spec.user.gid}",
     }
 
 
@@ -58,8 +54,8 @@ def image_config(plan: ImagePlan) -> str:
         "services": list(spec.services.enabled),
         "user": spec.user.name,
         "workdir": spec.workdir,
-        "jupyter_port": JUPYTER_PORT,
-        "ssh_port": SSH_PORT,
+        "jupyter_port": K.JUPYTER_PORT,
+        "ssh_port": K.SSH_PORT_IMAGE,
         "stack": labels(plan),
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -139,8 +135,8 @@ def _pip(plan: ImagePlan, args: str, *, torch: bool = False, constraints: tuple[
     src = _pip_source(plan, torch=torch)
     con = "".join(f" -c {c}" for c in constraints)
     if plan.locked:
-        con += f" -c {ETC}/locked.txt"
-    return f"{VENV}/bin/pip install{' ' + src if src else ''}{con} {args}"
+        con += f" -c {K.IMAGE_ETC}/locked.txt"
+    return f"{K.VENV}/bin/pip install{' ' + src if src else ''}{con} {args}"
 
 
 LAYER = "/opt/layer"  # in a layer stage: the files that stage's installs added to the venv, and no others
@@ -160,17 +156,17 @@ def _torch_stage(plan: ImagePlan) -> list[str]:
         env.append(f"PIP_CERT={CA_PATH}")
     out.append("ENV " + " \\\n    ".join(env))
     if plan.locked:
-        out.append(f"COPY {CONTEXT_FILES}/locked.txt {ETC}/locked.txt")
+        out.append(f"COPY {CONTEXT_FILES}/locked.txt {K.IMAGE_ETC}/locked.txt")
     out.append(
         _run(
-            f"python{py} -m venv {VENV}",
-            f"mkdir -p {ETC}",
+            f"python{py} -m venv {K.VENV}",
+            f"mkdir -p {K.IMAGE_ETC}",
             _pip(plan, shlex.quote(plan.stack.torch_requirement), torch=True),
             # pin torch and everything its install brought, so later installs cannot move them
-            f"{VENV}/bin/pip freeze > {ETC}/constraints.txt",
-            f"cat {ETC}/constraints.txt",
+            f"{K.VENV}/bin/pip freeze > {K.IMAGE_ETC}/constraints.txt",
+            f"cat {K.IMAGE_ETC}/constraints.txt",
             # torch warns at import without NumPy, and .numpy() needs it; not pinned: users may move it
-            _pip(plan, "numpy", constraints=(f"{ETC}/constraints.txt",)),
+            _pip(plan, "numpy", constraints=(f"{K.IMAGE_ETC}/constraints.txt",)),
         )
     )
     return out
@@ -185,12 +181,12 @@ def _layer_stage(plan: ImagePlan, name: str, parent: str, requirements: list[str
         f"FROM {parent} AS {name}",
         _run(
             f"rm -rf {LAYER}",
-            f"cd {VENV}",
+            f"cd {K.VENV}",
             f"find . ! -type d | sort > {_BEFORE}",
-            f"{VENV}/bin/pip freeze > {LAYER_CONSTRAINTS}",
+            f"{K.VENV}/bin/pip freeze > {LAYER_CONSTRAINTS}",
             f"touch {_STAMP}",
-            _pip(plan, reqs, constraints=(f"{ETC}/constraints.txt", LAYER_CONSTRAINTS)),
-            f"{VENV}/bin/pip check",
+            _pip(plan, reqs, constraints=(f"{K.IMAGE_ETC}/constraints.txt", LAYER_CONSTRAINTS)),
+            f"{K.VENV}/bin/pip check",
             f"find . ! -type d | sort > {_AFTER}",
             f'gone=$(comm -23 {_BEFORE} {_AFTER} | head -n 3); if [ -n "$gone" ]; then '
             f'echo "error: the install removed files of an earlier layer: $gone" >&2; exit 1; fi',
@@ -227,34 +223,34 @@ def _final_stage(plan: ImagePlan, layers: list[str]) -> list[str]:
         "ARG TORCHRIG_BASE_DIGEST=unknown",
         # one layer per stage: torch and its CUDA wheels, then the tools, then the spec's packages; a new
         # package re-ships only the last
-        f"COPY --from=torch {own} {VENV} {VENV}",
-        *(f"COPY --from={name} {own} {LAYER}/ {VENV}/" for name in layers),
-        f"COPY --from=torch {ETC}/ {ETC}/",
-        f"COPY {CONTEXT_FILES}/image.json {ETC}/image.json",
+        f"COPY --from=torch {own} {K.VENV} {K.VENV}",
+        *(f"COPY --from={name} {own} {LAYER}/ {K.VENV}/" for name in layers),
+        f"COPY --from=torch {K.IMAGE_ETC}/ {K.IMAGE_ETC}/",
+        f"COPY {CONTEXT_FILES}/image.json {K.IMAGE_CONFIG}",
         f"COPY {CONTEXT_FILES}/profile.sh /etc/profile.d/torchrig.sh",
         # torchrig last and alone (its dependencies came with the tools): a new torchrig rebuilds
         # this small layer, not the venv
         f"COPY {CONTEXT_TORCHRIG}/ /tmp/{CONTEXT_TORCHRIG}/",
     ]
-    site = f"{VENV}/lib/python{py}/site-packages"
+    site = f"{K.VENV}/lib/python{py}/site-packages"
     out.append(
         _run(
-            f"{VENV}/bin/pip install --no-cache-dir --no-index --no-deps /tmp/{CONTEXT_TORCHRIG}/*.whl",
+            f"{K.VENV}/bin/pip install --no-cache-dir --no-index --no-deps /tmp/{CONTEXT_TORCHRIG}/*.whl",
             f"rm -rf /tmp/{CONTEXT_TORCHRIG}",
-            f"{VENV}/bin/pip check",
-            f"{VENV}/bin/pip freeze --all > {ETC}/pip-freeze.txt",
+            f"{K.VENV}/bin/pip check",
+            f"{K.VENV}/bin/pip freeze --all > {K.IMAGE_ETC}/pip-freeze.txt",
             # a base may ship a user or group with our ids (ubuntu:24.04 has 'ubuntu', 1000:1000): replace it
             f'old=$(getent passwd {u.uid} | cut -d: -f1); if [ -n "$old" ]; then userdel -r "$old" 2>/dev/null || userdel "$old"; fi',
             f'old=$(getent group {u.gid} | cut -d: -f1); if [ -n "$old" ]; then groupdel "$old"; fi',
             f"groupadd -g {u.gid} {u.name}",
             f"useradd -m -u {u.uid} -g {u.gid} -s /bin/bash {u.name}",
-            f"chown -R {u.uid}:{u.gid} {site}/torchrig {site}/torchrig-*.dist-info {VENV}/bin/torchrig",
+            f"chown -R {u.uid}:{u.gid} {site}/torchrig {site}/torchrig-*.dist-info {K.VENV}/bin/torchrig",
             # data/ exists, owned by the user, so an empty named volume mounted there (-v data:WORKDIR/data)
             # starts with the user's ownership instead of root's
             f"mkdir -p {shlex.quote(spec.workdir + '/data')}",
             f"chown {u.uid}:{u.gid} {shlex.quote(spec.workdir)} {shlex.quote(spec.workdir + '/data')}",
-            f"dpkg-query -W -f '${{Package}}=${{Version}}\\n' > {ETC}/apt-packages.txt",
-            f'echo "$TORCHRIG_BASE_DIGEST" > {ETC}/base-digest',
+            f"dpkg-query -W -f '${{Package}}=${{Version}}\\n' > {K.IMAGE_ETC}/apt-packages.txt",
+            f'echo "$TORCHRIG_BASE_DIGEST" > {K.IMAGE_ETC}/base-digest',
             f"rm -f {CA_PATH}",
         )
     )
@@ -265,9 +261,9 @@ def _runtime_config(plan: ImagePlan) -> list[str]:
     """ENV, LABEL, EXPOSE, USER, WORKDIR, HEALTHCHECK, ENTRYPOINT and CMD of the final image."""
     spec, u = plan.spec, plan.spec.user
     env = [
-        f"PATH={VENV}/bin:$PATH",
-        f"VIRTUAL_ENV={VENV}",
-        f"PIP_CONSTRAINT={ETC}/constraints.txt",
+        f"PATH={K.VENV}/bin:$PATH",
+        f"VIRTUAL_ENV={K.VENV}",
+        f"PIP_CONSTRAINT={K.IMAGE_ETC}/constraints.txt",
         "PYTHONUNBUFFERED=1",
         "LANG=C.UTF-8",
     ]
@@ -276,8 +272,8 @@ def _runtime_config(plan: ImagePlan) -> list[str]:
         env += ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
     out = ["ENV " + " \\\n    ".join(env)]
     out.append("LABEL " + " \\\n      ".join(f"{k}={_q(v)}" for k, v in labels(plan).items()))
-    ports = ([str(JUPYTER_PORT)] if spec.services.jupyter else []) + (
-        [str(SSH_PORT)] if spec.services.ssh else []
+    ports = ([str(K.JUPYTER_PORT)] if spec.services.jupyter else []) + (
+        [str(K.SSH_PORT_IMAGE)] if spec.services.ssh else []
     )
     if ports:
         out.append(f"EXPOSE {' '.join(ports)}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchrig.contract import DEFAULT_WORKDIR
 from torchrig.errors import SpecError
 from torchrig.fuzzy import did_you_mean
 
@@ -81,7 +82,7 @@ class ImageSpec:
     apt: tuple[str, ...] = ()
     services: Services = field(default_factory=Services)
     user: User = field(default_factory=User)
-    workdir: str = "/workspace"
+    workdir: str = DEFAULT_WORKDIR
     name: str = "torchrig/pytorch"  # the repository part of the tag
     base: str | None = None  # None: torchrig's pinned default for the variant
     pip_index_url: str | None = None  # a mirror for the extra pip packages (and torch when on PyPI)
@@ -300,7 +301,7 @@ def parse_spec(data: Mapping[str, Any], path: str = "torchrig.toml") -> ImageSpe
         apt=v.get("packages", {}).get("apt", ()),
         services=Services(**v.get("services", {})),
         user=user,
-        workdir=img.get("workdir", "/workspace"),
+        workdir=img.get("workdir", DEFAULT_WORKDIR),
         name=img.get("name", "torchrig/pytorch"),
         base=base,
         pip_index_url=img.get("pip_index_url"),

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig.contract import ENV_LABEL_PREFIX as LABEL_PREFIX
 from torchrig.errors import EngineUnavailable, InputError
-from torchrig.runtime.plan import LABEL_PREFIX, ImageFacts, Ulimit, UpPlan
+from torchrig.runtime.plan import ImageFacts, Ulimit, UpPlan
 
 PROBE_LABEL = f"{LABEL_PREFIX}probe"
 _ULIMIT_FLAGS = {"memlock": "l", "stack": "s", "nofile": "n", "nproc": "u", "core": "c"}

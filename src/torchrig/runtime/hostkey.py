@@ -18,9 +18,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchrig.contract import SSH_HOST_KEY_NAME
 from torchrig.errors import InputError
 
-KEY_NAME = "ssh_host_ed25519_key"
+KEY_NAME = SSH_HOST_KEY_NAME  # the same file name as in the container
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from torchrig.contract import ENV_LABEL_PREFIX as LABEL_PREFIX
+from torchrig.contract import SERVE, ImageUser, ServeContract, image_user
 from torchrig.data import load
 from torchrig.runtime.inventory import Unit
 from torchrig.runtime.options import Volume
 from torchrig.runtime.placement import GpuRequest
-from torchrig.runtime.serve_contract import SERVE, ImageUser, ServeContract, image_user
 
-LABEL_PREFIX = "torchrig."
 LOCALHOST = "127.0.0.1"
 ALL_INTERFACES = "0.0.0.0"
 

@@ -11,16 +11,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torchrig.contract import (
+    LABEL_ARCH_LIST,
+    LABEL_CUDA,
+    LABEL_MIN_DRIVER,
+    LABEL_NONE,
+    LABEL_PTX,
+    LABEL_TORCH,
+    LABEL_UNKNOWN,
+)
 from torchrig.findings import Finding, Severity  # compatibility words: info, caveat, fail
 from torchrig.runtime.inventory import Inventory, Unit
 
-# The image's labels, as torchrig.image writes them.
-LABEL_TORCH = "org.torchrig.torch"
-LABEL_CUDA = "org.torchrig.cuda"
-LABEL_ARCH_LIST = "org.torchrig.arch-list"  # "sm_80 sm_90 ..." ("none" for CPU builds, "unknown")
-LABEL_PTX = "org.torchrig.ptx"  # "compute_120 ..."
-LABEL_MIN_DRIVER = "org.torchrig.min-driver"
-UNKNOWN = ("", "unknown", "none")
+UNKNOWN = ("", LABEL_UNKNOWN, LABEL_NONE)  # label values that carry no fact
 
 
 def load_host_kb() -> Any:

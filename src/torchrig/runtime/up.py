@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from torchrig.contract import AUTHORIZED_KEYS_FILE, JUPYTER_TOKEN_FILE, LABEL_SERVICES, host_key_path
 from torchrig.errors import InputError, JobFailed
 from torchrig.findings import Finding
 from torchrig.runtime import hostkey
@@ -26,9 +27,7 @@ from torchrig.runtime.nvml import current
 from torchrig.runtime.placement import resolve_named
 from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, default_ulimits, make_plan
 from torchrig.runtime.preflight import Preflight, load_host_kb, preflight
-from torchrig.runtime.serve_contract import LABEL_SERVICES, SERVE
 
-SERVE_STATE = ".torchrig"  # torchrig serve's state in the user's home (serve.config: state_dir)
 SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
 
 
@@ -238,9 +237,9 @@ def _provision(
     host key into ~/.torchrig/ssh (where torchrig serve looks), the named volumes' roots to the user."""
     files = {}
     if token:
-        files[f"{SERVE.secrets_dir}/{SERVE.token_file}"] = token.encode()
+        files[JUPYTER_TOKEN_FILE] = token.encode()
     if key:
-        files[f"{SERVE.secrets_dir}/{SERVE.authorized_keys_file}"] = key.encode()
+        files[AUTHORIZED_KEYS_FILE] = key.encode()
     owner = plan.container_uid
     if files:
         engine.put_files(cid, files, uid=owner or 0, mode=0o400 if owner is not None else 0o444, parents=True)
@@ -250,12 +249,13 @@ def _provision(
     if hk is not None and plan.container_user and owner is not None:
         home = _home_of(engine, cid, plan.container_user)
         if home:
-            d = f"{home.rstrip('/')}/{SERVE_STATE}/ssh"
+            key_path = host_key_path(home)
+            d = str(Path(key_path).parent)
             engine.own_dirs(cid, [str(Path(d).parent), d], owner, gid, mode=0o700)
-            engine.put_files(cid, {f"{d}/{hostkey.KEY_NAME}": hk.private}, uid=owner, gid=gid, mode=0o600)
+            engine.put_files(cid, {key_path: hk.private}, uid=owner, gid=gid, mode=0o600)
             engine.put_files(
                 cid,
-                {f"{d}/{hostkey.KEY_NAME}.pub": hk.public.encode() + b"\n"},
+                {f"{key_path}.pub": hk.public.encode() + b"\n"},
                 uid=owner,
                 gid=gid,
                 mode=0o644,

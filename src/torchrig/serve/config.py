@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig import contract as K
+from torchrig.contract import IMAGE_CONFIG
 from torchrig.errors import UsageError
 
-IMAGE_CONFIG = "/etc/torchrig/image.json"
-TOKEN_FILE = "/run/secrets/jupyter_token"
-KEYS_FILE = "/run/secrets/authorized_keys"
-KNOWN_SERVICES = ("jupyter", "ssh")
 _KEY_RE = re.compile(
     r"^(?:[^\s]+\s+)?(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+|sk-ssh-ed25519@openssh\.com|"
     r"sk-ecdsa-sha2-nistp256@openssh\.com)\s+[A-Za-z0-9+/=]{40,}(\s.*)?$"
@@ -67,10 +65,10 @@ def read_image_config(path: str | Path = IMAGE_CONFIG) -> dict[str, Any]:
 
 def parse_services(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    bad = [n for n in names if n not in KNOWN_SERVICES]
+    bad = [n for n in names if n not in K.SERVICES]
     if bad:
         raise UsageError(
-            f"unknown service {bad[0]!r}", hint=f"allowed: {', '.join(KNOWN_SERVICES)} (comma-separated)"
+            f"unknown service {bad[0]!r}", hint=f"allowed: {', '.join(K.SERVICES)} (comma-separated)"
         )
     return names
 
@@ -80,10 +78,10 @@ def make_config(
 ) -> ServeConfig:
     if services_arg is not None:
         services = parse_services(services_arg)
-    elif env.get("TORCHRIG_SERVICES") is not None:
-        services = parse_services(env["TORCHRIG_SERVICES"])
+    elif env.get(K.ENV_SERVICES) is not None:
+        services = parse_services(env[K.ENV_SERVICES])
     else:
-        services = tuple(_image_field(image, "services", list, list(KNOWN_SERVICES)))
+        services = tuple(_image_field(image, "services", list, list(K.SERVICES)))
         if not all(isinstance(s, str) for s in services):
             raise UsageError(
                 "the image config's 'services' must be a list of names", hint="rebuild the image"
@@ -93,9 +91,9 @@ def make_config(
         user=user,
         home=home,
         workdir=_image_field(image, "workdir", str, str(home)),
-        jupyter_port=_port(env, image, "TORCHRIG_JUPYTER_PORT", "jupyter_port", 8888),
-        ssh_port=_port(env, image, "TORCHRIG_SSH_PORT", "ssh_port", 22),
-        state_dir=home / ".torchrig",
+        jupyter_port=_port(env, image, K.ENV_JUPYTER_PORT, "jupyter_port", K.JUPYTER_PORT),
+        ssh_port=_port(env, image, K.ENV_SSH_PORT, "ssh_port", K.SSH_PORT_IMAGE),
+        state_dir=home / K.SERVE_STATE_DIR,
     )
 
 
@@ -134,7 +132,7 @@ def _read_secret_file(path: Path, what: str) -> str | None:
 
 def jupyter_token(env: Mapping[str, str]) -> Secret:
     """The token from a mounted file or the environment, else a fresh one; an empty one is refused."""
-    path = Path(env.get("JUPYTER_TOKEN_FILE", TOKEN_FILE))
+    path = Path(env.get("JUPYTER_TOKEN_FILE", K.JUPYTER_TOKEN_FILE))
     text = _read_secret_file(path, "Jupyter token")
     if text is not None:
         token = text.strip()
@@ -155,7 +153,7 @@ def jupyter_token(env: Mapping[str, str]) -> Secret:
 
 def authorized_keys(env: Mapping[str, str], home: Path) -> Secret | None:
     """Validated public keys (one per line), or None when none were given."""
-    path = Path(env.get("SSH_AUTHORIZED_KEYS_FILE", KEYS_FILE))
+    path = Path(env.get("SSH_AUTHORIZED_KEYS_FILE", K.AUTHORIZED_KEYS_FILE))
     candidates = [
         (_read_secret_file(path, "authorized keys"), f"file:{path}"),
         (env.get("SSH_AUTHORIZED_KEYS"), "env:SSH_AUTHORIZED_KEYS"),

@@ -14,6 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchrig.contract import SERVE_STATE_FILE
 from torchrig.serve.config import ServeConfig
 
 TIMEOUT_S = 3.0
@@ -72,7 +73,7 @@ def probe_ssh(port: int, pid: int | None, proc_net: Path = Path("/proc/net")) ->
 
 def check(cfg: ServeConfig) -> list[Probe]:
     """Probe the services serve started (from its state file), else those the config names."""
-    state = cfg.state_dir / "serve.json"
+    state = cfg.state_dir / SERVE_STATE_FILE
     try:
         started = dict(json.loads(Path(state).read_text(encoding="utf-8"))["services"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchrig.contract import SSH_HOST_KEY_NAME
 from torchrig.serve.config import ServeConfig
 
 SSHD = "/usr/sbin/sshd"
@@ -32,7 +33,7 @@ def ssh_paths(cfg: ServeConfig) -> dict[str, Path]:
     d = cfg.state_dir / "ssh"
     return {
         "dir": d,
-        "host_key": d / "ssh_host_ed25519_key",
+        "host_key": d / SSH_HOST_KEY_NAME,
         "config": d / "sshd_config",
         "authorized_keys": d / "authorized_keys",
         "env": cfg.state_dir / "env.sh",

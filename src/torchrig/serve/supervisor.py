@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from torchrig.contract import SERVE_STATE_FILE
 from torchrig.serve.plan import ServicePlan
 
 STOP_GRACE_S = 10.0
@@ -62,7 +63,7 @@ def hold_serve_lock(state_dir: Path) -> int:
     except OSError:
         os.close(fd)
         try:
-            running = json.loads((state_dir / "serve.json").read_text(encoding="utf-8"))
+            running = json.loads((state_dir / SERVE_STATE_FILE).read_text(encoding="utf-8"))
             what = ", ".join(running.get("services", {})) or "no services"
         except (OSError, ValueError, AttributeError):
             what = "its services"
