@@ -418,6 +418,25 @@ def test_cli_spec_gives_the_image_name(cli, tmp_path):
     assert "--container-image=registry.example#team/torchrig:2.8.0-cu128-py" in r.json()["render"]
 
 
+def test_cli_spec_takes_the_tag_its_build_recorded(cli, tmp_path):
+    """Built, the spec's image is the first tag its lock records (`image build --tag` first), the one
+    `up --spec` runs too."""
+    import json
+
+    spec = tmp_path / "torchrig.toml"
+    spec.write_text(SPEC)
+    lock = {
+        "tags": ["registry.example/team/run:7", "registry.example/team/torchrig:2.8.0-cu128-py3.11-runtime"]
+    }
+    (tmp_path / "torchrig.lock.json").write_text(json.dumps(lock))
+    r = cli("cluster", "k8s", "--json", "--nodes", "2", "--spec", str(spec), "--", "train.py")
+    assert r.code == 0, r.err
+    assert "image: registry.example/team/run:7\n" in r.json()["render"]
+    (tmp_path / "torchrig.lock.json").write_text('{"tags": []}')
+    r = cli("cluster", "k8s", "--nodes", "2", "--spec", str(spec), "--", "train.py")
+    assert r.code == 2 and "records no image tag" in r.err and r.err.strip().count("\n") == 0
+
+
 def test_cli_module_forms_are_the_same(cli):
     a = cli("cluster", "slurm", "--json", "--nodes", "2", "-m", "--", "torchrig.train", "--size", "tiny")
     b = cli("cluster", "slurm", "--json", "--nodes", "2", "--", "-m", "torchrig.train", "--size", "tiny")

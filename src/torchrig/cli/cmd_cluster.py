@@ -13,7 +13,8 @@ torchrig does not run a cluster manager: it writes what the existing engines tak
 
 The command after `--` is what `torchrig launch` runs on every node: a script with its arguments, or a
 module with -m (torchrig's own trainer: -m torchrig.train ...). --spec torchrig.toml takes the image
-name from the spec `torchrig image build` builds (push it where the cluster can pull it).
+the spec's last `torchrig image build` tagged first (as `up --spec` does), or before a build the tag a
+build will give it (push it where the cluster can pull it).
 
 Every render is validated before it is printed: sbatch scripts by `bash -n` and by parsing their
 #SBATCH lines; manifests against Kubernetes' JSON schemas and the PyTorchJob or JobSet CRD (no network
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torchrig.argtypes import MAX_NODES, MAX_PROCS, MAX_SECONDS, int_in
@@ -141,15 +143,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def image_from_spec(path: str) -> str:
-    """The tag `torchrig image build` gives the spec's image (resolved offline with the knowledge base)."""
-    from pathlib import Path
-
-    from torchrig.image.pipeline import ImageOptions, make_plan
-
-    return str(make_plan(ImageOptions(spec=Path(path))).stack_tag)
-
-
 def _env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -166,7 +159,9 @@ def _image(args: argparse.Namespace) -> str | None:
         if image:
             flag = "--container" if args.target == "slurm" else "--image"
             raise UsageError(f"--spec and {flag} both name the image", hint="give one of them")
-        image = image_from_spec(args.spec)
+        from torchrig.image.ref import image_of_spec
+
+        image = image_of_spec(Path(args.spec), must_be_built=False)
     return image
 
 

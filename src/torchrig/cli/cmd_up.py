@@ -116,30 +116,9 @@ def _image_ref(args: argparse.Namespace) -> str:
         raise UsageError(
             "no image given", hint="pass --image REF (see 'docker images') or --spec torchrig.toml"
         )
-    return image_of_spec(Path(args.spec))
+    from torchrig.image.ref import image_of_spec
 
-
-def image_of_spec(spec: Path) -> str:
-    """The image a spec built: ``torchrig image build`` writes its tags to the lock file beside the spec."""
-    from torchrig.errors import InputError, SpecError
-    from torchrig.image.pipeline import LOCK_NAME
-    from torchrig.image.spec import load_spec
-    from torchrig.inputfiles import field, read_json
-
-    load_spec(spec)  # a broken or missing spec is its own one-line error
-    lock = spec.resolve().parent / LOCK_NAME
-    if not lock.exists():
-        raise InputError(
-            f"{spec} has not been built yet (no {lock.name} beside it)",
-            hint=f"build it: torchrig image build {spec}",
-        )
-    try:
-        tags = field(read_json(lock, "lock file"), "tags", list, str(lock), default=[])
-    except InputError as err:
-        raise SpecError(err.message, hint=f"rebuild: torchrig image build {spec}") from None
-    if not tags or not isinstance(tags[0], str):
-        raise SpecError(f"{lock} records no image tag", hint=f"rebuild: torchrig image build {spec}")
-    return str(tags[0])
+    return image_of_spec(Path(args.spec), must_be_built=True)
 
 
 def request_from(args: argparse.Namespace) -> Any:
