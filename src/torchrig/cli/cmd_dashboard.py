@@ -96,7 +96,7 @@ def _serve(args: argparse.Namespace, viewer: Any) -> Any:
     board.start_threads()
     stop = threading.Event()
 
-    def _on_term(signum: int, frame: Any) -> None:
+    def _on_term(signum: int, _frame: Any) -> None:
         stop.set()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
