@@ -4,6 +4,11 @@ A fenced ``console`` block right after a ``<!-- doctest -->`` line is run: each 
 one scratch folder per tutorial (``tests`` there links to this checkout's tests, for recorded fixtures), in
 order. A trailing ``# exit N`` says the exit status the tutorial promises; otherwise it is 0. No command may
 print a traceback or torchrig's "internal error".
+
+A block after ``<!-- doctest: slurm-login -->`` runs on the login node of the real Slurm cluster that
+``tools/ci/slurm-cluster.sh up`` starts (CI does, in ``.ci/run``): each line through ``ip netns exec LOGIN_NS``,
+as a user types it on a cluster's login node. Without that cluster those lines are not run and the test is
+reported as skipped after the others have passed.
 """
 
 from __future__ import annotations
@@ -19,18 +24,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
-BLOCK = re.compile(r"<!-- doctest -->\s*\n```console\n(.*?)```", re.S)
+BLOCK = re.compile(r"<!-- doctest(?:: ([a-z-]+))? -->\s*\n```console\n(.*?)```", re.S)
+PLACES = ("", "slurm-login")  # here, or the CI Slurm cluster's login node
+CLUSTER_ENV = Path("/run/torchrig-slurm/cluster.env")  # written by tools/ci/slurm-cluster.sh up
 
 
-def commands(doc: Path) -> list[tuple[str, int]]:
+def commands(doc: Path) -> list[tuple[str, int, str]]:
+    """``(command, exit status it promises, where it runs)`` of every doctest block, in order."""
     out = []
-    for block in BLOCK.findall(doc.read_text()):
+    for where, block in BLOCK.findall(doc.read_text()):
+        assert where in PLACES, f"{doc.name}: unknown doctest place {where!r}"
         for line in block.splitlines():
             if not line.startswith("$ "):
                 continue
             cmd, _, note = line[2:].partition("  # exit ")
-            out.append((cmd.strip(), int(note) if note.strip().isdigit() else 0))
+            out.append((cmd.strip(), int(note) if note.strip().isdigit() else 0, where))
     return out
+
+
+def slurm_login_ns() -> str | None:
+    """The CI Slurm cluster's login namespace, or None when it is not running here."""
+    if os.geteuid() != 0 or not CLUSTER_ENV.is_file():
+        return None
+    info = dict(line.split("=", 1) for line in CLUSTER_ENV.read_text().split())
+    ns = info.get("LOGIN_NS")
+    if not ns:
+        return None
+    probe = subprocess.run(["ip", "netns", "exec", ns, "sinfo", "-h"], capture_output=True, timeout=30)
+    return ns if probe.returncode == 0 else None
 
 
 def test_every_tutorial_has_commands_that_run_here():
@@ -47,14 +68,26 @@ def test_tutorial_commands_run_as_written(doc, tmp_path):
     assert torchrig, "torchrig is not installed on PATH"
     env = dict(os.environ, PATH=f"{Path(torchrig).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("TORCHRIG_GPU_INVENTORY", None)
-    for cmd, want in commands(doc):
-        r = subprocess.run(
-            ["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-        )
+    login_ns, not_run = None, []
+    if any(where == "slurm-login" for _, _, where in commands(doc)):
+        login_ns = slurm_login_ns()
+    for cmd, want, where in commands(doc):
+        argv = ["bash", "-c", cmd]
+        if where == "slurm-login":
+            if login_ns is None:
+                not_run.append(cmd)
+                continue
+            argv = ["ip", "netns", "exec", login_ns, *argv]
+        r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         said = r.stdout + r.stderr
         assert r.returncode == want, (
             f"{doc.name}: `{cmd}` exited {r.returncode}, want {want}:\n{said[-2000:]}"
         )
         assert "Traceback" not in said and "internal error" not in said, (
             f"{doc.name}: `{cmd}`:\n{said[-2000:]}"
+        )
+    if not_run:
+        pytest.skip(
+            f"{len(not_run)} command(s) need the CI Slurm cluster (tools/ci/slurm-cluster.sh up, as root); "
+            "the others passed"
         )
