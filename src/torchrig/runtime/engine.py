@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchrig.contract import ENV_LABEL_PREFIX as LABEL_PREFIX
+from torchrig.contract import ENV_LABEL_PREFIX
 from torchrig.errors import EngineUnavailable, InputError
 from torchrig.runtime.plan import ImageFacts, Ulimit, UpPlan
 
-PROBE_LABEL = f"{LABEL_PREFIX}probe"
+PROBE_LABEL = f"{ENV_LABEL_PREFIX}probe"
 _ULIMIT_FLAGS = {"memlock": "l", "stack": "s", "nofile": "n", "nproc": "u", "core": "c"}
 _KIB_LIMITS = {"memlock", "stack", "core"}  # sh's ulimit prints these in KiB
 
@@ -142,8 +142,8 @@ class Engine:
         ports: dict[str, tuple[str, int]] = {}
         published = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
         wanted = {
-            "jupyter": labels.get(f"{LABEL_PREFIX}jupyter_port"),
-            "ssh": labels.get(f"{LABEL_PREFIX}ssh_port"),
+            "jupyter": labels.get(f"{ENV_LABEL_PREFIX}jupyter_port"),
+            "ssh": labels.get(f"{ENV_LABEL_PREFIX}ssh_port"),
         }
         for service, cport in wanted.items():
             binding = published.get(f"{cport}/tcp") if cport else None
@@ -153,17 +153,17 @@ class Engine:
         return EnvRecord(
             name=c.name,
             id=c.id,
-            user=labels.get(f"{LABEL_PREFIX}user", "?"),
-            image=labels.get(f"{LABEL_PREFIX}image", ""),
+            user=labels.get(f"{ENV_LABEL_PREFIX}user", "?"),
+            image=labels.get(f"{ENV_LABEL_PREFIX}image", ""),
             state=state.get("Status", c.status),
             status=_human_status(state),
-            gpu_uuids=_split(labels.get(f"{LABEL_PREFIX}gpus")),
-            gpu_labels=_split(labels.get(f"{LABEL_PREFIX}gpu_labels")),
+            gpu_uuids=_split(labels.get(f"{ENV_LABEL_PREFIX}gpus")),
+            gpu_labels=_split(labels.get(f"{ENV_LABEL_PREFIX}gpu_labels")),
             ports=ports,
-            container_user=labels.get(f"{LABEL_PREFIX}container_user") or None,
+            container_user=labels.get(f"{ENV_LABEL_PREFIX}container_user") or None,
             created=attrs.get("Created", ""),
-            owner_uid=int(labels[f"{LABEL_PREFIX}uid"])
-            if labels.get(f"{LABEL_PREFIX}uid", "").isdigit()
+            owner_uid=int(labels[f"{ENV_LABEL_PREFIX}uid"])
+            if labels.get(f"{ENV_LABEL_PREFIX}uid", "").isdigit()
             else None,
         )
 
@@ -173,7 +173,7 @@ class Engine:
             # ignore_removed: a container removed (or still being created) between the engine's list and
             # its inspection is skipped, not an error: other users start and remove theirs at any time
             found = self.client.containers.list(
-                all=True, filters={"label": f"{LABEL_PREFIX}managed=1"}, ignore_removed=True
+                all=True, filters={"label": f"{ENV_LABEL_PREFIX}managed=1"}, ignore_removed=True
             )
         except self.errors.APIError as err:
             raise EngineUnavailable(
@@ -341,7 +341,7 @@ class Engine:
         except self.errors.NotFound:
             pass
         try:
-            self.client.volumes.create(name=name, labels={**labels, f"{LABEL_PREFIX}volume": "1"})
+            self.client.volumes.create(name=name, labels={**labels, f"{ENV_LABEL_PREFIX}volume": "1"})
         except self.errors.APIError as err:
             raise InputError(f"cannot create volume {name!r}: {err.explanation or err}") from None
         return True
@@ -435,9 +435,9 @@ class Engine:
             labels = self.client.api.inspect_container(name)["Config"]["Labels"] or {}
         except self.errors.APIError:
             return
-        mine = labels.get(f"{LABEL_PREFIX}managed") == "1" and labels.get(f"{LABEL_PREFIX}uid") == str(
-            owner_uid
-        )
+        mine = labels.get(f"{ENV_LABEL_PREFIX}managed") == "1" and labels.get(
+            f"{ENV_LABEL_PREFIX}uid"
+        ) == str(owner_uid)
         if mine:
             self.remove(name, stop_timeout_s=2)
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from torchrig.contract import ENV_LABEL_PREFIX as LABEL_PREFIX
-from torchrig.contract import SERVE, ImageUser, ServeContract, image_user
+from torchrig.contract import ENV_LABEL_PREFIX, SERVE, ImageUser, ServeContract, image_user
 from torchrig.data import load
 from torchrig.runtime.inventory import Unit
 from torchrig.runtime.options import Volume
@@ -254,15 +253,15 @@ def _labels(
     flags = {"share": req.share, "jupyter": req.jupyter, "ssh": req.ssh, "public": req.public}
     return {
         **dict(req.extra_labels),
-        f"{LABEL_PREFIX}managed": "1",
-        f"{LABEL_PREFIX}user": req.user,
-        **({f"{LABEL_PREFIX}uid": str(req.owner_uid)} if req.owner_uid is not None else {}),
-        f"{LABEL_PREFIX}image": req.image,
-        f"{LABEL_PREFIX}gpus": ",".join(u.uuid for u in units),
-        f"{LABEL_PREFIX}gpu_labels": ",".join(u.label for u in units),
-        **{f"{LABEL_PREFIX}{k}": "1" if v else "0" for k, v in flags.items()},
-        f"{LABEL_PREFIX}container_user": container_user or "",
-        **{f"{LABEL_PREFIX}{p.service}_port": str(p.container_port) for p in ports},
+        f"{ENV_LABEL_PREFIX}managed": "1",
+        f"{ENV_LABEL_PREFIX}user": req.user,
+        **({f"{ENV_LABEL_PREFIX}uid": str(req.owner_uid)} if req.owner_uid is not None else {}),
+        f"{ENV_LABEL_PREFIX}image": req.image,
+        f"{ENV_LABEL_PREFIX}gpus": ",".join(u.uuid for u in units),
+        f"{ENV_LABEL_PREFIX}gpu_labels": ",".join(u.label for u in units),
+        **{f"{ENV_LABEL_PREFIX}{k}": "1" if v else "0" for k, v in flags.items()},
+        f"{ENV_LABEL_PREFIX}container_user": container_user or "",
+        **{f"{ENV_LABEL_PREFIX}{p.service}_port": str(p.container_port) for p in ports},
     }
 
 
