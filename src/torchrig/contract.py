@@ -47,7 +47,7 @@ LABEL_CUDNN = IMAGE_LABEL_PREFIX + "cudnn"
 LABEL_NCCL = IMAGE_LABEL_PREFIX + "nccl"
 LABEL_SERVICES = IMAGE_LABEL_PREFIX + "services"  # "jupyter ssh", "jupyter", "none"
 LABEL_USER = IMAGE_LABEL_PREFIX + "user"  # "NAME:UID:GID"
-LABEL_BASE_REFERENCE = IMAGE_LABEL_PREFIX + "base.reference"  # on the base-probe image of a build
+LABEL_BASE_REFERENCE = IMAGE_LABEL_PREFIX + "base.reference"  # the base digest (the build adds it)
 LABEL_NONE = "none"  # the build has none (a CPU build, no PTX)
 LABEL_UNKNOWN = "unknown"  # built from a wheel the knowledge base does not list
 
