@@ -89,8 +89,8 @@ def test_check_json_keeps_the_compatibility_words() -> None:
 
 
 def test_doctor_and_both_pre_flights_return_the_shared_finding() -> None:
-    """One record for ``doctor``, ``launch``'s pre-flight and ``up``'s pre-flight (bench's graded figures
-    are another idea: a measured value against a datasheet peak)."""
+    """One record for ``doctor``, ``launch``'s pre-flight and ``up``'s pre-flight; no other class takes the
+    name (bench's graded figures, a measured value against a datasheet peak, are ``GradedFigure``)."""
     from torchrig.doctor.findings import Finding as doctor_finding
     from torchrig.launch.preflight import Finding as launch_finding
     from torchrig.runtime.preflight import Finding as runtime_finding
@@ -99,7 +99,7 @@ def test_doctor_and_both_pre_flights_return_the_shared_finding() -> None:
     found = [
         str(p.relative_to(SRC)) for p, text in _sources() if re.search(r"^class \w*Finding\b", text, re.M)
     ]
-    assert found == ["bench/records.py", "findings.py"]
+    assert found == ["findings.py"]
 
 
 def test_pre_flight_json_keeps_its_fields() -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from torchrig.bench.busbw import format_size
 from torchrig.bench.config import GEMM_DTYPES
-from torchrig.bench.records import Finding, Grade, Measurements
+from torchrig.bench.records import Grade, GradedFigure, Measurements
 
 if sys.version_info >= (3, 11):
     import tomllib as _toml
@@ -93,7 +93,7 @@ class _Grader:
         self.m, self.peaks, self.th = m, peaks_by_rank, thresholds
         self.no_gpu = m.meta.device_kind != "cuda"
         self.who = "rank" if self.no_gpu else "GPU"  # the CPU path has processes, not GPUs
-        self.findings: list[Finding] = []
+        self.findings: list[GradedFigure] = []
 
     def add(
         self,
@@ -124,7 +124,7 @@ class _Grader:
             if grade is not Grade.PASS and advice:
                 msg += f"; {advice}"
         self.findings.append(
-            Finding(
+            GradedFigure(
                 id=id,
                 figure=figure,
                 value=value,
@@ -209,7 +209,7 @@ class _Grader:
             return
         share = f"{fraction:.0%} of the pinned copy ({expected:,.1f} GB/s); " if fraction is not None else ""
         self.findings.append(
-            Finding(
+            GradedFigure(
                 id=f"host.{h.direction}.pageable.gpu{h.rank}",
                 figure=f"{self.who} {h.rank} {h.direction} pageable",
                 value=h.gbps,
@@ -274,7 +274,7 @@ class _Grader:
         for i, s in enumerate(self.m.skipped):
             if s.reason.startswith("failed"):
                 self.findings.append(
-                    Finding(
+                    GradedFigure(
                         id=f"{s.part.split()[0]}.failed.{i}",
                         figure=s.part,
                         value=0.0,
@@ -307,7 +307,7 @@ def grade(
     m: Measurements,
     peaks_by_rank: Mapping[int, Peaks | None],
     thresholds: Mapping[str, Threshold] | None = None,
-) -> list[Finding]:
+) -> list[GradedFigure]:
     """Every graded figure of ``m``, in report order."""
     g = _Grader(m, peaks_by_rank, thresholds or load_thresholds())
     g.device()
@@ -317,7 +317,7 @@ def grade(
     return g.findings
 
 
-def summary(findings: list[Finding]) -> dict[str, int]:
+def summary(findings: list[GradedFigure]) -> dict[str, int]:
     counts = {grade.value: 0 for grade in Grade}
     for f in findings:
         counts[f.grade.value] += 1

@@ -145,8 +145,10 @@ class Grade(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Finding:
-    """One graded figure: ``value`` against ``expected`` (a datasheet peak or a reference), and the verdict."""
+class GradedFigure:
+    """One graded figure: ``value`` against ``expected`` (a datasheet peak or a reference), and the verdict.
+
+    Not a diagnostic :class:`torchrig.findings.Finding`: a measurement with a grade."""
 
     id: str  # e.g. "gemm.bf16.rank0", "p2p.0-1", "collective.all_reduce"
     figure: str  # human label

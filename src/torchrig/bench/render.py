@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchrig.bench.busbw import format_size
-from torchrig.bench.records import Finding, Grade, Measurements
+from torchrig.bench.records import Grade, GradedFigure, Measurements
 from torchrig.report import table
 
 MARK = {
@@ -65,7 +65,7 @@ def header_lines(m: Measurements) -> list[str]:
     return lines
 
 
-def findings_rows(findings: Sequence[Finding]) -> list[list[Any]]:
+def findings_rows(findings: Sequence[GradedFigure]) -> list[list[Any]]:
     return [
         [
             f.figure,
@@ -109,7 +109,7 @@ def scaling_rows(m: Measurements) -> list[list[Any]]:
     return [[s.gpus, _num(s.tokens_per_s, 0), _num(s.step_ms), _pct(s.efficiency)] for s in m.scaling]
 
 
-def attention(findings: Sequence[Finding]) -> list[str]:
+def attention(findings: Sequence[GradedFigure]) -> list[str]:
     return [
         f"{MARK[f.grade]}: {f.figure}: {f.message}" for f in findings if f.grade in (Grade.WARN, Grade.FAIL)
     ]
@@ -127,7 +127,7 @@ def verdict(counts: dict[str, int], m: Measurements) -> str:
 
 
 def render_text(
-    m: Measurements, findings: Sequence[Finding], counts: dict[str, int], files: Sequence[str]
+    m: Measurements, findings: Sequence[GradedFigure], counts: dict[str, int], files: Sequence[str]
 ) -> str:
     out = [
         *header_lines(m),
@@ -167,7 +167,7 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def render_markdown(
-    m: Measurements, findings: Sequence[Finding], counts: dict[str, int], plot_file: str | None
+    m: Measurements, findings: Sequence[GradedFigure], counts: dict[str, int], plot_file: str | None
 ) -> str:
     title = "GPU" if m.meta.device_kind == "cuda" else "CPU/gloo"
     out = [f"# torchrig bench: {title} report", ""] + [f"- {line}" for line in header_lines(m)]

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchrig.bench import grading, render
-from torchrig.bench.records import Finding, Grade, Measurements
+from torchrig.bench.records import Grade, GradedFigure, Measurements
 
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
 
@@ -17,7 +17,7 @@ JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
 @dataclasses.dataclass(frozen=True)
 class BenchReport:
     measurements: Measurements
-    findings: tuple[Finding, ...]
+    findings: tuple[GradedFigure, ...]
     files: tuple[str, ...] = ()
 
     @property
