@@ -21,8 +21,6 @@ from pathlib import Path
 from torchrig.contract import SSH_HOST_KEY_NAME
 from torchrig.errors import InputError
 
-KEY_NAME = SSH_HOST_KEY_NAME  # the same file name as in the container
-
 
 @dataclass(frozen=True)
 class HostKey:
@@ -45,7 +43,7 @@ def ensure(name: str, base: Path | None = None) -> HostKey | None:
     """The environment's host key, made on first use; None when this host has no ``ssh-keygen``."""
     root = base or user_state_dir()
     d = root / "hostkeys" / name
-    key = d / KEY_NAME
+    key = d / SSH_HOST_KEY_NAME  # the same file name as in the container
     if not key.exists():
         keygen = shutil.which("ssh-keygen")
         if keygen is None:

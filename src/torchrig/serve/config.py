@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from torchrig import contract as K
-from torchrig.contract import IMAGE_CONFIG
 from torchrig.errors import UsageError
 
 _KEY_RE = re.compile(
@@ -49,7 +48,7 @@ class ServeConfig:
     state_dir: Path  # ~/.torchrig: host keys, sshd_config, env.sh, serve.json
 
 
-def read_image_config(path: str | Path = IMAGE_CONFIG) -> dict[str, Any]:
+def read_image_config(path: str | Path = K.IMAGE_CONFIG) -> dict[str, Any]:
     from torchrig.inputfiles import InputError, read_json
 
     if not Path(path).exists():
