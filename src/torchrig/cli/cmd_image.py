@@ -30,6 +30,9 @@ Air-gapped and proxied builds:
   --pip-index-url URL  a PyPI mirror for everything but a torch from the PyTorch index; with
                        --wheelhouse: the wheelhouse first, the index for what it lacks (torch: wheelhouse only)
 
+TORCHRIG_LABELS=KEY=VALUE,... adds labels to the image build makes (accounting, test clean-up), as up does
+to its containers; torchrig's own keys (org.torchrig.*, org.opencontainers.image.*) are refused.
+
 examples:
   torchrig init && torchrig image render                 # the Dockerfile for ./torchrig.toml
   torchrig image render path/to/torchrig.toml --json     # Dockerfile, tag, resolved stack
@@ -92,6 +95,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace) -> Any:
     from torchrig.image.pipeline import ImageOptions
+    from torchrig.labels import labels_from_env
 
     return ImageOptions(
         spec=Path(args.spec),
@@ -105,6 +109,7 @@ def _options(args: argparse.Namespace) -> Any:
         verbose=args.verbose,
         locked=args.locked,
         builder=args.builder,
+        extra_labels=labels_from_env() if args.action == "build" else (),
     )
 
 
