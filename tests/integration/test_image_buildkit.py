@@ -82,8 +82,9 @@ def remove_intermediates(engine, layers: list[str]) -> None:
 
 
 @pytest.fixture
-def built(engine):
-    """Builds a context with a builder; removes every image it made afterwards."""
+def built(engine, test_labels):
+    """Builds a context with a builder, labelled with the session's labels; removes every image it made
+    afterwards."""
     made: list[str] = []
     layers: list[list[str]] = []
 
@@ -102,7 +103,7 @@ def built(engine):
             tar,
             tag,
             buildargs={"STAMP": "42"},
-            labels=labels or {"org.example.by": "torchrig-test"},
+            labels={**test_labels, **(labels or {"org.example.by": "torchrig-test"})},
             no_cache=False,
             progress=progress,
             builder=builder,
@@ -130,14 +131,14 @@ def test_this_engine_gets_buildkit_by_default(engine):
     assert choose_builder("auto", engine_build_info(engine)) is Builder.BUILDKIT
 
 
-def test_both_builders_make_the_same_image_and_buildkit_skips_the_unused_stage(engine, built):
+def test_both_builders_make_the_same_image_and_buildkit_skips_the_unused_stage(engine, built, test_labels):
     texts = {"Dockerfile": SMALL, "note.txt": "note\n"}
     bk_id, bk_steps = built(texts, "buildkit")
     classic_id, classic_steps = built(texts, "classic")
     assert _config(engine, bk_id) == _config(engine, classic_id)
     cfg = _config(engine, bk_id)
     assert cfg["User"] == "1234:1234" and cfg["WorkingDir"] == "/work" and "APP_MODE=test" in cfg["Env"]
-    assert cfg["Labels"] == {"org.example.kind": "small", "org.example.by": "torchrig-test"}
+    assert cfg["Labels"] == {"org.example.kind": "small", "org.example.by": "torchrig-test", **test_labels}
     for image_id in (bk_id, classic_id):
         out = engine.containers.run(image_id, remove=True).decode().split()
         assert out == ["hello-from-base", "note", "stamp=42"]
@@ -218,15 +219,14 @@ def test_classic_builds_the_rendered_image_like_buildkit(
         for key in ("pip_freeze", "apt_packages", "constraints", "base_reference"):
             assert lock_a[key] == lock_c[key], key
         assert abs(classic["size_bytes"] - auto["size_bytes"]) < 0.02 * auto["size_bytes"]
-    finally:
-        for tag in classic["tags"]:
-            engine.images.remove(tag, force=True)
+    finally:  # by ID: its tags only, never a stack tag another session's build has since taken
+        engine.images.remove(classic["image_id"], force=True)
         remove_intermediates(engine, layers)
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 CANCEL_PROGRAM = """
-import io, signal, sys
+import io, json, signal, sys
 # A runner may start its children with SIGINT ignored (nohup, some CI agents): Ctrl-C must still reach us.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import docker
@@ -238,11 +238,11 @@ class Echo:
     def log(self, line): print(line, flush=True)
     def close(self): pass
 
-base, marker, tag = sys.argv[1:]
+base, marker, tag, labels = sys.argv[1:]
 tar = io.BytesIO()
 write_context_tar(ContextPlan(texts={"Dockerfile": f"FROM {base}\\nRUN sleep {marker}\\n"}), tar)
 try:
-    run_build(docker.from_env(), tar, tag, buildargs={}, labels={}, no_cache=True, progress=Echo(),
+    run_build(docker.from_env(), tar, tag, buildargs={}, labels=json.loads(labels), no_cache=True, progress=Echo(),
               builder="buildkit")
 except KeyboardInterrupt:
     # stay alive: the engine must stop the step while this client still exists
@@ -257,7 +257,7 @@ def _sleepers(marker: str) -> list[str]:
     return out.stdout.split()
 
 
-def test_ctrl_c_cancels_the_buildkit_build_on_the_engine(engine):
+def test_ctrl_c_cancels_the_buildkit_build_on_the_engine(engine, test_labels):
     """Ctrl-C in the client stops the RUN step on the engine too, not only the client.
 
     Two things stop it: torchrig's ``/build/cancel`` and urllib3 closing the connection whose read was
@@ -271,7 +271,7 @@ def test_ctrl_c_cancels_the_buildkit_build_on_the_engine(engine):
     tag = f"torchrig-test/buildkit-cancel-{uuid.uuid4().hex[:10]}:1"
     proc = (
         subprocess.Popen(  # the marker alone on its command line: only the RUN step matches "sleep <marker>"
-            [sys.executable, "-c", CANCEL_PROGRAM, BASE, marker, tag],
+            [sys.executable, "-c", CANCEL_PROGRAM, BASE, marker, tag, json.dumps(test_labels)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
