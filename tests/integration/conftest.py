@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -198,6 +199,32 @@ def test_image(test_image_build) -> str:
     its content tag, which names this session's image alone (the session's label is in its digest; the
     stack tag moves to the image of whichever session built last)."""
     return test_image_build["tags"][-1]
+
+
+# the classic builder's " ---> 0123456789ab" log line: the image a step made (or reused)
+_CLASSIC_LAYER_RE = re.compile(r"^\s*---> ([0-9a-f]{12})\s*$")
+
+
+def remove_classic_intermediates(engine, log_lines: list[str]) -> None:
+    """The classic builder's untagged intermediate images that a build's log names (an unused stage's, or
+    the steps' before a failed one: without a tag they carry no build label, so the leak check cannot find
+    them), newest first; tagged images (the base) and images another build has since built on stay."""
+    from docker.errors import APIError
+
+    ids = [m.group(1) for line in log_lines if (m := _CLASSIC_LAYER_RE.match(line))]
+    for short_id in reversed(dict.fromkeys(ids)):
+        try:
+            if engine.images.get(short_id).tags:
+                continue
+            engine.images.remove(short_id, noprune=False)
+        except APIError:  # gone already, or a parent of someone else's image
+            continue
+
+
+@pytest.fixture(scope="session", name="remove_classic_intermediates")
+def _remove_classic_intermediates():
+    """:func:`remove_classic_intermediates`, for the test modules."""
+    return remove_classic_intermediates
 
 
 def pid_alive(pid: int) -> bool:

@@ -171,12 +171,16 @@ def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build, image_bui
     assert again["elapsed_s"] < 180
 
 
-def test_failing_step_shows_the_step_and_its_log(tmp_path, engine, wheelhouse, image_build_cli):
+def test_failing_step_shows_the_step_and_its_log(
+    tmp_path, engine, wheelhouse, image_build_cli, remove_classic_intermediates
+):
     spec = tmp_path / "torchrig.toml"
     spec.write_text(
         '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[packages]\napt = ["no-such-package-torchrig"]\n'
     )
-    r = image_build_cli(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", timeout=600)
+    # -v: the log names the images of the steps before the failing one, which the classic builder keeps
+    r = image_build_cli(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", "-v", timeout=600)
+    remove_classic_intermediates(engine, r.stderr.splitlines())
     assert r.returncode == 1, r.stderr[-3000:]
     assert "build failed at Step 3/" in r.stderr and "apt-get install" in r.stderr
     assert "E: Unable to locate package no-such-package-torchrig" in r.stderr  # the log tail
