@@ -301,11 +301,12 @@ def _remove(client, found: dict[str, list]) -> None:
         images = left
 
 
-def leftovers() -> dict[str, list[str]]:
-    """Containers, volumes and images still labelled with this session's id, removed; their names."""
+def leftovers() -> dict[str, list[str]] | None:
+    """Containers, volumes and images still labelled with this session's id, removed; their names (None
+    when no engine answers)."""
     client = _client()
     if client is None:
-        return {}
+        return None
     found = _labelled(client, f"{TEST_LABEL}={SESSION_ID}")
     names = {kind: [_name(kind, o) for o in objs] for kind, objs in found.items() if objs}
     _remove(client, found)
@@ -362,5 +363,7 @@ def pytest_sessionfinish(session, exitstatus):
         what = "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items())
         out.line(f"LEAK CHECK FAILED: tests left {what}", red=True)
         session.exitstatus = 1
+    elif left is not None:
+        out.line(f"leak check: no container, volume or image labelled {TEST_LABEL}={SESSION_ID} left")
     if TERMINATED:
         session.exitstatus = 128 + signal.SIGTERM

@@ -20,6 +20,7 @@ import pytest
 
 BASE = os.environ.get("TORCHRIG_TEST_BASE", "torchrig-test/debian:bookworm")
 CHILD_ENV = "TORCHRIG_LEAK_CHECK_CHILD"  # set: the child session's test below runs, and writes here
+LEAK_ENV = "TORCHRIG_LEAK_CHECK_LEAK"  # likewise for the child that leaves an image
 
 
 def _small_image(engine, labels: dict[str, str]) -> str:
@@ -87,20 +88,55 @@ def test_child_session_waits_for_sigterm(child_image, test_labels):
     time.sleep(600)
 
 
-def test_sigterm_tears_the_session_down_and_runs_the_leak_check(engine, tmp_path):
-    """A session stopped with SIGTERM (a CI time limit, ``timeout``) used to die with its images in place:
-    now its fixtures are torn down (the child's image removed), the check runs, and it exits 143."""
-    note = tmp_path / "child.json"
-    env = {**os.environ, CHILD_ENV: str(note)}
-    test_id = f"{Path(__file__).resolve()}::test_child_session_waits_for_sigterm"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", test_id, "-q", "-p", "no:cacheprovider"],
-        env=env,
+@pytest.mark.skipif(not os.environ.get(LEAK_ENV), reason="runs only inside the leaking test's child session")
+def test_child_session_leaves_an_image(engine, test_labels):
+    image_id = _small_image(engine, test_labels)  # and no clean-up: a leak
+    Path(os.environ[LEAK_ENV]).write_text(json.dumps({"image": image_id}))
+
+
+def _child_session(test: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"{Path(__file__).resolve()}::{test}",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
     )
+
+
+def test_an_image_a_test_left_fails_the_session_and_is_removed(engine, tmp_path):
+    note = tmp_path / "leak.json"
+    proc = _child_session("test_child_session_leaves_an_image", {LEAK_ENV: str(note)})
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    image_id = json.loads(note.read_text())["image"]
+    try:
+        assert "1 passed" in out and proc.returncode == 1, out[-3000:]
+        assert f"LEAK CHECK FAILED: tests left images: {image_id[:17]}" in out, out[-3000:]
+        assert not _exists(engine, image_id)
+    finally:
+        with contextlib.suppress(Exception):
+            engine.images.remove(image_id, force=True)
+
+
+def test_sigterm_tears_the_session_down_and_runs_the_leak_check(engine, tmp_path):
+    """A session stopped with SIGTERM (a CI time limit, ``timeout``) used to die with its images in place:
+    now its fixtures are torn down (the child's image removed), the check runs, and it exits 143."""
+    note = tmp_path / "child.json"
+    proc = _child_session("test_child_session_waits_for_sigterm", {CHILD_ENV: str(note)})
     try:
         deadline = time.monotonic() + 180
         while not note.exists() and proc.poll() is None and time.monotonic() < deadline:
