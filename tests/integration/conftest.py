@@ -356,14 +356,16 @@ def leak_check() -> SimpleNamespace:
 def pytest_sessionfinish(session, exitstatus):
     """The leak check: the session fails when a test left a container, volume or image behind."""
     out = session.config.get_terminal_writer()
+    out.line()  # the progress line (dots, [100%]) has no end of line yet
+    line = out.line
     if SWEPT:
-        out.line(f"leak check: removed what ended test sessions left: {', '.join(SWEPT)}", yellow=True)
+        line(f"leak check: removed what ended test sessions left: {', '.join(SWEPT)}", yellow=True)
     left = leftovers()
     if left:
         what = "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items())
-        out.line(f"LEAK CHECK FAILED: tests left {what}", red=True)
+        line(f"LEAK CHECK FAILED: tests left {what}", red=True)
         session.exitstatus = 1
     elif left is not None:
-        out.line(f"leak check: no container, volume or image labelled {TEST_LABEL}={SESSION_ID} left")
+        line(f"leak check: no container, volume or image labelled {TEST_LABEL}={SESSION_ID} left")
     if TERMINATED:
         session.exitstatus = 128 + signal.SIGTERM
