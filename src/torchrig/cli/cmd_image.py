@@ -2,10 +2,11 @@
 
 `render` prints the Dockerfile (a pure function of the resolved spec: same spec, same bytes).
 `build` builds it through the Docker Engine API (progress on stderr), tags it after the resolved
-stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the context's digest), reads the lock
-of what went in (pip freeze, apt versions, base digest) from the image and writes it beside the spec as
-torchrig.lock.json, and reports the image's size, its layers (torch with its CUDA wheels, the tools and the
-spec's pip packages each in a layer of their own) and its steps (cached, done, error; --json has them all).
+stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the digest of the context and of
+$TORCHRIG_LABELS), reads the lock of what went in (pip freeze, apt versions, base digest) from the image and
+writes it beside the spec as torchrig.lock.json, and reports the image's size, its layers (torch with its
+CUDA wheels, the tools and the spec's pip packages each in a layer of their own) and its steps (cached, done,
+error; --json has them all).
 A failing step is shown with the tail of its log, and the error line names it with its first error, e.g. an
 untrusted proxy certificate rather than pip's "No matching distribution found" (exit 1).
 
