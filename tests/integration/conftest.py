@@ -11,10 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,14 +29,37 @@ WHEELHOUSE = ROOT / ".ci-work" / "wheelhouse"
 TORCH_VERSION = "2.13.0"  # the CPU build on this machine's disk
 JUPYTERLAB = "jupyterlab==4.6.6"  # as pinned in src/torchrig/data/bases.toml
 
-# Every container and volume this session's tests make carries this label: 'torchrig up' adds
-# $TORCHRIG_LABELS to what it creates (the CLI subprocesses inherit it), and tests that call the engine
-# directly pass TEST_LABELS. At the session's end, anything still carrying it is a leak: reported, removed,
-# and the session fails. The session's own id keeps other test runs on the same engine out of the count.
+# Every container, volume and image this session's tests make carries these labels: 'torchrig up' and
+# 'torchrig image build' add $TORCHRIG_LABELS to what they create (the CLI subprocesses inherit it), and tests
+# that call the engine directly pass TEST_LABELS. At the session's end, anything still carrying this
+# session's id is a leak: reported, removed, and the session fails. The session's own id keeps other test
+# runs on the same engine out of the count; the owner label (host:pid of this pytest) lets a later session
+# remove what a session killed outright (SIGKILL: no teardown at all) left behind.
 TEST_LABEL = "torchrig.test"
+OWNER_LABEL = "torchrig.test.owner"
 SESSION_ID = uuid.uuid4().hex[:12]
-TEST_LABELS = {TEST_LABEL: SESSION_ID}
-os.environ["TORCHRIG_LABELS"] = f"{TEST_LABEL}={SESSION_ID}"
+SESSION_PID = os.getpid()
+TEST_LABELS = {TEST_LABEL: SESSION_ID, OWNER_LABEL: f"{socket.gethostname()}:{SESSION_PID}"}
+os.environ["TORCHRIG_LABELS"] = ",".join(f"{k}={v}" for k, v in TEST_LABELS.items())
+# what earlier, ended sessions left and this one removed (reported at the end; not this session's failure)
+SWEPT: list[str] = []
+
+
+def _terminated(signum, frame):
+    """SIGTERM (a CI time limit, `timeout`, a job stop) ends the session like Ctrl-C: pytest then tears
+    the fixtures down and runs the leak check, instead of dying with every image and container in place."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    if os.getpid() != SESSION_PID:  # a forked child of a test: die as it would have
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    global TERMINATED
+    TERMINATED = True
+    raise KeyboardInterrupt("SIGTERM")
+
+
+TERMINATED = False
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _terminated)
 
 TEST_SPEC = f"""\
 schema_version = 1
@@ -121,7 +149,9 @@ def engine():
         pytest.skip(why)
     import docker
 
-    return docker.from_env(timeout=600)
+    client = docker.from_env(timeout=600)
+    SWEPT.extend(sweep_ended_sessions(client))
+    return client
 
 
 @pytest.fixture(scope="session")
@@ -157,16 +187,44 @@ def test_image_build(engine, wheelhouse, tmp_path_factory) -> dict:
     result = json.loads(proc.stdout)
     result["spec_path"] = str(spec)
     yield result
-    # the session's image goes with the session (the builder's cache keeps its layers for the next build)
-    for tag in result.get("tags", []):
-        with contextlib.suppress(Exception):
-            engine.images.remove(tag, force=True)
+    # the session's image goes with the session (the builder's cache keeps its layers for the next build):
+    # by its ID, so every tag on it goes, and a stack tag another session's build has since taken stays
+    with contextlib.suppress(Exception):
+        engine.images.remove(result["image_id"], force=True)
 
 
 @pytest.fixture(scope="session")
 def test_image(test_image_build) -> str:
-    """The tag of a real torchrig image (CPU torch 2.13.0, Python 3.11, jupyter + ssh, user torch 1000:1000)."""
-    return test_image_build["tags"][0]
+    """The tag of a real torchrig image (CPU torch 2.13.0, Python 3.11, jupyter + ssh, user torch 1000:1000):
+    its content tag, which names this session's image alone (the session's label is in its digest; the
+    stack tag moves to the image of whichever session built last)."""
+    return test_image_build["tags"][-1]
+
+
+# the classic builder's " ---> 0123456789ab" log line: the image a step made (or reused)
+_CLASSIC_LAYER_RE = re.compile(r"^\s*---> ([0-9a-f]{12})\s*$")
+
+
+def remove_classic_intermediates(engine, log_lines: list[str]) -> None:
+    """The classic builder's untagged intermediate images that a build's log names (an unused stage's, or
+    the steps' before a failed one: without a tag they carry no build label, so the leak check cannot find
+    them), newest first; tagged images (the base) and images another build has since built on stay."""
+    from docker.errors import APIError
+
+    ids = [m.group(1) for line in log_lines if (m := _CLASSIC_LAYER_RE.match(line))]
+    for short_id in reversed(dict.fromkeys(ids)):
+        try:
+            if engine.images.get(short_id).tags:
+                continue
+            engine.images.remove(short_id, noprune=False)
+        except APIError:  # gone already, or a parent of someone else's image
+            continue
+
+
+@pytest.fixture(scope="session", name="remove_classic_intermediates")
+def _remove_classic_intermediates():
+    """:func:`remove_classic_intermediates`, for the test modules."""
+    return remove_classic_intermediates
 
 
 def pid_alive(pid: int) -> bool:
@@ -190,34 +248,124 @@ def test_labels() -> dict[str, str]:
     return dict(TEST_LABELS)
 
 
-def leftovers() -> dict[str, list[str]]:
-    """Containers, volumes and images still labelled with this session's id."""
+def _client():
     try:
         import docker
 
-        client = docker.from_env(timeout=60)
+        client = docker.from_env(timeout=120)
         client.ping()
     except Exception:
-        return {}
-    sel = {"label": f"{TEST_LABEL}={SESSION_ID}"}
-    found = {
-        "containers": [c.name for c in client.containers.list(all=True, filters=sel, ignore_removed=True)],
-        "volumes": [v.name for v in client.volumes.list(filters=sel)],
-        "images": [i.short_id for i in client.images.list(filters=sel)],
+        return None
+    return client
+
+
+def _labelled(client, selector: str) -> dict[str, list]:
+    """Containers, volumes and images (tagged, dangling or intermediate) matching a label selector."""
+    sel = {"label": selector}
+    return {
+        "containers": client.containers.list(all=True, filters=sel, ignore_removed=True),
+        "volumes": client.volumes.list(filters=sel),
+        "images": client.images.list(all=True, filters=sel),
     }
-    for name in found["containers"]:
-        with contextlib.suppress(Exception):
-            client.containers.get(name).remove(force=True)
-    for name in found["volumes"]:
-        with contextlib.suppress(Exception):
-            client.volumes.get(name).remove(force=True)
-    return {k: v for k, v in found.items() if v}
 
 
+def _name(kind: str, obj) -> str:
+    if kind == "images":
+        return obj.tags[0] if obj.tags else obj.short_id
+    return str(obj.name)
+
+
+def _remove(client, found: dict[str, list]) -> None:
+    """Containers first (they hold images and volumes), then volumes, then images: by ID, forced, children
+    before parents (an image with a child cannot be removed, so each pass removes what it can)."""
+    from docker.errors import APIError, NotFound
+
+    for c in found.get("containers", []):
+        with contextlib.suppress(NotFound, APIError):
+            c.remove(force=True)
+    for v in found.get("volumes", []):
+        with contextlib.suppress(NotFound, APIError):
+            v.remove(force=True)
+    images = list(found.get("images", []))
+    while images:
+        left = []
+        for i in images:
+            try:
+                client.images.remove(i.id, force=True)
+            except NotFound:
+                continue
+            except APIError:
+                left.append(i)
+        if len(left) == len(images):
+            break
+        images = left
+
+
+def leftovers() -> dict[str, list[str]] | None:
+    """Containers, volumes and images still labelled with this session's id, removed; their names (None
+    when no engine answers)."""
+    client = _client()
+    if client is None:
+        return None
+    found = _labelled(client, f"{TEST_LABEL}={SESSION_ID}")
+    names = {kind: [_name(kind, o) for o in objs] for kind, objs in found.items() if objs}
+    _remove(client, found)
+    return names
+
+
+def _session_alive(owner: str) -> bool:
+    """Whether the pytest of an owner label (``host:pid``) still runs; another host's counts as alive."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"pytest" in f.read()
+    except OSError:
+        return False
+
+
+def sweep_ended_sessions(client) -> list[str]:
+    """Remove what test sessions on this host that no longer run left behind (killed before their
+    teardown); the names removed. Sessions that still run, and other hosts', are left alone."""
+    found = _labelled(client, OWNER_LABEL)
+    dead = {
+        kind: [o for o in objs if not _session_alive(_labels_of(kind, o).get(OWNER_LABEL, ""))]
+        for kind, objs in found.items()
+    }
+    names = [f"{kind[:-1]} {_name(kind, o)}" for kind, objs in dead.items() for o in objs]
+    _remove(client, dead)
+    return names
+
+
+def _labels_of(kind: str, obj) -> dict[str, str]:
+    if kind == "volumes":
+        return obj.attrs.get("Labels") or {}
+    return obj.labels or {}
+
+
+@pytest.fixture(scope="session")
+def leak_check() -> SimpleNamespace:
+    """The leak check's parts, for the tests that check it (test modules cannot import this conftest)."""
+    return SimpleNamespace(
+        labelled=_labelled, sweep=sweep_ended_sessions, test_label=TEST_LABEL, owner_label=OWNER_LABEL
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down, also when it was interrupted
 def pytest_sessionfinish(session, exitstatus):
     """The leak check: the session fails when a test left a container, volume or image behind."""
+    out = session.config.get_terminal_writer()
+    out.line()  # the progress line (dots, [100%]) has no end of line yet
+    line = out.line
+    if SWEPT:
+        line(f"leak check: removed what ended test sessions left: {', '.join(SWEPT)}", yellow=True)
     left = leftovers()
     if left:
         what = "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items())
-        session.config.get_terminal_writer().line(f"LEAK CHECK FAILED: tests left {what}", red=True)
+        line(f"LEAK CHECK FAILED: tests left {what}", red=True)
         session.exitstatus = 1
+    elif left is not None:
+        line(f"leak check: no container, volume or image labelled {TEST_LABEL}={SESSION_ID} left")
+    if TERMINATED:
+        session.exitstatus = 128 + signal.SIGTERM

@@ -6,22 +6,34 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "torchrig-test/debian:bookworm"
-IMAGE = "torchrig-test/py:bookworm"
 DOCKERFILE = f"""FROM {BASE}
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends python3 >/dev/null \\
  && rm -rf /var/lib/apt/lists/*
 """
 
 
+@dataclass(frozen=True)
+class PyImage:
+    client: Any
+    tag: str
+    labels: dict[str, str]
+
+
 @pytest.fixture(scope="session")
-def py_image():
-    """The local Debian base plus python3 (built once; the checkout is bind-mounted, so no torchrig install)."""
+def py_image(test_labels):
+    """The local Debian base plus python3 (the checkout is bind-mounted, so no torchrig install), built for
+    this session under its own tag with the session's labels and removed with it, intermediate image too
+    (one apt-get install per session; a shared tag that one session kept and another removed was a leak).
+    """
     docker = pytest.importorskip("docker")
     try:
         client = docker.from_env(timeout=120)
@@ -31,26 +43,26 @@ def py_image():
         pytest.skip(
             f"needs dockerd and {BASE} (tools/ci/start-dockerd.sh, tools/ci/make-base-image.sh): {err}"
         )
-    built = False
+    tag = f"torchrig-test/py:bookworm-{uuid.uuid4().hex[:10]}"
     try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        client.images.build(fileobj=io.BytesIO(DOCKERFILE.encode()), tag=IMAGE, rm=True)
-        built = True
-    yield client
-    if built:  # what this session made, it removes
-        with contextlib.suppress(Exception):
-            client.images.remove(IMAGE, force=True)
+        client.images.build(
+            fileobj=io.BytesIO(DOCKERFILE.encode()), tag=tag, rm=True, forcerm=True, labels=test_labels
+        )
+        yield PyImage(client, tag, test_labels)
+    finally:  # also when the build failed after tagging, or a test interrupted the session
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.remove(tag, force=True)
 
 
 def doctor_in_container(
-    client, *args: str, environment: dict | None = None, **run_options
+    py: PyImage, *args: str, environment: dict | None = None, **run_options
 ) -> tuple[int, dict]:
-    container = client.containers.run(
-        IMAGE,
+    container = py.client.containers.run(
+        py.tag,
         ["python3", "-m", "torchrig", "doctor", "--json", *args],
         **run_options,
         detach=True,
+        labels=py.labels,
         environment={"PYTHONPATH": "/src/src", **(environment or {})},
         volumes={str(ROOT): {"bind": "/src", "mode": "ro"}},
         working_dir="/tmp",

@@ -15,13 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def test_build_reports_tags_size_and_lock(test_image_build, engine):
+def test_build_reports_tags_size_and_lock(test_image_build, engine, test_labels):
     r = test_image_build
     assert r["tags"][0] == "torchrig-test/pytorch:2.13.0-cpu-py3.11-runtime"
     assert r["tags"][1].startswith(r["tags"][0] + "-") and len(r["tags"]) == 2
-    image = engine.images.get(r["tags"][0])
+    # the content tag (the stack tag moves to the image of whichever session on this engine built last)
+    image = engine.images.get(r["tags"][1])
     assert image.id == r["image_id"] and r["size_bytes"] == image.attrs["Size"] > 100 * 2**20
     labels = image.labels
+    # $TORCHRIG_LABELS reached the image: the session's leak check finds it by them
+    assert {k: labels.get(k) for k in test_labels} == test_labels
     assert labels["org.torchrig.torch"] == "2.13.0+cpu" and labels["org.torchrig.python"] == "3.11"
     assert labels["org.torchrig.services"] == "jupyter ssh" and labels["org.torchrig.cuda"] == "none"
     assert labels["org.torchrig.base.reference"].startswith("sha256:")
@@ -70,9 +73,8 @@ def test_an_added_package_reships_only_itself(
             added["image_id"], ["python", "-c", "import tqdm; print(tqdm.__version__)"], remove=True
         )
         assert out.decode().strip()
-    finally:
-        for tag in added["tags"]:
-            engine.images.remove(tag, force=True)
+    finally:  # by ID: its tags only, never a stack tag another session's build has since taken
+        engine.images.remove(added["image_id"], force=True)
 
 
 def test_no_setuid_binaries_and_no_apt_caches(engine, test_image):
@@ -169,12 +171,16 @@ def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build, image_bui
     assert again["elapsed_s"] < 180
 
 
-def test_failing_step_shows_the_step_and_its_log(tmp_path, engine, wheelhouse, image_build_cli):
+def test_failing_step_shows_the_step_and_its_log(
+    tmp_path, engine, wheelhouse, image_build_cli, remove_classic_intermediates
+):
     spec = tmp_path / "torchrig.toml"
     spec.write_text(
         '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[packages]\napt = ["no-such-package-torchrig"]\n'
     )
-    r = image_build_cli(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", timeout=600)
+    # -v: the log names the images of the steps before the failing one, which the classic builder keeps
+    r = image_build_cli(spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", "-v", timeout=600)
+    remove_classic_intermediates(engine, r.stderr.splitlines())
     assert r.returncode == 1, r.stderr[-3000:]
     assert "build failed at Step 3/" in r.stderr and "apt-get install" in r.stderr
     assert "E: Unable to locate package no-such-package-torchrig" in r.stderr  # the log tail
@@ -205,10 +211,10 @@ def test_ca_cert_lets_pip_through_the_intercepting_proxy(tmp_path, engine, wheel
     assert "its first error: certificate verify failed" in last and "--ca-cert" in last, last
     r = image_build_cli(spec, *common, "--ca-cert", str(HOST_BUNDLE), "--json", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    tags = json.loads(r.stdout)["tags"]
+    built = json.loads(r.stdout)
     try:
         out = engine.containers.run(
-            tags[0],
+            built["image_id"],
             [
                 "python",
                 "-c",
@@ -217,10 +223,9 @@ def test_ca_cert_lets_pip_through_the_intercepting_proxy(tmp_path, engine, wheel
             ],
             remove=True,
         )
-    finally:
-        for tag in tags:  # the image goes with the test
-            with contextlib.suppress(Exception):
-                engine.images.remove(tag, force=True)
+    finally:  # the image goes with the test, by ID (every tag on it)
+        with contextlib.suppress(Exception):
+            engine.images.remove(built["image_id"], force=True)
     assert out.decode().split() == [
         "a",
         "=",

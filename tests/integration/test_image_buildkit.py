@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -48,44 +47,25 @@ RUN echo line-one; echo line-two >&2; echo line-three; exit 3
 """
 
 
-# the classic builder's " ---> 0123456789ab": the image a step made (or reused)
-_LAYER_RE = re.compile(r"^\s*---> ([0-9a-f]{12})\s*$")
-
-
 class Quiet:
-    """Progress that keeps only the classic builder's intermediate image IDs (to remove them afterwards)."""
+    """Progress that keeps only the log lines (the classic builder's name its intermediate images)."""
 
     def __init__(self) -> None:
-        self.layers: list[str] = []
+        self.lines: list[str] = []
 
     def step(self, number: int, total: int, text: str) -> None: ...
     def log(self, line: str) -> None:
-        m = _LAYER_RE.match(line)
-        if m:
-            self.layers.append(m.group(1))
+        self.lines.append(line)
 
     def close(self) -> None: ...
 
 
-def remove_intermediates(engine, layers: list[str]) -> None:
-    """The classic builder's untagged intermediate images (an unused stage's too), newest first; tagged
-    images (the base) and images another build has since built on are left alone."""
-    from docker.errors import APIError
-
-    for short_id in reversed(dict.fromkeys(layers)):
-        try:
-            if engine.images.get(short_id).tags:
-                continue
-            engine.images.remove(short_id, noprune=False)
-        except APIError:  # gone already, or a parent of someone else's image
-            continue
-
-
 @pytest.fixture
-def built(engine):
-    """Builds a context with a builder; removes every image it made afterwards."""
+def built(engine, test_labels, remove_classic_intermediates):
+    """Builds a context with a builder, labelled with the session's labels; removes every image it made
+    afterwards."""
     made: list[str] = []
-    layers: list[list[str]] = []
+    logs: list[list[str]] = []
 
     def build(
         texts: dict[str, str], builder: str, *, labels: dict[str, str] | None = None
@@ -96,13 +76,13 @@ def built(engine):
         tar = io.BytesIO()
         write_context_tar(ContextPlan(texts=texts), tar)
         progress = Quiet()
-        layers.append(progress.layers)
+        logs.append(progress.lines)
         image_id = run_build(
             engine,
             tar,
             tag,
             buildargs={"STAMP": "42"},
-            labels=labels or {"org.example.by": "torchrig-test"},
+            labels={**test_labels, **(labels or {"org.example.by": "torchrig-test"})},
             no_cache=False,
             progress=progress,
             builder=builder,
@@ -117,8 +97,8 @@ def built(engine):
     for ref in reversed(made):
         with contextlib.suppress(ImageNotFound):  # a tag whose image was already removed by its ID
             engine.images.remove(ref, force=True)
-    for build_layers in layers:
-        remove_intermediates(engine, build_layers)
+    for lines in logs:
+        remove_classic_intermediates(engine, lines)
 
 
 def _config(engine, image_id: str) -> dict:
@@ -130,14 +110,14 @@ def test_this_engine_gets_buildkit_by_default(engine):
     assert choose_builder("auto", engine_build_info(engine)) is Builder.BUILDKIT
 
 
-def test_both_builders_make_the_same_image_and_buildkit_skips_the_unused_stage(engine, built):
+def test_both_builders_make_the_same_image_and_buildkit_skips_the_unused_stage(engine, built, test_labels):
     texts = {"Dockerfile": SMALL, "note.txt": "note\n"}
     bk_id, bk_steps = built(texts, "buildkit")
     classic_id, classic_steps = built(texts, "classic")
     assert _config(engine, bk_id) == _config(engine, classic_id)
     cfg = _config(engine, bk_id)
     assert cfg["User"] == "1234:1234" and cfg["WorkingDir"] == "/work" and "APP_MODE=test" in cfg["Env"]
-    assert cfg["Labels"] == {"org.example.kind": "small", "org.example.by": "torchrig-test"}
+    assert cfg["Labels"] == {"org.example.kind": "small", "org.example.by": "torchrig-test", **test_labels}
     for image_id in (bk_id, classic_id):
         out = engine.containers.run(image_id, remove=True).decode().split()
         assert out == ["hello-from-base", "note", "stamp=42"]
@@ -184,7 +164,7 @@ def test_cli_buildkit_failing_step_is_one_line_with_its_last_output(
 
 
 def test_classic_builds_the_rendered_image_like_buildkit(
-    tmp_path, engine, wheelhouse, test_image_build, image_build_cli
+    tmp_path, engine, wheelhouse, test_image_build, image_build_cli, remove_classic_intermediates
 ):
     """The session's test image came from the default builder (BuildKit here); the classic builder must
     make the same image from the same spec: labels, user, config, lock. Its own repository name keeps the
@@ -198,10 +178,9 @@ def test_classic_builds_the_rendered_image_like_buildkit(
     r = image_build_cli(
         spec, "--wheelhouse", str(wheelhouse), "--builder", "classic", "--json", "-v", timeout=1500
     )
-    layers = [m.group(1) for line in r.stderr.splitlines() if (m := _LAYER_RE.match(line))]
-    assert r.returncode == 0, r.stderr[-3000:]
-    classic = json.loads(r.stdout)
+    classic = json.loads(r.stdout) if r.returncode == 0 else {}
     try:
+        assert r.returncode == 0, r.stderr[-3000:]
         assert classic["builder"] == "classic" and "with the classic builder" in r.stderr
         assert [s["state"] for s in classic["steps"]].count("error") == 0 and len(classic["steps"]) > 20
         a, c = _config(engine, auto["image_id"]), _config(engine, classic["image_id"])
@@ -218,15 +197,15 @@ def test_classic_builds_the_rendered_image_like_buildkit(
         for key in ("pip_freeze", "apt_packages", "constraints", "base_reference"):
             assert lock_a[key] == lock_c[key], key
         assert abs(classic["size_bytes"] - auto["size_bytes"]) < 0.02 * auto["size_bytes"]
-    finally:
-        for tag in classic["tags"]:
-            engine.images.remove(tag, force=True)
-        remove_intermediates(engine, layers)
+    finally:  # by ID: its tags only, never a stack tag another session's build has since taken
+        if classic:
+            engine.images.remove(classic["image_id"], force=True)
+        remove_classic_intermediates(engine, r.stderr.splitlines())  # also those of a failed build
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 CANCEL_PROGRAM = """
-import io, signal, sys
+import io, json, signal, sys
 # A runner may start its children with SIGINT ignored (nohup, some CI agents): Ctrl-C must still reach us.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import docker
@@ -238,11 +217,11 @@ class Echo:
     def log(self, line): print(line, flush=True)
     def close(self): pass
 
-base, marker, tag = sys.argv[1:]
+base, marker, tag, labels = sys.argv[1:]
 tar = io.BytesIO()
 write_context_tar(ContextPlan(texts={"Dockerfile": f"FROM {base}\\nRUN sleep {marker}\\n"}), tar)
 try:
-    run_build(docker.from_env(), tar, tag, buildargs={}, labels={}, no_cache=True, progress=Echo(),
+    run_build(docker.from_env(), tar, tag, buildargs={}, labels=json.loads(labels), no_cache=True, progress=Echo(),
               builder="buildkit")
 except KeyboardInterrupt:
     # stay alive: the engine must stop the step while this client still exists
@@ -257,7 +236,7 @@ def _sleepers(marker: str) -> list[str]:
     return out.stdout.split()
 
 
-def test_ctrl_c_cancels_the_buildkit_build_on_the_engine(engine):
+def test_ctrl_c_cancels_the_buildkit_build_on_the_engine(engine, test_labels):
     """Ctrl-C in the client stops the RUN step on the engine too, not only the client.
 
     Two things stop it: torchrig's ``/build/cancel`` and urllib3 closing the connection whose read was
@@ -271,7 +250,7 @@ def test_ctrl_c_cancels_the_buildkit_build_on_the_engine(engine):
     tag = f"torchrig-test/buildkit-cancel-{uuid.uuid4().hex[:10]}:1"
     proc = (
         subprocess.Popen(  # the marker alone on its command line: only the RUN step matches "sleep <marker>"
-            [sys.executable, "-c", CANCEL_PROGRAM, BASE, marker, tag],
+            [sys.executable, "-c", CANCEL_PROGRAM, BASE, marker, tag, json.dumps(test_labels)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

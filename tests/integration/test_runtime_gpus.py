@@ -11,6 +11,7 @@ import io
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -158,17 +159,25 @@ def test_start_without_gpu_runtime_fails_cleanly(cli, engine, ledger_env):
 
 
 @pytest.fixture(scope="module")
-def cu130_image(engine):
-    """A small image labelled as a torch 2.9.1+cu130 build (labels as torchrig image build writes them)."""
+def cu130_image(engine, test_labels):
+    """A small image labelled as a torch 2.9.1+cu130 build (labels as torchrig image build writes them),
+    under a tag of its own and with the session's labels (the leak check finds it if it stays)."""
     dockerfile = (
         f"FROM {BASE}\nLABEL org.torchrig.torch=2.9.1+cu130 org.torchrig.cuda=13.0 "
         "org.torchrig.arch-list='sm_75 sm_80 sm_86 sm_90 sm_100 sm_120' org.torchrig.ptx=compute_120 "
         "org.torchrig.min-driver=580.65.06 org.torchrig.user=root:0:0\n"
     )
-    tag = "torchrig-test/labelled-cu130:latest"
-    engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
-    yield tag
-    engine.images.remove(tag, force=True)
+    from docker.errors import ImageNotFound
+
+    tag = f"torchrig-test/labelled-cu130:{uuid.uuid4().hex[:10]}"
+    try:
+        engine.images.build(
+            fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, forcerm=True, labels=test_labels
+        )
+        yield tag
+    finally:
+        with contextlib.suppress(ImageNotFound):
+            engine.images.remove(tag, force=True)
 
 
 def test_preflight_refuses_cuda_newer_than_driver(cli, engine, cu130_image, tmp_path):

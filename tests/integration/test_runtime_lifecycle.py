@@ -57,7 +57,7 @@ def image(request) -> str:
     return os.environ.get("TORCHRIG_TEST_IMAGE") or request.getfixturevalue("test_image")
 
 
-def test_lifecycle(cli, engine, image, user_env, tmp_path):
+def test_lifecycle(cli, engine, image, user_env, tmp_path, test_labels):
     import requests
 
     test_image = image
@@ -68,7 +68,9 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path):
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.plan import Ulimit
 
-    memlock = (Engine(engine).ulimit_max(image, (Ulimit("memlock", -1, -1),), {}) or {}).get("memlock", -1)
+    memlock = (Engine(engine).ulimit_max(image, (Ulimit("memlock", -1, -1),), test_labels) or {}).get(
+        "memlock", -1
+    )
     up = cli(
         "up",
         "--image",

@@ -2,10 +2,11 @@
 
 `render` prints the Dockerfile (a pure function of the resolved spec: same spec, same bytes).
 `build` builds it through the Docker Engine API (progress on stderr), tags it after the resolved
-stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the context's digest), reads the lock
-of what went in (pip freeze, apt versions, base digest) from the image and writes it beside the spec as
-torchrig.lock.json, and reports the image's size, its layers (torch with its CUDA wheels, the tools and the
-spec's pip packages each in a layer of their own) and its steps (cached, done, error; --json has them all).
+stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the digest of the context and of
+$TORCHRIG_LABELS), reads the lock of what went in (pip freeze, apt versions, base digest) from the image and
+writes it beside the spec as torchrig.lock.json, and reports the image's size, its layers (torch with its
+CUDA wheels, the tools and the spec's pip packages each in a layer of their own) and its steps (cached, done,
+error; --json has them all).
 A failing step is shown with the tail of its log, and the error line names it with its first error, e.g. an
 untrusted proxy certificate rather than pip's "No matching distribution found" (exit 1).
 
@@ -29,6 +30,9 @@ Air-gapped and proxied builds:
   --base IMAGE         another base (pinned tag or digest; it must have pythonX.Y or apt packages for it)
   --pip-index-url URL  a PyPI mirror for everything but a torch from the PyTorch index; with
                        --wheelhouse: the wheelhouse first, the index for what it lacks (torch: wheelhouse only)
+
+TORCHRIG_LABELS=KEY=VALUE,... adds labels to the image build makes (accounting, test clean-up), as up does
+to its containers; torchrig's own keys (org.torchrig.*, org.opencontainers.image.*) are refused.
 
 examples:
   torchrig init && torchrig image render                 # the Dockerfile for ./torchrig.toml
@@ -93,6 +97,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace) -> Any:
     from torchrig.image.pipeline import ImageOptions
+    from torchrig.labels import labels_from_env
 
     return ImageOptions(
         spec=Path(args.spec),
@@ -106,6 +111,7 @@ def _options(args: argparse.Namespace) -> Any:
         verbose=args.verbose,
         locked=args.locked,
         builder=args.builder,
+        extra_labels=labels_from_env() if args.action == "build" else (),
     )
 
 

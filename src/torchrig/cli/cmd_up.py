@@ -122,15 +122,9 @@ def _image_ref(args: argparse.Namespace) -> str:
 
 
 def request_from(args: argparse.Namespace) -> Any:
+    from torchrig.labels import labels_from_env
     from torchrig.runtime.ledger import owner_uid, user_name
-    from torchrig.runtime.options import (
-        LABELS_ENV,
-        check_name,
-        parse_cpus,
-        parse_labels,
-        parse_ulimit,
-        parse_volume,
-    )
+    from torchrig.runtime.options import check_name, parse_cpus, parse_ulimit, parse_volume
     from torchrig.runtime.placement import parse_gpus
     from torchrig.runtime.plan import UpRequest
     from torchrig.runtime.up import default_name
@@ -156,7 +150,7 @@ def request_from(args: argparse.Namespace) -> Any:
         ulimits=tuple(parse_ulimit(u) for u in args.ulimit),
         pids_limit=_pids_limit(args.pids_limit),
         owner_uid=uid,
-        extra_labels=parse_labels(os.environ.get(LABELS_ENV, "")),
+        extra_labels=labels_from_env(),
     )
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -37,6 +38,7 @@ class ImageOptions:
     verbose: bool = False
     locked: bool = False  # build what the lock beside the spec records (pip/apt versions, base digest)
     builder: str = "auto"  # auto (BuildKit where the engine has it), buildkit, classic
+    extra_labels: tuple[tuple[str, str], ...] = ()  # $TORCHRIG_LABELS (torchrig.labels): on the image too
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,22 @@ def lock_document(
     }
 
 
+def build_labels(opts: ImageOptions, base_ref: str | None) -> dict[str, str]:
+    """The labels the build call adds to the Dockerfile's: the base's digest (known only at build time)
+    and the extra labels ``$TORCHRIG_LABELS`` asked for (never one of torchrig's own keys)."""
+    return {**dict(opts.extra_labels), LABEL_BASE_REFERENCE: base_ref or "unknown"}
+
+
+def tag_digest(context_digest: str, extra_labels: tuple[tuple[str, str], ...]) -> str:
+    """The digest behind the content tag: the context's, and the extra labels where there are any (they
+    change the image's config, so the same tag never names two images); without them, the context's."""
+    if not extra_labels:
+        return context_digest
+    h = hashlib.sha256(context_digest.encode())
+    h.update(json.dumps(sorted(extra_labels)).encode())
+    return h.hexdigest()
+
+
 def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildResult:
     """Build the image through the Docker Engine API, tag it, write the lock beside the spec."""
     from torchrig.image import build as engine
@@ -295,9 +313,8 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
             else ctx_mod.build_torchrig_wheel(Path(tmp))
         )
         ctx = ctx_mod.plan_context(plan, wheel, opts.wheelhouse, opts.ca_cert)
-        tags = tuple(
-            dict.fromkeys(t for t in (opts.tag, plan.stack_tag, content_tag(plan, ctx.digest())) if t)
-        )
+        content = content_tag(plan, tag_digest(ctx.digest(), opts.extra_labels))
+        tags = tuple(dict.fromkeys(t for t in (opts.tag, plan.stack_tag, content) if t))
         base_ref = engine.base_reference(client, plan.base.image)
         progress = progress or engine.TextProgress(verbose=opts.verbose)
         if hasattr(progress, "note"):
@@ -316,7 +333,7 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
                     builder=builder,
                     steps=steps,
                     buildargs={"TORCHRIG_BASE_DIGEST": base_ref or "unknown"},
-                    labels={LABEL_BASE_REFERENCE: base_ref or "unknown"},
+                    labels=build_labels(opts, base_ref),
                 )
             except engine.BuildFailed as err:
                 if hasattr(progress, "failure"):

@@ -115,29 +115,3 @@ def parse_ulimit(text: str) -> tuple[str, int, int]:
             or "expected NAME=SOFT[:HARD] in bytes/counts, e.g. memlock=-1",
         )
     return name, soft, hard
-
-
-LABELS_ENV = "TORCHRIG_LABELS"
-_LABEL_KEY_RE = re.compile(r"[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?")
-
-
-def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
-    """``$TORCHRIG_LABELS`` = ``key=value,key=value``: extra labels for the containers torchrig makes.
-
-    Keys are lower-case DNS-like names as Docker recommends and may not use torchrig's own prefix."""
-    out = []
-    for item in (i.strip() for i in text.split(",")):
-        if not item:
-            continue
-        key, eq, value = item.partition("=")
-        if (
-            not eq
-            or not _LABEL_KEY_RE.fullmatch(key)
-            or key.startswith(("torchrig.managed", "torchrig.user"))
-        ):
-            raise UsageError(
-                f"malformed {LABELS_ENV} entry {item!r}",
-                hint="expected key=value[,key=value], keys lower-case like team.project",
-            )
-        out.append((key, value))
-    return tuple(out)
