@@ -14,13 +14,19 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from torchrig.contract import ENV_LABEL_PREFIX, IMAGE_LABEL_PREFIX
 from torchrig.errors import UsageError
 
 LABELS_ENV = "TORCHRIG_LABELS"
 _LABEL_KEY_RE = re.compile(r"[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?")
 # what torchrig writes itself: a container's owner (torchrig.managed/.user), an image's stack and
 # provenance (org.torchrig.*, org.opencontainers.image.*); build labels would override the Dockerfile's
-RESERVED_PREFIXES = ("torchrig.managed", "torchrig.user", "org.torchrig.", "org.opencontainers.image.")
+RESERVED_PREFIXES = (
+    ENV_LABEL_PREFIX + "managed",
+    ENV_LABEL_PREFIX + "user",
+    IMAGE_LABEL_PREFIX,
+    "org.opencontainers.image.",
+)
 
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
