@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -25,6 +26,11 @@ pytestmark = pytest.mark.integration
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 NANOGPT = FIX / "thirdparty" / "nanogpt"
+FABRIC_LM = FIX / "thirdparty" / "lightning_fabric_lm"
+# what `fabric run --accelerator=cpu --strategy=ddp --devices=2` sets before it starts torchrun
+FABRIC_DDP = [
+    f"--env=LT_{k}" for k in ("CLI_USED=1", "ACCELERATOR=cpu", "STRATEGY=ddp", "DEVICES=2", "NUM_NODES=1")
+]
 # bench.py on the CPU, small enough for a loaded 2-core machine: fixed random data, no compile, and its
 # profiler loop (15 steps, one "k/15 loss" line each; its other loop calls torch.cuda.synchronize())
 BENCH = (
@@ -168,19 +174,34 @@ def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tm
         assert re.fullmatch(in_script, v[1]["where"]), v[1]
 
 
+def fabric_lm(tmp_path: Path) -> Path:
+    """Lightning's Fabric language-model example, with the text file its WikiText2 dataset reads from
+    ``data/wikitext-2.txt`` under the working directory (it downloads one only where none is there): random
+    sentences over a 50-word vocabulary, 180k words (the script splits off 4,000 blocks of 35 for validation
+    and test)."""
+    job = tmp_path / "fabric_lm"
+    (job / "data").mkdir(parents=True)
+    (job / "train.py").write_bytes((FABRIC_LM / "train.py").read_bytes())
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(50)]
+    lines = (" ".join(rng.choice(words) for _ in range(30)) for _ in range(6000))
+    (job / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
+    return job
+
+
 def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victim(tmp_path):
-    """SIGSTOP to rank 1 of a two-rank DDP job: rank 0 waits in DDP's gradient all-reduce inside backward().
-    After --stopped-grace the launcher stops the job on that evidence (rank 1's process state, rank 0's
-    flight record) and names rank 1, not rank 0."""
-    out = tmp_path / "run"
-    argv = ["--stopped-grace", "10", "--env", "TORCH_FR_BUFFER_SIZE=2000", "-m", "torchrig.train"]
-    argv += ["--model", "gpt", "--size", "tiny", "--device", "cpu", "--parallel", "ddp", "--steps", "100000"]
-    argv += ["--log-every", "1", "--workers", "0", "--out", str(out)]
-    proc = start(tmp_path / "logs", *argv, cwd=tmp_path)
+    """SIGSTOP to rank 1 of Lightning Fabric's language-model example in DDP on two CPU ranks: its training
+    loop's only collective is DDP's gradient all-reduce, so rank 0 waits in it inside backward(). After
+    --stopped-grace the launcher stops the job on the evidence of the collectives (rank 1's process state,
+    rank 0's flight record) and names rank 1, not rank 0."""
+    job, logs = fabric_lm(tmp_path), tmp_path / "logs"
+    proc = start(
+        logs, "--stopped-grace", "10", "--env", "TORCH_FR_BUFFER_SIZE=2000", *FABRIC_DDP, "train.py", cwd=job
+    )
     pid = None
     try:
-        wait_for(tmp_path / "logs", 0, r"step 3/", proc)  # rank 0 prints the progress
-        pid = wait_for(tmp_path / "logs", 1, r"torchrig-worker", proc)
+        wait_for(logs, 0, r"out\| epoch: 0 - iteration: 0 - loss", proc)  # after both ranks' first backward
+        pid = wait_for(logs, 1, r"torchrig-worker", proc)
         os.kill(pid, signal.SIGSTOP)
         r, _ = finish(proc)
     finally:
@@ -199,6 +220,8 @@ def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victi
     assert v[1]["role"] == "culprit" and v[1]["status"].startswith("stopped by a signal")
     assert v[0]["role"] == "victim"
     assert v[0]["status"] == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)"
+    # the script's own frame: the backward call in its training loop
+    assert v[0]["where"] == f"{job}/train.py:41 in train_epoch", v[0]
     assert r["flight"]["culprits"] == [1] and r["flight"]["waiting"] == [0]
     assert s["evidence"].startswith("rank 1 (pid ")
     assert "flight records: " in s["evidence"]
