@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.integration
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 NANOGPT = FIX / "thirdparty" / "nanogpt"
 FABRIC_LM = FIX / "thirdparty" / "lightning_fabric_lm"
+HYDRA_APP = FIX / "thirdparty" / "hydra_instantiate"
 # what `fabric run --accelerator=cpu --strategy=ddp --devices=2` sets before it starts torchrun
 FABRIC_DDP = [
     f"--env=LT_{k}" for k in ("CLI_USED=1", "ACCELERATOR=cpu", "STRATEGY=ddp", "DEVICES=2", "NUM_NODES=1")
@@ -227,16 +229,30 @@ def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victi
     assert "flight records: " in s["evidence"]
 
 
-def test_a_script_that_changes_directory_changes_nothing(tmp_path):
-    """A relative --log-dir and a script that chdirs before it fails: the summary still has the script's own
-    exception and line, read from the rank's error file in the (absolute) log folder."""
-    work = tmp_path / "work"
-    work.mkdir()
-    script = FIX / "launch" / "chdir_then_fail.py"
-    r, _ = finish(start(Path("logs"), str(script), cwd=work))
+@pytest.mark.parametrize("full_error", [False, True], ids=["hydra-compact-error", "HYDRA_FULL_ERROR=1"])
+def test_a_script_that_changes_directory_changes_nothing(tmp_path, full_error):
+    """Hydra's instantiate example: ``@hydra.main`` changes into ``outputs/DATE/TIME`` before the app runs, and
+    a config value the app cannot take (``+db.port=...``, a keyword its class lacks) fails it there. With a
+    relative --log-dir the summary still names the exception and the script's own line: from the rank's error
+    file in the (absolute) log folder. By default Hydra catches the exception, prints one message without a
+    traceback and exits 1 (the worker records the exception it caught); with HYDRA_FULL_ERROR=1 it re-raises."""
+    job = tmp_path / "hydra_app"
+    shutil.copytree(HYDRA_APP, job, ignore=shutil.ignore_patterns("LICENSE", "SOURCE.md"))
+    env = ["--env", "HYDRA_FULL_ERROR=1"] if full_error else []
+    r, _ = finish(start(Path("logs"), *env, "my_app.py", "+db.port=3307", cwd=job))
     s = r["summary"]
-    assert s["likely_cause"] == "an uncaught exception in the script: ValueError: bad value after chdir"
-    v = by_rank(s)
-    assert v[1]["role"] == "culprit" and v[1]["where"] == f"{script}:9 in <module>"
-    assert r["run_dir"].startswith(str(work / "logs"))
+    exc = """TypeError("MySQLConnection.__init__() got an unexpected keyword argument 'port'")"""
+    if full_error:
+        assert s["likely_cause"] == f"an uncaught exception in the script: {exc}"
+    else:
+        assert s["likely_cause"] == (
+            "an exception in the script, which the script (or a framework it uses) caught before it exited "
+            f"with status 1: {exc}"
+        )
+    # both ranks fail; the one torchrun sees second may be stopped by it while exiting (after its error file)
+    assert s["headline"].startswith("rank 0, rank 1 failed (")
+    for v in s["ranks"]:
+        assert v["role"] == "culprit" and v["where"] == f"{job}/my_app.py:36 in my_app", v
+    assert r["run_dir"].startswith(str(job / "logs"))
     assert (Path(r["run_dir"]) / "attempt_0" / "1" / "error.json").is_file()
+    assert list(job.glob("outputs/*/*/.hydra/config.yaml"))  # the ranks did run in Hydra's output folder

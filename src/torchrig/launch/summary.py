@@ -115,6 +115,7 @@ class RankLog:
     )
     error_trace: str | None = None  # the traceback in torchelastic's error.json
     state: str | None = None  # the process state when the launcher looked ("T": stopped by a signal)
+    error_handled: bool = False  # the script caught the error file's exception itself, then exited failing
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,12 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
         )
     if sig and not (sig == "SIGTERM" and exc):
         return f"the rank was killed by {sig}", "read the rank's last lines"
+    if exc and log.error_handled:
+        return (
+            "an exception in the script, which the script (or a framework it uses) caught before it exited "
+            f"with status {log.exit_code}: {exc}",
+            "fix the error above; its traceback is in the rank's error file (error.json)",
+        )
     if exc:
         return (
             f"an uncaught exception in the script: {exc}",
