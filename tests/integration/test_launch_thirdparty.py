@@ -1,11 +1,12 @@
 """torchrig launch on scripts nobody here wrote, on CPU ranks with gloo: each failure's summary names the exact
 culprit, its cause and where, and the rank's last lines in the order written.
 
-The scripts run unedited: nanoGPT's bench.py (tests/fixtures/thirdparty/nanogpt, MIT, see SOURCE.md) and
-torchrig's own trainer for DDP (no third-party DDP script runs on CPU: nanoGPT's and PyTorch examples' DDP
-paths call torch.cuda unconditionally). Faults come from outside: a signal the test sends to a rank's pid
-(read from the rank's own log header, as a user would read it), or an argument the script rejects.
-"""
+The scripts run unedited, each kept with its licence and a SOURCE.md under tests/fixtures/thirdparty/:
+nanoGPT's bench.py (MIT) for an exception and the signals; Lightning Fabric's language-model example
+(Apache-2.0) in DDP over gloo, as `fabric run --accelerator=cpu --strategy=ddp --devices=2` starts it, for the
+SIGSTOP hang; Hydra's instantiate example (MIT), which runs in a directory of Hydra's own, for the script that
+changes directory. Faults come from outside: a signal the test sends to a rank's pid (read from the rank's own
+log header, as a user would read it), or an argument or config value the script rejects."""
 
 from __future__ import annotations
 
