@@ -350,3 +350,30 @@ def test_an_exception_the_script_caught_before_it_exited_failing_is_recorded_wit
 def test_a_clean_exit_from_a_handler_writes_no_error_file(tmp_path):
     done, _, error_file = _run_worker(tmp_path, "0")
     assert done.returncode == 0 and not error_file.exists()
+
+
+def test_argparse_rejecting_an_argument_names_the_scripts_parse_line(tmp_path):
+    """argparse calls sys.exit(2) while it handles its ArgumentError, whose frames are all argparse's: the
+    script's line is the one that called parse_args (from the exit's own traceback in the error file)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        'import argparse\np = argparse.ArgumentParser()\np.add_argument("--steps", type=int)\np.parse_args()\n'
+    )
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    cmd = [sys.executable, "-m", "torchrig.launch.worker", str(script), "--steps", "x"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().endswith(
+        "error: argument --steps: invalid int value: 'x'"
+    )
+    message, trace, handled = logs._error_file(error_file)
+    log = RankLog(0, 0, "h", 5, 0, done.stderr, message, 2, error_trace=trace, error_handled=handled)
+    s = summarize_failure([log], 0)
+    assert s.likely_cause.endswith(
+        "exited with status 2: ArgumentError: argument --steps: invalid int value: 'x'"
+    )
+    assert s.ranks[0].where == f"{script}:4 in <module>"

@@ -259,7 +259,7 @@ def main(argv: list[str]) -> None:
     except SystemExit as e:
         handled = exited_on(e)
         if handled is not None:
-            _record_handled(handled, e.code)
+            _record_handled(handled, e)
         raise
 
 
@@ -273,9 +273,10 @@ def exited_on(e: SystemExit) -> BaseException | None:
     return ctx if isinstance(ctx, Exception) else None
 
 
-def _record_handled(exc: BaseException, code: object) -> None:
+def _record_handled(exc: BaseException, exit_: SystemExit) -> None:
     """Write the rank's error file (torchelastic's format) for an exception the script caught itself before it
-    exited with status ``code``: the traceback of that exception, not of the ``SystemExit``."""
+    exited failing: the ``SystemExit``'s own traceback (to the script's line that called the code that
+    exited), then that exception's, last (to where it was raised)."""
     import json
     import traceback
 
@@ -286,9 +287,12 @@ def _record_handled(exc: BaseException, code: object) -> None:
         "message": {
             "message": f"{type(exc).__name__}: {exc}",
             "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                "py_callstack": "".join(
+                    traceback.format_exception(type(exit_), exit_, exit_.__traceback__, chain=False)
+                    + traceback.format_exception(type(exc), exc, exc.__traceback__)
+                ),
                 "timestamp": str(int(time.time())),
-                EXIT_CODE_KEY: str(code),
+                EXIT_CODE_KEY: str(exit_.code),
             },
         }
     }
