@@ -218,16 +218,20 @@ def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victi
     assert (
         s["headline"]
         == "hang: rank 1 never arrived at the collective that rank 0 wait(s) in (rank 1 stopped by a signal)"
-    )
+    ), s
+    assert s["likely_cause"].startswith(
+        "rank 1 was stopped by a signal (SIGSTOP or SIGTSTP; its process state is T: a debugger, a job manager "
+        "or 'kill -STOP'), so it never reaches the collective the others wait in; flight record: "
+    ), s["likely_cause"]
     v = by_rank(s)
-    assert v[1]["role"] == "culprit" and v[1]["status"].startswith("stopped by a signal")
-    assert v[0]["role"] == "victim"
-    assert v[0]["status"] == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)"
+    assert v[1]["role"] == "culprit" and v[1]["status"].startswith("stopped by a signal"), s
+    assert v[0]["role"] == "victim", s
+    assert v[0]["status"] == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)", s
     # the script's own frame: the backward call in its training loop
     assert v[0]["where"] == f"{job}/train.py:41 in train_epoch", v[0]
-    assert r["flight"]["culprits"] == [1] and r["flight"]["waiting"] == [0]
-    assert s["evidence"].startswith("rank 1 (pid ")
-    assert "flight records: " in s["evidence"]
+    assert r["flight"]["culprits"] == [1] and r["flight"]["waiting"] == [0], r["flight"]
+    assert s["evidence"].startswith("rank 1 (pid "), s["evidence"]
+    assert "flight records: " in s["evidence"], s["evidence"]
 
 
 @pytest.mark.parametrize("full_error", [False, True], ids=["hydra-compact-error", "HYDRA_FULL_ERROR=1"])
