@@ -1,18 +1,21 @@
 """torchrig launch on scripts nobody here wrote, on CPU ranks with gloo: each failure's summary names the exact
 culprit, its cause and where, and the rank's last lines in the order written.
 
-The scripts run unedited: nanoGPT's bench.py (tests/fixtures/thirdparty/nanogpt, MIT, see SOURCE.md) and
-torchrig's own trainer for DDP (no third-party DDP script runs on CPU: nanoGPT's and PyTorch examples' DDP
-paths call torch.cuda unconditionally). Faults come from outside: a signal the test sends to a rank's pid
-(read from the rank's own log header, as a user would read it), or an argument the script rejects.
-"""
+The scripts run unedited, each kept with its licence and a SOURCE.md under tests/fixtures/thirdparty/:
+nanoGPT's bench.py (MIT) for an exception and the signals; Lightning Fabric's language-model example
+(Apache-2.0) in DDP over gloo, as `fabric run --accelerator=cpu --strategy=ddp --devices=2` starts it, for the
+SIGSTOP hang; Hydra's instantiate example (MIT), which runs in a directory of Hydra's own, for the script that
+changes directory. Faults come from outside: a signal the test sends to a rank's pid (read from the rank's own
+log header, as a user would read it), or an argument or config value the script rejects."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +28,12 @@ pytestmark = pytest.mark.integration
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 NANOGPT = FIX / "thirdparty" / "nanogpt"
+FABRIC_LM = FIX / "thirdparty" / "lightning_fabric_lm"
+HYDRA_APP = FIX / "thirdparty" / "hydra_instantiate"
+# what `fabric run --accelerator=cpu --strategy=ddp --devices=2` sets before it starts torchrun
+FABRIC_DDP = [
+    f"--env=LT_{k}" for k in ("CLI_USED=1", "ACCELERATOR=cpu", "STRATEGY=ddp", "DEVICES=2", "NUM_NODES=1")
+]
 # bench.py on the CPU, small enough for a loaded 2-core machine: fixed random data, no compile, and its
 # profiler loop (15 steps, one "k/15 loss" line each; its other loop calls torch.cuda.synchronize())
 BENCH = (
@@ -168,19 +177,34 @@ def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tm
         assert re.fullmatch(in_script, v[1]["where"]), v[1]
 
 
+def fabric_lm(tmp_path: Path) -> Path:
+    """Lightning's Fabric language-model example, with the text file its WikiText2 dataset reads from
+    ``data/wikitext-2.txt`` under the working directory (it downloads one only where none is there): random
+    sentences over a 50-word vocabulary, 180k words (the script splits off 4,000 blocks of 35 for validation
+    and test)."""
+    job = tmp_path / "fabric_lm"
+    (job / "data").mkdir(parents=True)
+    (job / "train.py").write_bytes((FABRIC_LM / "train.py").read_bytes())
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(50)]
+    lines = (" ".join(rng.choice(words) for _ in range(30)) for _ in range(6000))
+    (job / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
+    return job
+
+
 def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victim(tmp_path):
-    """SIGSTOP to rank 1 of a two-rank DDP job: rank 0 waits in DDP's gradient all-reduce inside backward().
-    After --stopped-grace the launcher stops the job on that evidence (rank 1's process state, rank 0's
-    flight record) and names rank 1, not rank 0."""
-    out = tmp_path / "run"
-    argv = ["--stopped-grace", "10", "--env", "TORCH_FR_BUFFER_SIZE=2000", "-m", "torchrig.train"]
-    argv += ["--model", "gpt", "--size", "tiny", "--device", "cpu", "--parallel", "ddp", "--steps", "100000"]
-    argv += ["--log-every", "1", "--workers", "0", "--out", str(out)]
-    proc = start(tmp_path / "logs", *argv, cwd=tmp_path)
+    """SIGSTOP to rank 1 of Lightning Fabric's language-model example in DDP on two CPU ranks: its training
+    loop's only collective is DDP's gradient all-reduce, so rank 0 waits in it inside backward(). After
+    --stopped-grace the launcher stops the job on the evidence of the collectives (rank 1's process state,
+    rank 0's flight record) and names rank 1, not rank 0."""
+    job, logs = fabric_lm(tmp_path), tmp_path / "logs"
+    proc = start(
+        logs, "--stopped-grace", "10", "--env", "TORCH_FR_BUFFER_SIZE=2000", *FABRIC_DDP, "train.py", cwd=job
+    )
     pid = None
     try:
-        wait_for(tmp_path / "logs", 0, r"step 3/", proc)  # rank 0 prints the progress
-        pid = wait_for(tmp_path / "logs", 1, r"torchrig-worker", proc)
+        wait_for(logs, 0, r"out\| epoch: 0 - iteration: 0 - loss", proc)  # after both ranks' first backward
+        pid = wait_for(logs, 1, r"torchrig-worker", proc)
         os.kill(pid, signal.SIGSTOP)
         r, _ = finish(proc)
     finally:
@@ -194,26 +218,46 @@ def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victi
     assert (
         s["headline"]
         == "hang: rank 1 never arrived at the collective that rank 0 wait(s) in (rank 1 stopped by a signal)"
-    )
+    ), s
+    assert s["likely_cause"].startswith(
+        "rank 1 was stopped by a signal (SIGSTOP or SIGTSTP; its process state is T: a debugger, a job manager "
+        "or 'kill -STOP'), so it never reaches the collective the others wait in; flight record: "
+    ), s["likely_cause"]
     v = by_rank(s)
-    assert v[1]["role"] == "culprit" and v[1]["status"].startswith("stopped by a signal")
-    assert v[0]["role"] == "victim"
-    assert v[0]["status"] == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)"
-    assert r["flight"]["culprits"] == [1] and r["flight"]["waiting"] == [0]
-    assert s["evidence"].startswith("rank 1 (pid ")
-    assert "flight records: " in s["evidence"]
+    assert v[1]["role"] == "culprit" and v[1]["status"].startswith("stopped by a signal"), s
+    assert v[0]["role"] == "victim", s
+    assert v[0]["status"] == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)", s
+    # the script's own frame: the backward call in its training loop
+    assert v[0]["where"] == f"{job}/train.py:41 in train_epoch", v[0]
+    assert r["flight"]["culprits"] == [1] and r["flight"]["waiting"] == [0], r["flight"]
+    assert s["evidence"].startswith("rank 1 (pid "), s["evidence"]
+    assert "flight records: " in s["evidence"], s["evidence"]
 
 
-def test_a_script_that_changes_directory_changes_nothing(tmp_path):
-    """A relative --log-dir and a script that chdirs before it fails: the summary still has the script's own
-    exception and line, read from the rank's error file in the (absolute) log folder."""
-    work = tmp_path / "work"
-    work.mkdir()
-    script = FIX / "launch" / "chdir_then_fail.py"
-    r, _ = finish(start(Path("logs"), str(script), cwd=work))
+@pytest.mark.parametrize("full_error", [False, True], ids=["hydra-compact-error", "HYDRA_FULL_ERROR=1"])
+def test_a_script_that_changes_directory_changes_nothing(tmp_path, full_error):
+    """Hydra's instantiate example: ``@hydra.main`` changes into ``outputs/DATE/TIME`` before the app runs, and
+    a config value the app cannot take (``+db.port=...``, a keyword its class lacks) fails it there. With a
+    relative --log-dir the summary still names the exception and the script's own line: from the rank's error
+    file in the (absolute) log folder. By default Hydra catches the exception, prints one message without a
+    traceback and exits 1 (the worker records the exception it caught); with HYDRA_FULL_ERROR=1 it re-raises."""
+    job = tmp_path / "hydra_app"
+    shutil.copytree(HYDRA_APP, job, ignore=shutil.ignore_patterns("LICENSE", "SOURCE.md"))
+    env = ["--env", "HYDRA_FULL_ERROR=1"] if full_error else []
+    r, _ = finish(start(Path("logs"), *env, "my_app.py", "+db.port=3307", cwd=job))
     s = r["summary"]
-    assert s["likely_cause"] == "an uncaught exception in the script: ValueError: bad value after chdir"
-    v = by_rank(s)
-    assert v[1]["role"] == "culprit" and v[1]["where"] == f"{script}:9 in <module>"
-    assert r["run_dir"].startswith(str(work / "logs"))
+    exc = """TypeError("MySQLConnection.__init__() got an unexpected keyword argument 'port'")"""
+    if full_error:
+        assert s["likely_cause"] == f"an uncaught exception in the script: {exc}"
+    else:
+        assert s["likely_cause"] == (
+            "an exception in the script, which the script (or a framework it uses) caught before it exited "
+            f"with status 1: {exc}"
+        )
+    # both ranks fail; the one torchrun sees second may be stopped by it while exiting (after its error file)
+    assert s["headline"].startswith("rank 0, rank 1 failed (")
+    for v in s["ranks"]:
+        assert v["role"] == "culprit" and v["where"] == f"{job}/my_app.py:36 in my_app", v
+    assert r["run_dir"].startswith(str(job / "logs"))
     assert (Path(r["run_dir"]) / "attempt_0" / "1" / "error.json").is_file()
+    assert list(job.glob("outputs/*/*/.hydra/config.yaml"))  # the ranks did run in Hydra's output folder

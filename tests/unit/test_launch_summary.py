@@ -300,3 +300,80 @@ def test_log_tail_finds_a_marker_once_even_when_a_read_cuts_its_line(tmp_path):
         f.write(line[40:] + "\n")
     assert tail.find(att, logs.NCCL_WATCHDOG_TIMEOUT) == (1, line.strip())
     assert tail.find(att, logs.NCCL_WATCHDOG_TIMEOUT) is None  # already read
+
+
+# a script that catches its own exception, prints one line and exits failing, as Hydra's @hydra.main does
+_HANDLES_ITS_ERROR = """import sys
+
+def app():
+    raise ValueError("bad config value")  # line 4
+
+
+try:
+    app()
+except Exception as e:
+    print(f"Error: {e}", file=sys.stderr)
+    sys.exit({code})
+"""
+
+
+def _run_worker(tmp_path: Path, code: str):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "app.py"
+    script.write_text(_HANDLES_ITS_ERROR.replace("{code}", code))
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    cmd = [sys.executable, "-m", "torchrig.launch.worker", str(script)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    return done, script, error_file
+
+
+def test_an_exception_the_script_caught_before_it_exited_failing_is_recorded_with_its_line(tmp_path):
+    done, script, error_file = _run_worker(tmp_path, "1")
+    assert done.returncode == 1 and done.stderr.strip().endswith(
+        "Error: bad config value"
+    )  # output unchanged
+    message, trace, handled = logs._error_file(error_file)
+    assert message == "ValueError: bad config value" and handled
+    log = RankLog(0, 0, "h", 5, 0, done.stderr, message, 1, error_trace=trace, error_handled=handled)
+    s = summarize_failure([log], 0)
+    assert s.likely_cause == (
+        "an exception in the script, which the script (or a framework it uses) caught before it exited with "
+        "status 1: ValueError: bad config value"
+    )
+    assert s.ranks[0].where == f"{script}:4 in app"
+
+
+def test_a_clean_exit_from_a_handler_writes_no_error_file(tmp_path):
+    done, _, error_file = _run_worker(tmp_path, "0")
+    assert done.returncode == 0 and not error_file.exists()
+
+
+def test_argparse_rejecting_an_argument_names_the_scripts_parse_line(tmp_path):
+    """argparse calls sys.exit(2) while it handles its ArgumentError, whose frames are all argparse's: the
+    script's line is the one that called parse_args (from the exit's own traceback in the error file)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        'import argparse\np = argparse.ArgumentParser()\np.add_argument("--steps", type=int)\np.parse_args()\n'
+    )
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    cmd = [sys.executable, "-m", "torchrig.launch.worker", str(script), "--steps", "x"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().endswith(
+        "error: argument --steps: invalid int value: 'x'"
+    )
+    message, trace, handled = logs._error_file(error_file)
+    log = RankLog(0, 0, "h", 5, 0, done.stderr, message, 2, error_trace=trace, error_handled=handled)
+    s = summarize_failure([log], 0)
+    assert s.likely_cause.endswith(
+        "exited with status 2: ArgumentError: argument --steps: invalid int value: 'x'"
+    )
+    assert s.ranks[0].where == f"{script}:4 in <module>"

@@ -13,6 +13,8 @@ from pathlib import Path
 from torchrig.launch.summary import RankLog, parse_header, parse_stack
 
 OUTPUT_LOG = "output.log"  # the worker's merged, timestamped stream (``worker.OUTPUT_LOG``)
+# in an error file's extraInfo: the script caught the exception and exited with that status (``worker``)
+EXIT_CODE_KEY = "torchrig_exit_code"
 
 _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _SIGTERM_RE = re.compile(r"Sending process (\d+) closing signal SIGTERM")
@@ -61,19 +63,21 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _error_file(path: Path) -> tuple[str | None, str | None]:
-    """(message, traceback) from torchelastic's error.json."""
+def _error_file(path: Path) -> tuple[str | None, str | None, bool]:
+    """(message, traceback, handled) from torchelastic's error.json; ``handled``: the script caught the exception
+    itself and then exited with a failing status (the worker recorded it so)."""
     if not path.is_file():
-        return None, None
+        return None, None, False
     try:
         data = json.loads(path.read_text())
         msg = data.get("message", {})
         if not isinstance(msg, dict):
-            return str(msg), None
-        trace = (msg.get("extraInfo") or {}).get("py_callstack")
-        return str(msg.get("message")), str(trace) if trace else None
+            return str(msg), None, False
+        extra = msg.get("extraInfo") or {}
+        trace = extra.get("py_callstack")
+        return str(msg.get("message")), str(trace) if trace else None, EXIT_CODE_KEY in extra
     except (OSError, ValueError, AttributeError):
-        return None, None
+        return None, None, False
 
 
 def rank_pids(attempt_dir: Path) -> dict[int, int | None]:
@@ -113,7 +117,7 @@ def read_attempt(
         (p for p in attempt_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
     ):
         text = _read(d / "stdout.log") + "\n" + _read(d / "stderr.log")
-        message, trace = _error_file(d / "error.json")
+        message, trace, handled = _error_file(d / "error.json")
         head = parse_header(text) or {}
         pid = int(head["pid"]) if head.get("pid", "").isdigit() else None
         rank = int(head["rank"]) if head.get("rank", "").isdigit() else None
@@ -133,6 +137,7 @@ def read_attempt(
                 output=_read(d / OUTPUT_LOG),
                 closed_by_agent=pid in closed,
                 error_trace=trace,
+                error_handled=handled,
                 state=process_state(pid) if states else None,
             )
         )

@@ -115,6 +115,7 @@ class RankLog:
     )
     error_trace: str | None = None  # the traceback in torchelastic's error.json
     state: str | None = None  # the process state when the launcher looked ("T": stopped by a signal)
+    error_handled: bool = False  # the script caught the error file's exception itself, then exited failing
 
 
 @dataclass(frozen=True)
@@ -177,19 +178,27 @@ def parse_stack(text: str) -> tuple[Frame, ...]:
 
 def parse_traceback(text: str) -> tuple[Frame, ...]:
     """The frames of the last Python traceback in ``text``, innermost first (a chained exception's last)."""
+    found = parse_tracebacks(text)
+    return found[-1] if found else ()
+
+
+def parse_tracebacks(text: str) -> list[tuple[Frame, ...]]:
+    """The frames of every Python traceback in ``text`` (chained exceptions give several), each innermost
+    first, in the order printed."""
     lines = text.splitlines()
     starts = [i for i, ln in enumerate(lines) if ln.strip().endswith(_TRACEBACK)]
-    if not starts:
-        return ()
-    frames = []
-    for ln in lines[starts[-1] + 1 :]:
-        ln = re.sub(r"^\[rank\d+\]: ", "", ln)
-        m = _FRAME_RE.match(ln)
-        if m:
-            frames.append(Frame(m["path"], int(m["line"]), m["func"]))
-        elif ln.strip() and not ln.startswith(" "):
-            break  # the exception line ends the traceback
-    return tuple(reversed(frames))
+    out = []
+    for start in starts:
+        frames = []
+        for ln in lines[start + 1 :]:
+            ln = re.sub(r"^\[rank\d+\]: ", "", ln)
+            m = _FRAME_RE.match(ln)
+            if m:
+                frames.append(Frame(m["path"], int(m["line"]), m["func"]))
+            elif ln.strip() and not ln.startswith(" "):
+                break  # the exception line ends the traceback
+        out.append(tuple(reversed(frames)))
+    return out
 
 
 def user_frame(stack: tuple[Frame, ...]) -> Frame | None:
@@ -262,9 +271,14 @@ _VICTIM_CAUSES = ("a collective timed out", "a peer rank went away")
 
 
 def where_of(log: RankLog) -> Frame | None:
-    """The script's own frame: the innermost user frame of the rank's last traceback (its log, else its error
-    file), else of its last stack dump (faulthandler's, on a crash or when the launcher asked)."""
-    for stack in (parse_traceback(log.text), parse_traceback(log.error_trace or ""), log.stack):
+    """The script's own frame: the innermost user frame of the rank's last traceback (its log, else the last of
+    its error file's that has one), else of its last stack dump (faulthandler's, on a crash or when the
+    launcher asked)."""
+    # the error file's tracebacks from the last: an exception the script caught before it exited may have
+    # been raised in a library's frames only (argparse's); the exit's own traceback, written first, reaches
+    # the script's line that called into it
+    errors = reversed(parse_tracebacks(log.error_trace or ""))
+    for stack in (parse_traceback(log.text), *errors, log.stack):
         found = user_frame(stack)
         if found:
             return found
@@ -326,6 +340,12 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
         )
     if sig and not (sig == "SIGTERM" and exc):
         return f"the rank was killed by {sig}", "read the rank's last lines"
+    if exc and log.error_handled:
+        return (
+            "an exception in the script, which the script (or a framework it uses) caught before it exited "
+            f"with status {log.exit_code}: {exc}",
+            "fix the error above; its traceback is in the rank's error file (error.json)",
+        )
     if exc:
         return (
             f"an uncaught exception in the script: {exc}",

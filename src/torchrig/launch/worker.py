@@ -11,7 +11,8 @@ while it waits); (4) keeps one merged, timestamped copy of the rank's stdout and
 were written (``output.log`` next to torchrun's ``stdout.log``/``stderr.log``), written by a small process
 forked before the script starts, so the last lines survive a SIGKILL of the rank; (5) runs the script as
 ``python SCRIPT`` would (``__file__`` absolute, as under plain ``python``), and writes an uncaught
-exception to the rank's error file as torchelastic's ``record`` does. Nothing here imports torch before the
+exception to the rank's error file as torchelastic's ``record`` does (and so, too, the exception a script
+caught itself before it exited with a failing status, as Hydra's ``@hydra.main`` does). Nothing here imports torch before the
 script's first line: the script starts as soon as under plain torchrun.
 """
 
@@ -28,7 +29,7 @@ import threading
 import time
 
 from torchrig.launch.flightrec import PREFIX, loads
-from torchrig.launch.logs import OUTPUT_LOG
+from torchrig.launch.logs import EXIT_CODE_KEY, OUTPUT_LOG
 
 HEADER = "torchrig-worker:"
 
@@ -255,6 +256,51 @@ def main(argv: list[str]) -> None:
     except Exception as e:
         _record(e)
         raise
+    except SystemExit as e:
+        handled = exited_on(e)
+        if handled is not None:
+            _record_handled(handled, e)
+        raise
+
+
+def exited_on(e: SystemExit) -> BaseException | None:
+    """The exception a failing ``sys.exit`` was called while handling, if any: frameworks that catch the
+    script's exception, print a short message and ``sys.exit(1)`` (Hydra's ``@hydra.main`` does, unless
+    ``HYDRA_FULL_ERROR=1``) leave it as the ``SystemExit``'s context, with its traceback into the script."""
+    if e.code in (None, 0):
+        return None
+    ctx = e.__context__
+    return ctx if isinstance(ctx, Exception) else None
+
+
+def _record_handled(exc: BaseException, exit_: SystemExit) -> None:
+    """Write the rank's error file (torchelastic's format) for an exception the script caught itself before it
+    exited failing: the ``SystemExit``'s own traceback (to the script's line that called the code that
+    exited), then that exception's, last (to where it was raised)."""
+    import json
+    import traceback
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": "".join(
+                    traceback.format_exception(type(exit_), exit_, exit_.__traceback__, chain=False)
+                    + traceback.format_exception(type(exc), exc, exc.__traceback__)
+                ),
+                "timestamp": str(int(time.time())),
+                EXIT_CODE_KEY: str(exit_.code),
+            },
+        }
+    }
+    try:
+        with open(path, "w") as fp:
+            json.dump(data, fp)
+    except OSError as err:  # a diagnosis aid: the script's own exit comes first
+        print(f"torchrig-worker: could not write the error file: {err}", file=sys.stderr, flush=True)
 
 
 def _record(e: Exception) -> None:
