@@ -130,7 +130,7 @@ def check_storage(md: Any, folder: Path) -> None:
     for info in storage.values():
         name = getattr(info, "relative_path", None)
         offset, length = getattr(info, "offset", None), getattr(info, "length", None)
-        if not rundir.is_plain_name(name):
+        if not isinstance(name, str) or not rundir.is_plain_name(name):
             raise InputError(
                 f"{where} points at {name!r:.80}, not a file of {folder}",
                 hint="the checkpoint is damaged or crafted; nothing was read from that path",
@@ -142,8 +142,9 @@ def check_storage(md: Any, folder: Path) -> None:
                     f"{where} points at {name}, which is missing or not a regular file in {folder}",
                     hint="the checkpoint is incomplete or damaged",
                 )
-        ok = type(offset) is int and type(length) is int and offset >= 0 and length >= 0
-        if not ok or offset + length > sizes[name]:
+        start = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
+        count = length if isinstance(length, int) and not isinstance(length, bool) else -1
+        if start < 0 or count < 0 or start + count > sizes[name]:
             raise InputError(
                 f"{where} records bytes {offset!r:.30}..+{length!r:.30} of {name}, outside its {sizes[name]} "
                 "bytes",
