@@ -290,3 +290,92 @@ def test_the_seed_run_exports_and_resumes_as_saved():
     assert out.code == 0 and json.loads(out.out)["summary"]["resumed_from"] == 2, out.describe()
     out = fuzzkit.call(COMMANDS["new-run"], trees={"run": run})
     assert out.code == 2 and "already holds another run" in out.err, out.describe()
+
+
+# ---------------------------------------------------------------- what the fuzzing found, each pinned
+
+
+def _meta_with(**changes) -> bytes:
+    doc = json.loads((real_run().parent / NEWEST / "meta.json").read_bytes())
+    for path, value in changes.items():
+        *head, last = path.split("__")
+        node = doc
+        for k in head:
+            node = node[k]
+        node[last] = value
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"model_spec__context": 2**31}, "model_spec.context"),
+        ({"model_spec__size_info__layers": 10**6}, "model_spec.size_info.layers"),
+        ({"model_spec__vocab": "512"}, "model_spec.vocab"),
+        ({"model_spec__model": "resnet"}, "model_spec.size_info.blocks"),
+    ],
+)
+def test_a_model_spec_beyond_the_bounds_is_refused_naming_the_key(change, key):
+    out = fuzzkit.call(
+        COMMANDS["export"], files={f"{NEWEST}/meta.json": _meta_with(**change)}, trees={"run": real_run()}
+    )
+    assert out.code == 2 and key in out.err and "step-000002/meta.json" in out.err, out.describe()
+    assert out.err.count("\n") == 1, out.describe()
+
+
+def test_a_model_spec_that_does_not_match_the_saved_weights_is_refused_before_building():
+    """Within the bounds (a 256-layer GPT is a valid spec) but not the model .metadata records."""
+    files = {
+        f"{NEWEST}/meta.json": _meta_with(
+            model_spec__size_info__layers=256, model_spec__size_info__width=4096
+        )
+    }
+    out = fuzzkit.call(COMMANDS["export"], files=files, trees={"run": real_run()})
+    assert out.code == 2 and "model_spec describes a model of 3077 tensors" in out.err, out.describe()
+    assert out.elapsed_s < 10
+
+
+def test_dcp_storage_records_pointing_outside_the_checkpoint_are_refused():
+    from torchrig.train.checkpoint import read_dcp_metadata
+
+    md = read_dcp_metadata(real_run() / "checkpoints" / "step-000002" / ".metadata")
+    idx = next(iter(md.storage_data))
+    md.storage_data[idx] = type(md.storage_data[idx])(
+        **{**vars(md.storage_data[idx]), "relative_path": "/dev/zero"}
+    )
+    data = pickle.dumps(md)
+    meta = _signed((real_run().parent / NEWEST / "meta.json").read_bytes(), ".metadata", data)
+    files = {f"{NEWEST}/.metadata": data, f"{NEWEST}/meta.json": meta}
+    out = fuzzkit.call(COMMANDS["export"], files=files, trees={"run": real_run()})
+    assert out.code == 2 and "'/dev/zero', not a file of" in out.err and ".metadata" in out.err, (
+        out.describe()
+    )
+
+
+def test_a_checksum_record_naming_a_device_is_a_problem_not_a_read():
+    meta = json.loads((real_run().parent / NEWEST / "meta.json").read_bytes())
+    meta["files"]["/dev/zero"] = {"bytes": 0, "sha256": "0" * 64}
+    out = fuzzkit.call(
+        COMMANDS["export"],
+        files={f"{NEWEST}/meta.json": json.dumps(meta).encode()},
+        trees={"run": real_run()},
+    )
+    assert out.code == 2 and "'/dev/zero', not a file of the checkpoint" in out.err, out.describe()
+
+
+def test_a_resume_past_a_newest_checkpoint_with_a_damaged_meta_json_says_so():
+    out = fuzzkit.call(
+        COMMANDS["resume"], files={f"{NEWEST}/meta.json": b""}, trees={"run": real_run()}, real=REAL_TRAIN
+    )
+    assert out.code == 0 and json.loads(out.out)["summary"]["resumed_from"] == 1, out.describe()
+    assert "not a newer one: step-000002:" in out.err and "meta.json is unreadable" in out.err, out.describe()
+
+
+def test_a_damaged_metrics_jsonl_is_rewound_not_a_crash():
+    out = fuzzkit.call(
+        COMMANDS["resume"],
+        files={"run/metrics.jsonl": b'\x80\n[1]\n{"step": "x"}\n'},
+        trees={"run": real_run()},
+        real=REAL_TRAIN,
+    )
+    assert out.code == 0, out.describe()

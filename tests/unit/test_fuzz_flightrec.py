@@ -84,8 +84,11 @@ def record_content(seed: bytes):
             else:
                 container[key] = copy.deepcopy(draw(st.sampled_from(HOSTILE)))
         if draw(st.booleans()):
-            return pickle.dumps(d, protocol=draw(st.sampled_from([2, 4, 5])))
-        return json.dumps(d, default=repr).encode()  # PyTorch's JSON dump starts with "{"
+            try:
+                return json.dumps(d, default=repr).encode()  # PyTorch's JSON dump starts with "{"
+            except ValueError:  # a number JSON cannot write (over 4300 digits): the pickle holds it
+                pass
+        return pickle.dumps(d, protocol=draw(st.sampled_from([2, 4, 5])))
 
     deep = pickle.dumps({"entries": [], "pg_status": {"0": {"x": 1}}, "pg_config": {"0": {"ranks": "[0]"}}})
     return st.one_of(

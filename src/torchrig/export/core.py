@@ -105,7 +105,7 @@ def export_checkpoint(
 # layers, 1600 wide, context 1024, vocabulary 50304; ResNet-34: 4 stages of up to 6 blocks) and small enough
 # that describing one costs nothing. The weights themselves are bounded by the checkpoint's files below.
 SPEC_LIMITS = {
-    "layers": 1024,
+    "layers": 256,
     "heads": 1024,
     "width": 65536,
     "context": 1 << 20,
@@ -113,7 +113,7 @@ SPEC_LIMITS = {
     "num_classes": 1 << 20,
     "image_size": 4096,
 }
-MAX_STAGES, MAX_STAGE_BLOCKS = 8, 256
+MAX_STAGES, MAX_STAGE_BLOCKS = 8, 64
 
 
 def _bounded_int(data: dict, key: str, where: str, label: str) -> int:
@@ -189,10 +189,19 @@ def _fits_checkpoint(folder: Path, spec: dict[str, Any]) -> None:
 
     where, md_path = folder / ckpt.META, folder / ".metadata"
     md = ckpt.read_dcp_metadata(md_path)
-    with torch.device("meta"):
-        shaped = model_from_spec(spec)
     saved = getattr(md, "state_dict_metadata", None)
     saved = saved if isinstance(saved, dict) else {}
+    count, recorded = (
+        _tensor_count(spec),
+        sum(1 for k in saved if isinstance(k, str) and k.startswith("model.")),
+    )
+    if count != recorded:  # told apart before describing a large model tensor by tensor
+        raise InputError(
+            f"{where}: model_spec describes a model of {count} tensors, but {md_path} records {recorded}",
+            hint="the checkpoint's files do not belong together: damaged, or not written by torchrig train",
+        )
+    with torch.device("meta"):
+        shaped = model_from_spec(spec)
     need = 0
     for name, t in shaped.state_dict().items():
         entry = saved.get(f"model.{name}")
@@ -214,6 +223,29 @@ def _fits_checkpoint(folder: Path, spec: dict[str, Any]) -> None:
             f"of shard files in {folder}",
             hint="the checkpoint is damaged, incomplete or crafted",
         )
+
+
+def _tensor_count(spec: dict[str, Any]) -> int:
+    """How many tensors the model of ``spec`` has in its state dict, from two small models on the ``meta``
+    device: each further GPT layer, and each further ResNet block of a stage, adds the same number."""
+    import torch
+
+    from torchrig.train.models import model_from_spec
+
+    size = spec["size_info"]
+    if spec["model"] == "gpt":
+        variants = [{**spec, "size_info": {**size, "layers": n}} for n in (1, 2)]
+        extra = size["layers"] - 1
+    else:
+        stages = len(size["blocks"])
+        variants = [
+            {**spec, "size_info": {**size, "blocks": [1] * stages}},
+            {**spec, "size_info": {**size, "blocks": [2] + [1] * (stages - 1)}},
+        ]
+        extra = sum(size["blocks"]) - stages
+    with torch.device("meta"):
+        one, two = (len(model_from_spec(v).state_dict()) for v in variants)
+    return one + extra * (two - one)
 
 
 def _verify(folder: Path, meta: dict) -> None:
