@@ -379,3 +379,23 @@ def test_a_damaged_metrics_jsonl_is_rewound_not_a_crash():
         real=REAL_TRAIN,
     )
     assert out.code == 0, out.describe()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"model": "gpt", "size_info": {"layers": n, "heads": 2, "width": 64}, "context": 64, "vocab": 512}
+        for n in (1, 3, 12)
+    ]
+    + [
+        {"model": "resnet", "size_info": {"blocks": b, "width": 16}, "num_classes": 10, "image_size": 32}
+        for b in ([1, 1, 1, 1], [2, 2, 2, 2], [3, 4, 6, 3], [5])
+    ],
+)
+def test_the_tensor_count_export_derives_is_the_models(spec):
+    from torchrig.export.core import _tensor_count, checked_spec
+    from torchrig.train.models import model_from_spec
+
+    spec = checked_spec(spec, "meta.json")
+    with torch.device("meta"):
+        assert _tensor_count(spec) == len(model_from_spec(spec).state_dict())

@@ -145,3 +145,22 @@ def test_the_recorded_records_give_their_verdict_through_the_same_path():
             (log_dir / n).write_bytes(content)
         out = fuzzkit.run_bounded(lambda: summarize(log_dir, True), ["gloo-hang"], cwd=Path(tmp))
     assert out.code == 1 and "rank 1 never called collective #2" in out.out, out.describe()
+
+
+def test_values_of_any_type_in_a_record_are_read_as_unknown():
+    """What the fuzzing found first: a frame's line as a list, a group as a number, a sequence number
+    too long to print, sizes that are not lists."""
+    entry = {
+        "collective_seq_id": 10**5000,
+        "process_group": 0,
+        "profiling_name": ["x"],
+        "frames": [{"filename": "a.py", "line": [3], "name": None}],
+        "input_dtypes": "Float",
+        "input_sizes": 3,
+    }
+    rec = {
+        "entries": [entry],
+        "pg_status": {0: {"last_enqueued_collective": "2", "last_completed_collective": []}},
+    }
+    v = flightrec.analyze({0: rec, 1: {"entries": [], "pg_status": {"0": {"last_enqueued_collective": 1}}}})
+    assert v is not None and v.headline
