@@ -12,6 +12,7 @@ a damaged data file is named; a resume that skips the newest checkpoint says so.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import json
@@ -74,6 +75,7 @@ def real_run() -> Path:
     global _RUN
     if _RUN is None:
         work = Path(tempfile.mkdtemp(prefix="torchrig-fuzz-run-"))
+        atexit.register(shutil.rmtree, work, True)  # the session's end (forked calls leave by os._exit)
         out = fuzzkit.run_main(
             [*TRAIN, "--ckpt-every", "1", "--keep-ckpts", "0", "--out", "run"],
             cwd=work,
