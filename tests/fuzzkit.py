@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,8 +107,10 @@ def _recorded_doctor_facts(*_a, **_k):
     return load_facts(str(DOCTOR_SNAPSHOT))
 
 
-def install_boundaries() -> None:
-    """In the child: stop at every step that would start something, fake the hardware from recordings."""
+def install_boundaries(real: tuple[str, ...] = ()) -> None:
+    """In the child: stop at every step that would start something, fake the hardware from recordings.
+    ``real``: steps (``module.name``) left to run for real, e.g. ``torchrig.train.loop.train`` to fuzz
+    what a resumed training reads."""
     import importlib
 
     stops = {
@@ -120,6 +123,8 @@ def install_boundaries() -> None:
         "torchrig.cluster.slurm": ["submit"],
         "torchrig.cluster.k8s": ["apply"],
         "torchrig.cli.cmd_dashboard": ["_serve"],  # serves until stopped
+        # export: the checkpoint is read, checked, loaded and run eagerly; writing .pt2/.onnx is the act
+        "torchrig.export.core": ["_pt2", "_onnx"],
     }
     for mod_name, names in stops.items():
         try:
@@ -127,7 +132,8 @@ def install_boundaries() -> None:
         except Exception:  # an optional extra missing: the command says so itself
             continue
         for name in names:
-            setattr(mod, name, _reach(f"{mod_name}.{name}"))
+            if f"{mod_name}.{name}" not in real:
+                setattr(mod, name, _reach(f"{mod_name}.{name}"))
     import torchrig.launch.probe as probe
 
     probe.probe_gpus = _fake_gpu_probe
@@ -202,8 +208,38 @@ def run_main(
     env: dict[str, str] | None = None,
     time_limit_s: int = TIME_LIMIT_S,
     memory_limit_mib: int = MEMORY_LIMIT_MIB,
+    real: tuple[str, ...] = (),
 ) -> Outcome:
     """``torchrig.cli.main(argv)`` in a forked child bounded in time and memory; its exit, stdout, stderr."""
+
+    def command() -> int:
+        install_boundaries(real)
+        from torchrig.cli import main
+
+        try:
+            return main(list(argv))
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 2
+        except Reached as exc:
+            print(f"[fuzz] reached {exc}", file=sys.stderr)
+            return REACHED_EXIT
+
+    return run_bounded(
+        command, argv, cwd=cwd, env=env, time_limit_s=time_limit_s, memory_limit_mib=memory_limit_mib
+    )
+
+
+def run_bounded(
+    fn: Callable[[], int],
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    time_limit_s: int = TIME_LIMIT_S,
+    memory_limit_mib: int = MEMORY_LIMIT_MIB,
+) -> Outcome:
+    """``fn()`` (returning an exit status) in a forked child bounded in time and memory, in the scratch
+    environment of ``cwd``; its exit, stdout and stderr. ``argv`` only labels the outcome."""
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -224,16 +260,7 @@ def run_main(
                 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
                 signal.signal(signal.SIGALRM, signal.SIG_DFL)
                 signal.alarm(time_limit_s)
-                install_boundaries()
-                from torchrig.cli import main
-
-                try:
-                    code = main(list(argv))
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else 2
-                except Reached as exc:
-                    print(f"[fuzz] reached {exc}", file=sys.stderr)
-                    code = REACHED_EXIT
+                code = fn()
             except BaseException:
                 with contextlib.suppress(BaseException):
                     print("[fuzz] escaped main():\n" + traceback.format_exc(), file=sys.stderr)
@@ -585,9 +612,15 @@ def corpus() -> Path:
 
 
 def call(
-    argv: list[str], *, env: dict[str, str] | None = None, files: dict[str, bytes] | None = None
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    files: dict[str, bytes] | None = None,
+    trees: dict[str, Path] | None = None,
+    real: tuple[str, ...] = (),
 ) -> Outcome:
-    """One call in a fresh scratch folder holding the corpus under c/ (and ``files``, relative to it)."""
+    """One call in a fresh scratch folder holding the corpus under c/, copies of the folders ``trees``
+    (relative path -> source folder) and ``files`` (relative to it, written last)."""
     import shutil
 
     preload()  # the boundaries are patched in modules the parent imported: the child imports nothing heavy
@@ -597,11 +630,13 @@ def call(
         key = work / "home" / ".ssh" / "id_ed25519.pub"  # so `up` gets past its key lookup
         key.parent.mkdir(parents=True)
         key.write_bytes(CORPUS_TEXT["authorized_keys"])
+        for rel, src in (trees or {}).items():
+            shutil.copytree(src, work / rel, symlinks=True)
         for rel, data in (files or {}).items():
             target = work / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        return run_main(argv, cwd=work, env=env)
+        return run_main(argv, cwd=work, env=env, real=real)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

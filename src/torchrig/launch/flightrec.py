@@ -28,12 +28,23 @@ PREFIX = "nccl_trace_rank_"  # + global rank: PyTorch's file name for a dump, an
 _RANK_RE = re.compile(rf"{PREFIX}(\d+)$")
 
 
+# Far above a real dump (PyTorch keeps 2000 entries by default, TORCH_FR_BUFFER_SIZE; an H200 dump with
+# Python stacks is a few MB): a larger file is not read, so a runaway or foreign file cannot exhaust memory.
+MAX_RECORD_BYTES = 64 * 2**20
+# What the analysis looks at in one record: the newest entries, the innermost frames of each, the first
+# tensors of each: all a verdict needs, and the cost of reading a crafted record stays bounded.
+MAX_ENTRIES, MAX_FRAMES, MAX_TENSORS = 100_000, 64, 16
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """One rank's dump. Raises ``ValueError`` (with the reason) for a file that is not a flight record."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError(f"{Path(path).name} is larger than {MAX_RECORD_BYTES:,} bytes: not a flight record")
     return loads(data, Path(path).name)
 
 
@@ -106,28 +117,65 @@ class FlightVerdict:
     waiting: tuple[int, ...] = ()  # global ranks with a collective pending (called, not completed): victims
 
 
+# ---- a record is data from a file: every value is read through these, whatever its type
+
+
+def _int(value: Any, default: int) -> int:
+    """An integer field (PyTorch writes ints; a JSON dump may hold numeric strings); ``default`` else."""
+    if isinstance(value, int) and -(2**63) <= value < 2**63:
+        return int(value)
+    if isinstance(value, str) and len(value) <= 20:
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+def _text(value: Any, default: str = "?") -> str:
+    """A string field, shortened; numbers as text; anything else ``default``."""
+    if isinstance(value, str):
+        return value[:300]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 2**63:
+        return str(value)
+    return default
+
+
+def _items(value: Any, limit: int) -> list[Any]:
+    """The first ``limit`` items of a list or tuple field (anything else: none)."""
+    return list(value[:limit]) if isinstance(value, (list, tuple)) else []
+
+
+def _group_of(entry: Mapping[str, Any]) -> str:
+    """The name of the process group an entry belongs to (``process_group``: (name, description))."""
+    group = entry.get("process_group")
+    if isinstance(group, (list, tuple)):
+        return _text(group[0], "") if group else ""
+    return _text(group, "")
+
+
 def _where(frames: Any) -> str | None:
     """The caller's innermost frame in user code, as the stack summary picks it (``summary.user_frame``)."""
     stack = tuple(
-        Frame(str(f.get("filename", "")), int(f.get("line", 0) or 0), str(f.get("name", "?")))
-        for f in (frames if isinstance(frames, list) else ())
-        if isinstance(f, dict) and f.get("filename")
+        Frame(_text(f.get("filename"), ""), _int(f.get("line"), 0), _text(f.get("name")))
+        for f in _items(frames, MAX_FRAMES)
+        if isinstance(f, dict) and _text(f.get("filename"), "")
     )
     found = user_frame(stack)
     return str(found) if found else None
 
 
 def _shapes(entry: Mapping[str, Any]) -> str:
-    dtypes = entry.get("input_dtypes") or []
-    sizes = entry.get("input_sizes") or []
-    parts = [f"{d}{list(s)}" for d, s in zip(dtypes, sizes, strict=False)]
+    dtypes = _items(entry.get("input_dtypes"), MAX_TENSORS)
+    sizes = _items(entry.get("input_sizes"), MAX_TENSORS)
+    parts = [f"{_text(d)}{[_int(n, -1) for n in _items(s, 8)]}" for d, s in zip(dtypes, sizes, strict=False)]
     return ", ".join(parts) if parts else "-"
 
 
 def _call(entry: Mapping[str, Any]) -> Call:
     return Call(
-        seq=int(entry.get("collective_seq_id", 0)),
-        op=str(entry.get("profiling_name", "?")),
+        seq=_int(entry.get("collective_seq_id"), 0),
+        op=_text(entry.get("profiling_name")),
         shapes=_shapes(entry),
         where=_where(entry.get("frames")),
     )
@@ -135,12 +183,17 @@ def _call(entry: Mapping[str, Any]) -> Call:
 
 def _group_ranks(config: Any) -> tuple[int, ...] | None:
     """The global ranks of a group from its ``pg_config`` (``"[0, 1]"``), or None when not listed."""
-    raw = config.get("ranks") if isinstance(config, dict) else None
+    raw = config.get("ranks") if isinstance(config, Mapping) else None
+    if isinstance(raw, str) and len(raw) > 1_000_000:
+        return None
     try:
         ranks = ast.literal_eval(raw) if isinstance(raw, str) else raw
-        return tuple(int(r) for r in ranks) if isinstance(ranks, (list, tuple)) else None
-    except (ValueError, SyntaxError, TypeError):
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
         return None
+    if not isinstance(ranks, (list, tuple)):
+        return None
+    found = tuple(_int(r, -1) for r in ranks)
+    return found if all(0 <= r < 2**31 for r in found) else None
 
 
 def _states(records: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[int, GroupState]]:
@@ -148,23 +201,23 @@ def _states(records: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[int, Gro
     groups: dict[str, dict[int, GroupState]] = {}
     for rank, rec in records.items():
         status = rec.get("pg_status") or {}
-        entries = [e for e in rec.get("entries") or [] if isinstance(e, dict) and not e.get("is_p2p")]
-        for pg, st in status.items() if isinstance(status, dict) else ():
-            if not isinstance(st, dict):
+        by_group: dict[str, list[Mapping[str, Any]]] = {}
+        entries = rec.get("entries")
+        for e in entries[-MAX_ENTRIES:] if isinstance(entries, list) else ():
+            if isinstance(e, dict) and not e.get("is_p2p"):
+                by_group.setdefault(_group_of(e), []).append(e)
+        for key, st in status.items() if isinstance(status, dict) else ():
+            pg = _text(key, "")
+            if not isinstance(st, dict) or not pg:
                 continue
-            done = int(st.get("last_completed_collective", -1))
+            done = _int(st.get("last_completed_collective"), -1)
             calls = sorted(
-                (
-                    _call(e)
-                    for e in entries
-                    if str((e.get("process_group") or ("",))[0]) == str(pg)
-                    and int(e.get("collective_seq_id", 0)) > done
-                ),
+                (c for c in map(_call, by_group.get(pg, ())) if c.seq > done),
                 key=lambda c: c.seq,
             )
-            groups.setdefault(str(pg), {})[rank] = GroupState(
-                enqueued=int(st.get("last_enqueued_collective", -1)),
-                started=int(st.get("last_started_collective", -1)),
+            groups.setdefault(pg, {})[rank] = GroupState(
+                enqueued=_int(st.get("last_enqueued_collective"), -1),
+                started=_int(st.get("last_started_collective"), -1),
                 completed=done,
                 calls=tuple(calls),
             )
@@ -200,11 +253,14 @@ def _verb(ranks: Any, one: str, many: str) -> str:
 
 def _label(pg: str, records: Mapping[int, Mapping[str, Any]]) -> str:
     for rec in records.values():
-        desc = _config(rec, pg).get("desc")
-        for e in rec.get("entries") or []:
+        desc = _text(_config(rec, pg).get("desc"), "")
+        entries = rec.get("entries")
+        for e in entries[-MAX_ENTRIES:] if isinstance(entries, list) and not desc else ():
             group = e.get("process_group") if isinstance(e, dict) else None
-            if not desc and isinstance(group, (list, tuple)) and len(group) == 2 and str(group[0]) == pg:
-                desc = group[1]
+            if isinstance(group, (list, tuple)) and len(group) == 2 and _text(group[0], "") == pg:
+                desc = _text(group[1], "")
+                if desc:
+                    break
         if desc:
             return f"process group {pg} ({desc})"
     return f"process group {pg}"

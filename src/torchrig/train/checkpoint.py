@@ -116,6 +116,42 @@ def read_dcp_metadata(path: Path) -> Any:
         ) from None
 
 
+def check_storage(md: Any, folder: Path) -> None:
+    """DCP's storage records (which bytes of which file hold each tensor) point into this folder's own
+    files, within their sizes: a crafted ``.metadata`` cannot make DCP read ``/dev/zero``, another
+    folder's files or past a file's end. :class:`InputError` naming ``.metadata`` otherwise."""
+    where = folder / ".metadata"
+    storage, tensors = getattr(md, "storage_data", None), getattr(md, "state_dict_metadata", None)
+    if not isinstance(storage, dict) or not isinstance(tensors, dict):
+        raise InputError(
+            f"{where} is not DCP metadata (no storage records)", hint="the checkpoint is damaged"
+        )
+    sizes: dict[str, int] = {}
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not isinstance(name, str) or not rundir.is_plain_name(name):
+            raise InputError(
+                f"{where} points at {name!r:.80}, not a file of {folder}",
+                hint="the checkpoint is damaged or crafted; nothing was read from that path",
+            )
+        if name not in sizes:
+            sizes[name] = rundir.regular_size(folder / name)
+            if sizes[name] < 0:
+                raise InputError(
+                    f"{where} points at {name}, which is missing or not a regular file in {folder}",
+                    hint="the checkpoint is incomplete or damaged",
+                )
+        start = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
+        count = length if isinstance(length, int) and not isinstance(length, bool) else -1
+        if start < 0 or count < 0 or start + count > sizes[name]:
+            raise InputError(
+                f"{where} records bytes {offset!r:.30}..+{length!r:.30} of {name}, outside its {sizes[name]} "
+                "bytes",
+                hint="the checkpoint is damaged or crafted",
+            )
+
+
 class SafeReader(FileSystemReader):
     """DCP's file reader, with ``.metadata`` read by :func:`read_dcp_metadata` instead of ``pickle.load``."""
 
@@ -317,7 +353,7 @@ def _barrier_quiet() -> None:
 
 
 def _dcp_load(state: dict[str, Any], ckpt: Path, **kwargs: Any) -> None:
-    read_dcp_metadata(ckpt / ".metadata")  # refuse a crafted file before DCP touches it
+    check_storage(read_dcp_metadata(ckpt / ".metadata"), ckpt)  # refuse a crafted file before DCP reads
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ONE_PROCESS)
@@ -357,9 +393,7 @@ def load_model_only(ckpt: Path, model: torch.nn.Module) -> None:
 # ---------------------------------------------------------------- resuming
 
 
-def find_intact(root: Path) -> tuple[Path | None, list[str]]:
-    """The newest intact checkpoint to resume from (``latest`` first) and what was wrong with each newer
-    one; every rank calls this and gets the same answer."""
+def _find_intact(root: Path) -> tuple[Path | None, list[str]]:
     skipped: list[str] = []
     name = rundir.pointer(root)
     if name and latest(root) is None:
@@ -369,7 +403,7 @@ def find_intact(root: Path) -> tuple[Path | None, list[str]]:
         problems = verify(cand.path, meta)
         if not problems:
             try:
-                read_dcp_metadata(cand.path / ".metadata")
+                check_storage(read_dcp_metadata(cand.path / ".metadata"), cand.path)
             except InputError as e:
                 problems = [e.one_line()]
         if not problems:
@@ -378,3 +412,12 @@ def find_intact(root: Path) -> tuple[Path | None, list[str]]:
             return cand.path, skipped
         skipped.append(f"{cand.name}: {'; '.join(problems)}")
     return None, skipped
+
+
+def find_intact(root: Path) -> tuple[Path | None, list[str]]:
+    """The newest intact checkpoint to resume from (``latest`` first) and what was wrong with each newer
+    one, a folder whose ``meta.json`` is damaged included; every rank calls this and gets the same answer."""
+    found, skipped = _find_intact(root)
+    step = read_meta(found)["step"] if found is not None else None
+    newer = [f"{step_name(n)}: {why}" for n, why in rundir.unreadable(root) if step is None or n > step]
+    return found, newer + skipped

@@ -145,7 +145,7 @@ def _start(cfg: TrainConfig, rt: Runtime, out: Path, root: Path) -> tuple[str, P
         return run_id, None
     ckpt.clean_partial(root)
     found, skipped = ckpt.find_intact(root)
-    if found is None and rundir.checkpoints(root):
+    if found is None and (rundir.checkpoints(root) or rundir.unreadable(root)):
         raise UsageError(
             f"no intact checkpoint to resume from in {root}: {'; '.join(skipped)}",
             hint="restore the files, or start a new run with --overwrite or a fresh --out",

@@ -33,17 +33,28 @@ def peak_tflops(device_name: str | None, precision: str, override: float | None)
 
 
 def rewind_jsonl(path: Path, step: int) -> None:
-    """Drop step records after ``step`` (work lost with a crash), so the file shows the committed history."""
+    """Drop step records after ``step`` (work lost with a crash), so the file shows the committed history.
+    Lines that are not a record (cut short by a crash, damaged, not UTF-8) are dropped too."""
     if not path.is_file():
         return
     keep = []
-    for line in path.read_text().splitlines():
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        from torchrig.errors import InputError
+
+        raise InputError(f"cannot read {path} ({e.strerror or e})", hint="check the run folder") from None
+    for raw in data.splitlines():
         try:
+            line = raw.decode("utf-8")
             rec = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if "step" in rec and rec.get("event") is None and rec["step"] > step:
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             continue
+        if not isinstance(rec, dict):
+            continue
+        s = rec.get("step")
+        if rec.get("event") is None and "step" in rec and not (type(s) is int and s <= step):
+            continue  # a step after the checkpoint, or no step number at all
         keep.append(line)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(k + "\n" for k in keep))

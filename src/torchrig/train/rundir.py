@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 import uuid
 from dataclasses import dataclass
@@ -115,6 +116,22 @@ def checkpoints(root: Path) -> list[Saved]:
     return sorted(found, key=lambda s: (s.step, s.name))
 
 
+def unreadable(root: Path) -> list[tuple[int, str]]:
+    """The checkpoint folders under ``root`` whose ``meta.json`` is missing or damaged, as (the step in the
+    folder's name, what is wrong), so a resume that passes over them can say so."""
+    found = []
+    if root.is_dir():
+        for p in root.glob("step-*"):
+            digits = p.name[5:]
+            if p.name.endswith(".tmp") or not p.is_dir() or not digits.isdigit() or len(digits) > 18:
+                continue
+            try:
+                read_meta(p)
+            except InputError as e:
+                found.append((int(digits), e.one_line()))
+    return sorted(found)
+
+
 def pointer(root: Path) -> str | None:
     """What ``latest`` names (a folder name), or None without a readable pointer."""
     try:
@@ -167,14 +184,41 @@ def record_files(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
     return {n: {"bytes": (folder / n).stat().st_size, "sha256": digest(folder / n)} for n in names}
 
 
+def is_plain_name(name: Any) -> bool:
+    """A file name inside one folder: no path separator, not ``.`` or ``..``, printable."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and name.isprintable()
+        and len(name) <= 255
+    )
+
+
+def regular_size(path: Path) -> int:
+    """The size of a regular file (symbolic links followed); -1 for anything else or nothing."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return -1
+    return st.st_size if stat.S_ISREG(st.st_mode) else -1
+
+
 def check_files(folder: Path, recorded: dict[str, Any], names: list[str]) -> list[str]:
     """Problems with ``names`` against ``meta.json``'s record, one phrase each naming the file."""
     problems = []
     for n in names:
-        want, path = recorded.get(n), folder / n
+        want, path = recorded.get(n), folder / str(n)
+        if not is_plain_name(n):  # never hash a path outside the checkpoint (a device, another file)
+            problems.append(f"{folder / META} records {n!r:.80}, not a file of the checkpoint")
+            continue
         if not isinstance(want, dict):
             continue
         try:
+            if path.exists() and regular_size(path) < 0:
+                problems.append(f"{path} is not a regular file")
+                continue
             size = path.stat().st_size
             if size != want.get("bytes"):
                 problems.append(f"{path} has {size} bytes, {want.get('bytes')} were saved")
@@ -251,6 +295,13 @@ def plan_start(out: Path, *, resume: bool, if_possible: bool, overwrite: bool, r
     if restart > 0 or if_possible:
         return Start("resume-if-possible", run_id_of(out))
     if resume:
+        damaged = unreadable(out / CHECKPOINTS)
+        if not checkpoints(out / CHECKPOINTS) and damaged:
+            raise UsageError(
+                f"--resume: no intact checkpoint in {out / CHECKPOINTS}: "
+                + "; ".join(f"{step_name(n)}: {why}" for n, why in damaged[-3:]),
+                hint="restore the files, or start a new run with --overwrite or a fresh --out",
+            )
         if not checkpoints(out / CHECKPOINTS):
             raise UsageError(
                 f"--resume: no checkpoint to resume from in {out / CHECKPOINTS}",
