@@ -361,3 +361,20 @@ def test_export_of_nothing_and_of_a_dangling_latest_is_one_line(tmp_path, capsys
     assert (
         "names 'step-000009', which is not a complete checkpoint" in err and str(root / "step-000002") in err
     )
+
+
+def test_a_metadata_file_larger_than_any_real_one_is_refused_before_it_is_read(tmp_path):
+    big = tmp_path / ".metadata"
+    with open(big, "wb") as f:  # sparse: no disk, no memory
+        f.truncate(ckpt.MAX_DCP_METADATA_BYTES + 1)
+    with pytest.raises(InputError, match=r"\.metadata is 1,073,741,825 bytes"):
+        ckpt.read_dcp_metadata(big)
+
+
+def test_exports_example_input_is_the_context_at_most_2048_tokens():
+    from torchrig.export.core import _example
+
+    spec = {"model": "gpt", "vocab": 50, "context": 1 << 20}
+    assert tuple(_example(spec, 2, None).shape) == (2, 2048)
+    assert tuple(_example({**spec, "context": 64}, 2, None).shape) == (2, 64)
+    assert tuple(_example(spec, 1, 4096).shape) == (1, 4096)  # what the user asked for

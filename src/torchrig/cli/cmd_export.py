@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seq-len",
         type=int_in(1, 2**24),
-        help="GPT: sequence length of the example input (default: the context)",
+        help="GPT: sequence length of the example input (default: the context, at most 2048)",
     )
     parser.add_argument(
         "--tolerance",

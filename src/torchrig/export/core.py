@@ -36,12 +36,17 @@ class ExportResult:
         return all(a.ok for a in self.artifacts)
 
 
+# the example input's default length: the context, at most this (a checkpoint may describe a long context;
+# the eager reference run's attention grows with its square)
+EXAMPLE_SEQ_DEFAULT_MAX = 2048
+
+
 def _example(spec: dict, batch: int, seq_len: int | None):
     import torch
 
     g = torch.Generator().manual_seed(0)
     if spec["model"] == "gpt":
-        t = min(seq_len or spec["context"], spec["context"])
+        t = min(seq_len or EXAMPLE_SEQ_DEFAULT_MAX, spec["context"])
         return torch.randint(0, int(spec["vocab"]), (batch, t), generator=g)
     return torch.randn(batch, 3, spec["image_size"], spec["image_size"], generator=g)
 

@@ -95,9 +95,21 @@ def _admit_dcp(module: str, name: str, resolve: Any) -> bool:
     return (module, name) in _PLAIN
 
 
+# DCP's .metadata lists each tensor's chunks: tens of MiB for the largest sharded models; a bigger file is
+# refused before it is read into memory
+MAX_DCP_METADATA_BYTES = 1 << 30
+
+
 def read_dcp_metadata(path: Path) -> Any:
     """DCP's ``.metadata`` through the restricted unpickler; :class:`InputError` naming the file otherwise."""
     try:
+        size = path.stat().st_size
+        if size > MAX_DCP_METADATA_BYTES:
+            raise InputError(
+                f"{path} is {size:,} bytes, more than DCP's metadata of any real checkpoint "
+                f"(at most {MAX_DCP_METADATA_BYTES >> 20} MiB read)",
+                hint="the checkpoint is damaged or not a torchrig checkpoint",
+            )
         data = path.read_bytes()
     except OSError as e:
         raise InputError(
