@@ -7,8 +7,8 @@ node a third (ctl). CI starts it in ``.ci/run``; without it every test here is s
 - two nodes x 2 CPU processes (gloo): submitted with ``--submit --wait`` from the login node, ``srun``
   starts ``torchrig launch`` on both nodes, pre-flight and the c10d rendezvous form across them, and the
   losses equal, step by step, those of one node running all 4 processes;
-- ``scancel`` mid-run: within a bounded time no process of the job is left on either node, and the wait's
-  summary says CANCELLED;
+- ``scancel`` mid-run: within a bounded time no process of the job is left on either node, each node's
+  launcher says the job was cancelled by Slurm and exits 143, and the wait's summary says CANCELLED;
 - node1 lost mid-run (its slurmd, launcher and ranks SIGKILLed: the machine is gone): Slurm marks node1 down
   and requeues the job, the summary names node1 as lost; node1 back, the requeued job resumes from its last
   checkpoint and finishes with no lost or repeated steps, and the same losses as the run that never failed;
@@ -227,6 +227,12 @@ def test_scancel_leaves_no_process_on_either_node(cluster, tmp_path):
     gone_after_s = time.monotonic() - cancelled_at
     code, report = finish(proc, tmp_path)
     assert code == 1 and report["outcome"]["state"] == "CANCELLED", tail(tmp_path)
+    # Each node's launcher said why it stopped, then its summary, and exited 143 (128 + SIGTERM), not killed.
+    output = Path(report["outcome"]["output"]).read_text()
+    said = f"torchrig launch: cancelled: SIGTERM from Slurm (job {job_id}, step 0): scancel, the time limit"
+    assert output.count(said) == 2 and output.count("job cancelled after") == 2, output[-3000:]
+    for task, node in enumerate(("node0", "node1")):
+        assert f"srun: error: {node}: task {task}: Exited with exit code 143" in output, output[-3000:]
     print(f"scancel: every job process gone from both nodes {gone_after_s:.1f} s after scancel")
 
 

@@ -308,8 +308,8 @@ def test_a_cancelled_job_says_who_stopped_it_and_exits_with_the_signal():
 
     reason = cancel_reason("SIGTERM", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"})
     assert reason == (
-        "SIGTERM from Slurm (Slurm job 7, step 0): scancel, the time limit, a requeue, preemption or a failed "
-        "node; `scontrol show job 7` says which"
+        "SIGTERM from Slurm (job 7, step 0): scancel, the time limit, a requeue, preemption or a lost node; "
+        "`scontrol show job 7` says which"
     )
     assert cancel_reason("SIGTERM", {}) == "SIGTERM from outside the job (a scheduler, or kill)"
     assert cancel_reason("SIGINT", {"SLURM_JOB_ID": "7"}) == "interrupted (SIGINT, Ctrl-C)"

@@ -370,12 +370,9 @@ def cancel_reason(signal_name: str, env: Mapping[str, str]) -> str:
         return "interrupted (SIGINT, Ctrl-C)"
     job = env.get("SLURM_JOB_ID")
     if job:
-        step = env.get("SLURM_STEP_ID")
-        where = f"Slurm job {job}" + (f", step {step}" if step else "")
-        return (
-            f"{signal_name} from Slurm ({where}): scancel, the time limit, a requeue, preemption or a failed "
-            f"node; `scontrol show job {job}` says which"
-        )
+        where = f"job {job}, step {env['SLURM_STEP_ID']}" if env.get("SLURM_STEP_ID") else f"job {job}"
+        causes = "scancel, the time limit, a requeue, preemption or a lost node"
+        return f"{signal_name} from Slurm ({where}): {causes}; `scontrol show job {job}` says which"
     return f"{signal_name} from outside the job (a scheduler, or kill)"
 
 
