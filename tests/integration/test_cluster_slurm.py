@@ -251,6 +251,8 @@ def test_job_requeued_by_the_scheduler_resumes_without_lost_or_repeated_steps(cl
     wait_for(
         lambda: not any(job_pids(cluster).values()), "the first run's processes gone", tmp_path, timeout_s=60
     )
+    # Both nodes answered the stop, so nothing of the first run is still on its way to them: as the cluster's
+    # admin, release Slurm's requeue hold at once (not after a lost node: see the next test).
     r = login(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     code, report = finish_or_cancel(proc, cluster, job_id, tmp_path)
