@@ -272,25 +272,23 @@ def execute(
     # torchrun runs under a guard (``torchrig.launch.guard``): one stop signal for torchrun however many come,
     # a bounded stop, and no rank left behind.
     proc = guard.start(plan.argv, env=env, stderr=subprocess.PIPE)
-    # A SIGTERM to the launcher (a scheduler cancelling the job) or a Ctrl-C stops torchrun and the ranks through
-    # the guard, and the result says the job was cancelled.
-    previous = _catch_cancel() if threading.current_thread() is threading.main_thread() else {}
     agent_out: collections.deque[str] = collections.deque(maxlen=5000)
     pumps = [
         threading.Thread(target=_pump, args=(s, echo, agent_out), daemon=True)
         for s in (proc.stdout, proc.stderr)
     ]
+    for t in pumps:
+        t.start()
+    # A SIGTERM to the launcher (a scheduler cancelling the job) or a Ctrl-C stops torchrun and the ranks through
+    # the guard, and the result says the job was cancelled.
+    previous = _catch_cancel() if threading.current_thread() is threading.main_thread() else {}
     cancelled: str | None = None
     try:
-        for t in pumps:
-            t.start()
         stopped = _watch(proc, plan, log_dir, start, wall_timeout_s, abort)
         for t in pumps:
             t.join(timeout=5)
         code = proc.wait()
     except _Cancel as c:
-        for sig in previous:  # a second signal while stopping changes nothing
-            signal.signal(sig, signal.SIG_IGN)
         cancelled, stopped = c.name, Stop("cancelled", cancel_reason(c.name, os.environ))
         # Said before the stop: a scheduler SIGKILLs whatever is left after its grace (Slurm's KillWait).
         print(f"torchrig launch: cancelled: {stopped.reason}; stopping torchrun and the ranks", file=echo)
@@ -357,6 +355,8 @@ def _catch_cancel() -> dict[int, Any]:
     """Handlers for SIGTERM and SIGINT that raise :class:`_Cancel`; the previous handlers, to put back."""
 
     def on_signal(signum: int, _frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal while stopping changes nothing
+            signal.signal(sig, signal.SIG_IGN)
         raise _Cancel(signal.Signals(signum).name)
 
     return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
