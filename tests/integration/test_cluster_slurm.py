@@ -252,7 +252,16 @@ def test_job_requeued_by_the_scheduler_resumes_without_lost_or_repeated_steps(cl
         lambda: not any(job_pids(cluster).values()), "the first run's processes gone", tmp_path, timeout_s=60
     )
     # Both nodes answered the stop, so nothing of the first run is still on its way to them: as the cluster's
-    # admin, release Slurm's requeue hold at once (not after a lost node: see the next test).
+    # admin, release Slurm's requeue hold at once (not after a lost node: see the next test). Only once the job
+    # is PENDING: Slurm sets the hold when the job leaves COMPLETING, over a release given before.
+    wait_for(
+        lambda: (
+            "JobState=PENDING" in login(cluster, "scontrol", "show", "job", "-o", job_id, cwd=tmp_path).stdout
+        ),
+        "the job queued again",
+        tmp_path,
+        timeout_s=60,
+    )
     r = login(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     code, report = finish_or_cancel(proc, cluster, job_id, tmp_path)
