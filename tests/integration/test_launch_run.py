@@ -3,13 +3,18 @@ planted-hang summaries within the configured timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 SCRIPT = str(
     Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "ok.py"
@@ -152,3 +157,44 @@ def test_port_in_use_stops_before_the_script_runs(tmp_path):
     port_check = next(f for f in rep["preflight"] if f["id"] == "port")
     assert port_check["severity"] == "error" and str(port) in port_check["summary"]
     assert rep["result"] is None and not list(tmp_path.iterdir())  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
+)
+def test_a_signal_to_the_launcher_cancels_the_job_with_a_summary(tmp_path, sig, code):
+    """A scheduler cancelling the job (Slurm's scancel: SIGTERM) or Ctrl-C: the launcher stops torchrun and the
+    ranks, says the job was cancelled, and exits 128 + the signal's number."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID")}
+    env["MODE"] = "hang"  # rank 1 sleeps after the first all_reduce: the job runs until it is stopped
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchrig", "--json", "launch", "--cpu", "--nproc-per-node", "2", "--no-preflight",
+         "--log-dir", str(tmp_path), SCRIPT],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any("sum [2.0" in p.read_text() for p in tmp_path.glob("*/attempt_0/*/stdout.log")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.5)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    res = json.loads(out)["result"]
+    assert res["cancelled_by"] == sig.name and res["stopped_by"] == "cancelled" and res["summary"] is None
+    reason = "interrupted (SIGINT, Ctrl-C)" if sig == signal.SIGINT else "SIGTERM from outside the job"
+    assert res["stop_reason"].startswith(reason)
+    assert f"torchrig launch: cancelled: {reason}" in err
+    pids = [
+        int(m)
+        for p in tmp_path.glob("*/attempt_0/*/stderr.log")
+        for m in re.findall(r" pid=(\d+)", p.read_text())
+    ]
+    assert len(pids) == 2
+    for pid in pids:  # no rank left: gone, or at most a zombie its reaper has not collected yet
+        with contextlib.suppress(FileNotFoundError):
+            assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z", (
+                f"rank pid {pid} still runs"
+            )

@@ -97,3 +97,20 @@ def test_cli_wait_needs_submit(cli):
 def test_cli_wait_timeout_must_be_positive(cli):
     r = cli("cluster", "slurm", "-o", "/dev/null", "--submit", "--wait-timeout", "0", "--", "t.py")
     assert r.code == 2 and "--wait-timeout must be at least 1 second, got 0" in r.err
+
+
+def test_wait_says_a_cancelled_job_was_cancelled_with_scancel():
+    idle = fixture("node-down-not-responding.txt").replace("State=DOWN+NOT_RESPONDING", "State=IDLE")
+
+    def scontrol(args: list[str]) -> str:
+        if args[:2] == ["show", "hostnames"]:
+            return "node0\nnode1\n"
+        return fixture("job-cancelled.txt") if args[:2] == ["show", "job"] else idle
+
+    out = slurmjob.wait("3", scontrol=scontrol, poll_s=0, sleep=lambda s: None)
+    assert out.finished and not out.ok and out.state == "CANCELLED" and out.lost_nodes == ()
+    # (the recorded job had been requeued once before it was cancelled)
+    assert (
+        out.headline()
+        == "job 3 CANCELLED (scancel, by its user or an admin; exit code 0:15), requeued 1 time(s)"
+    )

@@ -377,3 +377,34 @@ def test_argparse_rejecting_an_argument_names_the_scripts_parse_line(tmp_path):
         "exited with status 2: ArgumentError: argument --steps: invalid int value: 'x'"
     )
     assert s.ranks[0].where == f"{script}:4 in <module>"
+
+
+def test_a_cancelled_job_says_who_stopped_it_and_exits_with_the_signal():
+    from torchrig.launch.run import LaunchReport
+    from torchrig.launch.supervise import LaunchResult, cancel_reason
+
+    reason = cancel_reason("SIGTERM", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"})
+    assert reason == (
+        "SIGTERM from Slurm (job 7, step 0): scancel, the time limit, a requeue, preemption or a lost node; "
+        "`scontrol show job 7` says which"
+    )
+    assert cancel_reason("SIGTERM", {}) == "SIGTERM from outside the job (a scheduler, or kill)"
+    assert cancel_reason("SIGINT", {"SLURM_JOB_ID": "7"}) == "interrupted (SIGINT, Ctrl-C)"
+    result = LaunchResult(
+        143,
+        1,
+        False,
+        12.0,
+        "/l/job_x",
+        None,
+        (),
+        stopped_by="cancelled",
+        stop_reason=reason,
+        cancelled_by="SIGTERM",
+    )
+    report = LaunchReport(plan=None, findings=(), result=result, dry_run=False)
+    assert report.exit_code == 143
+    assert report.render_text().splitlines() == [
+        f"job cancelled after 12.0 s: {reason}; torchrun and the ranks stopped",
+        "logs: /l/job_x",
+    ]

@@ -135,6 +135,12 @@ MessageTimeout=10
 InactiveLimit=0
 # scancel / time limit: SIGTERM, then SIGKILL after KillWait seconds.
 KillWait=10
+# A requeued job is held for cred_expire + 1 s before it may start again (Reason=BeginTime). The hold is what
+# keeps the previous run's messages to a lost node (the terminate request in flight, and a step signal that
+# slurmctld retries every 60 s, RPC_RETRY_INTERVAL) from reaching the next run, which has the same job id and
+# step ids: delivered to it, they take the node out of the new allocation ("Requested nodes are busy") or
+# SIGTERM its step. Slurm's default is 120 s; 75 s keeps the hold above the retry interval, for CI time.
+AuthInfo=cred_expire=75
 MinJobAge=600
 NodeName=node0 NodeAddr=${ADDRS[0]} NodeHostname=node0 CPUs=$cpus RealMemory=1000 State=UNKNOWN
 NodeName=node1 NodeAddr=${ADDRS[1]} NodeHostname=node1 CPUs=$cpus RealMemory=1000 State=UNKNOWN

@@ -33,6 +33,9 @@ FINAL_STATES = frozenset(
      "OUT_OF_MEMORY"}
 )  # fmt: skip
 LOST_NODE_STATES = ("DOWN", "NOT_RESPONDING", "FAIL")
+# What JobState=CANCELLED means: `scancel` (Slurm's other endings have states of their own: TIMEOUT, PREEMPTED,
+# NODE_FAIL, DEADLINE). Who ran it is in Slurm's accounting (`sacct -j ID -o State` says "CANCELLED by UID").
+CANCELLED_BY = "scancel, by its user or an admin"
 _PAIR = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(\S*)")
 
 Scontrol = Callable[[list[str]], str]
@@ -90,8 +93,11 @@ class JobOutcome:
             text = f"job {self.job_id} still {self.state} after {self.waited_s:.0f} s"
         else:
             text = f"job {self.job_id} {self.state}"
+            notes = [CANCELLED_BY] if self.state == "CANCELLED" else []
             if self.exit_code and self.state != "COMPLETED":
-                text += f" (exit code {self.exit_code})"
+                notes.append(f"exit code {self.exit_code}")
+            if notes:
+                text += f" ({'; '.join(notes)})"
         if self.restarts:
             text += f", requeued {self.restarts} time(s)"
         if self.lost_nodes:

@@ -54,6 +54,10 @@ class LaunchReport:
     def exit_code(self) -> int:
         if any(f.severity is Severity.ERROR for f in self.findings):
             return 1
+        if self.result is not None and self.result.cancelled_by:
+            return int(
+                self.result.exit_code
+            )  # 128 + the signal's number, as the shell reports a killed process
         return 0 if self.result is None else (0 if self.result.exit_code == 0 else 1)
 
     def render_text(self) -> str:
@@ -100,7 +104,12 @@ def _render_result(r: Any) -> list[str]:
 
     out = [f"restarted after attempt {s.attempt}: {s.headline}" for s in r.earlier_failures]
     logs = f"logs: {r.run_dir}" + (f" (torchrun's own report: {r.agent_log})" if r.agent_log else "")
-    if r.exit_code == 0:
+    if r.cancelled_by:
+        out.append(
+            f"job cancelled after {r.elapsed_s:.1f} s: {r.stop_reason}; torchrun and the ranks stopped"
+        )
+        out.append(logs)
+    elif r.exit_code == 0:
         out.append(f"job finished in {r.elapsed_s:.1f} s ({r.attempts} attempt(s)); logs: {r.run_dir}")
     elif r.summary is not None:
         if r.stop_reason:

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from torchrig.launch import flightrec, guard, logs
 from torchrig.launch.plan import FLIGHT_RECORD_REQUEST, LaunchPlan
@@ -43,10 +44,14 @@ class LaunchResult:
     earlier_failures: tuple[FailureSummary, ...]  # attempts that failed and were restarted
     flight_records: tuple[str, ...] = ()  # flight-recorder dumps this job wrote (also read by torchfrtrace)
     flight: flightrec.FlightVerdict | None = None  # what those records say, after a hang or a failure
-    # why torchrig stopped the job, when it did: "hang-timeout", "nccl-timeout", "stopped-rank" or "wall-timeout"
+    # why the job was stopped, when it was: by torchrig, "hang-timeout", "nccl-timeout", "stopped-rank" or
+    # "wall-timeout"; "cancelled" when the launcher itself was told to stop (see cancelled_by)
     stopped_by: str | None = None
     stop_reason: str | None = None  # that, in words
     agent_log: str | None = None  # torchrun's own output (its report and traceback), kept out of the console
+    # the launcher was told to stop (SIGTERM: a scheduler cancelling the job; SIGINT: Ctrl-C): the signal's name;
+    # the job was stopped and the launcher exits 128 + its number, as a process killed by it would
+    cancelled_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,15 +272,6 @@ def execute(
     # torchrun runs under a guard (``torchrig.launch.guard``): one stop signal for torchrun however many come,
     # a bounded stop, and no rank left behind.
     proc = guard.start(plan.argv, env=env, stderr=subprocess.PIPE)
-    # A SIGTERM to the launcher (a scheduler cancelling the job) stops torchrun and the ranks the same way.
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-
-        def on_term(*_: object) -> None:
-            _stop(proc)
-            sys.exit(143)
-
-        previous = signal.signal(signal.SIGTERM, on_term)
     agent_out: collections.deque[str] = collections.deque(maxlen=5000)
     pumps = [
         threading.Thread(target=_pump, args=(s, echo, agent_out), daemon=True)
@@ -283,16 +279,27 @@ def execute(
     ]
     for t in pumps:
         t.start()
+    # A SIGTERM to the launcher (a scheduler cancelling the job) or a Ctrl-C stops torchrun and the ranks through
+    # the guard, and the result says the job was cancelled.
+    previous = _catch_cancel() if threading.current_thread() is threading.main_thread() else {}
+    cancelled: str | None = None
     try:
         stopped = _watch(proc, plan, log_dir, start, wall_timeout_s, abort)
-    except KeyboardInterrupt:
+        for t in pumps:
+            t.join(timeout=5)
+        code = proc.wait()
+    except _Cancel as c:
+        cancelled, stopped = c.name, Stop("cancelled", cancel_reason(c.name, os.environ))
+        # Said before the stop: a scheduler SIGKILLs whatever is left after its grace (Slurm's KillWait).
+        print(f"torchrig launch: cancelled: {stopped.reason}; stopping torchrun and the ranks", file=echo)
+        echo.flush()
         _stop(proc)
-        raise
-    for t in pumps:
-        t.join(timeout=5)
-    code = proc.wait()
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+        for t in pumps:
+            t.join(timeout=5)
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     agent_text = "".join(agent_out)
     _clear_requests(log_dir)
     found = logs.run_dirs(log_dir, plan.rdzv_id, start)
@@ -310,9 +317,20 @@ def execute(
     flight = None
     if stopped is not None and stopped.flight is not None:
         flight = stopped.flight  # what the records said before the stop, when the verdict rests on them
-    elif code != 0 or stopped:
+    elif (code != 0 or stopped) and not cancelled:
         flight = read_flight_records(records, here or None)
-    result = _result(plan, run_dir, code, stopped, agent_text, time.time() - start, flight)
+    if cancelled:
+        result = LaunchResult(
+            exit_code=128 + signal.Signals[cancelled].value,
+            attempts=len(att),
+            hung=False,
+            elapsed_s=round(time.time() - start, 2),
+            run_dir=str(run_dir) if run_dir else None,
+            summary=None,  # the ranks ended because the job was stopped, not by a fault of their own
+            earlier_failures=(),
+        )
+    else:
+        result = _result(plan, run_dir, code, stopped, agent_text, time.time() - start, flight)
     return replace(
         result,
         flight_records=records,
@@ -320,7 +338,42 @@ def execute(
         stopped_by=stopped.by if stopped else None,
         stop_reason=stopped.reason if stopped else None,
         agent_log=agent_log,
+        cancelled_by=cancelled,
     )
+
+
+class _Cancel(BaseException):
+    """Raised in the main thread by the SIGTERM / SIGINT handler: leave the watch and stop the job. A
+    BaseException, as KeyboardInterrupt is, so that no ``except Exception`` on the way swallows it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _catch_cancel() -> dict[int, Any]:
+    """Handlers for SIGTERM and SIGINT that raise :class:`_Cancel`; the previous handlers, to put back."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal while stopping changes nothing
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Cancel(signal.Signals(signum).name)
+
+    return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def cancel_reason(signal_name: str, env: Mapping[str, str]) -> str:
+    """Who most likely sent the stop, in words. Under Slurm (``SLURM_JOB_ID`` set) a SIGTERM is Slurm ending
+    the job step: ``scancel``, the time limit, a requeue or preemption, or a failed peer node (``srun
+    --kill-on-bad-exit``); ``torchrig cluster slurm --wait`` and ``scontrol show job`` tell which."""
+    if signal_name == "SIGINT":
+        return "interrupted (SIGINT, Ctrl-C)"
+    job = env.get("SLURM_JOB_ID")
+    if job:
+        where = f"job {job}, step {env['SLURM_STEP_ID']}" if env.get("SLURM_STEP_ID") else f"job {job}"
+        causes = "scancel, the time limit, a requeue, preemption or a lost node"
+        return f"{signal_name} from Slurm ({where}): {causes}; `scontrol show job {job}` says which"
+    return f"{signal_name} from outside the job (a scheduler, or kill)"
 
 
 def flight_records(log_dir: Path, since_s: float, slack_s: float = 1.0) -> tuple[str, ...]:
