@@ -67,13 +67,16 @@ def test_sigkill_from_outside_names_the_rank_the_signal_and_its_last_iteration(t
     try:
         t0, pid = time.monotonic(), None
         while time.monotonic() - t0 < 120 and pid is None:
+            assert proc.poll() is None, f"the job ended first: {proc.communicate()[1][-3000:]}"
             time.sleep(0.5)
             for log in job.glob("logs/torchrig_*/attempt_0/0/output.log"):
                 text = log.read_text()
                 m = re.search(r"torchrig-worker: rank=0 .*? pid=(\d+)", text)
                 if m and re.search(r"iter 20: loss", text):
                     pid = int(m[1])
-        assert pid is not None, "nanoGPT never reached iteration 20"
+        if pid is None:
+            logs = "".join(p.read_text()[-2000:] for p in job.glob("logs/torchrig_*/attempt_0/0/output.log"))
+            raise AssertionError(f"nanoGPT never reached iteration 20 in 120 s; rank 0's log ends:\n{logs}")
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
     finally:
