@@ -40,6 +40,9 @@ def _sbatch_options(job: ClusterJob) -> list[tuple[str, str | None]]:
     # In the submit directory: sbatch does not create a missing directory for --output, and the job would
     # fail before its first line runs. Per-rank logs go under the log dir, which the launcher creates.
     opts.append(("output", "%x-%j.out"))
+    # Slurm truncates the output file when it requeues a job (a lost node, preemption): appending keeps the
+    # earlier runs' lines, the ones that say why the job was requeued.
+    opts.append(("open-mode", "append"))
     # Whole nodes: a shared node would let another job take the NICs and GPUs NCCL expects.
     opts.append(("exclusive", None))
     return opts
