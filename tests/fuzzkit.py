@@ -260,6 +260,12 @@ def run_bounded(
                 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
                 signal.signal(signal.SIGALRM, signal.SIG_DFL)
                 signal.alarm(time_limit_s)
+                if "torch" in sys.modules:
+                    # GNU OpenMP is not fork-safe: once the parent has run a parallel region (any earlier test
+                    # that used torch), the child's first one waits forever for pool threads it does not have.
+                    # One thread runs ATen's parallel_for inline, with no OpenMP at all.
+                    sys.modules["torch"].set_num_threads(1)
+                os.environ["OMP_NUM_THREADS"] = "1"
                 code = fn()
             except BaseException:
                 with contextlib.suppress(BaseException):
