@@ -8,7 +8,8 @@
 #   cgtune cg default" the timed runs; BUDGET_S (420): timed runs that would start later are skipped.
 # Tags: default (--compile-mode default: the trainer before CUDA graphs became its default), cg
 # (--compile-mode reduce-overhead), auto (--compile-mode auto), cgtune (cg + --compile-tuning),
-# cgflash / cgcudnn (cg + --attention flash / cudnn).
+# cgflash / cgcudnn (cg + --attention flash / cudnn), cgplain / cgfused / cgtuneplain (--loss plain or fused:
+# the GPT head's cross-entropy over kept logits, or fused with the output projection; auto = fused on a GPU).
 # The torchrig runs train on --data generated (the loss falls, so a loss curve says something); each run's
 # loss curve (metrics.jsonl, every 5 steps) is compared with the first tag's: max |difference|.
 set -uo pipefail
@@ -36,6 +37,9 @@ opts() {  # the options of a tag
     cg) echo "--compile-mode reduce-overhead" ;;
     auto) echo "--compile-mode auto" ;;
     cgtune) echo "--compile-mode reduce-overhead --compile-tuning" ;;
+    cgplain) echo "--compile-mode reduce-overhead --loss plain" ;;
+    cgfused) echo "--compile-mode reduce-overhead --loss fused" ;;
+    cgtuneplain) echo "--compile-mode reduce-overhead --compile-tuning --loss plain" ;;
     cgflash) echo "--compile-mode reduce-overhead --attention flash" ;;
     cgcudnn) echo "--compile-mode reduce-overhead --attention cudnn" ;;
     *) echo "UNKNOWN" ;;

@@ -28,6 +28,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 # scaled_dot_product_attention's kernel on GPUs: auto (PyTorch's own order), or one backend with the math
 # kernel as the fallback (https://docs.pytorch.org/docs/stable/backends.html#torch.backends.cuda.enable_cudnn_sdp)
 ATTENTION = ("auto", "cudnn", "flash", "efficient", "math")
+# the GPT head's loss: fused (the output projection and the cross-entropy in one step, train/fusedloss.py),
+# plain (F.cross_entropy over the logits), auto (fused on GPUs without FSDP)
+LOSSES = ("auto", "fused", "plain")
 
 
 @cache
@@ -64,6 +67,7 @@ class TrainConfig:
     compile_mode: str = "auto"
     compile_tuning: bool = False  # Inductor's coordinate-descent tuning of its kernels (longer compile)
     attention: str = "auto"  # the SDPA kernel on GPUs: auto, cudnn, flash, efficient, math
+    loss: str = "auto"  # the GPT head's loss: auto, fused, plain
     # DDP knobs. inner: DDP(torch.compile(model)), the gradients leave the compiled backward all at once and
     # are all-reduced after it; outer: torch.compile(DDP(model)), dynamo splits the graph at DDP's buckets
     # so the all-reduce overlaps the backward. bf16 comm hook: gradients travel in bf16 (numerics change).
@@ -118,6 +122,7 @@ class TrainConfig:
             ("ddp_comm_hook", DDP_COMM_HOOKS),
             ("compile_mode", COMPILE_MODES),
             ("attention", ATTENTION),
+            ("loss", LOSSES),
         ):
             if getattr(self, name) not in allowed:
                 raise UsageError(

@@ -263,6 +263,8 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     )
     model = build_model(cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=classes)
     model = model.to(rt.device)
+    if setup.fused_loss(cfg, rt):
+        model.fused_loss = True  # type: ignore[assignment,unused-ignore]  # only with torch installed
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
     late = outside_ddp(model, rt, cfg)
     run_model = wrap(model, rt, cfg, late)
@@ -436,6 +438,7 @@ def _finish(
         "compile": cfg.compile,
         "compile_mode": setup.compile_mode(cfg, rt) if cfg.compile else None,
         "attention": cfg.attention,
+        "loss": ("fused" if setup.fused_loss(cfg, rt) else "plain") if cfg.model == "gpt" else None,
         "ddp": {
             "compile": cfg.ddp_compile,
             "bucket_mb": cfg.ddp_bucket_mb,

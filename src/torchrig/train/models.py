@@ -2,7 +2,8 @@
 
 GPT: pre-norm blocks, one fused qkv projection, causal ``scaled_dot_product_attention`` (flash/cuDNN
 kernels on GPUs), tanh-GELU MLP, tied input/output embeddings, GPT-2 initialisation. ``forward(idx)``
-returns logits; ``forward(idx, targets)`` the mean cross-entropy (computed in fp32).
+returns logits; ``forward(idx, targets)`` the mean cross-entropy (computed in fp32). With ``fused_loss`` set
+the output projection and the cross-entropy run as one step that never keeps the logits (train/fusedloss.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class GPT(nn.Module):
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         self.config = c
+        self.fused_loss = False  # the trainer sets it (--loss): train/fusedloss.py, same numerics
         self.wte, self.wpe = nn.Embedding(c.vocab, c.width), nn.Embedding(c.block_size, c.width)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
         self.ln = nn.LayerNorm(c.width)
@@ -69,7 +71,12 @@ class GPT(nn.Module):
     def head_loss(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """After the blocks: final norm, the tied output projection, and with targets the mean cross-entropy
         in fp32 (compiled on its own under FSDP2, where the blocks are compiled one by one)."""
-        logits = self.head(self.ln(x))
+        h = self.ln(x)
+        if targets is not None and self.fused_loss:
+            from torchrig.train.fusedloss import linear_cross_entropy
+
+            return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.head.weight, targets.reshape(-1))
+        logits = self.head(h)
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))

@@ -32,6 +32,9 @@ _HELP = {
     "(norms, GELU, the loss) by coordinate descent; a longer first compile",
     "attention": "the attention kernel on GPUs: auto (PyTorch's choice), cudnn (cuDNN's fused attention), "
     "flash, efficient, math",
+    "loss": "the GPT head's loss: auto (fused on GPUs without FSDP), fused (the output projection and the "
+    "cross-entropy in one step that never keeps the logits: less memory and time, the same numerics), plain "
+    "(F.cross_entropy over the logits)",
     "ddp_compile": "with --compile and DDP: outer (the default) = compile(DDP(model)), all-reduce overlapped "
     "with the backward, measured faster on 2xH200; inner = DDP(compile(model)), all-reduce after the backward",
     "ddp_bucket_mb": "DDP gradient bucket size in MB (default 100; PyTorch's own is 25: fewer, larger buckets measured faster with compile(DDP))",

@@ -95,7 +95,7 @@ KERNEL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("nccl", ("nccl",)),
     ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
     ("optimizer", ("adam", "multi_tensor")),
-    ("loss (softmax, NLL)", ("softmax", "nll", "cross_entropy")),
+    ("loss (softmax, NLL)", ("softmax", "nll", "cross_entropy", "ce_rows")),
     ("embedding", ("embedding",)),
     ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "wgmma", "matmul", "splitk")),
     ("norm, GELU, adds (Triton)", ("triton",)),

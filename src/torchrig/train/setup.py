@@ -136,6 +136,14 @@ def compile_mode(cfg: TrainConfig, rt: Runtime) -> str:
     return "reduce-overhead" if rt.device.type == "cuda" and rt.parallel != "fsdp" else "default"
 
 
+def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
+    """``--loss`` resolved for a GPT: ``auto`` is fused on GPUs outside FSDP2 (measured there:
+    docs/results/training-speed.md), plain elsewhere; ResNets have no vocabulary-sized head."""
+    if cfg.model != "gpt" or cfg.loss == "plain":
+        return False
+    return cfg.loss == "fused" or (rt.device.type == "cuda" and rt.parallel != "fsdp")
+
+
 def uses_cudagraphs(cfg: TrainConfig, rt: Runtime) -> bool:
     return (
         cfg.compile
