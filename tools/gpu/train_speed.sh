@@ -40,9 +40,17 @@ opts() {  # the options of a tag
     cgplain) echo "--compile-mode reduce-overhead --loss plain" ;;
     cgfused) echo "--compile-mode reduce-overhead --loss fused" ;;
     cgtuneplain) echo "--compile-mode reduce-overhead --compile-tuning --loss plain" ;;
+    cgmag) echo "--compile-mode reduce-overhead" ;;
     cgflash) echo "--compile-mode reduce-overhead --attention flash" ;;
     cgcudnn) echo "--compile-mode reduce-overhead --attention cudnn" ;;
     *) echo "UNKNOWN" ;;
+  esac
+}
+tag_env() {  # environment of a tag: cgmag lets Inductor autotune the GEMMs (Triton templates with fused
+  # epilogues against cuBLAS), keeping CUDA graphs
+  case "$1" in
+    cgmag) echo "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1" ;;
+    *) echo "TORCHRIG_SPEED_TAG=$1" ;;
   esac
 }
 run() {  # $1 = tag (base = the baseline), $2 = file name, $3 = steps, then extra torchrig options
@@ -55,20 +63,23 @@ run() {  # $1 = tag (base = the baseline), $2 = file name, $3 = steps, then extr
     return
   fi
   # shellcheck disable=SC2046  # the tag's options, split on spaces
-  timeout 300 python3 -m torchrig --json train --model gpt --size small --data generated \
+  # shellcheck disable=SC2046  # the tag's environment
+  env $(tag_env "$tag") timeout 300 python3 -m torchrig --json train --model gpt --size small --data generated \
     --micro-batch "$MB" --steps "$steps" --precision bf16 --compile --log-every 5 --warmup-steps 5 \
     --clip-grad 0 --no-ckpt-final --no-tensorboard --workers 2 --no-preflight --out "$R/run-$name" --overwrite \
     $(opts "$tag") "$@" >"$R/$name.json" 2>"$R/$name.log"
   echo "[$(elapsed)s] $name rc=$? ($(opts "$tag") $*) $(tail -n 1 "$R/$name.log")"
 }
 
-# 1. compile everything first, two at a time (CPU-bound; the GPU has room for two GPT-2 smalls at MB 16).
+# 1. compile everything first, WARM_PAR (2) at a time (CPU-bound; the GPU has room for two GPT-2 smalls at MB 16).
 set -- base $TAGS
 while [ $# -gt 0 ]; do
-  run "$1" "warm-$1" 3 &
-  [ $# -gt 1 ] && { run "$2" "warm-$2" 3 & }
+  for _ in $(seq "${WARM_PAR:-2}"); do  # WARM_PAR compiles at a time (2)
+    [ $# -gt 0 ] || break
+    run "$1" "warm-$1" 3 &
+    shift
+  done
   wait
-  shift; [ $# -gt 0 ] && shift
 done
 # 2. the timed runs, one at a time, in ORDER (a tag twice: files TAG.1, TAG.2).
 declare -A seen
