@@ -49,7 +49,17 @@ def _rows_reference(
 
 
 if triton is not None:
-
+    # Block width and warps tuned per vocabulary size on the GPU at the first call (a compiled step's warm-up
+    # run, before CUDA graphs record it); Liger-Kernel's fixed choice is 32768 columns and 32 warps.
+    @triton.autotune(
+        configs=[
+            triton.Config({"BLOCK": 4096}, num_warps=8),
+            triton.Config({"BLOCK": 8192}, num_warps=16),
+            triton.Config({"BLOCK": 16384}, num_warps=16),
+            triton.Config({"BLOCK": 32768}, num_warps=32),
+        ],
+        key=["n_cols"],
+    )
     @triton.jit
     def _ce_rows_kernel(
         logits_ptr,
@@ -116,11 +126,7 @@ def _ce_rows_cuda(
     rows, cols = logits.shape
     grad = torch.empty_like(logits)
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    # Liger-Kernel's choice for its per-row cross-entropy: blocks of up to 32768 columns, 32 warps
-    block = min(32768, triton.next_power_of_2(cols))
-    _ce_rows_kernel[(rows,)](
-        logits, grad, targets, loss, logits.stride(0), cols, ignore_index, BLOCK=block, num_warps=32
-    )
+    _ce_rows_kernel[(rows,)](logits, grad, targets, loss, logits.stride(0), cols, ignore_index)
     return loss, grad
 
 
