@@ -49,6 +49,7 @@ def test_fp8_runs_on_ada_hopper_blackwell_with_torchao(capability):
         ({"fp8_recipe": "tensorwise"}, "--fp8-recipe tensorwise applies only with --precision fp8"),
         ({"precision": "fp8", "fp8_recipe": "delayed"}, "unknown --fp8-recipe 'delayed'"),
         ({"precision": "fp4"}, "unknown --precision 'fp4'"),
+        ({"precision": "fp8", "model": "resnet"}, "--model resnet has none to convert"),
     ],
 )
 def test_fp8_config_errors(kw, msg):
@@ -157,3 +158,12 @@ def test_an_fp8_checkpoint_resumes_in_bf16_and_exports(tmp_path):
     exported = _gpt()
     ckpt.load_model_only(final, exported)
     assert all(p.equal(q) for p, q in zip(model.parameters(), exported.parameters(), strict=True))
+
+
+def test_the_summary_line_names_the_recipe_and_the_converted_layers():
+    from torchrig.cli.cmd_train import TrainReport
+
+    s = {"steps": 60, "world_size": 1, "parallel": "none", "precision": "fp8", "compile": True}
+    s |= {"final_loss": 5.25, "tokens_per_s": 1000.0, "mfu": 0.4, "fp8": {"recipe": "rowwise", "layers": 48}}
+    line = TrainReport(s, None).render_text()
+    assert "(none, fp8 rowwise: 48 Linear layers, compiled): final loss 5.2500" in line

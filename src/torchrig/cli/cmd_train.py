@@ -103,7 +103,8 @@ class TrainReport:
             rate, mfu = s.get(f"{unit}_per_s"), s.get("mfu")
             lines.append(
                 f"trained {s['steps']} steps on {s['world_size']} rank(s) ({s['parallel']}, {s['precision']}"
-                f"{', compiled' if s['compile'] else ''}): final loss {s['final_loss']:.4f}"
+                + (f" {s['fp8']['recipe']}: {s['fp8']['layers']} Linear layers" if s.get("fp8") else "")
+                + f"{', compiled' if s['compile'] else ''}): final loss {s['final_loss']:.4f}"
                 + (f", {rate:,.0f} {unit}/s" if rate else "")
                 + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
             )

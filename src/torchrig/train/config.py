@@ -158,6 +158,12 @@ class TrainConfig:
                 "--precision fp8 needs a CUDA GPU with fp8 tensor cores (compute capability 8.9 or newer)",
                 hint="use --precision bf16 on the CPU",
             )
+        if self.precision == "fp8" and self.model != "gpt":
+            raise UsageError(
+                f"--precision fp8 converts a model's Linear layers to float8; --model {self.model} has none "
+                "to convert (its convolutions and classifier stay bf16)",
+                hint="use --precision bf16",
+            )
         if self.fp8_recipe != "rowwise" and self.precision != "fp8":
             raise UsageError(
                 f"--fp8-recipe {self.fp8_recipe} applies only with --precision fp8",
