@@ -10,8 +10,8 @@
 # (--compile-mode reduce-overhead), auto (--compile-mode auto), cgtune (cg + --compile-tuning),
 # cgflash / cgcudnn (cg + --attention flash / cudnn), fp8 / fp8tw (cg + --precision fp8: torchao float8
 # training, rowwise / tensorwise scaling; MFU is counted against the bf16 peak, so it compares with bf16's).
-# fp8 needs torchao: when a tag needs it and it does not import, the script installs a carried wheel
-# (torchao-*.whl in $TORCHAO_WHEELS, .dev-fp8/wheels, wheels or ../.dev-fp8/wheels; pip --no-deps --no-index).
+# fp8 needs torchao: when a tag needs it and it does not import, the script puts a carried wheel on
+# PYTHONPATH (torchao-*.whl in $TORCHAO_WHEELS, .dev-fp8/wheels, wheels or ../.dev-fp8/wheels).
 #   fp8 side by side with bf16 and the baseline: TAGS="cg fp8 fp8tw" ORDER="base cg fp8 fp8tw fp8tw fp8 cg base"
 # The torchrig runs train on --data generated (the loss falls, so a loss curve says something); each run's
 # loss curve (metrics.jsonl, every 5 steps) is compared with the first tag's: max |difference|; every run's
@@ -37,10 +37,10 @@ case " $TAGS " in
       for d in ${TORCHAO_WHEELS:-} .dev-fp8/wheels wheels ../.dev-fp8/wheels; do
         for w in "$d"/torchao-*.whl; do [ -f "$w" ] && { WHL="$w"; break 2; }; done
       done
-      if [ -n "$WHL" ]; then  # into a folder of its own on PYTHONPATH: the machine's Python stays as it was
-        SITE=/tmp/train_speed-torchao
-        python3 -m pip install -q --no-deps --no-index --target "$SITE" "$WHL" &&
-          export PYTHONPATH="$SITE:$PYTHONPATH" && echo "train_speed: $WHL installed in $SITE"
+      if [ -n "$WHL" ]; then  # unpacked into a folder of its own on PYTHONPATH (a wheel is a zip; no pip,
+        SITE=/tmp/train_speed-torchao  # no network): the machine's Python stays as it was
+        rm -rf "$SITE" && python3 -m zipfile -e "$WHL" "$SITE" &&
+          export PYTHONPATH="$SITE:$PYTHONPATH" && echo "train_speed: $WHL unpacked into $SITE"
       else
         echo "train_speed: torchao is not installed and no torchao-*.whl was carried: the fp8 runs will fail"
       fi
