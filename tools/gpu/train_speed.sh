@@ -27,7 +27,7 @@ BUDGET_S="${BUDGET_S:-420}"
 TAGS="${TAGS:-default cg cgtune}"
 ORDER="${ORDER:-base default cg cgtune cgtune cg default base}"
 BASE=""
-for cand in .baselines/gpt_ddp.py ../shared/baselines/gpt_ddp.py /work/shared/baselines/gpt_ddp.py; do
+for cand in .baselines/gpt_ddp.py ../.baselines/gpt_ddp.py ../shared/baselines/gpt_ddp.py /work/shared/baselines/gpt_ddp.py; do
   [ -f "$cand" ] && { BASE="$cand"; break; }
 done
 case " $TAGS " in
