@@ -5,6 +5,8 @@ CPU ``_scaled_mm``); the tests that need torchao skip without it."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import subprocess
 import sys
 
@@ -167,3 +169,42 @@ def test_the_summary_line_names_the_recipe_and_the_converted_layers():
     s |= {"final_loss": 5.25, "tokens_per_s": 1000.0, "mfu": 0.4, "fp8": {"recipe": "rowwise", "layers": 48}}
     line = TrainReport(s, None).render_text()
     assert "(none, fp8 rowwise: 48 Linear layers, compiled): final loss 5.2500" in line
+
+
+def test_the_trainer_builds_fp8_layers_under_bf16_autocast_and_steps(tmp_path):
+    """The loop's own pieces with an fp8 runtime (init refuses the CPU; the rest runs on it): _build converts
+    before wrapping and autocasts to bf16, a step trains, the optimizer holds the same fp32 parameters."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchao")
+    from torchrig.train import loop
+    from torchrig.train.setup import Runtime
+
+    cfg = TrainConfig(precision="fp8", fp8_recipe="tensorwise", steps=3, micro_batch=2, workers=0)
+    cfg = dataclasses.replace(cfg, out=str(tmp_path / "run"), lr=1e-2, warmup_steps=0)
+    rt = Runtime(0, 0, 1, torch.device("cpu"), "fp8", "none", 0)
+    job = loop._build(cfg, rt)
+    assert job.fp8_layers == [f"blocks.{i}.{n}" for i in range(2) for n in ("qkv", "proj", "fc", "out")]
+    assert type(job.run_model.blocks[0].fc).__name__ == "Float8Linear" and job.run_model is job.model
+    with job.autocast():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    opt_params = [p for g in job.opt.param_groups for p in g["params"]]
+    assert {id(p) for p in opt_params} == {id(p) for p in job.model.parameters()}
+    assert all(p.dtype == torch.float32 for p in opt_params)
+    it = iter([(x, x.roll(1, dims=1)) for x in [torch.randint(0, 512, (2, 64))] * 3])  # one batch, memorised
+    loss_sum = torch.zeros(())
+    losses = []
+    for step in (1, 2, 3):
+        loop._step(job, step, it, loss_sum)
+        losses.append(float(loss_sum))
+        loss_sum.zero_()
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+
+
+def test_other_precisions_convert_nothing():
+    torch = pytest.importorskip("torch")
+    from torchrig.train.setup import Runtime, low_precision
+
+    model = _gpt()
+    rt = Runtime(0, 0, 1, torch.device("cpu"), "bf16", "none", 0)
+    assert low_precision(model, rt, TrainConfig()) == []
+    assert type(model.blocks[0].qkv).__name__ == "Linear"

@@ -25,7 +25,6 @@ not use those extensions: it is Python plus ``torch._scaled_mm`` and the Triton 
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 from typing import Any
 
@@ -82,9 +81,11 @@ def torchao_version() -> str | None:
     """The installed torchao's version, or None when it cannot be imported (looked up without importing it)."""
     if importlib.util.find_spec("torchao") is None:
         return None
+    from importlib import metadata
+
     try:
-        return importlib.metadata.version("torchao")
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version("torchao")
+    except metadata.PackageNotFoundError:
         return "unknown"  # importable (e.g. a source checkout on the path) but not installed as a package
 
 
