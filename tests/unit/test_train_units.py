@@ -22,7 +22,7 @@ def test_sizes_have_sources_and_gpt2_small_is_124m_shape():
         ({"size": "smal"}, "did you mean: small"),
         ({"model": "vit"}, "--model"),
         ({"micro_batch": 0}, "micro-batch"),
-        ({"precision": "fp8"}, "precision"),
+        ({"precision": "fp4"}, "precision"),
         ({"compile_mode": "fast"}, "choose from default, reduce-overhead"),
         (
             {"parallel": "fsdp", "compile_mode": "reduce-overhead"},

@@ -10,8 +10,14 @@
 # (--compile-mode reduce-overhead), auto (--compile-mode auto), cgtune (cg + --compile-tuning),
 # cgflash / cgcudnn (cg + --attention flash / cudnn), cgplain / cgfused / cgtuneplain (--loss plain or fused:
 # the GPT head's cross-entropy over kept logits, or fused with the output projection; auto = fused on a GPU).
+# fp8 / fp8tw (cg + --precision fp8: torchao float8 training, rowwise / tensorwise scaling; MFU is counted
+# against the bf16 peak, so it compares with bf16's).
+# fp8 needs torchao: when a tag needs it and it does not import, the script puts a carried wheel on
+# PYTHONPATH (torchao-*.whl in $TORCHAO_WHEELS, .dev-fp8/wheels, wheels or ../.dev-fp8/wheels).
+#   fp8 side by side with bf16 and the baseline: TAGS="cg fp8 fp8tw" ORDER="base cg fp8 fp8tw fp8tw fp8 cg base"
 # The torchrig runs train on --data generated (the loss falls, so a loss curve says something); each run's
-# loss curve (metrics.jsonl, every 5 steps) is compared with the first tag's: max |difference|.
+# loss curve (metrics.jsonl, every 5 steps) is compared with the first tag's: max |difference|; every run's
+# curve is printed step by step and written to $R/curves.json.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -23,13 +29,30 @@ BUDGET_S="${BUDGET_S:-420}"
 TAGS="${TAGS:-default cg cgtune}"
 ORDER="${ORDER:-base default cg cgtune cgtune cg default base}"
 BASE=""
-for cand in .baselines/gpt_ddp.py ../shared/baselines/gpt_ddp.py /work/shared/baselines/gpt_ddp.py; do
+for cand in .baselines/gpt_ddp.py ../.baselines/gpt_ddp.py ../shared/baselines/gpt_ddp.py /work/shared/baselines/gpt_ddp.py; do
   [ -f "$cand" ] && { BASE="$cand"; break; }
 done
+case " $TAGS " in
+  *" fp8"*)
+    if ! python3 -c 'import torchao' >/dev/null 2>&1; then
+      WHL=""
+      for d in ${TORCHAO_WHEELS:-} .dev-fp8/wheels wheels ../.dev-fp8/wheels; do
+        for w in "$d"/torchao-*.whl; do [ -f "$w" ] && { WHL="$w"; break 2; }; done
+      done
+      if [ -n "$WHL" ]; then  # unpacked into a folder of its own on PYTHONPATH (a wheel is a zip; no pip,
+        SITE=/tmp/train_speed-torchao  # no network): the machine's Python stays as it was
+        rm -rf "$SITE" && python3 -m zipfile -e "$WHL" "$SITE" &&
+          export PYTHONPATH="$SITE:$PYTHONPATH" && echo "train_speed: $WHL unpacked into $SITE"
+      else
+        echo "train_speed: torchao is not installed and no torchao-*.whl was carried: the fp8 runs will fail"
+      fi
+    fi ;;
+esac
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START )); }
 echo "train_speed: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader), torch" \
-  "$(python3 -c 'import torch; print(torch.__version__)'), micro-batch $MB, $STEPS steps, baseline ${BASE:-MISSING}, $(date -u +%FT%TZ)"
+  "$(python3 -c 'import torch; print(torch.__version__)'), torchao" \
+  "$(python3 -c 'import importlib.metadata as m; print(m.version("torchao"))' 2>/dev/null || echo none), micro-batch $MB, $STEPS steps, baseline ${BASE:-MISSING}, $(date -u +%FT%TZ)"
 
 opts() {  # the options of a tag
   case "$1" in
@@ -43,6 +66,8 @@ opts() {  # the options of a tag
     cgmag) echo "--compile-mode reduce-overhead" ;;
     cgflash) echo "--compile-mode reduce-overhead --attention flash" ;;
     cgcudnn) echo "--compile-mode reduce-overhead --attention cudnn" ;;
+    fp8) echo "--compile-mode reduce-overhead --precision fp8" ;;
+    fp8tw) echo "--compile-mode reduce-overhead --precision fp8 --fp8-recipe tensorwise" ;;
     *) echo "UNKNOWN" ;;
   esac
 }
@@ -128,6 +153,15 @@ for p in timed:
         dl = f"{max(abs(c[k] - ref[k]) for k in common):.4f} ({len(common)} pts)" if common else "-"
     vs = f"{t / base_mean:.3f}" if t and base_mean else "-"
     print(f"{name:<14} {t or 0:>10,.0f} {(m or 0):>6.1%} {vs:>8} {lo if lo is not None else '-':>11} {dl:>20} {d.get('error') or ''}")
+curves = {p.name[:-5]: curve(p.name[:-5]) for p in timed if not p.name.startswith("base.")}
+curves = {k: v for k, v in curves.items() if v}
+(r / "curves.json").write_text(json.dumps({k: {str(s): x for s, x in v.items()} for k, v in curves.items()}, indent=1) + "\n")
+if curves:
+    names = list(curves)
+    print(f"\nloss curves (metrics.jsonl; {r / 'curves.json'})")
+    print(f"{'step':>5} " + " ".join(f"{n:>10}" for n in names))
+    for st in sorted(set().union(*curves.values())):
+        print(f"{st:>5} " + " ".join(f"{curves[n][st]:>10.4f}" if st in curves[n] else f"{'-':>10}" for n in names))
 for p in sorted(r.glob("prof-*.json")):
     s = load(p).get("summary") or {}
     pr = s.get("profile") or {}

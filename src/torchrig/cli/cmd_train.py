@@ -16,6 +16,7 @@ examples:
   torchrig train --model resnet --size resnet18 --data ./images --micro-batch 128
   torchrig train --model gpt --data tokens.bin --size mini           # a uint16 token file (nanoGPT's .bin)
   torchrig train --gpus 2 --size small --compile --steps 60 --profile-steps 5   # where the step time goes
+  torchrig train --size small --compile --precision fp8 --fp8-recipe tensorwise  # torchao float8 (sm_89+)
 
 outputs under --out: run.json (the run's id), metrics.jsonl, tensorboard/, checkpoints/step-N/ (+ latest),
 summary.json, profile/rankR.trace.json.gz (with --profile-steps; open in Perfetto or chrome://tracing).
@@ -102,7 +103,8 @@ class TrainReport:
             rate, mfu = s.get(f"{unit}_per_s"), s.get("mfu")
             lines.append(
                 f"trained {s['steps']} steps on {s['world_size']} rank(s) ({s['parallel']}, {s['precision']}"
-                f"{', compiled' if s['compile'] else ''}): final loss {s['final_loss']:.4f}"
+                + (f" {s['fp8']['recipe']}: {s['fp8']['layers']} Linear layers" if s.get("fp8") else "")
+                + f"{', compiled' if s['compile'] else ''}): final loss {s['final_loss']:.4f}"
                 + (f", {rate:,.0f} {unit}/s" if rate else "")
                 + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
             )
@@ -164,6 +166,10 @@ def run(args: argparse.Namespace) -> TrainReport:
                 f"{flag} must be {least} or more, got {value}", hint="see 'torchrig train --help'"
             )
     _check_out(Path(cfg.out))
+    if cfg.precision == "fp8":  # before any rank starts (the ranks check the GPU's compute capability)
+        from torchrig.train.fp8 import require_torchao
+
+        require_torchao()
     from torchrig.train.rundir import plan_start
 
     # refused here, before any rank starts: a run folder that holds another run, --resume with nothing there

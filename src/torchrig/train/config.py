@@ -10,6 +10,7 @@ from importlib import resources
 from typing import Any
 
 from torchrig.errors import UsageError
+from torchrig.train.fp8 import RECIPES as FP8_RECIPES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,7 +19,7 @@ else:  # pragma: no cover
 
 MODELS = ("gpt", "resnet")
 PARALLEL = ("auto", "ddp", "fsdp", "none")
-PRECISION = ("auto", "bf16", "fp16", "fp32")
+PRECISION = ("auto", "bf16", "fp16", "fp32", "fp8")  # fp8: torchao float8 Linear layers + bf16 (train/fp8.py)
 DEVICES = ("auto", "cuda", "cpu")
 DDP_COMPILE = ("inner", "outer")
 DDP_COMM_HOOKS = ("none", "bf16")
@@ -61,6 +62,7 @@ class TrainConfig:
     clip_grad: float = 1.0  # 0: no clipping
     parallel: str = "auto"
     precision: str = "auto"
+    fp8_recipe: str = "rowwise"  # with --precision fp8: torchao's scaling recipe (train/fp8.py)
     compile: bool = False
     # auto: reduce-overhead (CUDA graphs, no host time between the step's kernels) on GPUs without FSDP;
     # measured 1.3 % faster than default on 1x H200, same losses (docs/results/training-speed.md)
@@ -123,6 +125,7 @@ class TrainConfig:
             ("compile_mode", COMPILE_MODES),
             ("attention", ATTENTION),
             ("loss", LOSSES),
+            ("fp8_recipe", FP8_RECIPES),
         ):
             if getattr(self, name) not in allowed:
                 raise UsageError(
@@ -154,6 +157,22 @@ class TrainConfig:
             raise UsageError(
                 "--ddp-comm-hook bf16 needs GPUs (PyTorch's bf16 hook runs on NCCL only)",
                 hint="leave --ddp-comm-hook none with --device cpu",
+            )
+        if self.precision == "fp8" and self.device == "cpu":
+            raise UsageError(
+                "--precision fp8 needs a CUDA GPU with fp8 tensor cores (compute capability 8.9 or newer)",
+                hint="use --precision bf16 on the CPU",
+            )
+        if self.precision == "fp8" and self.model != "gpt":
+            raise UsageError(
+                f"--precision fp8 converts a model's Linear layers to float8; --model {self.model} has none "
+                "to convert (its convolutions and classifier stay bf16)",
+                hint="use --precision bf16",
+            )
+        if self.fp8_recipe != "rowwise" and self.precision != "fp8":
+            raise UsageError(
+                f"--fp8-recipe {self.fp8_recipe} applies only with --precision fp8",
+                hint="add --precision fp8, or leave --fp8-recipe out",
             )
         if self.profile_steps and self.profile_steps >= self.steps:
             raise UsageError(

@@ -7,6 +7,7 @@ each rank) or call :func:`train` with a :class:`~torchrig.train.config.TrainConf
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -236,6 +237,9 @@ class Job:
     watch: GpuWatch | None = None  # this rank's GPU clocks and power (NVML); None on CPU or without NVML
     run_id: str = ""  # this run's id (OUT/run.json; every checkpoint's meta.json)
     late: LateGrads | None = None  # DDP only: gradients all-reduced outside DDP (--ddp-overlap-embeddings)
+    fp8_layers: list[str] = dataclasses.field(
+        default_factory=list
+    )  # --precision fp8: the Float8Linear layers
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -266,9 +270,11 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     if setup.fused_loss(cfg, rt):
         model.fused_loss = True  # type: ignore[assignment,unused-ignore]  # only with torch installed
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
+    fp8_layers = setup.low_precision(model, rt, cfg)  # --precision fp8: Float8Linear layers, same parameters
     late = outside_ddp(model, rt, cfg)
     run_model = wrap(model, rt, cfg, late)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.precision)
+    # fp8: the float8 Linear layers cast their own inputs; everything else runs under bf16 autocast
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(rt.precision)
     gpt = cfg.model == "gpt"
     return Job(
         cfg=cfg,
@@ -288,6 +294,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
         out=Path(cfg.out),
         root=Path(cfg.out) / "checkpoints",
         late=LateGrads.for_backend(late) if late else None,
+        fp8_layers=fp8_layers,
     )
 
 
@@ -439,6 +446,9 @@ def _finish(
         "compile_mode": setup.compile_mode(cfg, rt) if cfg.compile else None,
         "attention": cfg.attention,
         "loss": ("fused" if setup.fused_loss(cfg, rt) else "plain") if cfg.model == "gpt" else None,
+        "fp8": {"recipe": cfg.fp8_recipe, "layers": len(job.fp8_layers), "torchao": _torchao_version()}
+        if rt.precision == "fp8"
+        else None,
         "ddp": {
             "compile": cfg.ddp_compile,
             "bucket_mb": cfg.ddp_bucket_mb,
@@ -471,6 +481,12 @@ def _finish(
         (job.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     metrics.close()
     return summary
+
+
+def _torchao_version() -> str | None:
+    from torchrig.train.fp8 import torchao_version
+
+    return torchao_version()
 
 
 def _log(

@@ -16,6 +16,10 @@ def peak_tflops(device_name: str | None, precision: str, override: float | None)
         return override, "--peak-tflops"
     if not device_name:
         return None, "unknown (CPU; give --peak-tflops)"
+    if precision == "fp8":
+        # Against the bf16 peak, so an fp8 run's MFU compares with a bf16 run's on the same model (only the
+        # Linear layers run in fp8), as torchtitan counts its float8 runs (tools/utils.py: get_peak_flops).
+        precision = "bf16"
     try:
         from torchrig.compat import load_kb
 

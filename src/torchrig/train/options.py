@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from torchrig.argtypes import INT64, MAX_COUNT, MAX_SEED, float_in, int_in
+from torchrig.train.fp8 import TORCHAO_VERSION as _FP8_TORCHAO
 
 TEST_HOOK_PREFIX = "test_"  # TrainConfig fields for torchrig's own tests: accepted, never listed in --help
 
@@ -24,7 +25,11 @@ _HELP = {
     "grad_accum": "micro-steps per optimizer step (1)",
     "steps": "optimizer steps in total (100)",
     "parallel": "auto (ddp with several ranks), ddp, fsdp, none",
-    "precision": "auto (bf16 on GPU), bf16, fp16, fp32",
+    "precision": "auto (bf16 on GPU), bf16, fp16, fp32, or fp8: torchao's float8 training for the Linear "
+    "layers (bf16 for the rest; a GPU of compute capability 8.9+ and torchao "
+    f"{_FP8_TORCHAO}), e.g. --precision fp8 --compile",
+    "fp8_recipe": "with --precision fp8: rowwise (the default: a scale per row), tensorwise (one scale per "
+    "tensor, fastest) or rowwise_with_gw_hp (weight gradient in bf16, most accurate)",
     "compile": "torch.compile the model",
     "compile_mode": "torch.compile mode with --compile: auto (reduce-overhead on GPUs without FSDP, else default), default, reduce-overhead (CUDA graphs: less host time "
     "per step), max-autotune, max-autotune-no-cudagraphs",

@@ -21,7 +21,7 @@ class Runtime:
     local_rank: int
     world: int
     device: torch.device
-    precision: str  # "bf16", "fp16" or "fp32"
+    precision: str  # "bf16", "fp16", "fp32" or "fp8" (float8 Linear layers, bf16 autocast for the rest)
     parallel: str  # "ddp", "fsdp" or "none"
     restart: int  # torchelastic's restart count (0 on the first attempt)
 
@@ -46,6 +46,13 @@ def init(cfg: TrainConfig) -> Runtime:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         _attention_backend(cfg.attention)
+    if cfg.precision == "fp8":  # refused before joining the process group: nothing to tear down
+        from torchrig.train import fp8
+
+        capability = torch.cuda.get_device_capability(device) if want_cuda else None
+        err = fp8.problem(device.type, capability, fp8.torchao_version())
+        if err is not None:
+            raise err
     if cfg.compile and cfg.compile_tuning:
         import torch._inductor.config as inductor_config
 
@@ -80,6 +87,22 @@ def init(cfg: TrainConfig) -> Runtime:
         parallel,
         int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
+
+
+def low_precision(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> list[str]:
+    """``--precision fp8``: swap the qualifying Linear layers for torchao's Float8Linear, in place, before
+    ``wrap`` compiles and wraps the model (torchao and torchtitan convert first). The parameters keep their
+    names and fp32 values, so checkpoints and the optimizer see the same model. Returns the converted layers'
+    names ([] for other precisions).
+
+    Under FSDP2 the parameters are all-gathered in fp32 and cast to fp8 per layer (torchao's default,
+    ``enable_fsdp_float8_all_gather=False``; torchtitan's rowwise recipes communicate in high precision too).
+    """
+    if rt.precision != "fp8":
+        return []
+    from torchrig.train import fp8
+
+    return fp8.convert(model, cfg.fp8_recipe, compiled=cfg.compile)
 
 
 def outside_ddp(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> list[nn.Parameter]:
