@@ -114,6 +114,9 @@ def _render_result(r: Any) -> list[str]:
             f"job cancelled after {r.elapsed_s:.1f} s: {r.stop_reason}; torchrun and the ranks stopped"
         )
         out.append(logs)
+    elif r.stopped_by == "preflight":
+        out.append(f"job stopped after {r.elapsed_s:.1f} s: {r.stop_reason}")
+        out.append(logs)
     elif r.exit_code == 0:
         out.append(f"job finished in {r.elapsed_s:.1f} s ({r.attempts} attempt(s)); logs: {r.run_dir}")
     elif r.summary is not None:

@@ -419,8 +419,11 @@ def _result(
     codes = logs.exit_codes_by_pid(agent_text)
     closed = logs.closed_by_agent(agent_text)
     att = logs.attempts(run_dir) if run_dir else []
-    hung = stopped is not None
-    rdzv_failed = code != 0 and not hung and RDZV_TIMEOUT in agent_text
+    # A job stopped because the pre-flight beside it failed did nothing wrong itself: the finding is the cause,
+    # not a hang of its ranks (no summary of them, as for a cancelled job).
+    by_preflight = stopped is not None and stopped.by == "preflight"
+    hung = stopped is not None and not by_preflight
+    rdzv_failed = code != 0 and stopped is None and RDZV_TIMEOUT in agent_text
     earlier = []
     # After a rendezvous timeout the last attempt's ranks are gone too: its failure is history as well.
     for a in att if rdzv_failed else att[:-1]:
@@ -431,6 +434,8 @@ def _result(
     if rdzv_failed:
         first = earlier[-1].headline if earlier else None
         summary = rendezvous_timeout(agent_text, plan.nnodes, len(att), first)
+    elif by_preflight:
+        pass
     elif att and stopped is not None:
         ranks = [
             replace(r, state="T") if r.pid in stopped.stopped_pids else r
@@ -446,7 +451,7 @@ def _result(
     elif att and code != 0:
         summary = summarize_failure(logs.read_attempt(att[-1], codes, closed), int(att[-1].name[8:]))
     return LaunchResult(
-        exit_code=1 if hung and code == 0 else code,
+        exit_code=1 if stopped is not None and code == 0 else code,
         attempts=len(att),
         hung=hung,
         elapsed_s=round(elapsed_s, 2),
