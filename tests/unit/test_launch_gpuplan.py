@@ -66,7 +66,6 @@ def host(monkeypatch, tmp_path):
 CASES = {
     "h200x1-recorded-healthy": (1, Severity.OK),
     "h200x2-driver580-cu130": (2, Severity.OK),
-    "mixed-architectures-h200-a100": (2, Severity.OK),
     "h200x1-recorded-cuda-visible-devices-0-7": (1, Severity.OK),  # CUDA stops at 7: one GPU
     "p2p-blocked-by-acs-h200x2": (2, Severity.OK),  # NVML's "no P2P" is torch's too
     "torch-cpu-build-h200": (1, Severity.ERROR),
@@ -126,6 +125,20 @@ def test_mig_is_asked_of_torch_before_the_job(host, monkeypatch):
     )
     answer = probe.gpu_answer()
     assert asked == [1] and not answer.unconfirmed and answer.gpus.count == 0
+
+
+def test_gpus_of_two_kinds_are_asked_of_torch_unless_cuda_orders_them_as_nvml(host, monkeypatch):
+    """CUDA's default order puts the fastest GPU first; only CUDA_DEVICE_ORDER=PCI_BUS_ID is NVML's order."""
+    case = "mixed-architectures-h200-a100"
+    host(case)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setattr(probe, "probe_gpus", lambda *a, **k: torch_said(case))
+    assert not probe.gpu_answer().unconfirmed
+    monkeypatch.setenv(
+        "CUDA_DEVICE_ORDER", "PCI_BUS_ID"
+    )  # another order: torch's kept answer is not this one
+    answer = probe.gpu_answer()
+    assert answer.unconfirmed and answer.gpus == torch_said(case)
 
 
 def test_without_nvml_torch_is_asked_before_the_job_as_before(host, monkeypatch):

@@ -29,6 +29,9 @@ from torchrig.launch.probe import GpuProbe, visible_ids
 # NCCL asks CUDA the same question before it uses P2P for a pair (p2pCanConnect calls cudaDeviceCanAccessPeer
 # and picks another transport when it says no), so a pair torch finds without P2P after the job started on
 # NVML's "yes" costs bandwidth, not a hang: a warning, and the next launch sets NCCL_P2P_DISABLE itself.
+CUDA_ORDER_SOURCE = (
+    "https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/environment-variables.html"
+)
 NCCL_P2P_CHECK = "https://github.com/NVIDIA/nccl/blob/master/src/transport/p2p.cc (p2pCanConnect)"
 
 
@@ -37,9 +40,13 @@ def cuda_order(gpus: tuple[NvmlIdentity, ...], env: Mapping[str, str]) -> tuple[
 
     ``CUDA_VISIBLE_DEVICES`` is read as CUDA reads it (left to right, up to the first entry that names no
     GPU; indices or UUID prefixes). A GPU in MIG mode makes CUDA enumerate its instances instead: NVML's
-    list of whole GPUs is then not what CUDA sees, and the caller asks torch.
+    list of whole GPUs is then not what CUDA sees, and the caller asks torch. So does a host with GPUs of more
+    than one kind: unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML's order), CUDA puts the fastest first
+    (``FASTEST_FIRST``, its default; CUDA_ORDER_SOURCE).
     """
     if any(g.mig_mode for g in gpus):
+        return None
+    if len({g.name for g in gpus}) > 1 and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
         return None
     value = env.get("CUDA_VISIBLE_DEVICES")
     if value is None:

@@ -66,8 +66,8 @@ def _cache_path() -> str:
 
 def probe_key() -> dict[str, object]:
     """What the GPU probe's answer depends on, read without CUDA: the interpreter and its torch, the driver
-    (``/proc/driver/nvidia/version``), the GPU device nodes and the visibility variables. Any change to one
-    of them probes again."""
+    (``/proc/driver/nvidia/version``), the GPU device nodes, and the variables that choose and order the GPUs
+    CUDA sees. Any change to one of them probes again."""
     try:
         with open("/proc/driver/nvidia/version") as f:
             driver: str | None = f.read()
@@ -79,7 +79,10 @@ def probe_key() -> dict[str, object]:
         "torch": torch_version(),
         "driver": driver,
         "devices": nodes,
-        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")},
+        "env": {
+            k: os.environ.get(k)
+            for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+        },
     }
 
 
