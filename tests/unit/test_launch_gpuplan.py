@@ -231,6 +231,29 @@ def test_a_failed_check_beside_the_job_stops_it_and_skips_the_rest():
     assert found[1].summary == "skipped: an earlier pre-flight check failed"
 
 
+def test_a_check_not_started_when_the_job_ends_is_not_started():
+    import threading
+
+    release, ran = threading.Event(), []
+
+    def slow() -> Finding:
+        release.wait(10)
+        return Finding("cuda", Severity.OK, "torch can use the GPUs")
+
+    checks = [
+        run.Check("cuda", slow),
+        run.Check("process-group", lambda: ran.append(1) or pytest.fail("ran")),
+    ]
+    side = run._Beside(checks, lambda _line: None)
+    side.job_ended()
+    release.set()
+    found = side.wait()
+    assert ran == [] and [(f.id, f.severity) for f in found] == [
+        ("cuda", Severity.OK),  # the check under way finishes: its answer is kept for the next launch
+        ("process-group", Severity.INFO),
+    ]
+
+
 def test_a_check_that_raises_is_a_warning_not_a_stop():
     def boom() -> Finding:
         raise OSError("no such file")

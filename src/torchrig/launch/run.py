@@ -238,6 +238,7 @@ def launch(
     checks.append(Check("process-group", lambda: pf.check_process_group(plan, preflight_timeout_s)))
     side = _Beside(checks, say)
     result = execute(plan, abort=side.failure)
+    side.job_ended()
     findings += side.wait()
     return LaunchReport(plan, tuple(findings), result, False)
 
@@ -253,17 +254,23 @@ class Check:
 class _Beside:
     """Pre-flight checks in a thread of their own, one after the other, while the job starts. After an error
     the later checks are skipped: they would fail for the same cause (the process group needs the GPUs torch
-    could not use)."""
+    could not use). Once the job has ended, a check not yet started is not started."""
 
     def __init__(self, checks: list[Check], say: Progress) -> None:
         self._checks = checks
         self._found: list[Finding] = []
         self._say = say
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def job_ended(self) -> None:
+        self._ended.set()
+
     def _run(self) -> None:
         for check in self._checks:
+            if self._ended.is_set():
+                return
             try:
                 found = check.run()
             except Exception as e:  # a check must never take the job down with it
@@ -286,17 +293,15 @@ class _Beside:
         self._thread.join()
         done = {f.id for f in self._found}
         skipped = [c.id for c in self._checks if c.id not in done]
-        failed = self.failure() is not None
-        return self._found + [
-            Finding(
-                i,
-                Severity.WARNING,
-                "skipped: an earlier pre-flight check failed"
-                if failed
-                else f"the pre-flight {i} check gave no answer",
-            )
-            for i in skipped
-        ]
+
+        def why(i: str) -> Finding:
+            if self.failure() is not None:
+                return Finding(i, Severity.WARNING, "skipped: an earlier pre-flight check failed")
+            if self._ended.is_set():
+                return Finding(i, Severity.INFO, "not run: the job ended before it was due")
+            return Finding(i, Severity.WARNING, f"the pre-flight {i} check gave no answer")
+
+        return self._found + [why(i) for i in skipped]
 
 
 def _module_exists(name: str) -> bool:
