@@ -274,3 +274,24 @@ def test_the_real_torch_probe_on_this_cpu_host_stops_a_plan_on_gpus(host, monkey
         pytest.skip("this host's torch can use a GPU")
     assert f.severity is Severity.ERROR and "sees no CUDA device" in f.summary
     assert probe.cached(answer.key) is None
+
+
+def test_the_checks_beside_the_job_start_once_every_rank_is_about_to_run_the_script():
+    """The shims' header lines, as torchrun tees them, say when; until then the checks wait (they would
+    compete with the job's start-up for the CPU)."""
+    import threading
+
+    from torchrig.launch.supervise import _Started
+
+    began = threading.Event()
+    side = run._Beside(
+        [run.Check("cuda", lambda: began.set() or Finding("cuda", Severity.OK, "ok"))], lambda _l: None, 30.0
+    )
+    started = _Started(2, side.ranks_started)
+    started.saw("[default1]:torchrig-worker: rank=1 local_rank=1 world_size=2 restart=0 pid=7 host=h\n")
+    started.saw("[default1]:torchrig-worker: rank=1 local_rank=1 world_size=2 restart=0 pid=7 host=h\n")
+    started.saw("[default0]:first-line 1764000000.0\n")
+    assert not began.wait(0.5)  # rank 0's shim has not said so yet
+    started.saw("[default0]:torchrig-worker: rank=0 local_rank=0 world_size=2 restart=0 pid=6 host=h\n")
+    assert began.wait(5)
+    assert [f.severity for f in side.wait()] == [Severity.OK]

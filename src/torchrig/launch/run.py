@@ -23,6 +23,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,8 +237,10 @@ def launch(
         )
     say(f"pre-flight process-group: all_reduce on {plan.world_size} rank(s), beside the job")
     checks.append(Check("process-group", lambda: pf.check_process_group(plan, preflight_timeout_s)))
-    side = _Beside(checks, say)
-    result = execute(plan, abort=side.failure)
+    # The checks start once the job's ranks are about to run the script: started with the job, they compete
+    # with its start-up for the CPU (on a 2-core machine the script's first line came up to 2 s later).
+    side = _Beside(checks, say, RANKS_UP_WAIT_S)
+    result = execute(plan, abort=side.failure, started=side.ranks_started)
     side.job_ended()
     findings += side.wait()
     return LaunchReport(plan, tuple(findings), result, False)
@@ -251,23 +254,36 @@ class Check:
     run: Callable[[], Finding]
 
 
+RANKS_UP_WAIT_S = 60.0  # the checks beside the job start by then even if no rank has reported
+
+
 class _Beside:
     """Pre-flight checks in a thread of their own, one after the other, while the job starts. After an error
     the later checks are skipped: they would fail for the same cause (the process group needs the GPUs torch
-    could not use). Once the job has ended, a check not yet started is not started."""
+    could not use). With ``ranks_up_wait_s``, the first check waits until the job's ranks are about to run
+    the script (``ranks_started``), at most that long. Once the job has ended, a check not yet started is not
+    started."""
 
-    def __init__(self, checks: list[Check], say: Progress) -> None:
+    def __init__(self, checks: list[Check], say: Progress, ranks_up_wait_s: float = 0.0) -> None:
         self._checks = checks
         self._found: list[Finding] = []
         self._say = say
         self._ended = threading.Event()
+        self._up = threading.Event()
+        self._wait_s = ranks_up_wait_s
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def ranks_started(self) -> None:
+        self._up.set()
 
     def job_ended(self) -> None:
         self._ended.set()
 
     def _run(self) -> None:
+        deadline = time.monotonic() + self._wait_s
+        while not (self._up.is_set() or self._ended.is_set()) and time.monotonic() < deadline:
+            self._up.wait(0.05)
         for check in self._checks:
             if self._ended.is_set():
                 return

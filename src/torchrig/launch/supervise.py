@@ -67,13 +67,39 @@ class Stop:
 _RANK_LINE = re.compile(r"^\[(?:rank|default)\d+\]:")  # torchrun's tee prefix of a rank's own line
 
 
-def _pump(stream, sink, keep: collections.deque) -> None:
+_HEADER_LINE = re.compile(
+    r"^\[(?:rank|default)(\d+)\]:torchrig-worker: rank="
+)  # a rank's shim is about to run the script
+
+
+class _Started:
+    """Calls ``then`` once every local rank's shim has printed its header (the script starts next)."""
+
+    def __init__(self, nproc: int, then: Callable[[], None] | None) -> None:
+        self._left, self._then, self._lock = set(range(nproc)), then, threading.Lock()
+
+    def saw(self, line: str) -> None:
+        m = _HEADER_LINE.match(line) if self._then is not None and self._left else None
+        if m is None:
+            return
+        with self._lock:
+            self._left.discard(int(m[1]))
+            done, then = not self._left, self._then
+            if done:
+                self._then = None
+        if done and then is not None:
+            then()
+
+
+def _pump(stream, sink, keep: collections.deque, started: _Started | None = None) -> None:
     """Copy torchrun's output to ``sink`` and ``keep``. Once torchrun prints its own traceback (the
     ChildFailedError and its report, which name the shim, not the script), its lines go to the log only; the
     ranks' own lines still reach the console. torchrig's summary says what failed."""
     own_report = False
     for line in iter(stream.readline, ""):
         keep.append(line)
+        if started is not None:
+            started.saw(line)
         if not _RANK_LINE.match(line) and line.startswith("Traceback (most recent call last):"):
             own_report = True
         if own_report and not _RANK_LINE.match(line):
@@ -262,9 +288,11 @@ def execute(
     wall_timeout_s: float | None = None,
     echo=sys.stderr,
     abort: Callable[[], str | None] | None = None,
+    started: Callable[[], None] | None = None,
 ) -> LaunchResult:
     """Run the plan to the end; returns what happened. Output of torchrun and the ranks goes to ``echo``.
-    ``abort``, polled while the job runs, returns a reason to stop it (the pre-flight beside it failed)."""
+    ``abort``, polled while the job runs, returns a reason to stop it (the pre-flight beside it failed);
+    ``started`` is called once every local rank of the first attempt is about to run the script."""
     log_dir = Path(plan.log_dir).absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -273,8 +301,9 @@ def execute(
     # a bounded stop, and no rank left behind.
     proc = guard.start(plan.argv, env=env, stderr=subprocess.PIPE)
     agent_out: collections.deque[str] = collections.deque(maxlen=5000)
+    ranks_up = _Started(plan.nproc_per_node, started)
     pumps = [
-        threading.Thread(target=_pump, args=(s, echo, agent_out), daemon=True)
+        threading.Thread(target=_pump, args=(s, echo, agent_out, ranks_up), daemon=True)
         for s in (proc.stdout, proc.stderr)
     ]
     for t in pumps:
