@@ -7,9 +7,10 @@
 
 Steps: the plan for this host (``plan_for``: GPUs, ports, every path absolute), the quick pre-flight checks
 (GPUs, port, P2P), then the job. The process-group check (a real all_reduce on every rank) runs *beside* the
-job on a node of its own, through a second torchrun on another port, so the script's first line runs as
-soon as under plain torchrun; when it fails, the job is stopped and the report says why. With several nodes
-it runs before the job, as the nodes share one rendezvous port.
+job on a node of its own, through a second torchrun on another port, starting once every rank's shim is
+about to run the script, so the script's first line runs about as soon as under plain torchrun; when it
+fails, the job is stopped and the report says why. With several nodes it runs before the job, as the nodes
+share one rendezvous port.
 
 The GPUs come from torch's probe (``probe.probe_gpus_cached``) when its answer is cached. Otherwise, on one
 node with the pre-flight on, NVML answers for the plan in milliseconds and the torch probe becomes the
