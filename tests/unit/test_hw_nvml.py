@@ -368,3 +368,18 @@ def test_processes_carry_sm_use_and_a_graphics_one_is_listed_once(monkeypatch):
         (12, "graphics", 9, None),
     ]
     assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_width_max) == (1, 5, 16, 16)
+
+
+@pytest.mark.parametrize(
+    "case", ["h200x2-driver580-cu130", "mig-enabled-no-instances-h200", "mixed-architectures-h200-a100"]
+)
+def test_identities_are_the_cheap_part_of_the_devices(monkeypatch, case):
+    """What ``torchrig launch`` plans with before CUDA is touched: the same index, UUID, name and MIG mode as
+    the full device records, from four queries a GPU."""
+    monkeypatch.setitem(sys.modules, "pynvml", replay(recorded(case)))
+    with nvml.session() as gpus:
+        ids, devices = gpus.identities(), gpus.devices()
+    assert [(i.index, i.uuid, i.name, i.mig_mode) for i in ids] == [
+        (d.index, d.uuid, d.name, d.mig_mode) for d in devices
+    ]
+    assert [i.name for i in ids] == [g["name"] for g in recorded(case)["gpus"]]
