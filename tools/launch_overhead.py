@@ -6,7 +6,11 @@ Each round runs tests/fixtures/launch/first_line.py under plain ``python -m torc
 ``torchrig launch`` (with the pre-flight, as users run it), alternating, and reads the wall-clock time of the
 script's first line from its output: "first line" is that time minus the start of the command, "ready" the
 time after init_process_group and one all_reduce. torchrig runs twice per round: "cold" with an empty cache
-(the first launch on a host, which probes the GPUs) and "warm" (the probe's answer reused).
+(a fresh TORCHRIG_CACHE_DIR: the first launch on a host; with NVML it plans from NVML and torch checks the
+plan beside the job, without NVML torch is probed before the job) and "warm" (the answer the cold run kept).
+Each row says whether the GPU probe's cache file existed before the run ("cache_before") and what the
+``cuda`` check beside the job found ("cuda_check": ok, warning, error, or null where it did not run).
+With --cpu torchrig gets --cpu and never probes GPUs: cold and warm are then the same work.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def once(argv: list[str], env: dict[str, str]) -> dict[str, float | None]:
+def once(argv: list[str], env: dict[str, str]) -> dict[str, object]:
+    cache = Path(env.get("TORCHRIG_CACHE_DIR", "/nonexistent")) / "launch-gpu-probe.json"
+    cached = cache.exists()
     t0 = time.time()
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     out = r.stdout + r.stderr
     first = re.search(r"first-line (\d+\.\d+)", out)
     ready = re.search(r"ready (\d+\.\d+)", out)
+    check = re.search(r"pre-flight cuda: (ok|warning|error):", out)
     if r.returncode != 0 or not first:
         sys.stderr.write(out[-3000:])
     return {
@@ -44,6 +51,8 @@ def once(argv: list[str], env: dict[str, str]) -> dict[str, float | None]:
         "ready_s": round(float(ready[1]) - t0, 3) if ready else None,
         "total_s": round(time.time() - t0, 3),
         "rc": r.returncode,
+        "cache_before": cached,
+        "cuda_check": check[1] if check else None,
     }
 
 
@@ -70,6 +79,10 @@ def main() -> None:
             rig += [str(SCRIPT)]
             for name, argv in (("torchrun", plain), ("torchrig-cold", rig), ("torchrig-warm", rig)):
                 row = {"round": k, "launcher": name, **once(argv, {**env, "TORCHRIG_CACHE_DIR": cache})}
+                if name == "torchrig-cold" and row["cache_before"]:
+                    sys.exit(f"the cold run found a cache in {cache}: not a cold start")
+                if name == "torchrig-warm" and not a.cpu and not row["cache_before"]:
+                    sys.stderr.write("the cold run kept no GPU probe answer: this 'warm' run was cold too\n")
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     summary = {}

@@ -64,3 +64,37 @@ def test_a_hang_without_an_nccl_timeout_still_gets_the_flight_record_from_the_ra
         "flight"
     ]
     assert "never started on the GPU" in res["flight"]["headline"]
+
+
+def test_a_cold_launch_plans_from_nvml_torch_agrees_beside_the_job_and_the_next_launch_reuses_it(tmp_path):
+    """An empty cache: the plan comes from NVML, the job starts, torch's probe beside it agrees (the ``cuda``
+    finding is ok) and its answer is kept; the next launch plans from that answer and runs no ``cuda`` check.
+    The plan is the same both times."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("pynvml")
+    script = Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "first_line.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_PORT")}
+    env["TORCHRIG_CACHE_DIR"] = str(tmp_path / "cache")
+    reports = []
+    for run in ("cold", "warm"):
+        r = subprocess.run(
+            [sys.executable, "-m", "torchrig", "--json", "launch", "--gpus", "1", "--log-dir", str(tmp_path / run),
+             str(script)],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        reports.append(json.loads(r.stdout))
+    cold, warm = ({f["id"]: f for f in rep["preflight"]} for rep in reports)
+    assert cold["cuda"]["severity"] == "ok", cold["cuda"]
+    assert cold["cuda"]["summary"].startswith(f"torch {torch.__version__} can use the 1 GPU(s) NVML listed")
+    assert "cuda" not in warm and warm["process-group"]["severity"] == "ok"
+    assert (tmp_path / "cache" / "launch-gpu-probe.json").exists()
+    assert cold["gpus"]["summary"] == warm["gpus"]["summary"]
+    plans = [
+        {k: v for k, v in rep["plan"]["env"].items() if str(tmp_path / run) not in v}  # its own log folder
+        for rep, run in zip(reports, ("cold", "warm"), strict=True)
+    ]
+    assert plans[0] == plans[1]  # NVML's plan is the one torch's answer gives

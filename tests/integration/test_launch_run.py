@@ -198,3 +198,63 @@ def test_a_signal_to_the_launcher_cancels_the_job_with_a_summary(tmp_path, sig, 
             assert Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z", (
                 f"rank pid {pid} still runs"
             )
+
+
+def test_gpus_torch_cannot_use_stop_the_job_that_started_on_nvmls_word(tmp_path):
+    """No cached GPU probe: the plan comes from NVML (the recorded 1x H200's answers, replayed at the pynvml
+    boundary in the launcher only) and the job starts at once; this host's torch, probed for real beside
+    it, cannot use that GPU, so the job is stopped with torch's finding, and nothing is cached."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host's torch can use a GPU: the finding would be ok")
+    pytest.importorskip("pynvml")  # the replay keeps pynvml's own constants and errors
+    tests = str(Path(__file__).resolve().parents[1])
+    script = tmp_path / "job.py"
+    script.write_text("import time\nprint('job started', flush=True)\ntime.sleep(300)\n")
+    launcher = (
+        f"import sys; sys.path.insert(0, {tests!r}); import nvmlreplay; "
+        "nvmlreplay.install('h200x1-driver580-cu130'); from torchrig.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "CUDA_VISIBLE_DEVICES")}
+    env["TORCHRIG_CACHE_DIR"] = str(tmp_path / "cache")
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            launcher,
+            "--json",
+            "launch",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert rep["plan"]["backend"] == "nccl" and rep["plan"]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    found = {f["id"]: f for f in rep["preflight"]}
+    assert list(found) == ["gpus", "port", "p2p", "cuda", "process-group"]
+    assert found["gpus"]["summary"] == "1 GPU(s) selected: 0 (NVIDIA H200)"
+    assert found["cuda"]["severity"] == "error"
+    assert re.fullmatch(
+        r"torch \S+ sees no CUDA device( \(a CPU build\))?; the job was given GPU\(s\) 0",
+        found["cuda"]["summary"],
+    )
+    assert found["process-group"]["summary"] == "skipped: an earlier pre-flight check failed"
+    res = rep["result"]
+    assert (
+        res["stopped_by"] == "preflight" and not res["hung"] and res["summary"] is None
+    )  # not the job's fault
+    assert "the pre-flight cuda check failed beside the job" in res["stop_reason"]
+    run_dir = Path(res["run_dir"])
+    assert "job started" in (run_dir / "attempt_0" / "0" / "stdout.log").read_text()  # it ran beside
+    assert not (tmp_path / "cache" / "launch-gpu-probe.json").exists()  # the next launch checks again
+    assert took < 120, took
+    assert "pre-flight cuda: error: torch" in r.stderr

@@ -3,8 +3,9 @@
 torchrig launch builds a plan (torchrun argv, environment, per-rank devices), runs pre-flight checks
 (GPUs visible, rendezvous port free, P2P between the chosen GPUs) and runs the plan with
 torch.distributed.run; on one node the last check (every rank creates a process group and finishes an
-all_reduce) runs beside the job, which it stops if the check fails. Each rank logs to its own files under
---log-dir (output.log: stdout and stderr merged in the order written, timestamped). When a rank fails, the
+all_reduce) runs beside the job, which it stops if the check fails. Where torch's view of the GPUs is not
+cached yet, the plan comes from NVML and torch checks it beside the job the same way. Each rank logs to its
+own files under --log-dir (output.log: stdout and stderr merged in the order written, timestamped). When a rank fails, the
 summary names it, the signal or exception, the script's FILE:LINE and its last lines. A job is stopped as
 hung only on evidence: a rank's NCCL watchdog logged a collective timeout and the job still runs
 --nccl-timeout-grace seconds later; a rank stopped by a signal for --stopped-grace seconds while another
@@ -120,7 +121,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int_in(1, MAX_SECONDS),
         default=60,
         metavar="S",
-        help="pre-flight all_reduce deadline (60)",
+        help="deadline of each pre-flight check beside the job: the all_reduce, torch's GPU check (60)",
     )
     r.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as python -m")
     parser.add_argument("script", help="the training script (or module with -m)")

@@ -10,6 +10,7 @@ and keep their own logic over the records it returns::
         with nvml.session() as gpus:          # nvmlInit ... nvmlShutdown
             system = gpus.system()            # nvidia-smi -q: Driver Version, CUDA Version
             devices = gpus.devices()          # nvidia-smi -L / -q, nvidia-smi nvlink -s, -q "Fabric"
+            names = gpus.identities()         # nvidia-smi -L: index, UUID, name, MIG mode (cheap)
             pairs = gpus.pairs()              # nvidia-smi topo -p2p r/w/n and topo -m
             now = gpus.sensors(gpus.index_of(uuid))  # nvidia-smi -q -d CLOCK,TEMPERATURE,POWER
     except nvml.NvmlError as err:             # err.kind: bindings/library missing, driver not loaded, ...
@@ -42,6 +43,7 @@ from torchrig.hw.nvml_records import (
     NvmlDevice,
     NvmlFabric,
     NvmlHealth,
+    NvmlIdentity,
     NvmlLink,
     NvmlMig,
     NvmlPair,
@@ -62,6 +64,7 @@ __all__ = [
     "NvmlErrorKind",
     "NvmlFabric",
     "NvmlHealth",
+    "NvmlIdentity",
     "NvmlLink",
     "NvmlMig",
     "NvmlPair",
@@ -230,6 +233,23 @@ class Nvml:
 
     def devices(self) -> tuple[NvmlDevice, ...]:
         return tuple(self._device(i, h) for i, h in enumerate(self._device_handles()))
+
+    def identities(self) -> tuple[NvmlIdentity, ...]:
+        """Each GPU's index, UUID, name and MIG mode: four queries a GPU, for a caller that must answer in
+        milliseconds (``torchrig launch`` plans with it before CUDA is touched)."""
+        nv = self._nv
+        out = []
+        for i, h in enumerate(self._device_handles()):
+            modes = _query(nv, "nvmlDeviceGetMigMode", h)
+            out.append(
+                NvmlIdentity(
+                    index=i,
+                    uuid=_query_text(nv, "nvmlDeviceGetUUID", h),
+                    name=_query_text(nv, "nvmlDeviceGetName", h),
+                    mig_mode=None if modes is None else bool(modes[0]),
+                )
+            )
+        return tuple(out)
 
     def _device(self, index: int, h: Any) -> NvmlDevice:
         nv = self._nv

@@ -87,6 +87,16 @@ class NvmlFabric:
 
 
 @dataclass(frozen=True)
+class NvmlIdentity:
+    """What a GPU is, without its health or links: the cheap part of :class:`NvmlDevice` (``nvidia-smi -L``)."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+    mig_mode: bool | None  # current MIG mode
+
+
+@dataclass(frozen=True)
 class NvmlDevice:
     """One GPU's identity, memory, MIG and links (``nvidia-smi --query-gpu=...``, ``-L``, ``nvlink -s``)."""
 

@@ -3,6 +3,8 @@
 - ``gpus``: the requested GPUs are visible (decided by ``plan.select_gpus``; reported here);
 - ``port``: node 0 can bind the rendezvous port;
 - ``p2p``: every pair of chosen GPUs can reach each other's memory, or NCCL is told not to use P2P;
+- ``cuda``: when the plan came from NVML (torch's answer was not cached), the ranks' torch can use the GPUs
+  it was given (``torchrig.launch.gpuplan.judge``); its answer is then kept for the next launch;
 - ``process-group``: every rank creates the process group and finishes one all_reduce in time, run through
   torchrun with the job's own topology (``torchrig.launch.pgprobe``).
 """
@@ -69,6 +71,18 @@ def check_p2p(plan: LaunchPlan) -> Finding:
         cause=s.reason,
         fix=("expect lower all_reduce bandwidth; check IOMMU/ACS settings ('torchrig doctor')",),
     )
+
+
+def check_cuda(plan: LaunchPlan, answer: probe.GpuAnswer, env: dict[str, str], timeout_s: float) -> Finding:
+    """Ask torch (``probe.probe_gpus``) what NVML answered for the plan, and judge the two; an answer that
+    does not stop the job is kept for the next launch, which then plans with torch's answer."""
+    from torchrig.launch.gpuplan import judge
+
+    found = probe.probe_gpus(timeout_s)
+    verdict = judge(answer.gpus, found, plan, env)
+    if verdict.severity is not Severity.ERROR:
+        probe.remember(answer.key, found)
+    return verdict
 
 
 def check_process_group(plan: LaunchPlan, timeout_s: int) -> Finding:

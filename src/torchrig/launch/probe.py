@@ -1,7 +1,9 @@
-"""Host adapters for the launcher: GPUs and P2P as torch sees them, a free port, the CPU count.
+"""Host adapters for the launcher: GPUs and P2P as torch and NVML see them, a free port, the CPU count.
 
-Each returns plain values; decisions are in ``plan`` and ``preflight``. The GPU probe runs torch in a
-subprocess with a timeout, so a wedged driver cannot hang ``torchrig launch`` itself.
+Each returns plain values; decisions are in ``plan``, ``gpuplan`` and ``preflight``. The GPU probe runs torch
+in a subprocess with a timeout, so a wedged driver cannot hang ``torchrig launch`` itself; its answer is
+cached (``probe_gpus_cached``). Without that answer, ``gpu_answer`` plans from NVML (milliseconds) and leaves
+the torch probe to run beside the job (``torchrig.launch.run``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair
 from torchrig.launch.plan import HostFacts
 
 _GPU_PROBE = """
@@ -63,14 +66,8 @@ def _cache_path() -> str:
 
 def probe_key() -> dict[str, object]:
     """What the GPU probe's answer depends on, read without CUDA: the interpreter and its torch, the driver
-    (``/proc/driver/nvidia/version``), the GPU device nodes and the visibility variables. Any change to one
-    of them probes again."""
-    from importlib import metadata
-
-    try:
-        torch_version: str | None = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch_version = None
+    (``/proc/driver/nvidia/version``), the GPU device nodes, and the variables that choose and order the GPUs
+    CUDA sees. Any change to one of them probes again."""
     try:
         with open("/proc/driver/nvidia/version") as f:
             driver: str | None = f.read()
@@ -79,21 +76,20 @@ def probe_key() -> dict[str, object]:
     nodes = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
     return {
         "python": sys.executable,
-        "torch": torch_version,
+        "torch": torch_version(),
         "driver": driver,
         "devices": nodes,
-        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")},
+        "env": {
+            k: os.environ.get(k)
+            for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+        },
     }
 
 
-def probe_gpus_cached(timeout_s: float = 60.0) -> GpuProbe:
-    """``probe_gpus``, answered from the last probe when nothing it depends on changed (``probe_key``): the
-    probe imports torch and initialises CUDA, seconds before every launch on a GPU host. Only successful
-    probes are kept."""
-    key = probe_key()
-    path = _cache_path()
+def cached(key: dict[str, object]) -> GpuProbe | None:
+    """The last probe's answer, if it was taken under ``key`` (``probe_key``); else None."""
     try:
-        with open(path) as f:
+        with open(_cache_path()) as f:
             saved = json.load(f)
         if saved.get("key") == key:
             g = saved["probe"]
@@ -105,17 +101,86 @@ def probe_gpus_cached(timeout_s: float = 60.0) -> GpuProbe:
             )
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    found = probe_gpus(timeout_s)
-    if found.error is None:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump({"key": key, "probe": dataclasses.asdict(found)}, f)
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only home: probe every time
+    return None
+
+
+def remember(key: dict[str, object], found: GpuProbe) -> None:
+    """Keep a successful probe's answer for the next launch under ``key``; a read-only home keeps nothing."""
+    if found.error is not None:
+        return
+    path = _cache_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"key": key, "probe": dataclasses.asdict(found)}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: probe every time
+
+
+def probe_gpus_cached(timeout_s: float = 60.0) -> GpuProbe:
+    """``probe_gpus``, answered from the last probe when nothing it depends on changed (``probe_key``): the
+    probe imports torch and initialises CUDA, seconds before every launch on a GPU host. Only successful
+    probes are kept."""
+    key = probe_key()
+    found = cached(key)
+    if found is None:
+        found = probe_gpus(timeout_s)
+        remember(key, found)
     return found
+
+
+def read_nvml() -> tuple[tuple[NvmlIdentity, ...], tuple[NvmlPair, ...]] | None:
+    """NVML's GPUs (``nvidia-smi -L``) and, with two or more, their P2P status (``nvidia-smi topo -p2p rw``);
+    None when NVML cannot be used (no nvidia-ml-py, no driver, ...): the caller asks torch instead."""
+    from torchrig.hw import nvml
+
+    try:
+        with nvml.session() as gpus:
+            found = gpus.identities()
+            return found, gpus.pairs() if len(found) > 1 else ()
+    except nvml.NvmlError:
+        return None
+
+
+def torch_version() -> str | None:
+    """The installed torch's version from its package metadata, without importing torch."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class GpuAnswer:
+    """The GPUs to plan with: torch's answer (probed or cached), or NVML's, which torch checks beside the job
+    (``unconfirmed``). ``key`` is what the answer depends on (``probe_key``), to keep torch's once it agrees."""
+
+    gpus: GpuProbe
+    unconfirmed: bool
+    key: dict[str, object]
+
+
+def gpu_answer(timeout_s: float = 60.0, *, nvml_first: bool = True) -> GpuAnswer:
+    """The cached torch answer; else (``nvml_first``) NVML's, when it can stand for CUDA's; else torch's,
+    probed now and kept."""
+    from torchrig.launch.gpuplan import from_nvml
+
+    key = probe_key()
+    found = cached(key)
+    if found is not None:
+        return GpuAnswer(found, False, key)
+    if nvml_first:
+        read = read_nvml()
+        fast = None if read is None else from_nvml(*read, dict(os.environ), torch_version())
+        if fast is not None:
+            return GpuAnswer(fast, True, key)
+    found = probe_gpus(timeout_s)
+    remember(key, found)
+    return GpuAnswer(found, False, key)
 
 
 def visible_ids(count: int, env: dict[str, str]) -> tuple[int, ...]:

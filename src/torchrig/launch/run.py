@@ -7,9 +7,15 @@
 
 Steps: the plan for this host (``plan_for``: GPUs, ports, every path absolute), the quick pre-flight checks
 (GPUs, port, P2P), then the job. The process-group check (a real all_reduce on every rank) runs *beside* the
-job on a node of its own, through a second torchrun on another port, so the script's first line runs as
-soon as under plain torchrun; when it fails, the job is stopped and the report says why. With several nodes
-it runs before the job, as the nodes share one rendezvous port.
+job on a node of its own, through a second torchrun on another port, starting once every rank's shim is
+about to run the script, so the script's first line runs about as soon as under plain torchrun; when it
+fails, the job is stopped and the report says why. With several nodes it runs before the job, as the nodes
+share one rendezvous port.
+
+The GPUs come from torch's probe (``probe.probe_gpus_cached``) when its answer is cached. Otherwise, on one
+node with the pre-flight on, NVML answers for the plan in milliseconds and the torch probe becomes the
+``cuda`` check, run beside the job before the process-group check (``gpuplan``): if torch cannot use the
+GPUs the job was given, the job is stopped with that finding; if it agrees, its answer is kept.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +116,9 @@ def _render_result(r: Any) -> list[str]:
             f"job cancelled after {r.elapsed_s:.1f} s: {r.stop_reason}; torchrun and the ranks stopped"
         )
         out.append(logs)
+    elif r.stopped_by == "preflight":
+        out.append(f"job stopped after {r.elapsed_s:.1f} s: {r.stop_reason}")
+        out.append(logs)
     elif r.exit_code == 0:
         out.append(f"job finished in {r.elapsed_s:.1f} s ({r.attempts} attempt(s)); logs: {r.run_dir}")
     elif r.summary is not None:
@@ -143,12 +153,24 @@ def beside(req: LaunchRequest) -> bool:
 
 def plan_for(req: LaunchRequest) -> tuple[LaunchPlan, tuple[str, ...]]:
     """The plan for this host, and the GPU names (probing CUDA only when GPUs may be used)."""
+    plan, names, _answer = _plan(req, nvml_first=False)
+    return plan, names
+
+
+def _plan(
+    req: LaunchRequest, *, nvml_first: bool
+) -> tuple[LaunchPlan, tuple[str, ...], probe.GpuAnswer | None]:
+    """``plan_for``, and the GPU answer it used when torch has yet to confirm it (``nvml_first``: NVML may
+    stand in for torch's probe when its answer is not cached)."""
     req = absolute(req)
-    gpu = None
+    answer = None
     if not req.cpu:
-        gpu = probe.probe_gpus_cached()
-        if gpu.error and req.gpus is not None:
-            raise UsageError(f"cannot see the GPUs: {gpu.error}", hint="run 'torchrig doctor', or use --cpu")
+        answer = probe.gpu_answer(nvml_first=nvml_first)
+        if answer.gpus.error and req.gpus is not None:
+            raise UsageError(
+                f"cannot see the GPUs: {answer.gpus.error}", hint="run 'torchrig doctor', or use --cpu"
+            )
+    gpu = answer.gpus if answer else None
     host = probe.host_facts(gpu)
     if gpu:
         # P2P pairs come back in torch's numbering; map them to the physical ids the plan uses.
@@ -158,7 +180,10 @@ def plan_for(req: LaunchRequest) -> tuple[LaunchPlan, tuple[str, ...]]:
     pre_port = probe.free_port() if beside(req) else None
     while pre_port is not None and pre_port == port:
         pre_port = probe.free_port()
-    return build_plan(req, host, free_port=port, preflight_port=pre_port), (gpu.names if gpu else ())
+    plan = build_plan(req, host, free_port=port, preflight_port=pre_port)
+    # Only a plan on GPUs needs torch's word: with no GPU, or none chosen, there is nothing to check.
+    pending = answer if answer and answer.unconfirmed and plan.backend == "nccl" else None
+    return plan, (gpu.names if gpu else ()), pending
 
 
 def _stderr(line: str) -> None:
@@ -177,7 +202,9 @@ def launch(
     from torchrig.launch.supervise import execute
 
     say = progress or (lambda _line: None)
-    plan, names = plan_for(req)
+    # NVML may stand in for torch's GPU probe where that probe can then run beside the job: one node, with
+    # the pre-flight on (it is one of its checks).
+    plan, names, pending = _plan(req, nvml_first=preflight and beside(req))
     if dry_run:
         return LaunchReport(plan, (), None, True)
     # Say so now, not after a rendezvous: every rank would fail the same way.
@@ -202,44 +229,96 @@ def launch(
         if found.severity is Severity.ERROR:
             return LaunchReport(plan, tuple(findings), None, False)
         return LaunchReport(plan, tuple(findings), execute(plan), False)
-    check = _Beside(plan, preflight_timeout_s, say)
+    checks: list[Check] = []
+    if pending is not None:
+        answer = pending
+        say("pre-flight cuda: the plan's GPUs came from NVML; torch checks them beside the job")
+        checks.append(
+            Check("cuda", lambda: pf.check_cuda(plan, answer, dict(os.environ), preflight_timeout_s))
+        )
     say(f"pre-flight process-group: all_reduce on {plan.world_size} rank(s), beside the job")
-    result = execute(plan, abort=check.failure)
-    findings.append(check.wait())
+    checks.append(Check("process-group", lambda: pf.check_process_group(plan, preflight_timeout_s)))
+    # The checks start once the job's ranks are about to run the script: started with the job, they compete
+    # with its start-up for the CPU (on a 2-core machine the script's first line came up to 2 s later).
+    side = _Beside(checks, say, RANKS_UP_WAIT_S)
+    result = execute(plan, abort=side.failure, started=side.ranks_started)
+    side.job_ended()
+    findings += side.wait()
     return LaunchReport(plan, tuple(findings), result, False)
 
 
-class _Beside:
-    """The process-group check in a thread of its own, while the job starts."""
+@dataclass(frozen=True)
+class Check:
+    """A pre-flight check that runs beside the job: its finding's id, and the call that returns it."""
 
-    def __init__(self, plan: LaunchPlan, timeout_s: int, say: Progress) -> None:
-        self._found: Finding | None = None
+    id: str
+    run: Callable[[], Finding]
+
+
+RANKS_UP_WAIT_S = 60.0  # the checks beside the job start by then even if no rank has reported
+
+
+class _Beside:
+    """Pre-flight checks in a thread of their own, one after the other, while the job starts. After an error
+    the later checks are skipped: they would fail for the same cause (the process group needs the GPUs torch
+    could not use). With ``ranks_up_wait_s``, the first check waits until the job's ranks are about to run
+    the script (``ranks_started``), at most that long. Once the job has ended, a check not yet started is not
+    started."""
+
+    def __init__(self, checks: list[Check], say: Progress, ranks_up_wait_s: float = 0.0) -> None:
+        self._checks = checks
+        self._found: list[Finding] = []
         self._say = say
-        self._thread = threading.Thread(target=self._run, args=(plan, timeout_s), daemon=True)
+        self._ended = threading.Event()
+        self._up = threading.Event()
+        self._wait_s = ranks_up_wait_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _run(self, plan: LaunchPlan, timeout_s: int) -> None:
-        try:
-            found = pf.check_process_group(plan, timeout_s)
-        except Exception as e:  # the check must never take the job down with it
-            found = Finding(
-                "process-group", Severity.WARNING, f"the pre-flight all_reduce could not run: {e}"
-            )
-        self._found = found
-        self._say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
+    def ranks_started(self) -> None:
+        self._up.set()
+
+    def job_ended(self) -> None:
+        self._ended.set()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self._wait_s
+        while not (self._up.is_set() or self._ended.is_set()) and time.monotonic() < deadline:
+            self._up.wait(0.05)
+        for check in self._checks:
+            if self._ended.is_set():
+                return
+            try:
+                found = check.run()
+            except Exception as e:  # a check must never take the job down with it
+                found = Finding(
+                    check.id, Severity.WARNING, f"the pre-flight {check.id} check could not run: {e}"
+                )
+            self._found.append(found)
+            self._say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
+            if found.severity is Severity.ERROR:
+                return
 
     def failure(self) -> str | None:
-        """Why the job must stop (the check failed), or None."""
-        f = self._found
-        if f is not None and f.severity is Severity.ERROR:
-            return f"the pre-flight process-group check failed beside the job: {f.summary}"
+        """Why the job must stop (a check failed), or None."""
+        f = next((f for f in list(self._found) if f.severity is Severity.ERROR), None)
+        if f is not None:
+            return f"the pre-flight {f.id} check failed beside the job: {f.summary}"
         return None
 
-    def wait(self) -> Finding:
+    def wait(self) -> list[Finding]:
         self._thread.join()
-        return self._found or Finding(
-            "process-group", Severity.WARNING, "the pre-flight all_reduce gave no answer"
-        )
+        done = {f.id for f in self._found}
+        skipped = [c.id for c in self._checks if c.id not in done]
+
+        def why(i: str) -> Finding:
+            if self.failure() is not None:
+                return Finding(i, Severity.WARNING, "skipped: an earlier pre-flight check failed")
+            if self._ended.is_set():
+                return Finding(i, Severity.INFO, "not run: the job ended before it was due")
+            return Finding(i, Severity.WARNING, f"the pre-flight {i} check gave no answer")
+
+        return self._found + [why(i) for i in skipped]
 
 
 def _module_exists(name: str) -> bool:

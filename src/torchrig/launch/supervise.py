@@ -67,13 +67,39 @@ class Stop:
 _RANK_LINE = re.compile(r"^\[(?:rank|default)\d+\]:")  # torchrun's tee prefix of a rank's own line
 
 
-def _pump(stream, sink, keep: collections.deque) -> None:
+_HEADER_LINE = re.compile(
+    r"^\[(?:rank|default)(\d+)\]:torchrig-worker: rank="
+)  # a rank's shim is about to run the script
+
+
+class _Started:
+    """Calls ``then`` once every local rank's shim has printed its header (the script starts next)."""
+
+    def __init__(self, nproc: int, then: Callable[[], None] | None) -> None:
+        self._left, self._then, self._lock = set(range(nproc)), then, threading.Lock()
+
+    def saw(self, line: str) -> None:
+        m = _HEADER_LINE.match(line) if self._then is not None and self._left else None
+        if m is None:
+            return
+        with self._lock:
+            self._left.discard(int(m[1]))
+            done, then = not self._left, self._then
+            if done:
+                self._then = None
+        if done and then is not None:
+            then()
+
+
+def _pump(stream, sink, keep: collections.deque, started: _Started | None = None) -> None:
     """Copy torchrun's output to ``sink`` and ``keep``. Once torchrun prints its own traceback (the
     ChildFailedError and its report, which name the shim, not the script), its lines go to the log only; the
     ranks' own lines still reach the console. torchrig's summary says what failed."""
     own_report = False
     for line in iter(stream.readline, ""):
         keep.append(line)
+        if started is not None:
+            started.saw(line)
         if not _RANK_LINE.match(line) and line.startswith("Traceback (most recent call last):"):
             own_report = True
         if own_report and not _RANK_LINE.match(line):
@@ -262,9 +288,11 @@ def execute(
     wall_timeout_s: float | None = None,
     echo=sys.stderr,
     abort: Callable[[], str | None] | None = None,
+    started: Callable[[], None] | None = None,
 ) -> LaunchResult:
     """Run the plan to the end; returns what happened. Output of torchrun and the ranks goes to ``echo``.
-    ``abort``, polled while the job runs, returns a reason to stop it (the pre-flight beside it failed)."""
+    ``abort``, polled while the job runs, returns a reason to stop it (the pre-flight beside it failed);
+    ``started`` is called once every local rank of the first attempt is about to run the script."""
     log_dir = Path(plan.log_dir).absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -273,8 +301,9 @@ def execute(
     # a bounded stop, and no rank left behind.
     proc = guard.start(plan.argv, env=env, stderr=subprocess.PIPE)
     agent_out: collections.deque[str] = collections.deque(maxlen=5000)
+    ranks_up = _Started(plan.nproc_per_node, started)
     pumps = [
-        threading.Thread(target=_pump, args=(s, echo, agent_out), daemon=True)
+        threading.Thread(target=_pump, args=(s, echo, agent_out, ranks_up), daemon=True)
         for s in (proc.stdout, proc.stderr)
     ]
     for t in pumps:
@@ -419,8 +448,11 @@ def _result(
     codes = logs.exit_codes_by_pid(agent_text)
     closed = logs.closed_by_agent(agent_text)
     att = logs.attempts(run_dir) if run_dir else []
-    hung = stopped is not None
-    rdzv_failed = code != 0 and not hung and RDZV_TIMEOUT in agent_text
+    # A job stopped because the pre-flight beside it failed did nothing wrong itself: the finding is the cause,
+    # not a hang of its ranks (no summary of them, as for a cancelled job).
+    by_preflight = stopped is not None and stopped.by == "preflight"
+    hung = stopped is not None and not by_preflight
+    rdzv_failed = code != 0 and stopped is None and RDZV_TIMEOUT in agent_text
     earlier = []
     # After a rendezvous timeout the last attempt's ranks are gone too: its failure is history as well.
     for a in att if rdzv_failed else att[:-1]:
@@ -431,6 +463,8 @@ def _result(
     if rdzv_failed:
         first = earlier[-1].headline if earlier else None
         summary = rendezvous_timeout(agent_text, plan.nnodes, len(att), first)
+    elif by_preflight:
+        pass
     elif att and stopped is not None:
         ranks = [
             replace(r, state="T") if r.pid in stopped.stopped_pids else r
@@ -446,7 +480,7 @@ def _result(
     elif att and code != 0:
         summary = summarize_failure(logs.read_attempt(att[-1], codes, closed), int(att[-1].name[8:]))
     return LaunchResult(
-        exit_code=1 if hung and code == 0 else code,
+        exit_code=1 if stopped is not None and code == 0 else code,
         attempts=len(att),
         hung=hung,
         elapsed_s=round(elapsed_s, 2),
