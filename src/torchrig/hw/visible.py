@@ -31,3 +31,13 @@ def visible_prefix(value: str, count: int | None, uuids: list[str]) -> tuple[lis
             return seen, tok
         seen.append(tok)
     return seen, None
+
+
+def visible_ids(count: int, env: dict[str, str]) -> tuple[int, ...]:
+    """Physical ids of the visible GPUs: the parent's numeric CUDA_VISIBLE_DEVICES, or 0..count-1."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd:
+        parts = [p.strip() for p in cvd.split(",") if p.strip()]
+        if all(p.isdigit() for p in parts) and len(parts) >= count:
+            return tuple(int(p) for p in parts[:count])
+    return tuple(range(count))

@@ -22,9 +22,8 @@ from collections.abc import Mapping
 
 from torchrig.findings import Finding, Severity
 from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair
-from torchrig.hw.visible import visible_prefix
-from torchrig.launch.plan import LaunchPlan
-from torchrig.launch.probe import GpuProbe, visible_ids
+from torchrig.hw.visible import visible_ids, visible_prefix
+from torchrig.launch.plan import GpuProbe, LaunchPlan
 
 # NCCL asks CUDA the same question before it uses P2P for a pair (p2pCanConnect calls cudaDeviceCanAccessPeer
 # and picks another transport when it says no), so a pair torch finds without P2P after the job started on

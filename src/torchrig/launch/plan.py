@@ -32,6 +32,18 @@ FLIGHT_RECORD_REQUEST = (
 
 
 @dataclass(frozen=True)
+class GpuProbe:
+    """What torch in the ranks' interpreter says of the GPUs (``probe.probe_gpus``), or NVML's answer standing
+    for it (``gpuplan.from_nvml``)."""
+
+    count: int
+    names: tuple[str, ...]
+    no_p2p: tuple[tuple[int, int], ...]  # (i, j) in torch's numbering where i cannot access j
+    error: str | None = None
+    torch_version: str | None = None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     """What the plan needs from the host, gathered by ``torchrig.launch.probe.host_facts``.
 

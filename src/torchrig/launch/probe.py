@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass
 
 from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair
-from torchrig.launch.plan import HostFacts
+from torchrig.hw.visible import visible_ids
+from torchrig.launch.plan import GpuProbe, HostFacts
 
 _GPU_PROBE = """
 import json, torch
@@ -26,15 +27,6 @@ pairs = [[i, j] for i in range(n) for j in range(n) if i != j and not torch.cuda
 names = [torch.cuda.get_device_name(i) for i in range(n)]
 print(json.dumps({"count": n, "no_p2p": pairs, "names": names, "torch": torch.__version__}))
 """
-
-
-@dataclass(frozen=True)
-class GpuProbe:
-    count: int
-    names: tuple[str, ...]
-    no_p2p: tuple[tuple[int, int], ...]  # (i, j) in torch's numbering where i cannot access j
-    error: str | None = None
-    torch_version: str | None = None
 
 
 def probe_gpus(timeout_s: float = 60.0) -> GpuProbe:
@@ -181,16 +173,6 @@ def gpu_answer(timeout_s: float = 60.0, *, nvml_first: bool = True) -> GpuAnswer
     found = probe_gpus(timeout_s)
     remember(key, found)
     return GpuAnswer(found, False, key)
-
-
-def visible_ids(count: int, env: dict[str, str]) -> tuple[int, ...]:
-    """Physical ids of the visible GPUs: the parent's numeric CUDA_VISIBLE_DEVICES, or 0..count-1."""
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd:
-        parts = [p.strip() for p in cvd.split(",") if p.strip()]
-        if all(p.isdigit() for p in parts) and len(parts) >= count:
-            return tuple(int(p) for p in parts[:count])
-    return tuple(range(count))
 
 
 def host_facts(gpus: GpuProbe | None) -> HostFacts:
