@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+from torchrig.train import fusedloss  # noqa: E402
 from torchrig.train.fusedloss import IGNORE_INDEX, ce_rows, linear_cross_entropy  # noqa: E402
 from torchrig.train.models import GPT, GPTConfig  # noqa: E402
 
@@ -90,3 +91,11 @@ def test_a_compiled_gpt_with_the_fused_head_trains_like_the_plain_one():
         assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
     # without targets both return the logits (export, generation)
     assert torch.equal(plain(x), fused(x))
+
+
+def test_the_triton_kernel_runs_only_where_triton_compiles(monkeypatch):
+    monkeypatch.setattr(fusedloss, "triton", object())  # as if Triton were installed
+    assert fusedloss.triton_runs_on((9, 0)) and fusedloss.triton_runs_on((7, 0))
+    assert not fusedloss.triton_runs_on((6, 1))  # a P40: the PyTorch reference instead
+    monkeypatch.setattr(fusedloss, "triton", None)
+    assert not fusedloss.triton_runs_on((9, 0))

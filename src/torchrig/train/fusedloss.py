@@ -15,7 +15,8 @@ targets back to the host with ``.item()`` on every call (src/liger_kernel/ops/cr
 
 ``ce_rows`` is a PyTorch custom operator (``torch.library.custom_op``): ``torch.compile`` and CUDA graphs see
 one opaque kernel. On CUDA with Triton it runs the Triton kernel below; elsewhere (CPU, no Triton) the same
-result from plain PyTorch ops, which the tests compare against ``F.cross_entropy``.
+result from plain PyTorch ops, which the tests compare against ``F.cross_entropy``; so do GPUs older than
+Triton supports.
 """
 
 from __future__ import annotations
@@ -99,6 +100,17 @@ if triton is not None:
             tl.store(dst + cols, p.to(dst.dtype.element_ty), mask=mask)
 
 
+# Triton compiles for compute capability 7.0 and newer; on older GPUs (Pascal, Maxwell) the operator runs its
+# PyTorch reference (torch/_inductor/exc.py, GPUTooOldForTriton: "Triton only supports devices of CUDA
+# Capability >= 7.0").
+TRITON_MIN_CAPABILITY = (7, 0)
+
+
+def triton_runs_on(capability: tuple[int, int]) -> bool:
+    """Whether the Triton kernel can run on a GPU of this compute capability (and Triton is installed)."""
+    return triton is not None and tuple(capability) >= TRITON_MIN_CAPABILITY
+
+
 @torch.library.custom_op("torchrig::ce_rows", mutates_args=())
 def ce_rows(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
@@ -119,7 +131,7 @@ def _ce_rows_fake(
 def _ce_rows_cuda(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if triton is None:  # pragma: no cover - a CUDA build without Triton
+    if not triton_runs_on(torch.cuda.get_device_capability(logits.device)):
         return _rows_reference(logits, targets, ignore_index)
     logits = logits.contiguous()
     targets = targets.contiguous()
