@@ -164,6 +164,8 @@ def test_gpt_flops_formula_matches_the_baseline_count():
         (["train", "--ddp-comm-hook", "fp8"], "unknown --ddp-comm-hook 'fp8'"),
         (["train", "--device", "cpu", "--ddp-comm-hook", "bf16"], "bf16 needs GPUs"),
         (["train", "--compile-mode", "fast"], "unknown --compile-mode 'fast'"),
+        (["train", "--loss", "fast"], "unknown --loss 'fast'"),
+        (["train", "--loss", "$(id)\n'"], "unknown --loss"),
         (["train", "--steps", "5", "--profile-steps", "5"], "--profile-steps 5 leaves no unprofiled step"),
         (["train", "--profile-steps", "-1"], "--profile-steps must be 0 or more"),
         (["train", "--gc-every", "-1"], "--gc-every must be 0 or more"),
