@@ -171,6 +171,8 @@ def test_gpt_flops_formula_matches_the_baseline_count():
         (["train", "--gc-every", "-1"], "--gc-every must be 0 or more"),
         (["train", "--gc-every", "often"], "--gc-every"),
         (["train", "--parallel", "fsdp", "--compile-mode", "reduce-overhead"], "need fixed addresses"),
+        (["train", "--stopped-grace", "-1"], "--stopped-grace must be 0 or more"),
+        (["launch", "--cpu", "--stopped-grace", "1e20", "t.py"], "--stopped-grace"),
         (["launch", "--gpus", "x", "--cpu", "t.py"], "exclude"),
         (["launch", "--nnodes", "2", "t.py"], "--rdzv-endpoint"),
         (["launch", "--cpu", "--env", "NOEQUALS", "t.py"], "malformed --env"),
@@ -200,6 +202,19 @@ def test_asking_for_gpus_without_any_is_one_line_exit_2(cli, args, msg):
         pytest.skip("this machine has GPUs")
     r = cli(*args)
     assert r.code == 2 and r.err.count("\n") == 1 and msg in r.err, r.err
+
+
+def test_train_and_launch_take_the_same_failure_options():
+    """train starts its ranks through launch: every option that decides restarts and hang verdicts is there
+    too, with launch's default, bounds and wording (train once lacked --stopped-grace its docs listed)."""
+    from torchrig.cli import build_parser
+
+    def failures(name: str) -> dict[str, tuple]:
+        parser, _ = build_parser(name)
+        keep = ("max_restarts", "collective_timeout", "hang_timeout", "nccl_timeout_grace", "stopped_grace")
+        return {a.dest: (a.option_strings, a.default, a.help) for a in parser._actions if a.dest in keep}
+
+    assert failures("train") == failures("launch") and len(failures("train")) == 5
 
 
 def test_launch_dry_run_json_is_light_and_complete(cli):

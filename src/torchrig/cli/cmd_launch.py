@@ -69,40 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds to wait for all nodes (300)",
     )
     f = parser.add_argument_group("failures")
-    f.add_argument(
-        "--max-restarts", type=int_in(0, 1000), default=0, help="restart the worker group this many times (0)"
-    )
-    f.add_argument(
-        "--collective-timeout",
-        type=int_in(1, MAX_SECONDS),
-        default=600,
-        metavar="S",
-        help="process-group timeout for torchrig's trainer and pre-flight (600)",
-    )
-    f.add_argument(
-        "--hang-timeout",
-        type=int_in(0, MAX_SECONDS),
-        default=0,
-        metavar="S",
-        help="only if you ask: no rank output for S seconds = hang: dump stacks and flight records, stop, "
-        "summarise (0: off; a job that logs only to TensorBoard is silent)",
-    )
-    f.add_argument(
-        "--nccl-timeout-grace",
-        type=int_in(0, MAX_SECONDS),
-        default=30,
-        metavar="S",
-        help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
-        "dump stacks and flight records, stop, summarise (30; 0: leave it to PyTorch)",
-    )
-    f.add_argument(
-        "--stopped-grace",
-        type=int,
-        default=30,
-        metavar="S",
-        help="a rank stopped by a signal (state T) for S s while another waits in a collective = hang: "
-        "stop and summarise (30; 0: never)",
-    )
+    add_failure_options(f)
     f.add_argument(
         "--log-dir",
         default="torchrig-logs",
@@ -126,6 +93,44 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as python -m")
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def add_failure_options(g: Any) -> None:
+    """Restarts, and the options that decide when a job counts as hung: one wording for launch and train."""
+    g.add_argument(
+        "--max-restarts", type=int_in(0, 1000), default=0, help="restart the worker group this many times (0)"
+    )
+    g.add_argument(
+        "--collective-timeout",
+        type=int_in(1, MAX_SECONDS),
+        default=600,
+        metavar="S",
+        help="process-group timeout for torchrig's trainer and pre-flight (600)",
+    )
+    g.add_argument(
+        "--hang-timeout",
+        type=int_in(0, MAX_SECONDS),
+        default=0,
+        metavar="S",
+        help="only if you ask: no rank output for S seconds = hang: dump stacks and flight records, stop, "
+        "summarise (0: off; a job that logs only to TensorBoard is silent)",
+    )
+    g.add_argument(
+        "--nccl-timeout-grace",
+        type=int_in(0, MAX_SECONDS),
+        default=30,
+        metavar="S",
+        help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
+        "dump stacks and flight records, stop, summarise (30; 0: leave it to PyTorch)",
+    )
+    g.add_argument(
+        "--stopped-grace",
+        type=int_in(0, MAX_SECONDS),
+        default=30,
+        metavar="S",
+        help="a rank stopped by a signal (state T) for S s while another waits in a collective = hang: "
+        "stop and summarise (30; 0: never)",
+    )
 
 
 def request_from_args(

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchrig.argtypes import MAX_PROCS, MAX_SECONDS, int_in
+from torchrig.argtypes import MAX_PROCS, int_in
+from torchrig.cli.cmd_launch import add_failure_options
 from torchrig.errors import JobFailed, UsageError
 from torchrig.train.gpuwatch import render as render_gpus
 from torchrig.train.options import add_train_options, config_from_args
@@ -47,34 +48,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--nproc-per-node", type=int_in(1, MAX_PROCS), help="CPU ranks (gloo) to start, with --device cpu"
     )
-    g.add_argument(
-        "--max-restarts",
-        type=int_in(0, 1000),
-        default=0,
-        help="restart the ranks this many times after a failure",
-    )
+    add_failure_options(g)
     g.add_argument("--log-dir", default=None, help="per-rank logs (default OUT/logs)")
-    g.add_argument(
-        "--collective-timeout",
-        type=int_in(1, MAX_SECONDS),
-        default=600,
-        metavar="S",
-        help="process-group timeout (600)",
-    )
-    g.add_argument(
-        "--hang-timeout",
-        type=int_in(0, MAX_SECONDS),
-        default=0,
-        metavar="S",
-        help="no output for S s = hang (0: off)",
-    )
-    g.add_argument(
-        "--nccl-timeout-grace",
-        type=int_in(0, MAX_SECONDS),
-        default=30,
-        metavar="S",
-        help="stop the job S s after a rank's NCCL watchdog logs a collective timeout (30; 0: never)",
-    )
     g.add_argument("--no-preflight", action="store_true", help="skip the launcher's pre-flight checks")
 
 
@@ -196,6 +171,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         collective_timeout_s=args.collective_timeout,
         hang_timeout_s=args.hang_timeout,
         nccl_timeout_grace_s=args.nccl_timeout_grace,
+        stopped_grace_s=args.stopped_grace,
         rdzv_id="torchrig-train",
     )
     report = launch(req, preflight=not args.no_preflight, preflight_timeout_s=60)
