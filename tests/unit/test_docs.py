@@ -1,5 +1,6 @@
 """The docs stay true to the tool: the CLI reference is generated from the parsers and current, no test hook
-shows in --help, the README stays short, and every relative link in the docs points at a file."""
+shows in --help, the README stays short, every relative link in the docs points at a file, and every option
+a doc or a help example gives a command is one that command takes."""
 
 from __future__ import annotations
 
@@ -51,3 +52,74 @@ def test_relative_links_resolve(doc):
             continue
         path = (doc.parent / target.split("#")[0]).resolve()
         assert path.exists(), f"{doc.relative_to(ROOT)} links to {target}, which does not exist"
+
+
+# `torchrig CMD ...` up to the end of the command: a pipe, `;`, `&`, a comment, the end of a code span or line
+COMMAND_USE = re.compile(r"torchrig[ \t]+([a-z]+)([^|;&#`\n]*)")
+
+
+def _options_of(cmd: str, cache: dict[str, set[str]]) -> set[str]:
+    """Every option string of a command's parser, its subcommands' included."""
+    if cmd not in cache:
+        from torchrig.cli import build_parser
+
+        found: set[str] = set()
+
+        def walk(parser) -> None:
+            for action in parser._actions:
+                found.update(action.option_strings)
+                if isinstance(getattr(action, "choices", None), dict):
+                    for sub in action.choices.values():
+                        walk(sub)
+
+        walk(build_parser(cmd)[0])
+        cache[cmd] = found
+    return cache[cmd]
+
+
+def _unknown_options(text: str, cache: dict[str, set[str]]) -> list[str]:
+    """``cmd --option`` pairs in ``text`` that the command's parser does not take. The options of a launched
+    script (after ``--``, ``-m MODULE`` or ``SCRIPT.py``) belong to the script, not to torchrig."""
+    from torchrig.cli import COMMANDS
+
+    bad = []
+    for m in COMMAND_USE.finditer(text):
+        cmd, rest = m.group(1), m.group(2)
+        if cmd not in COMMANDS:
+            continue
+        for tok in rest.split():
+            if tok == "--" or tok in ("-m", "--module") or tok.endswith(".py"):
+                break
+            name = tok.split("=")[0].rstrip(",.)'\"")
+            if name.startswith("--") and len(name) > 2 and name not in _options_of(cmd, cache):
+                bad.append(f"torchrig {cmd} {name}")
+    return bad
+
+
+def test_docs_and_help_examples_give_each_command_only_options_it_takes():
+    from torchrig.cli import COMMANDS
+
+    cache: dict[str, set[str]] = {}
+    bad = []
+    for doc in DOCS:
+        if doc.parts[-2:] == ("reference", "cli.md") or "results" in doc.parts:
+            continue  # generated from the parsers; archived runs quote the options of their day
+        text = doc.read_text()
+        lines = re.findall(r"`([^`\n]+)`", text)
+        lines += [
+            ln for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S) for ln in block.splitlines()
+        ]
+        bad += [f"{doc.relative_to(ROOT)}: {b}" for ln in lines for b in _unknown_options(ln, cache)]
+    for name, (module, *_) in COMMANDS.items():
+        doc = importlib.import_module(f"torchrig.cli.{module}").__doc__ or ""
+        bad += [f"torchrig {name} --help: {b}" for b in _unknown_options(doc, cache)]
+    assert not bad, bad
+
+
+def test_an_option_no_command_takes_is_caught():
+    cache: dict[str, set[str]] = {}
+    assert _unknown_options("torchrig train --gpus 2 --lr-schedule cosine train.py", cache) == [
+        "torchrig train --lr-schedule"
+    ]
+    assert _unknown_options("torchrig launch --gpus 2 train.py --lr-schedule cosine", cache) == []
+    assert _unknown_options("torchrig launch --gpus 2 -m torchrig.train --size tiny", cache) == []
