@@ -300,6 +300,32 @@ def test_real_dcp_metadata_loads_through_the_restricted_unpickler(tmp_path):
     assert md.storage_data == plain.storage_data
 
 
+def test_the_load_uses_the_metadata_it_checked_and_reads_it_once(tmp_path, monkeypatch):
+    """The storage records DCP follows are those check_storage passed: .metadata is read once, so a file
+    swapped in between the check and the load is never read."""
+    final = _save(tmp_path / "checkpoints", 3)
+    reads = []
+    real = ckpt.read_dcp_metadata
+    monkeypatch.setattr(ckpt, "read_dcp_metadata", lambda path: reads.append(path) or real(path))
+    m, _ = _model()
+    ckpt.load_model_only(final, m)
+    assert reads == [final / ".metadata"]
+    assert torch.equal(m[0].weight, torch.full_like(m[0].weight, 3.0))
+
+
+def test_a_per_rank_metadata_gets_the_same_storage_check(tmp_path):
+    """DCP without collectives reads ``__RANK.metadata``: its storage records are checked like .metadata's."""
+    final = _save(tmp_path / "checkpoints", 2)
+    md = ckpt.read_dcp_metadata(final / ".metadata")
+    for info in md.storage_data.values():
+        info.relative_path = "../../etc/passwd"
+    (final / "__0.metadata").write_bytes(pickle.dumps(md))
+    reader = ckpt.SafeReader(str(final))
+    with pytest.raises(InputError, match="not a file of"):
+        reader.read_metadata(rank=0)
+    assert reader.read_metadata().storage_data  # the folder's own .metadata still reads
+
+
 def test_export_names_the_damaged_file_and_an_intact_older_checkpoint(tmp_path):
     from torchrig.export.core import _verify
 

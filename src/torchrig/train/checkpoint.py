@@ -165,11 +165,21 @@ def check_storage(md: Any, folder: Path) -> None:
 
 
 class SafeReader(FileSystemReader):
-    """DCP's file reader, with ``.metadata`` read by :func:`read_dcp_metadata` instead of ``pickle.load``."""
+    """DCP's file reader, with ``.metadata`` read by :func:`read_dcp_metadata` instead of ``pickle.load`` and
+    its storage records checked (:func:`check_storage`). Given ``checked``, the metadata already read and
+    checked, DCP gets that very object: a file replaced between the check and the load changes nothing."""
+
+    def __init__(self, path: str, checked: Any = None) -> None:
+        super().__init__(path)
+        self.checked = checked
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         rank = kwargs.get("rank")  # set when each rank wrote its own metadata (DCP without collectives)
-        md = read_dcp_metadata(Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata"))
+        if rank is None and self.checked is not None:
+            md = self.checked
+        else:
+            md = read_dcp_metadata(Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata"))
+            check_storage(md, Path(self.path))
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         if getattr(md, "storage_meta", None) is None:
@@ -365,11 +375,12 @@ def _barrier_quiet() -> None:
 
 
 def _dcp_load(state: dict[str, Any], ckpt: Path, **kwargs: Any) -> None:
-    check_storage(read_dcp_metadata(ckpt / ".metadata"), ckpt)  # refuse a crafted file before DCP reads
+    md = read_dcp_metadata(ckpt / ".metadata")
+    check_storage(md, ckpt)  # refuse a crafted file before DCP reads a byte of the shards
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ONE_PROCESS)
-            dcp.load(state, storage_reader=SafeReader(str(ckpt)), **kwargs)
+            dcp.load(state, storage_reader=SafeReader(str(ckpt), checked=md), **kwargs)
     except (Exception, CheckpointException) as e:
         causes = (
             [e, *getattr(e, "failures", {}).values()]
