@@ -292,3 +292,14 @@ def test_compile_mode_auto_uses_cuda_graphs_only_where_shapes_are_static(
 def test_compile_mode_defaults_to_auto_and_attention_to_pytorchs_choice():
     cfg = TrainConfig()
     assert (cfg.compile_mode, cfg.attention, cfg.compile_tuning) == ("auto", "auto", False)
+
+
+@pytest.mark.parametrize("content", [None, b"", b"{", b"\xff\xfe", b"[1, 2]", b'"text"', b'{"steps": 3}'])
+def test_a_missing_or_damaged_summary_json_is_no_summary_not_a_crash(tmp_path, content):
+    from torchrig.cli.cmd_train import _read_summary
+
+    path = tmp_path / "summary.json"
+    if content is not None:
+        path.write_bytes(content)
+    assert _read_summary(path) == ({"steps": 3} if content == b'{"steps": 3}' else None)
+    assert _read_summary(tmp_path) is None  # a folder where the file should be

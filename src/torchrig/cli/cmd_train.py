@@ -91,6 +91,17 @@ class TrainReport:
         return "\n".join(lines)
 
 
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    """The ranks' summary.json; None (the launch report still printed) when it is missing or unreadable."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def render_profile(p: dict[str, Any]) -> str:
     """One line of ``--profile-steps``' breakdown (rank 0's GPU), and where its trace is."""
     head = f"profile, {p['steps']} step(s) on rank 0: {p['step_ms']:.2f} ms/step"
@@ -126,7 +137,6 @@ def _wants_launch(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> TrainReport:
-    import json
 
     cfg = config_from_args(args)
     # the launcher's options are checked even when one process trains without it, so a mistake never passes
@@ -135,6 +145,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         ("--collective-timeout", args.collective_timeout, 1),
         ("--hang-timeout", args.hang_timeout, 0),
         ("--nccl-timeout-grace", args.nccl_timeout_grace, 0),
+        ("--stopped-grace", args.stopped_grace, 0),
     ):
         if value < least:
             raise UsageError(
@@ -175,10 +186,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         rdzv_id="torchrig-train",
     )
     report = launch(req, preflight=not args.no_preflight, preflight_timeout_s=60)
-    summary_path = Path(cfg.out) / "summary.json"
-    summary = (
-        json.loads(summary_path.read_text()) if report.exit_code == 0 and summary_path.is_file() else None
-    )
+    summary = _read_summary(Path(cfg.out) / "summary.json") if report.exit_code == 0 else None
     if report.exit_code != 0 and report.result is None:
         raise JobFailed(
             "pre-flight failed: " + "; ".join(f.summary for f in report.findings if f.severity.is_problem)
