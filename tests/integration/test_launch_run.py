@@ -19,6 +19,7 @@ import pytest
 SCRIPT = str(
     Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "ok.py"
 )  # MODE=fail|hang plants faults
+EXITS = str(SCRIPT).replace("ok.py", "exits.py")  # MODE=exitmsg|termhandler: scripts that end themselves
 
 
 # torch 2.13's gloo keeps a flight record by default; the tests say which they want, whatever a release's default.
@@ -63,6 +64,34 @@ def test_failure_summary_names_the_rank_and_its_error(tmp_path):
     assert "ValueError: planted failure" in s["likely_cause"]
     culprit = next(v for v in s["ranks"] if v["role"] == "culprit")
     assert culprit["rank"] == 1 and any("planted failure" in ln for ln in culprit["last_lines"])
+
+
+def test_a_sys_exit_with_a_message_is_the_cause_with_the_line_that_exited(tmp_path):
+    r, _ = launch("--no-preflight", "--log-dir", str(tmp_path), EXITS, mode="exitmsg")
+    assert r.returncode == 1
+    s = json.loads(r.stdout)["result"]["summary"]
+    assert s["headline"].startswith("rank 1 failed (exit 1)"), s
+    assert (
+        s["likely_cause"]
+        == "the script ended itself with sys.exit and the message: bad config: lr must be positive"
+    )
+    culprit = next(v for v in s["ranks"] if v["role"] == "culprit")
+    assert culprit["rank"] == 1 and culprit["where"] == f"{EXITS}:10 in <module>", culprit
+
+
+def test_a_rank_whose_sigterm_handler_exits_is_a_victim_not_a_second_culprit(tmp_path):
+    """torchrun stops the other ranks with SIGTERM after rank 1 fails; rank 0's handler then calls
+    sys.exit(1). That exit status is torchrun's stop, not a failure of rank 0's own."""
+    r, _ = launch("--no-preflight", "--log-dir", str(tmp_path), EXITS, mode="termhandler")
+    assert r.returncode == 1
+    s = json.loads(r.stdout)["result"]["summary"]
+    assert s["headline"].startswith("rank 1 failed"), s
+    assert "ValueError: planted failure" in s["likely_cause"]
+    roles = {v["rank"]: (v["role"], v["cause"]) for v in s["ranks"]}
+    assert roles[1][0] == "culprit" and roles[0] == (
+        "victim",
+        "stopped by torchrun after another rank failed: the script's SIGTERM handler ended it with sys.exit(1)",
+    ), roles
 
 
 def test_planted_hang_is_summarised_within_the_collective_timeout(tmp_path):

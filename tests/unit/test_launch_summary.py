@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from torchrig.launch import logs
 from torchrig.launch.summary import (
     Frame,
@@ -350,6 +352,55 @@ def test_an_exception_the_script_caught_before_it_exited_failing_is_recorded_wit
 def test_a_clean_exit_from_a_handler_writes_no_error_file(tmp_path):
     done, _, error_file = _run_worker(tmp_path, "0")
     assert done.returncode == 0 and not error_file.exists()
+
+
+@pytest.mark.parametrize(
+    "call, status, cause",
+    [
+        (
+            'sys.exit("no data in /data")',
+            1,
+            "the script ended itself with sys.exit and the message: no data in /data",
+        ),
+        ("sys.exit(3)", 3, "the script ended itself with sys.exit(3)"),
+        ("raise SystemExit(4)", 4, "the script ended itself with sys.exit(4)"),
+    ],
+)
+def test_a_failing_sys_exit_is_recorded_with_its_message_and_the_line_that_exited(
+    tmp_path, call, status, cause
+):
+    """Before, the summary said "the rank exited with an error and no message" and named no line."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(f"import sys\n\ndef check():\n    {call}\n\ncheck()\n")
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    cmd = [sys.executable, "-m", "torchrig.launch.worker", str(script)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == status  # the exit itself is unchanged
+    message, trace, handled = logs._error_file(error_file)
+    log = RankLog(0, 0, "h", 5, 0, done.stderr, message, status, error_trace=trace, error_handled=handled)
+    s = summarize_failure([log], 0)
+    assert s.likely_cause == cause and s.ranks[0].role == "culprit"
+    assert s.ranks[0].where == f"{script}:4 in check"
+
+
+def test_sys_exit_0_and_a_plain_end_write_no_error_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    for body in ("import sys; sys.exit(0)", "import sys; sys.exit()", "x = 1"):
+        script = tmp_path / "s.py"
+        script.write_text(body + "\n")
+        error_file = tmp_path / "error.json"
+        env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+        cmd = [sys.executable, "-m", "torchrig.launch.worker", str(script)]
+        assert subprocess.run(cmd, env=env, capture_output=True, timeout=60).returncode == 0
+        assert not error_file.exists(), body
 
 
 def test_argparse_rejecting_an_argument_names_the_scripts_parse_line(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 from torchrig.launch.summary import RankLog, parse_header, parse_stack
 
 OUTPUT_LOG = "output.log"  # the worker's merged, timestamped stream (``worker.OUTPUT_LOG``)
-# in an error file's extraInfo: the script caught the exception and exited with that status (``worker``)
+# in an error file's extraInfo: the worker wrote it (a caught exception, or a failing sys.exit), with the status
 EXIT_CODE_KEY = "torchrig_exit_code"
 
 _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")

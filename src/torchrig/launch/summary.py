@@ -115,7 +115,7 @@ class RankLog:
     )
     error_trace: str | None = None  # the traceback in torchelastic's error.json
     state: str | None = None  # the process state when the launcher looked ("T": stopped by a signal)
-    error_handled: bool = False  # the script caught the error file's exception itself, then exited failing
+    error_handled: bool = False  # the worker wrote the error file: a caught exception, or a failing sys.exit
 
 
 @dataclass(frozen=True)
@@ -227,6 +227,16 @@ def signal_name(exit_code: int | None) -> str | None:
         return f"signal {-exit_code}"
 
 
+# an error file's message for a failing ``sys.exit`` that handled no exception (``worker._record_exit``)
+SYS_EXIT_PREFIX = "SystemExit: "
+
+
+def sys_exit_message(log: RankLog) -> str | None:
+    """What a rank's failing ``sys.exit`` was given (its message or status), when that is how it ended."""
+    msg = log.error_message or ""
+    return msg[len(SYS_EXIT_PREFIX) :] if log.error_handled and msg.startswith(SYS_EXIT_PREFIX) else None
+
+
 def match_cause(text: str) -> tuple[str, str] | None:
     for pattern, cause, fix in CAUSES:
         if re.search(pattern, text):
@@ -267,7 +277,8 @@ def tail(text: str, n: int = 8) -> tuple[str, ...]:
     return tuple(keep[-n:])
 
 
-_VICTIM_CAUSES = ("a collective timed out", "a peer rank went away")
+STOPPED_BY_TORCHRUN = "stopped by torchrun after another rank failed"
+_VICTIM_CAUSES = ("a collective timed out", "a peer rank went away", STOPPED_BY_TORCHRUN)
 
 
 def where_of(log: RankLog) -> Frame | None:
@@ -340,6 +351,22 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
         )
     if sig and not (sig == "SIGTERM" and exc):
         return f"the rank was killed by {sig}", "read the rank's last lines"
+    given = sys_exit_message(log)
+    if given is not None and not sig and log.closed_by_agent:
+        return (
+            f"{STOPPED_BY_TORCHRUN}: the script's SIGTERM handler ended it with sys.exit({given})",
+            "fix the rank that failed first",
+        )
+    if given is not None and not sig and not last_exception(log.text):
+        if given.lstrip("-").isdigit():
+            return (
+                f"the script ended itself with sys.exit({given})",
+                "read the rank's last lines for why it exited (the line that exited is named below)",
+            )
+        return (
+            f"the script ended itself with sys.exit and the message: {given}",
+            "the message is the script's own: fix what it names",
+        )
     if exc and log.error_handled:
         return (
             "an exception in the script, which the script (or a framework it uses) caught before it exited "

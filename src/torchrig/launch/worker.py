@@ -12,7 +12,8 @@ were written (``output.log`` next to torchrun's ``stdout.log``/``stderr.log``), 
 forked before the script starts, so the last lines survive a SIGKILL of the rank; (5) runs the script as
 ``python SCRIPT`` would (``__file__`` absolute, as under plain ``python``), and writes an uncaught
 exception to the rank's error file as torchelastic's ``record`` does (and so, too, the exception a script
-caught itself before it exited with a failing status, as Hydra's ``@hydra.main`` does). Nothing here imports torch before the
+caught itself before it exited with a failing status, as Hydra's ``@hydra.main`` does, and a failing
+``sys.exit``'s message or status with the line that called it). Nothing here imports torch before the
 script's first line: the script starts as soon as under plain torchrun.
 """
 
@@ -30,6 +31,7 @@ import time
 
 from torchrig.launch.flightrec import PREFIX, loads
 from torchrig.launch.logs import EXIT_CODE_KEY, OUTPUT_LOG
+from torchrig.launch.summary import SYS_EXIT_PREFIX
 
 HEADER = "torchrig-worker:"
 
@@ -260,6 +262,8 @@ def main(argv: list[str]) -> None:
         handled = exited_on(e)
         if handled is not None:
             _record_handled(handled, e)
+        elif e.code not in (None, 0):
+            _record_exit(e)
         raise
 
 
@@ -277,22 +281,47 @@ def _record_handled(exc: BaseException, exit_: SystemExit) -> None:
     """Write the rank's error file (torchelastic's format) for an exception the script caught itself before it
     exited failing: the ``SystemExit``'s own traceback (to the script's line that called the code that
     exited), then that exception's, last (to where it was raised)."""
-    import json
     import traceback
+
+    _write_error_file(
+        f"{type(exc).__name__}: {exc}",
+        "".join(
+            traceback.format_exception(type(exit_), exit_, exit_.__traceback__, chain=False)
+            + traceback.format_exception(type(exc), exc, exc.__traceback__)
+        ),
+        exit_.code,
+    )
+
+
+def _record_exit(exit_: SystemExit) -> None:
+    """Write the rank's error file for a failing ``sys.exit`` that handled no exception: its message (a
+    string's, printed to stderr by Python, or the status), and its traceback, so the summary can name the
+    script's line that exited."""
+    import traceback
+
+    code = exit_.code
+    status = code if isinstance(code, int) and not isinstance(code, bool) else 1
+    _write_error_file(
+        f"{SYS_EXIT_PREFIX}{code}",
+        "".join(traceback.format_exception(type(exit_), exit_, exit_.__traceback__, chain=False)),
+        status,
+    )
+
+
+def _write_error_file(message: str, callstack: str, status: object) -> None:
+    """torchelastic's error-file format, marked as written by this worker (``EXIT_CODE_KEY``: the status)."""
+    import json
 
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
     data = {
         "message": {
-            "message": f"{type(exc).__name__}: {exc}",
+            "message": message,
             "extraInfo": {
-                "py_callstack": "".join(
-                    traceback.format_exception(type(exit_), exit_, exit_.__traceback__, chain=False)
-                    + traceback.format_exception(type(exc), exc, exc.__traceback__)
-                ),
+                "py_callstack": callstack,
                 "timestamp": str(int(time.time())),
-                EXIT_CODE_KEY: str(exit_.code),
+                EXIT_CODE_KEY: str(status),
             },
         }
     }
