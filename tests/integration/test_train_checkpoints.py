@@ -113,6 +113,17 @@ def test_resume_with_nothing_to_resume_from_is_exit_2(tmp_path, run):
     assert (run / "metrics.jsonl").is_file()
 
 
+def test_resuming_with_options_that_build_another_model_says_which_and_changes_nothing(run):
+    """Not "the checkpoint is damaged": the options differ from the saved model's, and the error says how."""
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    r = torchrig(*TRAIN, "--out", str(run), "--resume", "--seq-len", "32")
+    assert r.returncode == 2
+    line = error_line(r)
+    assert "holds another model than this run builds: context 64 (saved) vs 32" in line, line
+    assert "saved with --size tiny" in line and "damaged" not in line
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
 def test_flipped_bytes_in_a_shard_export_refuses_and_resume_falls_back_on_two_ranks(run):
     ck = run / "checkpoints"
     bad = shard(ck / "step-000006")

@@ -364,6 +364,11 @@ def test_a_clean_exit_from_a_handler_writes_no_error_file(tmp_path):
         ),
         ("sys.exit(3)", 3, "the script ended itself with sys.exit(3)"),
         ("raise SystemExit(4)", 4, "the script ended itself with sys.exit(4)"),
+        (
+            'print("0 files in /data", file=sys.stderr); sys.exit(5)',
+            5,
+            "the script ended itself with sys.exit(5) after printing: 0 files in /data",
+        ),
     ],
 )
 def test_a_failing_sys_exit_is_recorded_with_its_message_and_the_line_that_exited(

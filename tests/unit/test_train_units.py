@@ -303,3 +303,29 @@ def test_a_missing_or_damaged_summary_json_is_no_summary_not_a_crash(tmp_path, c
         path.write_bytes(content)
     assert _read_summary(path) == ({"steps": 3} if content == b'{"steps": 3}' else None)
     assert _read_summary(tmp_path) is None  # a folder where the file should be
+
+
+def test_other_model_names_what_differs_in_the_weights_shapes_only():
+    from torchrig.train.loop import other_model
+
+    saved = {
+        "model": "gpt",
+        "size_info": {"layers": 2, "heads": 2, "width": 64, "vocab": 512, "source": "a", "verified": None},
+        "context": 64,
+        "vocab": 512,
+        "num_classes": 10,
+        "image_size": 32,
+    }
+    meta = {"model_spec": saved, "config": {"size": "tiny"}}
+    same = {**saved, "size_info": {**saved["size_info"], "source": "b", "verified": "2026-11-30"}}
+    assert other_model(meta, {**same, "num_classes": 3, "image_size": 64}) is None  # not a GPT's shapes
+    assert other_model(meta, {**same, "context": 32}) == (
+        "context 64 (saved) vs 32; it was saved with --size tiny"
+    )
+    wider = {**same, "size_info": {**same["size_info"], "width": 128}}
+    assert other_model(meta, wider) == "width 64 (saved) vs 128; it was saved with --size tiny"
+    assert other_model({}, same) is None and other_model({"model_spec": "x"}, same) is None
+    resnet = {"model": "resnet", "size_info": {"blocks": [2, 2], "width": 64}, "context": 0, "vocab": None}
+    assert (
+        other_model({"model_spec": resnet}, {**resnet, "num_classes": 10}) == "num_classes None (saved) vs 10"
+    )

@@ -359,8 +359,10 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
         )
     if given is not None and not sig and not last_exception(log.text):
         if given.lstrip("-").isdigit():
+            last = [re.sub(r"^\d\d:\d\d:\d\d\.\d{3} ", "", ln) for ln in tail(log.output or log.text, 1)]
             return (
-                f"the script ended itself with sys.exit({given})",
+                f"the script ended itself with sys.exit({given})"
+                + (f" after printing: {last[0].strip()[:200]}" if last else ""),
                 "read the rank's last lines for why it exited (the line that exited is named below)",
             )
         return (

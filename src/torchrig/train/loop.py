@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchrig.errors import UsageError
+from torchrig.errors import InputError, UsageError
 from torchrig.train import checkpoint as ckpt
 from torchrig.train import rundir, setup
 from torchrig.train.config import TrainConfig
@@ -171,6 +171,40 @@ def _claim(rt: Runtime, out: Path, plan: rundir.Start, run_id: str) -> None:
         dist.barrier()
 
 
+_SAME_MODEL = "resume with the model options it was saved with, or train a new run in another --out"
+# what the weights' shapes follow: the spec's own keys, and these of its size_info (not its sources, dates)
+_SHAPE_KEYS = ("model", "context", "vocab", "num_classes")
+_SIZE_SHAPE_KEYS = ("layers", "heads", "width", "vocab", "blocks")
+
+
+def other_model(meta: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    """How the model a checkpoint was saved with (its meta.json's ``model_spec`` and ``config``) differs from
+    this run's, as "what: saved vs this run" items; None when they agree or the checkpoint records none."""
+    saved = meta.get("model_spec")
+    if not isinstance(saved, dict):
+        return None
+
+    def flat(s: dict[str, Any]) -> dict[str, Any]:
+        info = s.get("size_info") if isinstance(s.get("size_info"), dict) else {}
+        out = {k: s.get(k) for k in _SHAPE_KEYS}
+        out.update({k: info.get(k) for k in _SIZE_SHAPE_KEYS if k in info})
+        if out.get("model") == "gpt":
+            out.pop("num_classes", None)  # a GPT's weights do not depend on it
+        return out
+
+    was, now = flat(saved), flat(spec)
+    diff = [
+        f"{k} {str(was.get(k))[:40]} (saved) vs {str(now.get(k))[:40]}"
+        for k in now
+        if was.get(k) != now.get(k)
+    ]
+    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    size = config.get("size")
+    if diff and isinstance(size, str) and size.isprintable():
+        diff.append(f"it was saved with --size {size[:40]}")
+    return "; ".join(diff) or None
+
+
 def _resume(
     cfg: TrainConfig,
     rt: Runtime,
@@ -180,6 +214,7 @@ def _resume(
     resuming: bool,
     metrics: Metrics,
     global_batch: int,
+    spec: dict[str, Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     # After an elastic restart (torchrun's --max-restarts) the group always continues from the last good
     # checkpoint: starting again from step 0 would repeat steps and throw the metrics away.
@@ -187,7 +222,18 @@ def _resume(
         rewind_jsonl(metrics.path, (found and ckpt.read_meta(found)["step"]) or 0)
     if found is None:
         return 0, {}
-    meta = ckpt.load(found, model, opt)
+    try:
+        meta = ckpt.load(found, model, opt)
+    except InputError:
+        try:
+            other = other_model(ckpt.read_meta(found), spec) if spec else None
+        except (InputError, OSError, ValueError):  # its meta.json is the damage: the load's error says so
+            other = None
+        if other:  # not damage: the options build another model than the one saved
+            raise UsageError(
+                f"{found} holds another model than this run builds: {other}", hint=_SAME_MODEL
+            ) from None
+        raise
     if meta.get("global_batch") != global_batch:
         raise UsageError(
             f"{found} was saved with a global batch of {meta.get('global_batch')}, this run has "
@@ -344,7 +390,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     job.run_id, found = _start(cfg, rt, job.out, job.root)
     metrics = Metrics(job.out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)
     resuming = cfg.resume or cfg.resume_if_possible or rt.restart > 0
-    start, meta = _resume(cfg, rt, job.model, job.opt, found, resuming, metrics, job.global_batch)
+    start, meta = _resume(cfg, rt, job.model, job.opt, found, resuming, metrics, job.global_batch, job.spec)
     if job.scaler is not None and meta.get("grad_scale"):
         job.scaler.update(float(meta["grad_scale"]))
     device_name = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else None
