@@ -329,3 +329,6 @@ def test_other_model_names_what_differs_in_the_weights_shapes_only():
     assert (
         other_model({"model_spec": resnet}, {**resnet, "num_classes": 10}) == "num_classes None (saved) vs 10"
     )
+    hostile = {**saved, "model": "gpt\n$(id)\x1b[2J", "size_info": {"width": ["\n"] * 1000}}
+    said = other_model({"model_spec": hostile, "config": {"size": "a\nb"}}, same)
+    assert said and "\n" not in said and "\x1b" not in said and len(said) < 400

@@ -185,7 +185,8 @@ def other_model(meta: dict[str, Any], spec: dict[str, Any]) -> str | None:
         return None
 
     def flat(s: dict[str, Any]) -> dict[str, Any]:
-        info = s.get("size_info") if isinstance(s.get("size_info"), dict) else {}
+        got = s.get("size_info")
+        info: dict[str, Any] = got if isinstance(got, dict) else {}
         out = {k: s.get(k) for k in _SHAPE_KEYS}
         out.update({k: info.get(k) for k in _SIZE_SHAPE_KEYS if k in info})
         if out.get("model") == "gpt":
@@ -193,13 +194,13 @@ def other_model(meta: dict[str, Any], spec: dict[str, Any]) -> str | None:
         return out
 
     was, now = flat(saved), flat(spec)
-    diff = [
-        f"{k} {str(was.get(k))[:40]} (saved) vs {str(now.get(k))[:40]}"
-        for k in now
-        if was.get(k) != now.get(k)
-    ]
-    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    size = config.get("size")
+
+    def show(v: Any) -> str:  # one line whatever a meta.json holds
+        return (repr(v) if isinstance(v, str) else str(v))[:40].encode("ascii", "replace").decode()
+
+    diff = [f"{k} {show(was.get(k))} (saved) vs {show(now.get(k))}" for k in now if was.get(k) != now.get(k)]
+    config = meta.get("config")
+    size = config.get("size") if isinstance(config, dict) else None
     if diff and isinstance(size, str) and size.isprintable():
         diff.append(f"it was saved with --size {size[:40]}")
     return "; ".join(diff) or None
