@@ -363,6 +363,11 @@ def test_a_clean_exit_from_a_handler_writes_no_error_file(tmp_path):
             "the script ended itself with sys.exit and the message: no data in /data",
         ),
         ("sys.exit(3)", 3, "the script ended itself with sys.exit(3)"),
+        (
+            'sys.exit("0 files in /data\\n$(see the docs)")',
+            1,
+            "the script ended itself with sys.exit and the message: 0 files in /data",
+        ),
         ("raise SystemExit(4)", 4, "the script ended itself with sys.exit(4)"),
         (
             'print("0 files in /data", file=sys.stderr); sys.exit(5)',

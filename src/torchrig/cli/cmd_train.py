@@ -137,7 +137,6 @@ def _wants_launch(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> TrainReport:
-
     cfg = config_from_args(args)
     # the launcher's options are checked even when one process trains without it, so a mistake never passes
     for flag, value, least in (

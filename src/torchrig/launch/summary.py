@@ -252,13 +252,13 @@ def last_exception(text: str) -> str | None:
     return None
 
 
-def tail(text: str, n: int = 8) -> tuple[str, ...]:
+def tail(text: str, n: int = 8, stamps: bool = True) -> tuple[str, ...]:
     """The last ``n`` informative lines: no stack-frame lines, no caret markers, no gloo retry noise. Lines of
-    the worker's merged ``output.log`` keep their time stamp (``16:01:02.345 text``)."""
+    the worker's merged ``output.log`` keep their time stamp (``16:01:02.345 text``) unless ``stamps`` is off."""
     keep, after_frame = [], False
     for raw in text.splitlines():
         m = _STAMPED_RE.match(raw)
-        stamp, raw = (m["stamp"] + " ", m["text"]) if m else ("", raw)
+        stamp, raw = (m["stamp"] + " " if stamps else "", m["text"]) if m else ("", raw)
         ln = re.sub(r"^\[rank\d+\]: ", "", raw).rstrip()
         s = ln.strip()
         code_line, after_frame = after_frame and ln.startswith("    "), s.startswith('File "')
@@ -333,13 +333,13 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
     if found:
         return found
     err_lines = (log.error_message or "").strip().splitlines()
-    exc = last_exception(log.text) or (err_lines[-1] if err_lines else None)
-    if sig == "SIGABRT" and last_exception(log.text):
+    printed = last_exception(log.text)  # the last exception Python printed in the rank's log
+    exc = printed or (err_lines[-1] if err_lines else None)
+    if sig == "SIGABRT" and printed:
         # Python printed an uncaught exception, then the process aborted on its way out (a process-group or
         # CUDA destructor at interpreter exit): the exception is the cause, the abort its echo.
         return (
-            f"an uncaught exception in the script: {last_exception(log.text)} (the process then aborted "
-            "while shutting down)",
+            f"an uncaught exception in the script: {printed} (the process then aborted while shutting down)",
             "fix the error above; the traceback is in the rank's log",
         )
     if sig in SIGNAL_CAUSES:
@@ -357,16 +357,17 @@ def _own_cause(log: RankLog) -> tuple[str, str]:
             f"{STOPPED_BY_TORCHRUN}: the script's SIGTERM handler ended it with sys.exit({given})",
             "fix the rank that failed first",
         )
-    if given is not None and not sig and not last_exception(log.text):
+    if given is not None and not sig and not printed:
         if given.lstrip("-").isdigit():
-            last = [re.sub(r"^\d\d:\d\d:\d\d\.\d{3} ", "", ln) for ln in tail(log.output or log.text, 1)]
+            last = tail(log.output or log.text, 1, stamps=False)
             return (
                 f"the script ended itself with sys.exit({given})"
                 + (f" after printing: {last[0].strip()[:200]}" if last else ""),
                 "read the rank's last lines for why it exited (the line that exited is named below)",
             )
+        first = (given.strip().splitlines() or [""])[0][:200]  # one line, as an exception's cause is
         return (
-            f"the script ended itself with sys.exit and the message: {given}",
+            f"the script ended itself with sys.exit and the message: {first}",
             "the message is the script's own: fix what it names",
         )
     if exc and log.error_handled:

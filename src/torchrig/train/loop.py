@@ -215,7 +215,7 @@ def _resume(
     resuming: bool,
     metrics: Metrics,
     global_batch: int,
-    spec: dict[str, Any] | None = None,
+    spec: dict[str, Any],
 ) -> tuple[int, dict[str, Any]]:
     # After an elastic restart (torchrun's --max-restarts) the group always continues from the last good
     # checkpoint: starting again from step 0 would repeat steps and throw the metrics away.
@@ -227,7 +227,7 @@ def _resume(
         meta = ckpt.load(found, model, opt)
     except InputError:
         try:
-            other = other_model(ckpt.read_meta(found), spec) if spec else None
+            other = other_model(ckpt.read_meta(found), spec)
         except (InputError, OSError, ValueError):  # its meta.json is the damage: the load's error says so
             other = None
         if other:  # not damage: the options build another model than the one saved
