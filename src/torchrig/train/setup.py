@@ -239,6 +239,17 @@ def optimizer(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> torch.optim.Op
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), **kw)
 
 
+def bf16_weight_copies(model: nn.Module, opt: torch.optim.Optimizer, rt: Runtime, cfg: TrainConfig) -> int:
+    """``TORCHRIG_BF16_WEIGHTS=1`` (a speed lever under measurement, off by default): bf16 copies of the
+    Linear layers' weights kept by the optimizer step (train/optim.py), on one GPU or CPU process under bf16
+    autocast; returns how many layers use them (0: off)."""
+    if os.environ.get("TORCHRIG_BF16_WEIGHTS", "0") != "1" or rt.precision != "bf16" or rt.parallel != "none":
+        return 0
+    from torchrig.train.optim import keep_bf16_copies
+
+    return keep_bf16_copies(model, opt).layers
+
+
 def teardown() -> None:
     if dist.is_initialized():
         # Free DDP/FSDP wrappers (compiled models sit in reference cycles) while their process group still
