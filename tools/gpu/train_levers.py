@@ -9,6 +9,7 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   mag    TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1: Triton GEMM templates with fused epilogues against cuBLAS
   mixs   TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE=1: autotuned split of the LayerNorm
          backward's fused row/column reductions
+  combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
   plain  --loss plain (the head's cross-entropy over kept logits: the trainer before the fused loss)
 e.g. `w16+pdl+tune@64`. Every distinct item is first compiled (3 steps, several at once, Inductor's cache in
 TORCHINDUCTOR_CACHE_DIR), then the timed runs go one at a time in RUNS's order; a run that would start past
@@ -36,6 +37,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "mag": ({"TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "1"}, []),
     "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
     "plain": ({}, ["--loss", "plain"]),
+    "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
 }
 COMMON = [  # tools/gpu/train_speed.sh's options
     *("train", "--model", "gpt", "--size", "small", "--data", "generated", "--precision", "bf16"),
@@ -66,7 +68,8 @@ def command(
         if t not in LEVERS:
             raise SystemExit(f"train_levers: unknown tag {t!r} in {item!r} (known: base {' '.join(LEVERS)})")
         e, o = LEVERS[t]
-        env.update(e)
+        for k, v in e.items():  # two tags' Inductor settings add up
+            env[k] = f"{env[k]},{v}" if k == "TORCHRIG_INDUCTOR_CONFIG" and env.get(k) else v
         opts += o
     argv = [
         sys.executable,
