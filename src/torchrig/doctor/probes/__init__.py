@@ -29,6 +29,8 @@ from torchrig.doctor.facts import (
     TorchFacts,
 )
 
+TRACE_BUDGET_S = 90.0  # probes/trace.py's default budget
+
 
 @dataclass(frozen=True)
 class ProbeOptions:
@@ -130,7 +132,11 @@ def collect(options: ProbeOptions | None = None) -> Facts:
     if opts.torch:
         # First, as it is the slow one. The child has its own timeout; the thread's deadline is a little later
         # so the child's wins.
-        jobs["torch"] = (lambda: probe_torch(opts.python, opts.timeout_s), opts.timeout_s + 5)
+        # A failed probe is traced (probes/trace.py): its re-runs get their own bounded time on top.
+        jobs["torch"] = (
+            lambda: probe_torch(opts.python, opts.timeout_s),
+            opts.timeout_s + 5 + TRACE_BUDGET_S,
+        )
     jobs |= {
         "nvml": (probe_nvml, t),
         "kernel": (probe_kernel, t),

@@ -125,6 +125,78 @@ def probe_peers(torch, out, count):
     out["peer_access"] = peers
 
 
+def alloc_conf_error(torch):
+    """Ask torch's own parser about PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (it raises on a malformed value);
+    None when accepted, unset, or this torch has no such call."""
+    if not (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")):
+        return None
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if get is None:
+        return None
+    try:
+        get()
+    except Exception as e:
+        return err_text(e).splitlines()[0][:500]
+    return None
+
+
+def nccl_one(torch, dist, index, root):
+    """A one-process NCCL communicator on GPU ``index``: init over a FileStore, one all_reduce, destroy."""
+    t0 = time.perf_counter()
+    rec = {"index": index, "ok": False, "error": None, "elapsed_ms": None}
+    try:
+        store = dist.FileStore(os.path.join(root, f"store-{index}"), 1)
+        dev = torch.device("cuda", index)
+        torch.cuda.set_device(dev)
+        try:
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=dev)
+        except TypeError:  # torch before 2.3: no device_id (the communicator starts at the first collective)
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+        try:
+            x = torch.ones(1, device=dev)
+            dist.all_reduce(x)
+            torch.cuda.synchronize(dev)
+            rec["ok"] = float(x.item()) == 1.0
+            if not rec["ok"]:
+                rec["error"] = f"all_reduce of 1 on one rank gave {float(x.item())}"
+        finally:
+            dist.destroy_process_group()
+    except Exception as e:
+        rec["error"] = err_text(e)
+    rec["elapsed_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+    return rec
+
+
+def nccl_check(torch, count):
+    """Each visible GPU's one-process communicator, within TORCHRIG_DOCTOR_NCCL_TIMEOUT seconds in all."""
+    import tempfile
+    import threading
+
+    env_used = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_")))
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_nccl_available()):
+            return {"status": "skipped", "error": "this torch has no NCCL backend", "env_used": env_used}
+    except Exception as e:
+        return {"status": "skipped", "error": err_text(e), "env_used": env_used}
+    result = {"status": "timeout", "devices": [], "env_used": env_used}
+    limit = float(os.environ.get("TORCHRIG_DOCTOR_NCCL_TIMEOUT", "20"))
+
+    def work():
+        with tempfile.TemporaryDirectory(prefix="torchrig-nccl-") as root:
+            for i in range(count):
+                result["devices"].append(nccl_one(torch, dist, i, root))
+        result["status"] = "ok" if all(d["ok"] for d in result["devices"]) else "failed"
+
+    t = threading.Thread(target=work, name="nccl-check", daemon=True)
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        result["error"] = f"the NCCL communicator did not come up in {limit:g} s"
+    return result
+
+
 def main():
     out = {
         "status": "ok",
@@ -208,10 +280,13 @@ def main():
             probe_peers(torch, out, count)
             steps["peers"] = lap()
     out["warnings"] = [str(w.message)[:2000] for w in caught]
+    out["alloc_conf_error"] = alloc_conf_error(torch)
     out["loaded_libraries"] = loaded_libraries()
     steps["maps"] = lap()
     out["steps_ms"] = steps
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)  # the facts so far: a hang or crash in the NCCL check cannot lose them
+    if out["is_available"] and out.get("nccl_version") and os.environ.get("TORCHRIG_DOCTOR_NCCL", "1") != "0":
+        print(json.dumps({"nccl": nccl_check(torch, count)}), flush=True)
 
 
 if __name__ == "__main__":
