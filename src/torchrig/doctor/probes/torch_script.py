@@ -180,14 +180,15 @@ def nccl_check(torch, count):
             return {"status": "skipped", "error": "this torch has no NCCL backend", "env_used": env_used}
     except Exception as e:
         return {"status": "skipped", "error": err_text(e), "env_used": env_used}
-    result = {"status": "timeout", "devices": [], "env_used": env_used}
+    devices: list = []
+    result: dict = {"status": "timeout", "devices": devices, "env_used": env_used}
     limit = float(os.environ.get("TORCHRIG_DOCTOR_NCCL_TIMEOUT", "20"))
 
     def work():
         with tempfile.TemporaryDirectory(prefix="torchrig-nccl-") as root:
             for i in range(count):
-                result["devices"].append(nccl_one(torch, dist, i, root))
-        result["status"] = "ok" if all(d["ok"] for d in result["devices"]) else "failed"
+                devices.append(nccl_one(torch, dist, i, root))
+        result["status"] = "ok" if all(d["ok"] for d in devices) else "failed"
 
     t = threading.Thread(target=work, name="nccl-check", daemon=True)
     t.start()
