@@ -103,7 +103,7 @@ def probe_torch(
             ProbeStatus.FAILED,
             python_executable=exe,
             **req,
-            error=f"the torch probe {describe(code, tail)}"[:2000],
+            error=f"the torch probe {'was ' if (code or 0) < 0 else ''}{describe(code, tail)}"[:2000],
         )
     else:
         try:
