@@ -118,7 +118,12 @@ def probe_torch(
             and env.get("TORCHRIG_DOCTOR_NCCL", "1") != "0"
         ):
             facts = dataclasses.replace(facts, nccl=_nccl(nccl, code, err))
-    if facts.status is ProbeStatus.FAILED and trace_failures:
+    shadowed = bool(facts.origin) and not any(
+        d in facts.origin or "" for d in ("site-packages", "dist-packages")
+    )
+    if (
+        facts.status is ProbeStatus.FAILED and trace_failures and not shadowed
+    ):  # a torch/ folder: said as such
         failure = " ".join((facts.error or "failed").split())[:300]
         facts = dataclasses.replace(
             facts, trace=trace(lambda e: _outcome(exe, script, e, min(timeout_s, 60.0)), env, failure)

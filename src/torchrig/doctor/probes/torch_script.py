@@ -167,8 +167,9 @@ def nccl_one(torch, dist, index, root):
     return rec
 
 
-def nccl_check(torch, count):
-    """Each visible GPU's one-process communicator, within TORCHRIG_DOCTOR_NCCL_TIMEOUT seconds in all."""
+def start_nccl_check(torch, count):
+    """Start each visible GPU's one-process communicator in a thread (it overlaps the kernels and the peer
+    queries that follow); :func:`finish_nccl_check` waits for it, TORCHRIG_DOCTOR_NCCL_TIMEOUT seconds at most."""
     import tempfile
     import threading
 
@@ -177,12 +178,15 @@ def nccl_check(torch, count):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_nccl_available()):
-            return {"status": "skipped", "error": "this torch has no NCCL backend", "env_used": env_used}
+            return None, {
+                "status": "skipped",
+                "error": "this torch has no NCCL backend",
+                "env_used": env_used,
+            }
     except Exception as e:
-        return {"status": "skipped", "error": err_text(e), "env_used": env_used}
+        return None, {"status": "skipped", "error": err_text(e), "env_used": env_used}
     devices: list = []
     result: dict = {"status": "timeout", "devices": devices, "env_used": env_used}
-    limit = float(os.environ.get("TORCHRIG_DOCTOR_NCCL_TIMEOUT", "20"))
 
     def work():
         with tempfile.TemporaryDirectory(prefix="torchrig-nccl-") as root:
@@ -192,8 +196,16 @@ def nccl_check(torch, count):
 
     t = threading.Thread(target=work, name="nccl-check", daemon=True)
     t.start()
-    t.join(limit)
-    if t.is_alive():
+    return (t, time.perf_counter()), result
+
+
+def finish_nccl_check(started, result):
+    if started is None:
+        return result
+    thread, t0 = started
+    limit = float(os.environ.get("TORCHRIG_DOCTOR_NCCL_TIMEOUT", "20"))
+    thread.join(max(0.0, limit - (time.perf_counter() - t0)))
+    if thread.is_alive():
         result["error"] = f"the NCCL communicator did not come up in {limit:g} s"
     return result
 
@@ -275,6 +287,9 @@ def main():
         except Exception as e:
             out["init_error"] = err_text(e)
         steps["cuda_init"] = lap()
+        nccl = None
+        if out["is_available"] and out["nccl_version"] and os.environ.get("TORCHRIG_DOCTOR_NCCL", "1") != "0":
+            nccl = start_nccl_check(torch, count)
         if out["is_available"]:
             probe_devices(torch, out, count)
             steps["devices"] = lap()
@@ -286,8 +301,8 @@ def main():
     steps["maps"] = lap()
     out["steps_ms"] = steps
     print(json.dumps(out), flush=True)  # the facts so far: a hang or crash in the NCCL check cannot lose them
-    if out["is_available"] and out.get("nccl_version") and os.environ.get("TORCHRIG_DOCTOR_NCCL", "1") != "0":
-        print(json.dumps({"nccl": nccl_check(torch, count)}), flush=True)
+    if nccl is not None:
+        print(json.dumps({"nccl": finish_nccl_check(*nccl)}), flush=True)
 
 
 if __name__ == "__main__":
