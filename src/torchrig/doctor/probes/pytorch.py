@@ -118,12 +118,10 @@ def probe_torch(
             and env.get("TORCHRIG_DOCTOR_NCCL", "1") != "0"
         ):
             facts = dataclasses.replace(facts, nccl=_nccl(nccl, code, err))
-    shadowed = bool(facts.origin) and not any(
-        d in facts.origin or "" for d in ("site-packages", "dist-packages")
-    )
-    if (
-        facts.status is ProbeStatus.FAILED and trace_failures and not shadowed
-    ):  # a torch/ folder: said as such
+    origin = facts.origin or ""
+    # a torch/ folder ahead of the installed package is said as such (checks/pytorch.py), not traced
+    shadowed = bool(origin) and not any(d in origin for d in ("site-packages", "dist-packages"))
+    if facts.status is ProbeStatus.FAILED and trace_failures and not shadowed:
         failure = " ".join((facts.error or "failed").split())[:300]
         facts = dataclasses.replace(
             facts, trace=trace(lambda e: _outcome(exe, script, e, min(timeout_s, 60.0)), env, failure)
