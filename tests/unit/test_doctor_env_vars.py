@@ -419,3 +419,15 @@ def test_reinstall_only_when_a_clean_environment_fails_too():
     tr = CrashTrace("killed by SIGSEGV", False, "killed by SIGSEGV", (), ("PATH", "HOME"), 1, 4000.0)
     f = find(failed_torch(H200, tr), "torch.import_failed")
     assert any("--force-reinstall" in s for s in f.fix)
+
+
+def test_deep_pairs_that_fail_are_named():
+    from torchrig.doctor.facts import NcclPairCheck
+
+    ok = (NcclDeviceCheck(0, True, None, 300.0), NcclDeviceCheck(1, True, None, 280.0))
+    pairs = (NcclPairCheck(0, 1, False, "DistBackendError: NCCL error: unhandled system error", 40.0),)
+    facts = with_nccl(H200X2, NcclFacts("ok", None, ok, (), pairs))
+    f = find(facts, "nccl.pair_failed")
+    assert f.severity.value == "error" and "GPU 0 and 1" in f.summary
+    good = with_nccl(H200X2, NcclFacts("ok", None, ok, (), (NcclPairCheck(0, 1, True, None, 12.0),)))
+    assert "1 GPU pair(s)" in find(good, "nccl.ok").summary and "nccl.pair_failed" not in ids(good)

@@ -322,6 +322,19 @@ def profile_fault(name: str, value: str) -> Iterator[Run | str]:
         path.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def ib_hca_missing() -> Iterator[Run | str]:
+    """NCCL_IB_HCA naming a device this host lacks: a fault only where it has InfiniBand/RoCE devices."""
+    try:
+        devices = os.listdir("/sys/class/infiniband")
+    except OSError:
+        devices = []
+    if not devices:
+        yield "no InfiniBand/RoCE device here (NCCL uses sockets whatever NCCL_IB_HCA says)"
+        return
+    yield Run(env={"NCCL_IB_HCA": "=doctorfault_9"}, how=f"NCCL_IB_HCA='=doctorfault_9' (devices: {devices})")
+
+
 FAULTS = [
     Fault("libcuda-stub", ("driver.stub_library",), lambda: stub_lib("libcuda.so.1", "libcuda.so")),
     Fault(
@@ -375,7 +388,7 @@ FAULTS = [
     Fault("torch-logs-invalid", ("env.breaks_torch",), lambda: env_fault("TORCH_LOGS", "no_such_log_name")),
     Fault("cuda-launch-blocking", ("env.debug_setting",), lambda: env_fault("CUDA_LAUNCH_BLOCKING", "1")),
     Fault("nccl-debug-trace", ("env.debug_setting",), lambda: env_fault("NCCL_DEBUG", "TRACE")),
-    Fault("nccl-ib-hca-missing", ("env.nccl_ib_hca",), lambda: env_fault("NCCL_IB_HCA", "=mlx5_99")),
+    Fault("nccl-ib-hca-missing", ("env.nccl_ib_hca",), ib_hca_missing),
     Fault("ld-preload-libcudart", ("env.ld_preload",), lambda: env_fault("LD_PRELOAD", "libcudart.so.12")),
 ]
 

@@ -210,6 +210,17 @@ class NcclDeviceCheck:
 
 
 @dataclass(frozen=True)
+class NcclPairCheck:
+    """``--deep``: two ranks (one process per GPU) all-reduce over GPUs ``a`` and ``b``."""
+
+    a: int
+    b: int
+    ok: bool
+    error: str | None = None
+    elapsed_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class NcclFacts:
     """``init_process_group("nccl", world_size=1)`` over a FileStore, one all_reduce, destroy: per GPU."""
 
@@ -217,6 +228,7 @@ class NcclFacts:
     error: str | None = None  # why skipped, or the crash/timeout text
     devices: tuple[NcclDeviceCheck, ...] = ()
     env_used: tuple[str, ...] = ()  # the NCCL_*/GLOO_* variables set when it ran
+    pairs: tuple[NcclPairCheck, ...] = ()  # --deep only
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from torchrig.doctor.checks.common import Context
+from torchrig.doctor.facts import NcclPairCheck
 from torchrig.doctor.findings import Finding, Severity
 
 
@@ -15,11 +16,18 @@ def bootstrap(ctx: Context) -> Iterator[Finding]:
         return
     env = (f"NCCL environment: {' '.join(n.env_used)}",) if n.env_used else ()
     if n.status == "ok":
+        yield from _pairs(n.pairs, env)
         ms = sum(d.elapsed_ms or 0 for d in n.devices)
+        paired = (
+            f"; {len(n.pairs)} GPU pair(s) all-reduce across two ranks"
+            if n.pairs and all(p.ok for p in n.pairs)
+            else ""
+        )
         yield Finding(
             "nccl.ok",
             Severity.OK,
-            f"NCCL: a communicator bootstraps and all-reduces on each of {len(n.devices)} GPU(s) ({ms:.0f} ms)",
+            f"NCCL: a communicator bootstraps and all-reduces on each of {len(n.devices)} GPU(s) ({ms:.0f} ms)"
+            + paired,
             evidence=env,
         )
         return
@@ -45,4 +53,25 @@ def bootstrap(ctx: Context) -> Iterator[Finding]:
             "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET torchrig doctor --only torch   # NCCL's own account",
         ),
         (*(f"GPU {d.index}: {d.error}" for d in bad if d.error), *env),
+    )
+
+
+def _pairs(pairs: tuple[NcclPairCheck, ...], env: tuple[str, ...]) -> Iterator[Finding]:
+    bad = [p for p in pairs if not p.ok]
+    if not bad:
+        return
+    first = (bad[0].error or "no error text").splitlines()[0][:200]
+    yield Finding(
+        "nccl.pair_failed",
+        Severity.ERROR,
+        f"NCCL between {', '.join(f'GPU {p.a} and {p.b}' for p in bad[:4])}"
+        + (f" and {len(bad) - 4} more pairs" if len(bad) > 4 else "")
+        + f" fails: {first}",
+        "one process per GPU works, two ranks across these GPUs do not: their transport (P2P over NVLink or PCIe, "
+        "shared memory) fails; see gpu.p2p_unavailable and the NCCL_P2P_*/NCCL_SHM_* variables",
+        (
+            "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,SHM torchrig doctor --deep --only torch   # NCCL's account",
+            "nvidia-smi topo -m   # how the pair is connected",
+        ),
+        (*(f"GPU {p.a}-{p.b}: {p.error}" for p in bad if p.error), *env),
     )
