@@ -382,7 +382,9 @@ def test_trace_clean_ok_names_the_variable_and_respects_its_budget():
     t = trace(lambda e: "ValueError" if "TORCH_LOGS" in e else None, env, "ValueError: Invalid log settings")
     assert t.clean_ok is True and t.culprits == ("TORCH_LOGS=bogus",) and t.essentials == ("PATH", "HOME")
     broken = trace(lambda e: "killed by SIGSEGV", env, "killed by SIGSEGV")
-    assert broken.clean_ok is False and broken.culprits == () and broken.runs == 1
+    assert (
+        broken.clean_ok is False and broken.culprits == () and broken.runs == 2
+    )  # clean and suspects, side by side
     slow = trace(lambda e: "x" if "X" in e and "EDITOR" in e else None, env, "x", max_runs=2)
     assert slow.note and "stopped after 2 runs" in slow.note and slow.clean_ok is True
     needs_path = trace(

@@ -138,7 +138,19 @@ def trace(
     base = {n: env[n] for n in essentials}
     clean_ok: bool | None = None
     try:
-        clean = probe(dict(base))
+        # The clean run and the usual suspects as a group, side by side (the group is needed whenever the
+        # clean run works, which is the case worth being quick for).
+        others = [n for n in sorted(env) if n not in base]
+        group = [n for n in others if suspicious(n)]
+        with ThreadPoolExecutor(2) as pool:
+            clean_run = pool.submit(probe, dict(base))
+            group_run = (
+                pool.submit(probe, {**base, **{n: env[n] for n in group}})
+                if group and len(group) < len(others)
+                else None
+            )
+            clean = clean_run.result()
+            group_fails = group_run is not None and group_run.result() is not None
         for extra in IF_NEEDED:  # the clean run may need the user's library or module path
             if clean is not None and extra in env:
                 trial = {**base, extra: env[extra]}
@@ -149,11 +161,9 @@ def trace(
         if not clean_ok:
             return _done(failure, False, clean, [], essentials, runs, t0, None)
         suspects = sorted(n for n in env if n not in base)
-        first = [n for n in suspects if suspicious(n)]
-        fails = lambda e: probe(e) is not None  # noqa: E731
-        if first and len(first) < len(suspects) and fails({**base, **{n: env[n] for n in first}}):
-            suspects = first  # the usual suspects alone reproduce it: bisect among them
-        found = culprits(suspects, base, env, fails)
+        if group_fails:
+            suspects = [n for n in suspects if suspicious(n)]  # the usual suspects alone reproduce it
+        found = culprits(suspects, base, env, lambda e: probe(e) is not None)
     except Budget as stop:
         return _done(failure, clean_ok, None, [], essentials, runs, t0, str(stop))
     return _done(failure, True, None, [f"{n}={env[n]}" for n in found], essentials, runs, t0, None)
