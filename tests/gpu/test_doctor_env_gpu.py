@@ -82,3 +82,28 @@ def test_a_malformed_alloc_conf_is_named_not_reinstall(tmp_path):
     assert "env.alloc_conf" in problems or "env.breaks_torch" in problems, problems
     for f in report["findings"]:
         assert not any("--force-reinstall" in s for s in f["fix"]), f
+
+
+def _gpus() -> int:
+    code = "import torch; print(torch.cuda.device_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    return int(out.strip() or 0)
+
+
+def test_deep_all_reduces_each_gpu_pair(tmp_path):
+    n = _gpus()
+    if n < 2:
+        pytest.skip("--deep needs two GPUs")
+    full = {**os.environ, **SAFE, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrig", "doctor", "--json", "--deep", "--only", "torch"],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=tmp_path,
+        timeout=400,
+    )
+    report = json.loads(proc.stdout)
+    pairs = report["facts"]["torch"]["nccl"]["pairs"]
+    assert len(pairs) == n * (n - 1) // 2 and all(p["ok"] for p in pairs), pairs
+    assert "nccl.pair_failed" not in ids(report)
