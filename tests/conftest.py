@@ -143,21 +143,29 @@ def _terminated(signum, frame):
         return
     global TERMINATED
     TERMINATED = True
-    workers = _worker_pids() if _XDIST_CONTROLLER else []
+    workers = _worker_pids() if _CONFIG is not None and _XDIST_CONTROLLER else []
     if workers:
+        dsession = _CONFIG.pluginmanager.getplugin("dsession")
+        if dsession is not None:
+            # the run stops: no new tests, and a worker that the signal ends before it could report (one
+            # still collecting) is not replaced by a fresh one
+            dsession.shouldstop = "stopped by SIGTERM"
+            dsession._max_worker_restart = 0
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-        return  # the workers end interrupted; xdist then ends the run as interrupted
+        return  # the workers end interrupted (fixtures torn down); xdist then ends the run as interrupted
     raise KeyboardInterrupt("SIGTERM")
 
 
 _XDIST_CONTROLLER = False
+_CONFIG = None
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin: the shared folder is in its base temp
 def pytest_configure(config):
-    global _XDIST_CONTROLLER
+    global _XDIST_CONTROLLER, _CONFIG
+    _CONFIG = config
     runwide.set_identity(config)
     _XDIST_CONTROLLER = runwide.is_controller(config) and bool(getattr(config.option, "numprocesses", None))
     if threading.current_thread() is threading.main_thread():
@@ -198,3 +206,10 @@ def pytest_sessionfinish(session, exitstatus):
         line(f"leak check: no container, volume or image labelled {runwide.TEST_LABEL}={run.session_id} left")
     if TERMINATED:
         session.exitstatus = 128 + signal.SIGTERM
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The order's seed at the end too (the header that pytest-randomly writes it in is hidden by -q)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if runwide.is_controller(config) and isinstance(seed, int) and config.pluginmanager.hasplugin("randomly"):
+        terminalreporter.write_line(f"random order: replay it with --randomly-seed={seed}")
