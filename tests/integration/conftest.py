@@ -9,11 +9,13 @@ ends; the engine's layer cache makes a rebuild with unchanged inputs take second
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,12 +168,13 @@ def image_build_cli():
     return run_image_build
 
 
-@pytest.fixture(scope="session")
-def test_image_build(engine, wheelhouse, run_identity) -> dict:
-    """The ``torchrig image build --json`` result for the test spec (built once per test run)."""
+def build_test_image(run: runwide.RunIdentity) -> dict:
+    """The test spec's ``torchrig image build --json`` result, built once for the run (every process of
+    the run that calls this gets the one result; the first builds, under a file lock, the others wait)."""
 
     def build() -> dict:
-        spec = run_identity.shared_dir / "image-spec" / "torchrig.toml"
+        wheelhouse = make_wheelhouse()
+        spec = run.shared_dir / "image-spec" / "torchrig.toml"
         spec.parent.mkdir(exist_ok=True)
         spec.write_text(TEST_SPEC)
         proc = run_image_build(spec, "--wheelhouse", str(wheelhouse), "--json", timeout=1500)
@@ -181,10 +184,41 @@ def test_image_build(engine, wheelhouse, run_identity) -> dict:
         result["spec_path"] = str(spec)
         # the run's image goes with the run (the builder's cache keeps its layers for the next build): by
         # its ID, so every tag on it goes, and a stack tag another run's build has since taken stays
-        runwide.at_end(run_identity, "image", result["image_id"])
+        runwide.at_end(run, "image", result["image_id"])
         return result
 
-    return runwide.once(run_identity, "test-image-build", build)
+    return runwide.once(run, "test-image-build", build)
+
+
+def _needs_test_image(item) -> bool:
+    return "test_image_build" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config, items):
+    """The test image takes minutes to build: the tests that need it run after the others (a stable sort:
+    the random order stays reproducible from its seed), while it builds (below)."""
+    items.sort(key=_needs_test_image)
+
+
+def pytest_collection_finish(session):
+    """When the run's tests (after -m and -k) include some that need the test image, its
+    build starts now, in the background: the other tests run while it builds instead of waiting for it."""
+    if not any(_needs_test_image(i) for i in session.items) or engine_ready() is not None:
+        return
+    run = runwide.identity_of(session.config)
+    threading.Thread(target=_build_quietly, args=(run,), name="test-image-build", daemon=True).start()
+
+
+def _build_quietly(run: runwide.RunIdentity) -> None:
+    """(background) a failure is recorded by runwide.once; the tests that need the image report it."""
+    with contextlib.suppress(Exception):
+        build_test_image(run)
+
+
+@pytest.fixture(scope="session")
+def test_image_build(engine, wheelhouse, run_identity) -> dict:
+    """The ``torchrig image build --json`` result for the test spec (built once per test run)."""
+    return build_test_image(run_identity)
 
 
 @pytest.fixture(scope="session")
