@@ -190,14 +190,14 @@ def pytest_sessionfinish(session, exitstatus):
     run = runwide.identity_of(config)
     if run is None:
         return
-    runwide.run_at_end(run)
+    held = runwide.run_at_end(run)
     out = config.get_terminal_writer()
     out.line()  # the progress line (dots, [100%]) has no end of line yet
     line = out.line
     swept = runwide.swept(run)
     if swept:
         line(f"leak check: removed what ended test sessions left: {', '.join(swept)}", yellow=True)
-    left = runwide.leftovers(run)
+    left = runwide.leftovers(run, held)
     if left:
         what = "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items())
         line(f"LEAK CHECK FAILED: tests left {what}", red=True)
