@@ -33,6 +33,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+# one Slurm cluster for the whole run (tools/ci/slurm-cluster.sh): its jobs, a node lost and restarted and
+# the fixed rendezvous ports below must not meet another worker's job on it
+pytestmark = pytest.mark.xdist_group("slurm-cluster")
+
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_ENV = Path("/run/torchrig-slurm/cluster.env")
 SCRIPT = ROOT / "tools" / "ci" / "slurm-cluster.sh"

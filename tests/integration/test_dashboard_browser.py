@@ -19,15 +19,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# one chromium at a time (its memory on the 2-core CI machine)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chromium")]
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "tests/fixtures/runtime/inventory-8xh200.json"
 BASE = "torchrig-test/debian:bookworm"
-OTHER = "trdashviewer"
+OTHER = f"trdash-{uuid.uuid4().hex[:8]}"  # one per run: runs on one host do not share it
 
 
 def _browser():

@@ -258,21 +258,21 @@ def test_dry_run_leases_what_a_real_up_would(cli, engine, env, tmp_path):
     common = ["--image", BASE, "--no-jupyter", "--no-ssh", "--inventory", str(inv), "--create-only"]
     names = []
     try:
-        for name in ("trt-sh1", "trt-sh2"):
+        for name in ("trt-dry-sh1", "trt-dry-sh2"):
             r = cli("up", *common, "--name", name, "--gpus", "1", "--share", env=env)
             assert r.code == 0, r.err
             names.append(name)
         # both GPUs held by one sharer each; a third sharer may take either: the dry run names it
         dry = cli(
-            "up", *common, "--name", "trt-sh3", "--gpus", "1", "--share", "--dry-run", "--json", env=env
+            "up", *common, "--name", "trt-dry-sh3", "--gpus", "1", "--share", "--dry-run", "--json", env=env
         )
         assert dry.code == 0, dry.err
         planned = [g["uuid"] for g in dry.json()["plan"]["gpus"]]
-        alone = cli("up", *common, "--name", "trt-sh4", "--gpus", "1", "--dry-run", env=env)
+        alone = cli("up", *common, "--name", "trt-dry-sh4", "--gpus", "1", "--dry-run", env=env)
         assert alone.code == 1 and "no free GPU" in alone.err
-        r = cli("up", *common, "--name", "trt-sh3", "--gpus", "1", "--share", "--json", env=env)
+        r = cli("up", *common, "--name", "trt-dry-sh3", "--gpus", "1", "--share", "--json", env=env)
         assert r.code == 0, r.err
-        names.append("trt-sh3")
+        names.append("trt-dry-sh3")
         assert [g["uuid"] for g in r.json()["plan"]["gpus"]] == planned
     finally:
         for name in names:

@@ -154,7 +154,7 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path, test_labels):
         assert again.code == 0, again.err
         assert "Jupyter" not in again.out and "ssh -p" in again.out
         r = cli("exec", name, "--", "cat", "/home/torch/work/kept.txt", env=user_env)
-        assert r.out == "from-ssh\n"
+        assert r.code == 0 and r.out == "from-ssh\n", (r.code, r.out, r.err)
     finally:
         assert cli("down", name, env=user_env).code == 0
 
