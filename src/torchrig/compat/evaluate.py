@@ -275,3 +275,24 @@ def platform_for(gpus: Sequence[Gpu], platform: Platform | None) -> tuple[Platfo
             "jetson"
         ), f"{gpus[0].name} is a Jetson module: judged for --platform jetson, not {plat.label}"
     return plat, None
+
+
+def infer_platform(
+    gpus: Sequence[Gpu], given: Platform | None, here: Platform
+) -> tuple[Platform, str | None]:
+    """``--platform`` when given; else, when every GPU that exists on one kind of host only (Grace Hopper, Grace
+    Blackwell, DGX Spark: ``host_platform`` in gpus.toml) names the same one and this machine is not of that
+    kind, that platform, with a note saying it was inferred; else this machine's."""
+    if given is not None:
+        return given, None
+    hosts = {g.host_platform for g in gpus if g.host_platform}
+    if len(hosts) != 1:
+        return here, None
+    (only,) = hosts
+    if here.id == only or here.arch_platform == only:
+        return here, None
+    gpu = next(g for g in gpus if g.host_platform == only)
+    return Platform(only), (
+        f"{gpu.name} exists only on {only} hosts: judged for --platform {only} (inferred, not this machine's "
+        f"{here.label}; pass --platform to say otherwise)"
+    )

@@ -358,6 +358,7 @@ def _gpu(row: Mapping[str, Any]) -> Gpu:
         peaks=Peaks(**{k: v for k, v in peaks.items() if k in Peaks.__dataclass_fields__}),
         source=row.get("source", ""),
         verified=str(row.get("verified", "")),
+        host_platform=row.get("host_platform"),
     )
 
 

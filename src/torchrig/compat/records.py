@@ -79,6 +79,9 @@ class Gpu:
     peaks: Peaks
     source: str = ""
     verified: str = ""
+    host_platform: str | None = (
+        None  # the only platform it exists on (GH200, GB200, GB300, GB10: linux-aarch64)
+    )
 
     @property
     def cc(self) -> tuple[int, int]:

@@ -124,6 +124,7 @@ def _python_flag(plan: InstallPlan) -> str:
 def make_plan(req: InstallRequest) -> InstallPlan:
     """Every decision, nothing changed: the interpreter, the machine, the build the index serves, the argv."""
     from torchrig.compat import load_kb
+    from torchrig.compat.evaluate import infer_platform
     from torchrig.compat.host import detect_local_gpus, host_platform
     from torchrig.compat.platforms import parse_platform
     from torchrig.compat.target import choose_target
@@ -135,11 +136,12 @@ def make_plan(req: InstallRequest) -> InstallPlan:
             hint="make a virtual environment: python3 -m venv .venv && . .venv/bin/activate, then torchrig install",
         )
     installer = host.which_installer(req.installer, facts)
-    plat = parse_platform(req.platform) if req.platform else host_platform()
     kb = load_kb()
     target = choose_target(list(req.gpus), req.driver, "auto", None if req.gpus else detect_local_gpus())
     gpus = list({g.id: g for g in (kb.find_gpu(n) for n in target.gpus)}.values())
-    notes: list[str] = []
+    given = parse_platform(req.platform) if req.platform else None
+    plat, inferred = infer_platform(gpus, given, given or host_platform())
+    notes: list[str] = [inferred] if inferred else []
     listed_cache: dict[str | None, Sequence[str] | None] = {}
 
     def available(index: str | None) -> Sequence[str] | None:
