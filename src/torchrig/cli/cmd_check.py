@@ -90,6 +90,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--torch", required=True, metavar="VERSION[+cuXYZ|+cpu]", help="PyTorch build, e.g. 2.8.0+cu126"
     )
+    parser.add_argument(
+        "--index",
+        metavar="URL|NAME",
+        help="where the wheel comes from: pypi, pytorch, nvidia-jetpack5/6, jetson-ai-lab-jp6/-sbsa, or the "
+        "index URL (default: inferred from the version and platform where certain, else PyPI/download.pytorch.org)",
+    )
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,11 @@ def run(args: argparse.Namespace) -> CheckReport:
     kb = load_kb()
     gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())  # 8x the same GPU: once
     plat, inferred = platform_and_note(args, gpus)
+    from torchrig.compat import sources
+
+    sourced = sources.infer(kb, args.torch, args.index, gpus, args.driver, plat)
+    if sourced is not None:
+        return CheckReport(_sourced_result(kb, sourced, gpus, args.driver, plat, inferred))
     build = kb.find_build(args.torch, plat)
     result = check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat)
     if inferred:
@@ -137,3 +148,18 @@ def run(args: argparse.Namespace) -> CheckReport:
 
         result = dataclasses.replace(result, notes=[inferred, *result.notes])
     return CheckReport(result)
+
+
+def _sourced_result(
+    kb: Any, sourced: Any, gpus: Any, driver: str | None, plat: Any, inferred: str | None
+) -> Any:
+    """A build from NVIDIA's JetPack wheels or a Jetson AI Lab index, judged by that source's facts."""
+    from torchrig.compat.check import CheckResult
+    from torchrig.compat.reasons import verdict_of
+    from torchrig.compat.sources import judge
+
+    build, reasons, judged = judge(kb, sourced, gpus, driver, plat)
+    notes = [n for n in (inferred,) if n]
+    if not sourced.how.startswith("--index"):
+        notes.append(f"wheel source {sourced.how}; pass --index to say otherwise")
+    return CheckResult(verdict_of(reasons), reasons, [], build, list(gpus), driver, None, notes, judged.label)
