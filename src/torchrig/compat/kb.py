@@ -69,6 +69,43 @@ _PREFIXES = ("nvidia", "geforce", "tesla", "quadro")
 _BOARD_TOKENS = re.compile(r"[\s_-]+(sxm\d?|pcie|\d+gb|hbm\d?e?|nvl|mig|\d+g)\b", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=1)
+def pci_gpus() -> dict[str, Gpu]:
+    """The PCI ID database's NVIDIA GPUs of compute capability >= 3.5 (``data/pci_gpus.json``, written by
+    tools/gen_pci_gpus.py), by normalised name: the fallback for names gpus.toml does not list. A name two
+    entries give different capabilities is left out (it cannot say which GPU it is)."""
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pci_gpus.json")
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    sources = {r["compute_capability"] + r["arch"]: r["source"] for r in doc["rules"]}
+    found: dict[str, Gpu] = {}
+    clash: set[str] = set()
+    for row in doc["gpu"]:
+        for spelling in row["names"]:
+            gpu = Gpu(
+                id=f"pci-{row['device_id'].replace(':', '-')}",
+                name=spelling,
+                arch=row["arch"],
+                compute_capability=row["compute_capability"],
+                segment=row["segment"],
+                family=row["arch"],
+                memory_gb=None,
+                memory_type=None,
+                aliases=(),
+                peaks=Peaks(),
+                source=f"{doc['source']}; compute capability: {sources[row['compute_capability'] + row['arch']]}",
+                verified=doc["verified"],
+            )
+            for key in (_norm(spelling), _strip_prefixes(spelling)):
+                have = found.get(key)
+                if have is not None and have.compute_capability != gpu.compute_capability:
+                    clash.add(key)
+                found.setdefault(key, gpu)
+    return {k: g for k, g in found.items() if k not in clash}
+
+
 def _norm(name: str) -> str:
     return re.sub(r"[\s_\-]+", "", name.lower())
 
@@ -99,9 +136,18 @@ class KnowledgeBase:
         """The GPU called ``name`` (any listed spelling, case/space/prefix-insensitive), else InputError."""
         if not name or not name.strip():
             raise InputError("empty GPU name", hint="e.g. --gpu 'RTX 4090' or --gpu 'NVIDIA H100 80GB HBM3'")
-        for key in (_norm(name), _strip_prefixes(name), _strip_prefixes(_BOARD_TOKENS.sub("", name))):
+        pci = re.fullmatch(
+            r"\s*[A-Z]{2}\d{3}[A-Z]*\s*\[(.+)\]\s*", name
+        )  # pci.ids' "GA102 [GeForce RTX 3090]"
+        name = pci.group(1) if pci else name
+        keys = (_norm(name), _strip_prefixes(name), _strip_prefixes(_BOARD_TOKENS.sub("", name)))
+        for key in keys:
             if key in self._gpu_index:
                 return self._gpu_index[key]
+        listed = pci_gpus()
+        for key in keys:
+            if key in listed:
+                return listed[key]
         short = _strip_prefixes(name)
         family = list(
             dict.fromkeys(g for k, g in self._gpu_index.items() if len(short) >= 3 and k.startswith(short))
@@ -118,8 +164,8 @@ class KnowledgeBase:
         laptop = self._laptop_part(name)
         if laptop is not None:
             return laptop
-        keys = closest(_strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
-        names = list(dict.fromkeys(self._gpu_index[k].name for k in keys))[:3]
+        near = closest(_strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
+        names = list(dict.fromkeys(self._gpu_index[k].name for k in near))[:3]
         hint = (
             f"did you mean: {', '.join(names)}?"
             if names
