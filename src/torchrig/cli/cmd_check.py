@@ -140,7 +140,12 @@ def run(args: argparse.Namespace) -> CheckReport:
 
     sourced = sources.infer(kb, args.torch, args.index, gpus, args.driver, plat)
     if sourced is not None:
-        return CheckReport(_sourced_result(kb, sourced, gpus, args.driver, plat, inferred))
+        result = sources.check_sourced(kb, sourced, gpus, args.driver, plat)
+        if inferred:
+            import dataclasses
+
+            result = dataclasses.replace(result, notes=[inferred, *result.notes])
+        return CheckReport(result)
     build = kb.find_build(args.torch, plat)
     result = check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat)
     if inferred:
@@ -148,18 +153,3 @@ def run(args: argparse.Namespace) -> CheckReport:
 
         result = dataclasses.replace(result, notes=[inferred, *result.notes])
     return CheckReport(result)
-
-
-def _sourced_result(
-    kb: Any, sourced: Any, gpus: Any, driver: str | None, plat: Any, inferred: str | None
-) -> Any:
-    """A build from NVIDIA's JetPack wheels or a Jetson AI Lab index, judged by that source's facts."""
-    from torchrig.compat.check import CheckResult
-    from torchrig.compat.reasons import verdict_of
-    from torchrig.compat.sources import judge
-
-    build, reasons, judged = judge(kb, sourced, gpus, driver, plat)
-    notes = [n for n in (inferred,) if n]
-    if not sourced.how.startswith("--index"):
-        notes.append(f"wheel source {sourced.how}; pass --index to say otherwise")
-    return CheckResult(verdict_of(reasons), reasons, [], build, list(gpus), driver, None, notes, judged.label)

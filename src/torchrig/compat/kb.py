@@ -240,8 +240,10 @@ class KnowledgeBase:
         """``"2.8.0+cu126"`` -> that build; ``"2.8.0"`` -> the build PyPI serves on ``platform``; ``"2.8.0+cpu"``
         -> CPU-only. A nightly (``2.10.0.dev20250915+cu128``) is read as its release line, with a remark."""
         parsed = V.parse_torch_build_text(text)
-        rel = self.release(parsed.release)
         plat = platform or Platform()
+        if parsed.prerelease and parsed.variant and not self._has_build(parsed.release, parsed.variant):
+            return self._nightly_by_cuda(parsed, plat)
+        rel = self.release(parsed.release)
         name = parsed.variant or self.pypi_default(rel, plat)[0]
         build = self.build(rel, rel.variant(name), plat)
         if parsed.prerelease:
@@ -253,6 +255,50 @@ class KnowledgeBase:
                 build, prerelease=parsed.prerelease, remarks=(*build.remarks, ("prerelease_build", remark))
             )
         return build
+
+    def _has_build(self, version: str, variant: str) -> bool:
+        norm = V.normalise_release(version)
+        return any(r.version == norm and any(v.name == variant for v in r.variants) for r in self.releases)
+
+    def _nightly_by_cuda(self, parsed: V.TorchBuildText, plat: Platform) -> Build:
+        """A nightly whose variant its release line does not list (nightly channels carried CUDA variants the
+        release dropped, and run ahead of the knowledge base): judged by its CUDA version itself. Its kernels
+        are unknown, so a GPU that CUDA cannot build for fails, and any other is a caveat to verify."""
+        variant_name = parsed.variant or ""
+        m = re.fullmatch(r"cu(\d+)(\d)", variant_name)
+        if not m:
+            raise InputError(
+                f"torch {parsed.prerelease}+{variant_name}: only a CUDA nightly (+cuXYZ) can be judged without its "
+                "release's data",
+                hint="pass the CUDA variant, e.g. +cu128",
+            )
+        cuda = f"{int(m.group(1))}.{m.group(2)}"
+        self.toolkit(cuda)  # a CUDA torchrig does not know cannot be judged: the error says which it knows
+        norm = V.normalise_release(parsed.release)
+        rel = next((r for r in self.releases if r.version == norm), None) or Release(
+            norm, None, (), None, None, variant_name, ()
+        )
+        variant = Variant(
+            name=variant_name,
+            cuda=cuda,
+            index_url=f"{PYTORCH_INDEX}/nightly/{variant_name}",
+            arch_list=(),
+            ptx=(),
+            confirmed=False,
+            source="https://download.pytorch.org/whl/nightly/",
+        )
+        remark = (
+            f"{parsed.prerelease}+{variant_name} is a nightly whose kernels torchrig does not know: judged by CUDA "
+            f"{cuda} itself (which GPUs it can build for); check torch.cuda.get_arch_list() after installing"
+        )
+        return Build(
+            rel,
+            variant,
+            plat.id,
+            arch_confirmed=False,
+            prerelease=parsed.prerelease,
+            remarks=(("prerelease_build", remark),),
+        )
 
     # ---- platforms
     def platform_info(self, platform_id: str) -> PlatformInfo | None:

@@ -15,12 +15,15 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release, Variant
 from torchrig.compat.platforms import Platform
 from torchrig.compat.reasons import Reason, Severity
 from torchrig.errors import UsageError
+
+if TYPE_CHECKING:
+    from torchrig.compat.check import CheckResult
 
 NAMES_OF_STANDARD = ("pypi", "pytorch", "download.pytorch.org")
 
@@ -246,3 +249,19 @@ def _build(kb: KnowledgeBase, sb: SourcedBuild, plat: Platform) -> Build:
         verified=s.verified,
     )
     return Build(release, variant, plat.id, pypi_variant=None)
+
+
+def check_sourced(
+    kb: KnowledgeBase, sourced: SourcedBuild, gpus: Sequence[Gpu], driver: str | None, platform: Platform
+) -> CheckResult:
+    """``check``'s answer for a build from NVIDIA's JetPack wheels or a Jetson AI Lab index."""
+    from torchrig.compat.check import CheckResult
+    from torchrig.compat.reasons import verdict_of
+
+    build, reasons, judged = judge(kb, sourced, gpus, driver, platform)
+    notes = (
+        []
+        if sourced.how.startswith("--index")
+        else [f"wheel source {sourced.how}; pass --index to say otherwise"]
+    )
+    return CheckResult(verdict_of(reasons), reasons, [], build, list(gpus), driver, None, notes, judged.label)
