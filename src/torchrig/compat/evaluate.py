@@ -123,8 +123,42 @@ def _driver_reasons(
     elif ds.kind is DriverSupportKind.MINOR_COMPAT:
         reasons.append(Reason("driver_minor_compat", Severity.CAVEAT, f"{ds.message}; {ds.caveat}"))
     else:
-        reasons.append(Reason("driver_too_old", Severity.FAIL, ds.message))
+        reasons.append(
+            _forward_compat(kb, gpus, driver, build, platform)
+            or Reason("driver_too_old", Severity.FAIL, ds.message)
+        )
     return reasons, ds.kind
+
+
+# NVIDIA's CUDA forward compatibility (https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html):
+# on data center GPUs, a driver of a Long Term Support Branch runs a newer CUDA with the cuda-compat-<major>-<minor>
+# package, "generated from the NVIDIA driver that matches with the CUDA release" (its own floor: that driver).
+_FORWARD_COMPAT_PLATFORMS = ("linux-x86_64", "linux-aarch64")
+
+
+def _forward_compat(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str, build: Build, platform: Platform
+) -> Reason | None:
+    branch = kb.branch_of(driver)
+    if (
+        build.cuda is None
+        or platform.id not in _FORWARD_COMPAT_PLATFORMS
+        or branch is None
+        or not branch.lts
+        or not gpus
+        or any(g.segment != "datacenter" for g in gpus)
+    ):
+        return None
+    tk = kb.toolkit(build.cuda)
+    major, minor = [*build.cuda.split("."), "0"][:2]
+    return Reason(
+        "driver_forward_compat",
+        Severity.CAVEAT,
+        f"driver {driver} (R{branch.branch}, a Long Term Support Branch) is older than CUDA {build.cuda} needs "
+        f"({tk.min_driver}); on data center GPUs NVIDIA's forward compatibility runs it with the "
+        f"cuda-compat-{major}-{minor} package, whose libcuda comes from driver {tk.min_driver} (put "
+        f"/usr/local/cuda/compat on LD_LIBRARY_PATH): install it, or upgrade the driver to {tk.min_driver} or newer",
+    )
 
 
 def jetpack_for(
