@@ -30,3 +30,12 @@ def test_consumer_gpus_and_non_lts_branches_still_fail(kb):
     assert _check(kb, "RTX 4090", "535.104.05", "2.9.0+cu130").verdict is Verdict.FAILS
     assert "driver_too_old" in _check(kb, "H100", "545.23.06", "2.9.0+cu130").codes
     assert _check(kb, "H100", "545.23.06", "2.9.0+cu130").verdict is Verdict.FAILS
+
+
+def test_a_bundled_library_floor_is_a_caveat_naming_it(kb):
+    r = _check(kb, "Tesla K80", None, "2.5.1+cu118")  # sm_37 kernels, cuDNN 9.1 (needs 5.0)
+    assert r.verdict is Verdict.WORKS_WITH_CAVEATS
+    floor = next(x for x in r.reasons if x.code == "library_floor")
+    assert "cuDNN 9.1" in floor.message and "5.0" in floor.message
+    assert "library_floor" not in _check(kb, "Tesla K80", None, "2.3.1+cu118").codes  # cuDNN 8
+    assert "library_floor" not in _check(kb, "Tesla M60", None, "2.5.1+cu118").codes  # 5.2 is above it

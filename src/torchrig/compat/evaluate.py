@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torchrig.compat import versions as V
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase
 from torchrig.compat.platforms import JetPack, Platform
 from torchrig.compat.reasons import Reason, Severity
@@ -295,6 +296,8 @@ def evaluate(
             continue
         arch = _unconfirmed_kernels(kb, gpu, build, _arch_reason(kb, gpu, build, driver_kind))
         reasons.append(arch)
+        if arch.severity is not Severity.FAIL:
+            reasons += _library_floor_reasons(kb, gpu, build)
         ptxas = _ptxas_reason(kb, gpu, build) if arch.severity is not Severity.FAIL else None
         if ptxas:
             reasons.append(ptxas)
@@ -330,3 +333,32 @@ def infer_platform(
         f"{gpu.name} exists only on {only} hosts: judged for --platform {only} (inferred, not this machine's "
         f"{here.label}; pass --platform to say otherwise)"
     )
+
+
+def _library_floor_reasons(kb: KnowledgeBase, gpu: Gpu, build: Build) -> list[Reason]:
+    """A library the wheel bundles (cuDNN 9) supports fewer GPUs than the wheel's kernels (cuda.toml
+    [[library_floor]]): the GPU runs torch's kernels, and that library's calls fail on it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for floor in kb.library_floors:
+        bundled = build.variant.cudnn if floor.library == "cuDNN" else None
+        if bundled is None:
+            continue
+        try:
+            within = Version(bundled) in SpecifierSet(floor.versions)
+        except InvalidVersion:
+            continue
+        if within and gpu.cc < V.parse_cc(floor.min_compute_capability):
+            out.append(
+                Reason(
+                    "library_floor",
+                    Severity.CAVEAT,
+                    f"{gpu.name} ({gpu.compute_capability}) runs torch {build.label}'s kernels, but the {floor.library} "
+                    f"{bundled} it bundles needs compute capability {floor.min_compute_capability} or newer: "
+                    f"{floor.library} calls (convolutions, attention) fail; {floor.workaround}",
+                    gpu.name,
+                )
+            )
+    return out

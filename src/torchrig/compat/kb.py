@@ -38,6 +38,7 @@ from torchrig.compat.records import (
     Build,
     Gpu,
     GpuArch,
+    LibraryFloor,
     Peaks,
     Release,
     Toolkit,
@@ -54,6 +55,7 @@ __all__ = [
     "Gpu",
     "GpuArch",
     "KnowledgeBase",
+    "LibraryFloor",
     "Peaks",
     "Release",
     "Toolkit",
@@ -130,6 +132,7 @@ class KnowledgeBase:
     arch_overrides: tuple[ArchOverride, ...] = ()
     jetpacks: tuple[JetPack, ...] = ()
     ptxas_gaps: tuple[PtxasGap, ...] = ()
+    library_floors: tuple[LibraryFloor, ...] = ()
 
     # ---- GPUs
     def find_gpu(self, name: str) -> Gpu:
@@ -522,6 +525,12 @@ def _toolkit(r: Mapping[str, Any]) -> Toolkit:
     )
 
 
+def _library_floor(r: Mapping[str, Any]) -> LibraryFloor:
+    return LibraryFloor(
+        r["library"], r["versions"], r["min_compute_capability"], r.get("workaround", ""), **_sourced(r)
+    )
+
+
 def _branch(r: Mapping[str, Any]) -> Branch:
     return Branch(
         branch=str(r["branch"]),
@@ -608,6 +617,7 @@ def build_kb(
         branches=tuple(_row("branch", r, _branch) for r in drivers.get("branch", ())),
         releases=tuple(releases),
         _gpu_index=_index_gpus(gpu_rows),
+        library_floors=tuple(_row("library_floor", r, _library_floor) for r in cuda.get("library_floor", ())),
         **_platform_rows(platforms),
     )
 

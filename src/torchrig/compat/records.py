@@ -108,6 +108,18 @@ class Toolkit:
 
 
 @dataclass(frozen=True)
+class LibraryFloor:
+    """A library the wheel bundles (cuDNN) and the lowest compute capability its ``versions`` support."""
+
+    library: str
+    versions: str  # PEP 440 specifier on the bundled version
+    min_compute_capability: str
+    workaround: str = ""
+    source: str = ""
+    verified: str = ""
+
+
+@dataclass(frozen=True)
 class Branch:
     branch: str
     max_cuda: str
