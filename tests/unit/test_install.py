@@ -177,3 +177,19 @@ def test_a_working_torch_is_not_replaced_without_yes():
     assert _action(here, "torch==9.9.9+cpu", False, InstallRequest(yes=True), []) == "replace"
     installed = PythonFacts(sys.executable, "3.11.0", "24.0", torch.__version__)
     assert _action(installed, f"torch=={torch.__version__}", False, InstallRequest(), []) == "keep"
+
+
+def test_a_jetpack_6_jetson_installs_from_the_jetson_ai_lab_index(kb):
+    orin = kb.find_gpu("Jetson AGX Orin")
+    # the JetPack comes from the driver number nvidia-smi prints on JetPack 6 (540.4.0)
+    choice = choose_build(kb, InstallRequest(), [orin], "540.4.0", X86, "3.10", lambda index: None)
+    assert choice.index_url == "https://pypi.jetson-ai-lab.io/jp6/cu126"
+    assert choice.requirement == "torch==2.8.0" and "JetPack 6" in choice.why
+    served = choose_build(
+        kb, InstallRequest(), [orin], None, Platform("jetson", "6"), "3.10", lambda index: ["2.5.0", "2.4.0"]
+    )
+    assert served.requirement == "torch==2.5.0" and served.skipped  # 2.8.0 is not served there now
+    with pytest.raises(InputError, match="serves no torch version"):
+        choose_build(
+            kb, InstallRequest(), [orin], None, Platform("jetson", "6"), "3.10", lambda index: ["2.1.0"]
+        )

@@ -13,7 +13,7 @@ examples:
   torchrig install --index-url https://download.pytorch.org/whl/cu128 --yes
 
 The index is the build's own: PyPI for what `pip install torch` gets there, download.pytorch.org/whl/cuXYZ or
-/whl/cpu for the others; --index-url points at a mirror. pip's own configuration (pip config list: extra
+/whl/cpu for the others, the Jetson AI Lab index on a JetPack 6 Jetson; --index-url points at a mirror. pip's own configuration (pip config list: extra
 indexes, find-links) still applies. A working torch is never replaced without --yes (a broken one is).
 --constraint FILE passes FILE to the installer when it exists and writes torch's exact pin into it afterwards,
 so that 'pip install -c FILE ...' keeps the build.

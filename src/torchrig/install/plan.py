@@ -151,6 +151,9 @@ def choose_build(
     the index (with the installer's own configured sources) serves this interpreter; None: unknown (trusted)."""
     from torchrig.compat import check, resolve
 
+    jetson = _jetson_choice(kb, req, gpus, driver, platform, available)
+    if jetson is not None:
+        return jetson
     if req.exact:
         build = kb.find_build(exact_build_text(req.torch or ""), platform)
         verdict, reasons = Verdict.WORKS, []
@@ -199,6 +202,61 @@ def choose_build(
                 why = f"the newest build served to this interpreter; not served: {', '.join(skipped)}"
             return Choice(build, f"torch=={served}", index, res.verdict, caveats, tuple(skipped), why)
         excluded.append(res.build.release.version)
+
+
+def _jetson_choice(
+    kb: KnowledgeBase,
+    req: InstallRequest,
+    gpus: Sequence[Gpu],
+    driver: str | None,
+    platform: Platform,
+    available: Available,
+) -> Choice | None:
+    """On a Jetson whose JetPack has an index of its own (JetPack 6: the Jetson AI Lab index), the newest version
+    that index is known to serve (within ``--torch``) and serves now; None elsewhere (JetPack 7 runs the
+    standard aarch64 wheels, which ``resolve`` picks)."""
+    from torchrig.compat.evaluate import jetpack_for, platform_for
+    from torchrig.compat.reasons import verdict_of
+    from torchrig.compat.sources import SourcedBuild, judge, load_sources
+
+    plat, _ = platform_for(gpus, platform)
+    if plat.id != "jetson" or req.exact:
+        return None
+    jetpack = jetpack_for(kb, gpus, driver, plat)
+    source = next(
+        (
+            s
+            for s in load_sources()
+            if s.family == "jetson-ai-lab" and jetpack and s.jetpack == jetpack.version
+        ),
+        None,
+    )
+    if source is None or (jetpack is not None and jetpack.torch == "sbsa"):
+        return None
+    spec = V.parse_spec(req.torch) if req.torch else None
+    index = req.index_url or source.index_url
+    listed = available(index)
+    skipped = []
+    for version in sorted(source.versions, key=V.parse_release, reverse=True):
+        if spec is not None and not spec.admits(version):
+            continue
+        if listed is not None and not any(pin_of(x)[0] == version for x in listed):
+            skipped.append(f"{version} from {index}")
+            continue
+        build, reasons, _ = judge(
+            kb, SourcedBuild(source, version, version, f"JetPack {source.jetpack}"), gpus, driver, plat
+        )
+        verdict = verdict_of(reasons)
+        if verdict is Verdict.FAILS:
+            first = next(r for r in reasons if r.severity.value == "fail")
+            raise InputError(f"torch {version} from {source.name} fails here: {first.message}")
+        caveats = tuple(r.message for r in reasons if r.severity.value == "caveat")
+        why = f"JetPack {source.jetpack}: PyTorch for the Jetson's GPU comes from {source.name} ({source.source})"
+        return Choice(build, f"torch=={version}", index, verdict, caveats, tuple(skipped), why)
+    raise InputError(
+        f"{index} serves no torch version torchrig knows for JetPack {source.jetpack} within the range",
+        hint=f"known: {', '.join(source.versions)}; check the network, or pass --torch or --index-url",
+    )
 
 
 def build_pin(build: Build) -> str:
