@@ -91,7 +91,8 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o600, *, owners: tuple[in
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as err:
-        if err.errno == errno.ELOOP:
+        # ELOOP: O_NOFOLLOW met a link; EACCES: the kernel's protected_symlinks/protected_regular refused it
+        if err.errno in (errno.ELOOP, errno.EACCES) and os.path.islink(path):
             refuse_link(path, os.lstat(path))
         raise
     try:

@@ -32,6 +32,12 @@ Send = Callable[[str, bytes], None]  # (stream "out" | "err", bytes)
 OWNER_LABEL = f"{ENV_LABEL_PREFIX}uid"
 VOLUME_LABEL = f"{ENV_LABEL_PREFIX}volume"
 MAX_SSH_KEY_BYTES = 16 * 1024
+# the labels the daemon reads back as facts (owner, GPUs held): never from a request, whatever their order
+DAEMON_KEYS = frozenset(
+    f"{ENV_LABEL_PREFIX}{k}"
+    for k in ("managed", "user", "uid", "volume", "image", "gpus", "gpu_labels", "container_user", "share",
+              "jupyter", "ssh", "public")
+)  # fmt: skip
 
 
 class HostService:
@@ -198,6 +204,7 @@ class HostService:
         owner = self._owner_of_up(caller, args["user"])
         engine = self.engine()
         req = self._request(caller, owner, args, engine)
+        self._runs_as_owner(caller, owner, engine, req.image)
         key = _ssh_key(args["ssh_key"]) if args["ssh"] else None
         ledger = self.ledger_for(engine, caller)
         try:
@@ -217,6 +224,23 @@ class HostService:
         who = "" if owner.uid == caller.uid else f" for {owner.describe()}"
         self.audit(caller, "up", req.name, "allowed", f"{result.state}{who}; GPUs {gpus}")
         return {"result": jsonable(result)}
+
+    def _runs_as_owner(self, caller: Caller, owner: Caller, engine: Any, ref: str) -> None:
+        """The environment's processes run as its owner: the image's user (remapped to the owner's UID by
+        ``up``) must be known. An image with no user would run as root, and root in a container can read
+        what its owner cannot in a mounted folder."""
+        from torchrig.contract import image_user
+
+        image = engine.image(ref)
+        who = image_user(image.labels, image.user)
+        if owner.uid == 0 or (who.name is not None and who.uid is not None) or who.uid == owner.uid:
+            return
+        self.audit(caller, "up", ref, "refused", "the image has no non-root user")
+        raise Refused(
+            f"image {ref!r} names no user of its own (label org.torchrig.user or USER NAME): through the host "
+            "daemon an environment runs as you, never as root",
+            hint="build it with 'torchrig image build' (it adds the user), or ask an admin",
+        )
 
     def _owner_of_up(self, caller: Caller, user: str | None) -> Caller:
         if user is None:
@@ -242,7 +266,7 @@ class HostService:
 
         labels = []
         for k, v in args["labels"]:
-            if k.startswith(ENV_LABEL_PREFIX) or "," in k or "," in v:
+            if k in DAEMON_KEYS or k.endswith("_port") and k.startswith(ENV_LABEL_PREFIX) or "," in k or "," in v:
                 raise UsageError(f"label {k[:60]!r}: not allowed through the host daemon", hint="use your own keys, e.g. team=vision")
             labels.extend(parse_labels(f"{k}={v}"))
         volumes = tuple(self._volume(caller, owner, text, engine, tuple(labels)) for text in args["volumes"])

@@ -225,7 +225,7 @@ class Ledger:
         No name is followed: a link planted as the database or its -wal/-shm/-journal (by anyone who may
         write the folder) is refused with :class:`UnsafePath` before SQLite opens anything, and the file
         is created and its mode set through one ``O_NOFOLLOW`` descriptor."""
-        for suffix in ("-wal", "-shm", "-journal"):
+        for suffix in ("", "-wal", "-shm", "-journal"):
             check_file(Path(str(self.path) + suffix))
         shared = check_dir(self.path.parent, private=False).st_mode & 0o020
         fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o664 if shared else 0o644)
