@@ -144,10 +144,8 @@ def prepare_socket(path: Path) -> None:
             probe.close()
 
 
-def serve(socket_path: Path, state_dir: Path, admin_gid: int | None, inventory_path: str | None,
-          ready: Any = None) -> None:  # fmt: skip
-    """Run the daemon in the foreground until SIGTERM/SIGINT; ``ready`` (a callable) is told the socket is up."""
-    service = HostService(state_dir, admin_gid, inventory_path)
+def make_server(socket_path: Path, service: HostService) -> _Server:
+    """The listening server (not yet serving): the socket made 0666 in its checked folder."""
     prepare_socket(socket_path)
     old = os.umask(0o111)  # the socket file: 0666, anyone may connect
     try:
@@ -156,6 +154,12 @@ def serve(socket_path: Path, state_dir: Path, admin_gid: int | None, inventory_p
         os.umask(old)
     server.service = service
     server.slots = threading.BoundedSemaphore(MAX_CLIENTS)
+    return server
+
+
+def serve(socket_path: Path, state_dir: Path, admin_gid: int | None, inventory_path: str | None) -> None:
+    """Run the daemon in the foreground until SIGTERM/SIGINT."""
+    server = make_server(socket_path, HostService(state_dir, admin_gid, inventory_path))
 
     def stop(_sig: int, _frame: Any) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
@@ -163,8 +167,6 @@ def serve(socket_path: Path, state_dir: Path, admin_gid: int | None, inventory_p
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(f"torchrig host daemon: listening on {socket_path}, state in {state_dir}", file=sys.stderr, flush=True)
-    if ready is not None:
-        ready()
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
