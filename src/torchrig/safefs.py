@@ -13,6 +13,7 @@ Shell equivalent of the checks: ``stat -c '%F %U %a' PATH``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -77,10 +78,8 @@ def ensure_private_dir(path: Path) -> Path:
                 f"{parent} (above {path}) may be written by others (mode {st.st_mode & 0o7777:o}, no sticky bit)",
                 hint="keep torchrig's state under a folder only root can write, e.g. /var/lib/torchrig-host",
             )
-    try:
+    with contextlib.suppress(FileExistsError):
         os.makedirs(path, mode=0o700, exist_ok=True)
-    except FileExistsError:
-        pass
     check_dir(path, private=True)
     return path
 

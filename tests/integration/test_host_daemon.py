@@ -6,6 +6,7 @@ docs/threat-model.md names the test proving each line of the model."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -131,7 +132,16 @@ def as_user(host, who: str, *argv: str, extra_env: dict[str, str] | None = None,
         "TORCHRIG_LABELS": os.environ.get("TORCHRIG_LABELS", ""),
         **(extra_env or {}),
     }
-    cmd = ["runuser", "-u", host["names"][who], "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+    cmd = [
+        "runuser",
+        "-u",
+        host["names"][who],
+        "--",
+        "env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        *argv,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(host["scratch"]))
 
 
@@ -191,7 +201,9 @@ def test_team_flow_through_the_daemon(host, engine):
     assert r.returncode == 0, r.stderr
 
     # alice works: her commands run as her (not root), her files land as hers
-    r = tr(host, "alice", "exec", a_run, "--", "sh", "-c", "id -u; echo kept > /data/note; echo w > /work/out")
+    r = tr(
+        host, "alice", "exec", a_run, "--", "sh", "-c", "id -u; echo kept > /data/note; echo w > /work/out"
+    )
     assert r.returncode == 0 and r.stdout.split() == [str(uid["alice"])], (r.stdout, r.stderr)
     assert (a_home / "work" / "out").stat().st_uid == uid["alice"]
     refused(tr(host, "alice", "exec", "--root", a_run, "--", "id"), "admin")
@@ -216,15 +228,25 @@ def test_team_flow_through_the_daemon(host, engine):
     link = host["scratch"] / "bob" / "innocent"
     as_user(host, "bob", "/bin/ln", "-s", str(a_home / "secret.txt"), str(link))
     for path in (str(a_home / "secret.txt"), str(link)):
-        answer = raw(host, "bob", {"v": 1, "verb": "up", "args": _raw_up(host, f"trh-{t}-b4", [f"{path}:/x:ro"])})
+        answer = raw(
+            host, "bob", {"v": 1, "verb": "up", "args": _raw_up(host, f"trh-{t}-b4", [f"{path}:/x:ro"])}
+        )
         assert answer[-1]["ok"] is False and answer[-1]["error"]["exit_code"] == 2, answer
-        assert "may not read" in answer[-1]["error"]["message"] or "Permission" in answer[-1]["error"]["message"]
+        assert (
+            "may not read" in answer[-1]["error"]["message"] or "Permission" in answer[-1]["error"]["message"]
+        )
     # a forged identity in the request: refused, the kernel decides who asks
     answer = raw(host, "bob", {"v": 1, "verb": "down", "args": {"names": [a_run], "force": True, "timeout_s": 1,
                                                                  "uid": uid["alice"]}})  # fmt: skip
     assert answer[-1]["error"]["exit_code"] == 2 and "unknown field" in answer[-1]["error"]["message"]
     # the ledger and the audit log are root's: bob can neither read nor forge them
-    r = as_user(host, "bob", SYSTEM_PYTHON, "-c", f"import sqlite3; sqlite3.connect('file:{host['state']}/leases.sqlite3?mode=rw', uri=True).execute('DELETE FROM leases')")
+    r = as_user(
+        host,
+        "bob",
+        SYSTEM_PYTHON,
+        "-c",
+        f"import sqlite3; sqlite3.connect('file:{host['state']}/leases.sqlite3?mode=rw', uri=True).execute('DELETE FROM leases')",
+    )
     assert r.returncode != 0 and ("unable to open" in r.stderr or "Permission" in r.stderr), r.stderr
     assert oct(host["state"].stat().st_mode & 0o777) == "0o700"
 
@@ -232,7 +254,9 @@ def test_team_flow_through_the_daemon(host, engine):
     with sqlite3.connect(host["state"] / "leases.sqlite3") as db:
         db.execute("DELETE FROM leases WHERE container=?", (a_gpu,))
     r = tr(host, "bob", *up_args(host, f"trh-{t}-b5", "--gpus", f"device={a_gpu_index}", "--create-only"))
-    assert r.returncode == 1 and "no free GPU" in r.stderr and "(no lease)" in r.stderr and a_gpu in r.stderr, r.stderr
+    assert (
+        r.returncode == 1 and "no free GPU" in r.stderr and "(no lease)" in r.stderr and a_gpu in r.stderr
+    ), r.stderr
     board = json.loads(tr(host, "bob", "gpus", "--json").stdout)
     assert any("holds no lease" in n for n in board["notes"])
     assert any(e["verb"] == "reality" and e["target"].startswith(f"container {a_gpu}") for e in audit(host))
@@ -274,7 +298,9 @@ def _raw_up(host, name: str, volumes: list[str]) -> dict:
 
 
 def test_an_image_without_a_user_of_its_own_is_refused_through_the_daemon(host):
-    r = tr(host, "bob", "up", "--image", BASE, "--no-jupyter", "--no-ssh", "--name", f"trh-{host['tag']}-root")
+    r = tr(
+        host, "bob", "up", "--image", BASE, "--no-jupyter", "--no-ssh", "--name", f"trh-{host['tag']}-root"
+    )
     refused(r, "names no user of its own")
 
 
@@ -289,7 +315,9 @@ def test_a_link_planted_in_a_shared_ledger_folder_is_refused_by_root(host, tmp_p
     victim.chmod(0o600)
     as_user(host, "bob", "/bin/ln", "-s", str(victim), str(shared / "leases.sqlite3"))
     assert (shared / "leases.sqlite3").is_symlink()
-    env = dict(os.environ, TORCHRIG_STATE_DIR=str(shared), TORCHRIG_HOST_SOCKET="", PYTHONPATH=str(ROOT / "src"))
+    env = dict(
+        os.environ, TORCHRIG_STATE_DIR=str(shared), TORCHRIG_HOST_SOCKET="", PYTHONPATH=str(ROOT / "src")
+    )
     r = subprocess.run([sys.executable, "-m", "torchrig", "gpus", "--inventory", str(INVENTORY)],
                        capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     refused(r, "symbolic link", "leases.sqlite3")
@@ -301,9 +329,7 @@ def test_a_raw_request_that_is_too_long_or_not_json_is_refused(host):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(30)
             s.connect(str(host["socket"]))
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 s.sendall(payload)
-            except BrokenPipeError:
-                pass
             answer = json.loads(s.makefile("rb").readline())
         assert answer["ok"] is False and answer["error"]["exit_code"] == 2, answer

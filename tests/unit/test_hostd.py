@@ -47,7 +47,14 @@ def test_a_well_formed_request_passes():
         ({"v": 1, "verb": "ps", "args": {"mine": 1}}, "must be bool"),
         ({"v": 1, "verb": "down", "args": {"names": ["a"], "force": True, "timeout_s": True}}, "must be int"),
         ({"v": 1, "verb": "down", "args": {"names": "a", "force": True, "timeout_s": 1}}, "must be [str]"),
-        ({"v": 1, "verb": "exec", "args": {"name": "a", "argv": ["x" * 20000], "root": False, "workdir": None}}, "[str]"),
+        (
+            {
+                "v": 1,
+                "verb": "exec",
+                "args": {"name": "a", "argv": ["x" * 20000], "root": False, "workdir": None},
+            },
+            "[str]",
+        ),
         ([1, 2], "exactly the fields"),
     ],
 )
@@ -124,7 +131,9 @@ def test_a_leased_container_or_a_dead_one_is_not_a_discrepancy():
 
 
 def test_nvml_processes_on_an_unleased_gpu_hold_it_and_on_a_leased_one_do_not():
-    extra, found = unaccounted([_lease(GPU0, "alice-1")], [_env("alice-1", (GPU0,))], _recorded_processes(), 5.0)
+    extra, found = unaccounted(
+        [_lease(GPU0, "alice-1")], [_env("alice-1", (GPU0,))], _recorded_processes(), 5.0
+    )
     assert [x.unit_uuid for x in extra] == [GPU1]
     assert "pid 51777 (python3) and 1 more" in found[0].summary
 
@@ -236,12 +245,16 @@ def test_the_daemon_answers_whoami_and_refuses_a_forged_field(tmp_path):
 def test_the_systemd_unit_is_valid(tmp_path):
     from torchrig.hostd.unit import UNIT_NAME, plan_install
 
-    plan = plan_install(Path("/run/torchrig/torchrig.sock"), Path("/var/lib/torchrig-host"), "torchrig-admin", tmp_path)
+    plan = plan_install(
+        Path("/run/torchrig/torchrig.sock"), Path("/var/lib/torchrig-host"), "torchrig-admin", tmp_path
+    )
     assert plan.path == tmp_path / UNIT_NAME
     unit = tmp_path / UNIT_NAME
     unit.write_text(plan.text)
     if shutil.which("systemd-analyze"):
-        r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0 and "Unknown" not in r.stderr and "nvalid" not in r.stderr, r.stderr
     import configparser
 

@@ -193,7 +193,6 @@ def test_a_link_planted_as_the_ledger_or_its_journal_is_refused_and_its_target_u
     """A member of the ledger's group replaces leases.sqlite3 (or its -wal) with a link: the next command
     (root's too) refuses with one line naming the link, and the link's target is neither created nor
     chmodded nor written."""
-    import os
 
     import pytest
 

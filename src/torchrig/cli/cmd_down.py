@@ -34,11 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> SimpleReport:
     from torchrig.errors import InputError
+    from torchrig.hostd.client import call, daemon_socket
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.lease import reconcile
     from torchrig.runtime.ledger import Ledger, owner_uid, user_name
-
-    from torchrig.hostd.client import call, daemon_socket
 
     sock = daemon_socket()
     if sock is not None:  # the daemon checks ownership (an admin's --force) against the kernel's UID

@@ -34,10 +34,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--socket", metavar="PATH", help="the daemon's socket (default /run/torchrig/torchrig.sock)"
     )
     parser.add_argument(
-        "--state-dir", metavar="DIR", help="root-only folder of the ledger and audit log (default /var/lib/torchrig-host)"
+        "--state-dir",
+        metavar="DIR",
+        help="root-only folder of the ledger and audit log (default /var/lib/torchrig-host)",
     )
     parser.add_argument(
-        "--admin-group", metavar="GROUP", default="torchrig-admin", help="members see and stop everything (default torchrig-admin)"
+        "--admin-group",
+        metavar="GROUP",
+        default="torchrig-admin",
+        help="members see and stop everything (default torchrig-admin)",
     )
     parser.add_argument("--inventory", metavar="FILE", help="serve: a recorded GPU inventory (testing hook)")
     parser.add_argument("--dry-run", action="store_true", help="install: print the unit and commands only")
@@ -67,7 +72,9 @@ def _serve(socket_path: Path, state_dir: Path, args: argparse.Namespace) -> Simp
     from torchrig.hostd.server import serve
 
     if os.geteuid() != 0:
-        raise UsageError("the host daemon runs as root (it alone uses the Docker engine)", hint="sudo torchrig host serve")
+        raise UsageError(
+            "the host daemon runs as root (it alone uses the Docker engine)", hint="sudo torchrig host serve"
+        )
     admin_gid = admin_gid_of(args.admin_group)
     if admin_gid is None:
         print(f"torchrig host: note: no group {args.admin_group}: only root is an admin", flush=True)
@@ -84,7 +91,9 @@ def _install(socket_path: Path, state_dir: Path, args: argparse.Namespace) -> Si
     commands = [shlex.join(c) for c in plan.commands] if not args.no_enable else []
     if args.dry_run:
         text = f"# {plan.path}\n{plan.text}\n# then:\n" + "\n".join(commands)
-        return SimpleReport({"unit_path": str(plan.path), "unit": plan.text, "commands": commands}, text.rstrip())
+        return SimpleReport(
+            {"unit_path": str(plan.path), "unit": plan.text, "commands": commands}, text.rstrip()
+        )
     done = install(plan, enable=not args.no_enable)
     note = f"admins: members of {args.admin_group} (sudo groupadd {args.admin_group}; sudo usermod -aG {args.admin_group} USER)"
     return SimpleReport({"unit_path": str(plan.path), "done": done}, "\n".join([*done, note]))

@@ -53,9 +53,17 @@ def _via_daemon(sock: object, args: argparse.Namespace) -> SimpleReport:
     from torchrig.hostd.client import call, to_terminal
 
     chunks: list[bytes] = []
-    request = {"name": args.name, "tail": args.tail, "follow": bool(args.follow), "timestamps": bool(args.timestamps)}
+    request = {
+        "name": args.name,
+        "tail": args.tail,
+        "follow": bool(args.follow),
+        "timestamps": bool(args.timestamps),
+    }
     assert isinstance(sock, Path)
     data = call(sock, "logs", request, (lambda _s, b: chunks.append(b)) if args.json else to_terminal)
     if args.json:
-        return SimpleReport({"name": data["name"], "state": data["state"], "logs": b"".join(chunks).decode(errors="replace")}, "")
+        return SimpleReport(
+            {"name": data["name"], "state": data["state"], "logs": b"".join(chunks).decode(errors="replace")},
+            "",
+        )
     return SimpleReport({"name": data["name"]}, "")

@@ -80,5 +80,9 @@ def _via_daemon(sock: Any, args: argparse.Namespace) -> PsReport:
     from torchrig.runtime.ledger import Lease
 
     data = call(sock, "ps", {"mine": bool(args.mine)})
-    envs = [from_jsonable(EnvRecord, {k: v for k, v in e.items() if k != "alive"}) for e in data["environments"]]
-    return PsReport(envs, [from_jsonable(Lease, f) for f in data["freed_leases"]], notes=list(data.get("notes", [])))
+    envs = [
+        from_jsonable(EnvRecord, {k: v for k, v in e.items() if k != "alive"}) for e in data["environments"]
+    ]
+    return PsReport(
+        envs, [from_jsonable(Lease, f) for f in data["freed_leases"]], notes=list(data.get("notes", []))
+    )

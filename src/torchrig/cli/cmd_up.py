@@ -273,7 +273,9 @@ def _via_daemon(sock: Any, args: argparse.Namespace) -> UpReport:
     from torchrig.runtime.up import UpResult, find_ssh_key
 
     if args.inventory:
-        raise UsageError("--inventory: the host daemon uses its own GPU inventory", hint="leave --inventory out")
+        raise UsageError(
+            "--inventory: the host daemon uses its own GPU inventory", hint="leave --inventory out"
+        )
     volumes = []
     for text in args.volume:
         v = parse_volume(text, Path.cwd())  # your paths, resolved as you; the daemon checks them as you

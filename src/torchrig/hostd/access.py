@@ -22,6 +22,7 @@ from pathlib import Path
 
 from torchrig.hostd.policy import Caller, Refused
 
+
 def _child(caller: Caller, path: str, write: bool) -> dict[str, object]:
     """In the forked child, as the caller: resolve ``path`` and ask the kernel for access."""
     os.setgroups([g for g in caller.groups if g != caller.gid])
@@ -71,7 +72,9 @@ def resolve_as(caller: Caller, path: str, *, write: bool) -> str:
     want = "read and write" if write else "read"
     answer = _as_caller(caller, path, write)
     if "error" in answer:
-        raise Refused(f"--volume {path}: {answer['error']} (as {caller.name})", hint="give a path you can read")
+        raise Refused(
+            f"--volume {path}: {answer['error']} (as {caller.name})", hint="give a path you can read"
+        )
     if not answer.get("ok"):
         raise Refused(
             f"--volume {path}: you ({caller.describe()}) may not {want} {answer['real']}",

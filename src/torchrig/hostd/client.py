@@ -68,8 +68,10 @@ def call(
                 if frame["ok"]:
                     data = frame.get("data")
                     return data if isinstance(data, dict) else {}
-                err = frame.get("error") or {}
-                raise RemoteError(str(err.get("message", "the host daemon refused")), int(err.get("exit_code", 2)))
+                problem = frame.get("error") or {}
+                raise RemoteError(
+                    str(problem.get("message", "the host daemon refused")), int(problem.get("exit_code", 2))
+                )
             for stream in ("out", "err"):
                 if stream in frame and on_chunk is not None:
                     on_chunk(stream, base64.b64decode(frame[stream]))

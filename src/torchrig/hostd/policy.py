@@ -87,11 +87,15 @@ def refusal(caller: Caller, what: str, owner: str, *, admin_hint: bool = True) -
     return Refused(f"{what} belongs to {owner}, not you ({caller.describe()})", hint=hint)
 
 
-def audit_line(caller: Caller, verb: str, target: str, outcome: str, reason: str, at_s: float | None = None) -> str:
+def audit_line(
+    caller: Caller, verb: str, target: str, outcome: str, reason: str, at_s: float | None = None
+) -> str:
     """One audit record as a JSON line: who (kernel ids and name), what, on what, when, and the outcome."""
     return json.dumps(
         {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_s if at_s is not None else time.time())),
+            "time": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_s if at_s is not None else time.time())
+            ),
             "uid": caller.uid,
             "gid": caller.gid,
             "pid": caller.pid,

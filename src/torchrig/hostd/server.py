@@ -106,7 +106,10 @@ def _log(service: HostService, caller: Caller, verb: str, err: TorchrigError) ->
 
 def _error(err: TorchrigError) -> bytes:
     return protocol.encode(
-        {"ok": False, "error": {"type": type(err).__name__, "message": err.one_line(), "exit_code": err.exit_code}}
+        {
+            "ok": False,
+            "error": {"type": type(err).__name__, "message": err.one_line(), "exit_code": err.exit_code},
+        }
     )
 
 
@@ -133,7 +136,9 @@ def prepare_socket(path: Path) -> None:
         pst = os.lstat(path)
         refuse_link(path, pst)
         if not stat.S_ISSOCK(pst.st_mode):
-            raise UnsafePath(f"{path} exists and is not a socket", hint="move it away, or give another --socket")
+            raise UnsafePath(
+                f"{path} exists and is not a socket", hint="move it away, or give another --socket"
+            )
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
@@ -166,7 +171,9 @@ def serve(socket_path: Path, state_dir: Path, admin_gid: int | None, inventory_p
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"torchrig host daemon: listening on {socket_path}, state in {state_dir}", file=sys.stderr, flush=True)
+    print(
+        f"torchrig host daemon: listening on {socket_path}, state in {state_dir}", file=sys.stderr, flush=True
+    )
     try:
         server.serve_forever(poll_interval=0.5)
     finally:

@@ -79,7 +79,7 @@ class HostService:
     def ps(self, caller: Caller, args: dict[str, Any], send: Send) -> dict[str, Any]:
         from torchrig.runtime.lease import reconcile
 
-        engine, notes = self.engine(), []
+        engine, notes = self.engine(), list[str]()
         ledger = self.ledger_for(engine, caller, notes)
         try:
             freed = reconcile(ledger, engine)
@@ -125,7 +125,14 @@ class HostService:
             uid = labels.get(OWNER_LABEL, "")
             owner = int(uid) if uid.isdigit() else None
             if caller.admin or owner == caller.uid:
-                out.append({"name": v.name, "owner_uid": owner, "user": _name(owner), "created": v.attrs.get("CreatedAt")})
+                out.append(
+                    {
+                        "name": v.name,
+                        "owner_uid": owner,
+                        "user": _name(owner),
+                        "created": v.attrs.get("CreatedAt"),
+                    }
+                )
         return {"volumes": sorted(out, key=lambda x: str(x["name"]))}
 
     def down(self, caller: Caller, args: dict[str, Any], send: Send) -> dict[str, Any]:
@@ -150,7 +157,9 @@ class HostService:
             for env in envs:
                 engine.remove(env.id, stop_timeout_s=args["timeout_s"])
                 freed = ledger.release(env.name)
-                reason = "owner" if why[env.name] == "owner" else f"admin, environment of {_owner(env.owner_uid)}"
+                reason = (
+                    "owner" if why[env.name] == "owner" else f"admin, environment of {_owner(env.owner_uid)}"
+                )
                 self.audit(caller, "down", env.name, "allowed", reason)
                 done.append({"name": env.name, "user": env.user, "freed_gpus": [f.unit_label for f in freed]})
             reconcile(ledger, engine)
@@ -171,7 +180,9 @@ class HostService:
             raise UsageError("logs: tail must be within 0..2147483647")
         engine, env = self._own_env(caller, "logs", args["name"])
         self.audit(caller, "logs", env.name, "allowed", "owner")
-        for chunk in engine.logs(env.id, tail=args["tail"], follow=args["follow"], timestamps=args["timestamps"]):
+        for chunk in engine.logs(
+            env.id, tail=args["tail"], follow=args["follow"], timestamps=args["timestamps"]
+        ):
             send("out", chunk)
         return {"name": env.name, "state": env.state}
 
@@ -187,7 +198,10 @@ class HostService:
                 hint="run as the environment's user (leave --root out)",
             )
         if env.state != "running":
-            raise InputError(f"environment {env.name!r} is {env.state}, not running", hint=f"see 'torchrig logs {env.name}'")
+            raise InputError(
+                f"environment {env.name!r} is {env.state}, not running",
+                hint=f"see 'torchrig logs {env.name}'",
+            )
         self.audit(caller, "exec", env.name, "allowed", " ".join(argv)[:200])
         user = "root" if args["root"] else (env.container_user or "")
         exec_id, stream = engine.exec(env.id, argv, user, args["workdir"])
@@ -248,12 +262,17 @@ class HostService:
         try:
             pw = pwd.getpwnam(user)
         except KeyError:
-            raise UsageError(f"--user {user}: no such account on this host", hint="see 'getent passwd'") from None
+            raise UsageError(
+                f"--user {user}: no such account on this host", hint="see 'getent passwd'"
+            ) from None
         if pw.pw_uid == caller.uid:
             return caller
         if not caller.admin:
             self.audit(caller, "up", f"--user {user}", "refused", "not an admin")
-            raise Refused(f"--user {user}: only an admin may start an environment for another user", hint="leave --user out")
+            raise Refused(
+                f"--user {user}: only an admin may start an environment for another user",
+                hint="leave --user out",
+            )
         return caller_of(0, pw.pw_uid, pw.pw_gid, self.admin_gid)
 
     def _request(self, caller: Caller, owner: Caller, args: dict[str, Any], engine: Any) -> Any:
@@ -264,10 +283,18 @@ class HostService:
         from torchrig.runtime.up import default_name
         from torchrig.sizes import parse_size
 
-        labels = []
+        labels: list[tuple[str, str]] = []
         for k, v in args["labels"]:
-            if k in DAEMON_KEYS or k.endswith("_port") and k.startswith(ENV_LABEL_PREFIX) or "," in k or "," in v:
-                raise UsageError(f"label {k[:60]!r}: not allowed through the host daemon", hint="use your own keys, e.g. team=vision")
+            if (
+                k in DAEMON_KEYS
+                or (k.endswith("_port") and k.startswith(ENV_LABEL_PREFIX))
+                or "," in k
+                or "," in v
+            ):
+                raise UsageError(
+                    f"label {k[:60]!r}: not allowed through the host daemon",
+                    hint="use your own keys, e.g. team=vision",
+                )
             labels.extend(parse_labels(f"{k}={v}"))
         volumes = tuple(self._volume(caller, owner, text, engine, tuple(labels)) for text in args["volumes"])
         return UpRequest(
@@ -289,14 +316,18 @@ class HostService:
             extra_labels=tuple(labels),
         )
 
-    def _volume(self, caller: Caller, owner: Caller, text: str, engine: Any, labels: tuple[tuple[str, str], ...]) -> Any:
+    def _volume(
+        self, caller: Caller, owner: Caller, text: str, engine: Any, labels: tuple[tuple[str, str], ...]
+    ) -> Any:
         """One ``--volume``: a host path resolved and checked as its owner, or a named volume that is theirs
         (made, labelled with their UID, when missing)."""
         from torchrig.runtime.options import parse_volume
 
         source, sep, rest = text.partition(":")
         if not sep:
-            raise UsageError(f"malformed --volume {text!r}", hint="expected HOST:CONTAINER or HOST:CONTAINER:ro")
+            raise UsageError(
+                f"malformed --volume {text!r}", hint="expected HOST:CONTAINER or HOST:CONTAINER:ro"
+            )
         if "/" in source or source.startswith((".", "~")):
             if not source.startswith("/"):
                 raise UsageError(f"--volume {text!r}: the host path must be absolute through the host daemon")
@@ -351,5 +382,8 @@ def _ssh_key(text: str | None) -> str:
         raise UsageError("no SSH public key sent", hint="pass --ssh-key FILE, or use --no-ssh")
     line = text.strip()
     if len(line) > MAX_SSH_KEY_BYTES or "\n" in line or not line.startswith(("ssh-", "ecdsa-", "sk-")):
-        raise UsageError("the SSH public key is not one key line", hint="pass the .pub file, e.g. --ssh-key ~/.ssh/id_ed25519.pub")
+        raise UsageError(
+            "the SSH public key is not one key line",
+            hint="pass the .pub file, e.g. --ssh-key ~/.ssh/id_ed25519.pub",
+        )
     return line + "\n"

@@ -97,9 +97,13 @@ def install(plan: UnitPlan, *, enable: bool) -> list[str]:
         try:
             r = subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as err:
-            raise EngineUnavailable(f"{shlex.join(argv)} failed: {err}", hint="is this host run by systemd?") from None
+            raise EngineUnavailable(
+                f"{shlex.join(argv)} failed: {err}", hint="is this host run by systemd?"
+            ) from None
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-            raise EngineUnavailable(f"{shlex.join(argv)} failed: {last}", hint="see 'journalctl -u torchrig-host'")
+            raise EngineUnavailable(
+                f"{shlex.join(argv)} failed: {last}", hint="see 'journalctl -u torchrig-host'"
+            )
         done.append(f"ran {shlex.join(argv)}")
     return done

@@ -54,7 +54,9 @@ def _build(tp: Any, data: Any) -> Any:
         if not isinstance(data, dict):
             raise ValueError(f"expected an object for {tp.__name__}")
         hints = typing.get_type_hints(tp)
-        kwargs = {f.name: _build(hints[f.name], data[f.name]) for f in dataclasses.fields(tp) if f.name in data}
+        kwargs = {
+            f.name: _build(hints[f.name], data[f.name]) for f in dataclasses.fields(tp) if f.name in data
+        }
         return tp(**kwargs)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(data)
