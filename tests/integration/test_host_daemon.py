@@ -216,6 +216,16 @@ def test_team_flow_through_the_daemon(host, engine):
     everyone = {e["name"] for e in json.loads(tr(host, "carol", "ps", "--json").stdout)["environments"]}
     assert {a_run, a_gpu, b_gpu} <= everyone
 
+    # the dashboard's data through the daemon: the board, and the viewer's own environments only
+    snippet = (
+        "import json; from torchrig.dashboard.state import Viewer, collect; "
+        "print(json.dumps(collect(Viewer.current(), None, None, None)))"
+    )
+    r = as_user(host, "bob", SYSTEM_PYTHON, "-c", snippet)
+    assert r.returncode == 0, r.stderr
+    page = json.loads(r.stdout)
+    assert [e["name"] for e in page["environments"]] == [b_gpu] and len(page["gpus"]) == 2
+
     # every cross-user attempt by bob is refused with exit 2 and one line
     refused(tr(host, "bob", "exec", a_run, "--", "cat", "/data/note"), "belongs to", names["alice"])
     refused(tr(host, "bob", "logs", a_run), "belongs to")
