@@ -26,6 +26,7 @@ from torchrig.hostd.service import HostService
 from torchrig.safefs import UnsafePath, check_dir, refuse_link
 
 MAX_CLIENTS = 32
+MAX_PER_USER = 8  # one user's logs --follow cannot take every slot
 DEFAULT_SOCKET = Path("/run/torchrig/torchrig.sock")
 DEFAULT_STATE_DIR = Path("/var/lib/torchrig-host")
 
@@ -34,6 +35,19 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     service: HostService
     slots: threading.BoundedSemaphore
+    per_user: dict[int, int]
+    per_user_lock: threading.Lock
+
+    def enter(self, uid: int) -> bool:
+        with self.per_user_lock:
+            if self.per_user.get(uid, 0) >= MAX_PER_USER:
+                return False
+            self.per_user[uid] = self.per_user.get(uid, 0) + 1
+            return True
+
+    def leave(self, uid: int) -> None:
+        with self.per_user_lock:
+            self.per_user[uid] -= 1
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -41,12 +55,18 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         sock: socket.socket = self.request
+        uid = peer_ids(sock)[1]
         if not self.server.slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                sock.sendall(_error(UsageError("the host daemon is busy", hint="try again in a moment")))
+            _answer(sock, UsageError("the host daemon is busy", hint="try again in a moment"))
             return
         try:
-            self._serve(sock)
+            if not self.server.enter(uid):
+                _answer(sock, UsageError(f"you have {MAX_PER_USER} requests running already", hint="end one"))
+                return
+            try:
+                self._serve(sock)
+            finally:
+                self.server.leave(uid)
         finally:
             self.server.slots.release()
 
@@ -159,6 +179,7 @@ def make_server(socket_path: Path, service: HostService) -> _Server:
         os.umask(old)
     server.service = service
     server.slots = threading.BoundedSemaphore(MAX_CLIENTS)
+    server.per_user, server.per_user_lock = {}, threading.Lock()
     return server
 
 
