@@ -206,6 +206,8 @@ def test_team_flow_through_the_daemon(host, engine):
     )
     assert r.returncode == 0 and r.stdout.split() == [str(uid["alice"])], (r.stdout, r.stderr)
     assert (a_home / "work" / "out").stat().st_uid == uid["alice"]
+    r = tr(host, "alice", "exec", a_run, "--", "sh", "-c", "echo out; echo err >&2; exit 5")
+    assert (r.returncode, r.stdout, r.stderr) == (5, "out\n", "err\n")  # streamed back, each to its own
     refused(tr(host, "alice", "exec", "--root", a_run, "--", "id"), "admin")
     r = tr(host, "alice", "logs", a_run)
     assert r.returncode == 0, r.stderr

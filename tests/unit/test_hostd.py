@@ -272,3 +272,15 @@ def test_a_unit_elsewhere_than_run_and_var_lib_is_refused():
         render_unit("/usr/bin/python3", Path("/tmp/x.sock"), Path("/var/lib/t"), "torchrig-admin")
     with pytest.raises(UsageError, match="cannot be written"):
         render_unit("/usr/bin/python3", Path("/run/torchrig/t.sock"), Path("/var/lib/t"), "adm$in")
+
+
+def test_every_test_the_threat_model_names_exists():
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "threat-model.md").read_text()
+    files = {"U": root / "tests/unit/test_hostd.py", "H": root / "tests/integration/test_host_daemon.py"}
+    named = re.findall(r"`([UH])::(test_\w+)`", text)
+    assert len(named) >= 10
+    for which, name in named:
+        assert f"def {name}(" in files[which].read_text(), (which, name)
