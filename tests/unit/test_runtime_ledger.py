@@ -238,3 +238,28 @@ def test_a_ledger_folder_that_is_a_link_is_refused(tmp_path):
     with pytest.raises(UnsafePath, match="symbolic link"):
         Ledger.open(tmp_path / "state")
     assert list(real.iterdir()) == []
+
+
+def test_a_ledger_everyone_may_write_is_refused(tmp_path):
+    import os
+
+    import pytest
+
+    from torchrig.runtime.ledger import Ledger
+    from torchrig.safefs import UnsafePath
+
+    d = tmp_path / "state"
+    Ledger.open(d).close()
+    db = d / "leases.sqlite3"
+    db.chmod(0o666)
+    with pytest.raises(UnsafePath, match="written by everyone"):
+        Ledger.open(d)
+    db.chmod(0o644)
+    Ledger.open(d).close()
+    if os.geteuid() == 0:  # root refuses a folder anyone may write without the sticky bit
+        other = tmp_path / "open"
+        other.mkdir()
+        os.chown(other, 65534, 65534)
+        other.chmod(0o777)
+        with pytest.raises(UnsafePath, match="root does not use a ledger there"):
+            Ledger.open(other)

@@ -227,11 +227,24 @@ class Ledger:
         is created and its mode set through one ``O_NOFOLLOW`` descriptor."""
         for suffix in ("", "-wal", "-shm", "-journal"):
             check_file(Path(str(self.path) + suffix))
-        shared = check_dir(self.path.parent, private=False).st_mode & 0o020
+        folder = check_dir(self.path.parent, private=False)
+        if os.geteuid() == 0 and folder.st_mode & 0o002 and not folder.st_mode & stat.S_ISVTX:
+            raise UnsafePath(
+                f"the ledger's folder {self.path.parent} may be written by everyone (mode "
+                f"{folder.st_mode & 0o7777:o}): root does not use a ledger there",
+                hint=f"sudo chmod o-w {self.path.parent} (the shared folder is 3775, group torchrig)",
+            )
+        shared = folder.st_mode & 0o020
         fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o664 if shared else 0o644)
         try:
-            if os.fstat(fd).st_uid == os.geteuid() and os.fstat(fd).st_size == 0:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and st.st_size == 0:
                 os.fchmod(fd, 0o664 if shared else 0o644)
+            elif st.st_mode & 0o002:
+                raise UnsafePath(
+                    f"the GPU lease ledger {self.path} may be written by everyone (mode {st.st_mode & 0o7777:o})",
+                    hint=f"sudo chmod o-w {self.path}; anyone could have forged leases: check 'torchrig gpus'",
+                )
         finally:
             os.close(fd)
 
