@@ -75,6 +75,12 @@ def host(engine, test_labels):
             shutil.chown(home, name)
             os.chmod(home, 0o700)
         image = _image(engine, tag, test_labels)
+        # GPUs of this test's own: the daemon counts every torchrig container on the engine as a holder
+        # (its reality check), and other tests on this engine lease the fixture's UUIDs
+        inventory = json.loads(INVENTORY.read_text())
+        for g in inventory["gpus"]:
+            g["uuid"] = g["uuid"][: -len(tag)] + tag
+        (scratch / "inventory.json").write_text(json.dumps(inventory))
         (scratch / "run").mkdir(mode=0o755)
         sock = scratch / "run" / "torchrig.sock"
         state = scratch / "state"
@@ -86,7 +92,7 @@ def host(engine, test_labels):
         log = open(scratch / "daemon.log", "w")  # noqa: SIM115 (closed with the daemon)
         daemon = subprocess.Popen(
             [sys.executable, "-m", "torchrig", "host", "serve", "--socket", str(sock), "--state-dir", str(state),
-             "--admin-group", admin_group, "--inventory", str(INVENTORY)],
+             "--admin-group", admin_group, "--inventory", str(scratch / "inventory.json")],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 60
