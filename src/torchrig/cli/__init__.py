@@ -55,6 +55,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "a read-only web page of this GPU server: GPUs, leases, environments, bench, doctor",
         "Environments",
     ),
+    "host": (
+        "cmd_host",
+        "the host daemon of a shared server: owns Docker and the leases, checks who asks",
+        "Environments",
+    ),
     "bench": ("cmd_bench", "measure GPUs and links and grade them against the datasheet", "Proof"),
     "launch": (
         "cmd_launch",

@@ -34,10 +34,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> SimpleReport:
     from torchrig.errors import InputError
+    from torchrig.hostd.client import call, daemon_socket
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.lease import reconcile
     from torchrig.runtime.ledger import Ledger, owner_uid, user_name
 
+    sock = daemon_socket()
+    if sock is not None:  # the daemon checks ownership (an admin's --force) against the kernel's UID
+        args_ = {"names": list(args.names), "force": bool(args.force), "timeout_s": int(args.timeout)}
+        return _report(call(sock, "down", args_)["removed"])
     ledger = Ledger.open()
     engine = Engine.connect()
     me = owner_uid()
@@ -63,6 +68,10 @@ def run(args: argparse.Namespace) -> SimpleReport:
         freed = ledger.release(env.name)
         done.append({"name": env.name, "user": env.user, "freed_gpus": [f.unit_label for f in freed]})
     reconcile(ledger, engine)
+    return _report(done)
+
+
+def _report(done: list[dict[str, Any]]) -> SimpleReport:
     text = "\n".join(
         f"removed {d['name']}" + (f"; freed GPU {', '.join(d['freed_gpus'])}" if d["freed_gpus"] else "")
         for d in done

@@ -243,11 +243,15 @@ class UpReport:
 
 
 def run(args: argparse.Namespace) -> UpReport:
+    from torchrig.hostd.client import daemon_socket
     from torchrig.runtime.up import run_up
 
-    req = request_from(args)
     if args.wait < 0:
         raise UsageError("--wait must be ≥ 0")
+    sock = daemon_socket()
+    if sock is not None:
+        return _via_daemon(sock, args)
+    req = request_from(args)
     result = run_up(
         req,
         inventory_path=args.inventory,
@@ -257,3 +261,45 @@ def run(args: argparse.Namespace) -> UpReport:
         wait_s=args.wait or None,
     )
     return UpReport(result)
+
+
+def _via_daemon(sock: Any, args: argparse.Namespace) -> UpReport:
+    """Through the host daemon: it leases, checks volumes against your own permissions and runs the
+    container as you; your SSH public key travels with the request (the daemon cannot read your home)."""
+    from torchrig.hostd.client import call
+    from torchrig.hostd.wire import from_jsonable
+    from torchrig.labels import labels_from_env
+    from torchrig.runtime.options import parse_volume
+    from torchrig.runtime.up import UpResult, find_ssh_key
+
+    if args.inventory:
+        raise UsageError(
+            "--inventory: the host daemon uses its own GPU inventory", hint="leave --inventory out"
+        )
+    volumes = []
+    for text in args.volume:
+        v = parse_volume(text, Path.cwd())  # your paths, resolved as you; the daemon checks them as you
+        volumes.append(f"{v.host_path}:{v.container_path}" + (":ro" if v.read_only else ""))
+    request = {
+        "image": _image_ref(args),
+        "name": args.name,
+        "user": args.user,
+        "gpus": args.gpus,
+        "share": bool(args.share),
+        "volumes": volumes,
+        "memory": args.memory,
+        "cpus": args.cpus,
+        "shm_size": args.shm_size,
+        "ulimits": list(args.ulimit),
+        "pids_limit": args.pids_limit,
+        "jupyter": not args.no_jupyter,
+        "ssh": not args.no_ssh,
+        "ssh_key": find_ssh_key(args.ssh_key) if not args.no_ssh else None,
+        "public": bool(args.public),
+        "dry_run": bool(args.dry_run),
+        "create_only": bool(args.create_only),
+        "wait_s": float(args.wait),
+        "labels": [list(kv) for kv in labels_from_env()],
+    }
+    data = call(sock, "up", request)
+    return UpReport(from_jsonable(UpResult, data["result"]))

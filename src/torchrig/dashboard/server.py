@@ -84,7 +84,12 @@ class Dashboard:
         self._stop.set()
 
     def authorised(self, query_key: str | None, cookie_key: str | None) -> bool:
-        return any(k is not None and hmac.compare_digest(k, self.key) for k in (query_key, cookie_key))
+        # compared as UTF-8 bytes: compare_digest refuses a str that is not ASCII (a TypeError, no answer)
+        key = self.key.encode()
+        return any(
+            k is not None and hmac.compare_digest(k.encode("utf-8", "surrogateescape"), key)
+            for k in (query_key, cookie_key)
+        )
 
 
 def handler_for(board: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:

@@ -286,6 +286,19 @@ def _start(engine: Engine, cid: str, plan: UpPlan, wait_s: float | None) -> dict
     return ports
 
 
+@dataclass(frozen=True)
+class DaemonContext:
+    """``up`` run by the host daemon for a caller: their ids and key, the daemon's own ledger."""
+
+    ledger: Ledger
+    uid: int
+    gid: int
+    ssh_key: str | None
+
+    def host_facts(self, engine: Engine) -> HostFacts:
+        return replace(host_facts(engine), uid=self.uid, gid=self.gid)
+
+
 def run_up(
     req: UpRequest,
     *,
@@ -294,8 +307,9 @@ def run_up(
     dry_run: bool,
     create_only: bool,
     wait_s: float | None,
+    daemon: DaemonContext | None = None,
 ) -> UpResult:
-    key = find_ssh_key(ssh_key_path) if req.ssh else None
+    key = (daemon.ssh_key if daemon else find_ssh_key(ssh_key_path)) if req.ssh else None
     inv = current(inventory_path) if req.gpus.wants_gpus else Inventory("not needed", None, None, ())
     if req.gpus.wants_gpus and req.gpus.kind != "count":
         resolve_named(req.gpus, inv)  # unknown indices/UUIDs fail before the engine is asked
@@ -305,12 +319,12 @@ def run_up(
     overridden = {n for n, _, _ in req.ulimits}
     wanted = tuple(u for u in default_ulimits() if u.name not in overridden)
     host = replace(
-        host_facts(engine),
+        daemon.host_facts(engine) if daemon else host_facts(engine),
         ulimit_max=engine.ulimit_max(image.id, wanted, dict(req.extra_labels)),
         path_owners=path_owners(req),
     )
     kb = load_host_kb
-    ledger = Ledger.open()
+    ledger = daemon.ledger if daemon else Ledger.open()
     if dry_run:  # the same choice a real up makes, recording nothing
         live, listed_at = engine.live_names()
         units = preview(ledger, inv, req.gpus, share=req.share, live=live, listed_at_s=listed_at)
@@ -348,9 +362,13 @@ def run_up(
             if plan.container_uid is not None:
                 hand_over(path, plan.container_uid, plan.run_as[1] if plan.run_as else (plan.image_gid or 0))
         token = secrets.token_hex(24) if req.jupyter else None
-        hk = hostkey.ensure(plan.name) if req.ssh else None
+        hk = hostkey.ensure(plan.name) if req.ssh and not daemon else None
         if req.ssh and hk is None:
-            note = "no ssh-keygen on this host: the environment makes a new host key at every start"
+            note = (
+                "started through the host daemon: the environment makes a new host key at every start"
+                if daemon
+                else "no ssh-keygen on this host: the environment makes a new host key at every start"
+            )
             plan = replace(plan, notes=(*plan.notes, note))
         _provision(engine, cid, plan, token, key if req.ssh else None, hk)
         line = hostkey.record(hk, plan.name) if hk is not None else None
