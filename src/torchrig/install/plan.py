@@ -19,6 +19,7 @@ from torchrig.compat.kb import Build, Gpu, KnowledgeBase
 from torchrig.compat.platforms import Platform
 from torchrig.compat.reasons import Verdict
 from torchrig.errors import InputError, UsageError
+from torchrig.findings import Severity
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 INSTALLERS = ("auto", "pip", "uv")
@@ -160,7 +161,7 @@ def choose_build(
         if gpus:
             result = check(kb, gpus=gpus, driver=driver, build=build, platform=platform)
             if result.verdict is Verdict.FAILS:
-                first = next(r for r in result.reasons if r.severity.value == "fail")
+                first = next(r for r in result.reasons if r.severity.blocks)
                 hint = result.fixes[0].summary if result.fixes else "run torchrig resolve for one that works"
                 raise InputError(f"torch {build.label} fails here: {first.message}", hint=hint)
             verdict, reasons = result.verdict, result.reasons
@@ -174,7 +175,7 @@ def choose_build(
         served = served_version(build, listed) if listed is not None else build_pin(build)
         if served is None:
             raise _not_served(build, index, listed)
-        caveats = tuple(r.message for r in reasons if r.severity.value == "caveat")
+        caveats = tuple(r.message for r in reasons if r.severity.rank == Severity.CAVEAT.rank)
         return Choice(build, f"torch=={served}", index, verdict, caveats, why=f"--torch {req.torch}")
     excluded: list[str] = []
     skipped: list[str] = []
@@ -196,7 +197,7 @@ def choose_build(
             if served is None:
                 skipped.append(f"{build.label} from {index or PYPI_SIMPLE}")
                 continue
-            caveats = tuple(r.message for r in res.reasons if r.severity.value == "caveat")
+            caveats = tuple(r.message for r in res.reasons if r.severity.rank == Severity.CAVEAT.rank)
             why = res.why or ""
             if skipped:
                 why = f"the newest build served to this interpreter; not served: {', '.join(skipped)}"
@@ -248,9 +249,9 @@ def _jetson_choice(
         )
         verdict = verdict_of(reasons)
         if verdict is Verdict.FAILS:
-            first = next(r for r in reasons if r.severity.value == "fail")
+            first = next(r for r in reasons if r.severity.blocks)
             raise InputError(f"torch {version} from {source.name} fails here: {first.message}")
-        caveats = tuple(r.message for r in reasons if r.severity.value == "caveat")
+        caveats = tuple(r.message for r in reasons if r.severity.rank == Severity.CAVEAT.rank)
         why = f"JetPack {source.jetpack}: PyTorch for the Jetson's GPU comes from {source.name} ({source.source})"
         return Choice(build, f"torch=={version}", index, verdict, caveats, tuple(skipped), why)
     raise InputError(
