@@ -123,6 +123,9 @@ def names(engine):
     for n in made:
         with contextlib.suppress(Exception):
             engine.containers.get(n).remove(force=True)
+        for v in engine.volumes.list(filters={"label": f"torchrig.workspace={n}"}):  # its kept /workspace
+            with contextlib.suppress(Exception):
+                v.remove(force=True)
 
 
 def test_the_page_shows_what_gpus_and_ps_say_and_a_new_lease_appears(engine, env, names):
