@@ -293,7 +293,8 @@ def _identity(req: UpRequest, host: HostFacts, who: ImageUser) -> Identity:
     notes = []
     if req.public:
         notes.append(
-            "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules"
+            "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules, "
+            "and Jupyter's token crosses the network in plain HTTP (an SSH tunnel keeps it private)"
         )
     binds = [v for v in req.volumes if v.kind == "bind" and not v.read_only]
     invoker = (host.uid, host.gid) if host.uid is not None and host.gid is not None else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shlex
 import socket
 import time
 import urllib.request
@@ -232,11 +231,9 @@ def urls(
     if "jupyter" in host_ports:
         jupyter = f"http://{where}:{host_ports['jupyter']}/lab" + (f"?token={token}" if token else "")
     if "ssh" in host_ports:
-        who = plan.container_user or "root"
-        argv = ["ssh", "-p", str(host_ports["ssh"]), "-o", f"HostKeyAlias={plan.name}"]
-        if known_hosts is not None:
-            argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
-        ssh = shlex.join([*argv, f"{who}@{where}"])
+        ssh = hostkey.ssh_command(
+            host_ports["ssh"], plan.name, plan.container_user or "root", where, known_hosts
+        )
     return jupyter, ssh
 
 
