@@ -232,16 +232,22 @@ def test_only_the_viewer_sees_their_own_token(engine, env, names, test_image, ot
 
 
 def test_a_long_name_wraps_and_the_links_work_from_the_page(engine, env, names, test_image):
-    """A 63-character name (the most 'up' takes) keeps the "how to get in" column on screen in a 1000 px
+    """A 63-character name (the most 'up' takes) keeps the "how to get in" column on screen in an 800 px
     window; the page prints the one ssh -L with the Jupyter port its link names; the link opens JupyterLab."""
     name = f"trdash-{os.getpid()}-".ljust(63, "x")
     names.append(name)
-    r = _torchrig(["up", "--image", test_image, "--name", name, "--no-ssh", "--json"], env)
+    home = Path(env["TORCHRIG_STATE_DIR"]).parent / "home"  # an ssh key of its own: the ssh column shows
+    (home / ".ssh").mkdir(parents=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/id_ed25519")], check=True
+    )
+    env = {**env, "HOME": str(home)}
+    r = _torchrig(["up", "--image", test_image, "--name", name, "--json"], env)
     assert r.returncode == 0, r.stderr
     port = json.loads(r.stdout)["host_ports"]["jupyter"]
     browser = _browser()
     try:
-        browser.set_window_size(1000, 900)
+        browser.set_window_size(800, 900)
         with _dashboard(env) as url:
             browser.get(url)
             assert _wait(lambda: name in {row[0] for row in _rows(browser, "envs")})
