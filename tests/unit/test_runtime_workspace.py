@@ -130,3 +130,12 @@ def test_up_says_which_volume_holds_the_workspace():
     assert "down --volumes exp1" in text
     doc = UpReport(UpResult(p, "running", (), workspace_new=True)).to_json()["workspace"]
     assert doc == {"volume": "torchrig-alice-exp1-workspace", "path": "/workspace", "new": True}
+
+
+def test_the_dry_run_shows_the_kept_ports():
+    from torchrig.cli.cmd_up import UpReport
+    from torchrig.runtime.up import UpResult
+
+    _, p = plan(host_ports=(("ssh", 49154),))
+    text = UpReport(UpResult(p, "planned", ())).render_text()
+    assert "jupyter 127.0.0.1:auto->8888, ssh 127.0.0.1:49154->2222" in text

@@ -221,7 +221,13 @@ class UpReport:
                 f"  security {', '.join(p.security_opt)}; capabilities {', '.join(p.cap_add) or 'none'}; "
                 f"pids ≤ {p.pids_limit}",
                 "  ports    "
-                + (", ".join(f"{x.service} {x.host_ip}:auto->{x.container_port}" for x in p.ports) or "none"),
+                + (
+                    ", ".join(
+                        f"{x.service} {x.host_ip}:{x.host_port or 'auto'}->{x.container_port}"
+                        for x in p.ports
+                    )
+                    or "none"
+                ),
                 f"  as       {p.docker_run()}",
             ]
             lines += [f"  then     {step}" for step in p.steps]
