@@ -209,7 +209,7 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
     assert r.returncode == 0, r.stderr
 
     # 8. down, up again: the workspace is there, and the host key is the same one.
-    _run([*torchrig, "down", name], env=env, check_rc=0)
+    _run([*torchrig, "down", "--volumes", name], env=env, check_rc=0)
     again = _run(up_args, env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     ssh = json.loads(again.stdout)["ssh_command"]
@@ -217,5 +217,5 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
     assert r is not None and r.returncode == 0, r.stderr if r else "no ssh"
     r = _ssh(ssh, key, known_hosts, "cat ~/work/kept.txt")
     assert r.returncode == 0 and r.stdout.strip() == "kept", r.stderr
-    _run([*torchrig, "down", name], env=env, check_rc=0)
+    _run([*torchrig, "down", "--volumes", name], env=env, check_rc=0)
     assert not [c for c in engine.containers.list(all=True) if c.name == name]

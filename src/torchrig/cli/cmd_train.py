@@ -57,9 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 class TrainReport:
     summary: dict[str, Any] | None
     launch: Any | None
+    out: str | None = None  # the run folder (metrics, checkpoints, summary)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"summary": self.summary}
+        out: dict[str, Any] = {"summary": self.summary, "out": self.out}
         if self.launch is not None:
             out["launch"] = self.launch.to_json()
         return out
@@ -88,6 +89,8 @@ class TrainReport:
             clocks = render_gpus(s.get("gpus") or [])
             if clocks:
                 lines.append(clocks)
+        if self.out is not None:
+            lines.append(f"the run is in {self.out} (metrics.jsonl, checkpoints/, summary.json)")
         return "\n".join(lines)
 
 
@@ -164,7 +167,7 @@ def run(args: argparse.Namespace) -> TrainReport:
     if not _wants_launch(args):
         from torchrig.train.loop import train
 
-        return TrainReport(train(cfg), None)
+        return TrainReport(train(cfg), None, str(cfg.out))
     from torchrig.launch import launch
     from torchrig.launch.plan import LaunchRequest
 
@@ -190,4 +193,4 @@ def run(args: argparse.Namespace) -> TrainReport:
         raise JobFailed(
             "pre-flight failed: " + "; ".join(f.summary for f in report.findings if f.severity.is_problem)
         )
-    return TrainReport(summary, report)
+    return TrainReport(summary, report, str(cfg.out))

@@ -133,9 +133,14 @@ def _access(engine: Any, env: Any) -> dict[str, str]:
             token = ""
         out["jupyter"] = url + (f"?token={token}" if token else "")
     if "ssh" in env.ports:
+        from torchrig.runtime import hostkey
+
         ip, port = env.ports["ssh"]
         host = ip if ip not in ("0.0.0.0", "") else "127.0.0.1"
-        out["ssh"] = f"ssh -p {port} -o HostKeyAlias={env.name} {env.container_user or 'torch'}@{host}"
+        known = hostkey.known_hosts_file()
+        out["ssh"] = hostkey.ssh_command(
+            port, env.name, env.container_user or "root", host, known if known.is_file() else None
+        )
     return out
 
 
@@ -154,6 +159,7 @@ def _environments(engine: Any, envs: list[Any], viewer: Viewer) -> list[dict[str
                 "created": e.created,
                 "mine": mine,
                 "access": _access(engine, e) if mine and e.alive else {},
+                "ports": sorted(p for _, p in e.ports.values()) if mine and e.alive else [],
             }
         )
     return rows
