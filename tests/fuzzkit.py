@@ -390,6 +390,7 @@ NUMBERS = [
     "0x10",
     "99999999999999999999999",
     "-99999999999999999999999",
+    "9" * 400,  # float() of it overflows: a message that formats it as a float crashes
     str(2**63),
     str(2**31),
     "65536",
