@@ -140,6 +140,13 @@ def test_to_prune_never_takes_the_latest_nor_steps_above_the_save():
     assert rundir.to_prune(saved, "b", 1, 6, "step-000006") == []
 
 
+def test_to_prune_never_takes_the_newest_finite_checkpoint():
+    # 2 and 4 were checked finite; 6 and 8 come from a torchrig that did not check (an old save)
+    saved = [rundir.Saved(Path(f"step-{s:06d}"), s, "a", finite=s <= 4) for s in (2, 4, 6, 8)]
+    assert [s.step for s in rundir.to_prune(saved, "a", 1, 8, "step-000008")] == [2, 6]
+    assert [s.step for s in rundir.to_prune(saved, "a", 2, 8, "step-000008")] == [2]
+
+
 # ---------------------------------------------------------------- who owns a run folder
 
 

@@ -25,9 +25,10 @@ from torch import nn
 
 from torchrig.errors import InputError, UsageError
 from torchrig.train import checkpoint as ckpt
-from torchrig.train import rundir, setup
+from torchrig.train import finite, rundir, setup
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
+from torchrig.train.finite import MAX_SKIPPED_IN_A_ROW, Diverged, NonFiniteWatch, any_rank, weights_finite
 from torchrig.train.gpuwatch import GpuWatch
 from torchrig.train.lategrads import LateGrads
 from torchrig.train.metrics import Metrics, peak_tflops, rewind_jsonl
@@ -287,6 +288,9 @@ class Job:
     fp8_layers: list[str] = dataclasses.field(
         default_factory=list
     )  # --precision fp8: the Float8Linear layers
+    nonfinite: NonFiniteWatch | None = None  # the first step whose loss or gradients were NaN/inf
+    skipped: list[int] = dataclasses.field(default_factory=list)  # --on-nonfinite skip: the steps skipped
+    skipped_in_a_row: int = 0
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -342,11 +346,14 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
         root=Path(cfg.out) / "checkpoints",
         late=LateGrads.for_backend(late) if late else None,
         fp8_layers=fp8_layers,
+        nonfinite=NonFiniteWatch(rt.device),
     )
 
 
-def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor | None:
-    """One optimizer step of ``grad_accum`` micro-steps; returns the gradient norm (a tensor, no sync)."""
+def _step(job: Job, metrics: Metrics, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor | None:
+    """One optimizer step of ``grad_accum`` micro-steps; returns the gradient norm (a tensor, no sync).
+    A step whose loss or gradients are NaN/inf is noted on the device (``--on-nonfinite stop``) or, with
+    ``--on-nonfinite skip``, not applied (one sync: the decision comes before the optimizer steps)."""
     cfg, rt = job.cfg, job.rt
     for group in job.opt.param_groups:
         group["lr"] = lr_at(step, cfg)
@@ -359,6 +366,7 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
         for p in job.model.parameters():
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+    step_loss = torch.zeros((), device=rt.device)
     for micro in range(cfg.grad_accum):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
@@ -367,7 +375,7 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
         with _sync_context(job.run_model, rt, micro == cfg.grad_accum - 1), job.autocast():
             loss = job.run_model(x, y) / cfg.grad_accum
         (job.scaler.scale(loss) if job.scaler is not None else loss).backward()
-        loss_sum += loss.detach()
+        step_loss += loss.detach().float()
     if job.late is not None:
         job.late.start()  # the embeddings' all-reduce, on NCCL's stream
         if job.scaler is not None or cfg.clip_grad:
@@ -375,6 +383,9 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
     if job.scaler is not None:
         job.scaler.unscale_(job.opt)
     norm = torch.nn.utils.clip_grad_norm_(job.model.parameters(), cfg.clip_grad) if cfg.clip_grad else None
+    if _nonfinite(job, metrics, step, step_loss, norm):
+        return norm  # --on-nonfinite skip: this step changed nothing
+    loss_sum += step_loss
     if job.scaler is not None:
         job.scaler.step(job.opt)
         job.scaler.update()
@@ -384,6 +395,68 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
         job.opt.step()
     job.opt.zero_grad(set_to_none=not keep_grads)
     return norm
+
+
+def _nonfinite(
+    job: Job, metrics: Metrics, step: int, step_loss: torch.Tensor, norm: torch.Tensor | None
+) -> bool:
+    """Note a NaN/inf loss or gradient of this step; True when ``--on-nonfinite skip`` drops the step."""
+    cfg = job.cfg
+    if job.scaler is not None:
+        checked = None  # fp16: an inf gradient is the GradScaler's to skip (it lowers the scale); the loss is ours
+    elif norm is not None:
+        checked = norm
+    else:  # no clipping: the same norm clipping computes, one fused pass over the gradients
+        late = {id(p) for p in job.late.params} if job.late is not None else set()
+        checked = finite.grad_norm([p for p in job.model.parameters() if id(p) not in late])
+    bad = NonFiniteWatch.bad(step_loss, checked)
+    if cfg.on_nonfinite != "skip":
+        assert job.nonfinite is not None
+        job.nonfinite.note(step, bad)
+        return False
+    if not any_rank(bad):
+        job.skipped_in_a_row = 0
+        return False
+    if job.late is not None:
+        job.late.finish()  # its all-reduce completes before the gradients it writes are dropped
+    if job.scaler is not None:
+        job.scaler.update()  # closes this step's unscale_ (the next one would refuse a second)
+    job.opt.zero_grad(set_to_none=not (setup.uses_cudagraphs(cfg, job.rt) and cfg.grad_accum > 1))
+    job.skipped.append(step)
+    job.skipped_in_a_row += 1
+    metrics.event(event="nonfinite", step=step, action="skip")
+    if job.rt.is_main:
+        print(
+            f"torchrig train: step {step}: the loss or a gradient is NaN/inf; the step is skipped "
+            "(--on-nonfinite skip)",
+            file=sys.stderr,
+            flush=True,
+        )
+    if job.skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
+        raise _diverged(job, step, f"{job.skipped_in_a_row} steps in a row skipped by --on-nonfinite skip")
+    return True
+
+
+def _diverged(job: Job, step: int, how: str) -> Diverged:
+    good = rundir.latest(job.root)
+    return Diverged(
+        f"training diverged: NaN/inf loss or gradient at step {step}; "
+        + (f"the last finite checkpoint is {good}" if good else "no checkpoint of this run was saved")
+        + f" ({how})",
+        hint="lower --lr, raise --warmup-steps or keep --clip-grad, then continue with --resume"
+        + ("" if job.cfg.on_nonfinite == "skip" else "; --on-nonfinite skip drops such steps instead"),
+    )
+
+
+def _check_finite(job: Job, metrics: Metrics, at: str) -> None:
+    """At a point the loop syncs anyway (a log step, a save): stop when any step so far was NaN/inf."""
+    if job.nonfinite is None or job.cfg.on_nonfinite == "skip":
+        return
+    first = job.nonfinite.first_bad_step()
+    if first is None:
+        return
+    metrics.event(event="nonfinite", step=first, action="stop", found_at=at)
+    raise _diverged(job, first, f"seen at the {at}: checked at every log step and before every save")
 
 
 def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
@@ -436,7 +509,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
             if step == prof_first:
                 profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
                 profiler.start()
-            grad_norm = _step(job, step, it, loss_sum)
+            grad_norm = _step(job, metrics, step, it, loss_sum)
             collector.after_step(step, start + 1)
             if step == cfg.steps and profiler is not None:
                 profile = profiler.stop(cfg.steps - (prof_first or step) + 1)
@@ -445,9 +518,11 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
                 or step == cfg.steps
                 or (prof_first is not None and step == prof_first - 1)
             ):
-                final_loss = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
+                logged = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
+                final_loss = logged if logged is not None else final_loss
                 loss_sum.zero_()
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
+                _check_finite(job, metrics, f"save of step {step}")
                 _save(job, step)
                 last["t"] = time.perf_counter()  # checkpoint time is not training throughput
         warm = start + min(cfg.timing_warmup_steps, cfg.steps // 3)
@@ -510,6 +585,8 @@ def _finish(
         if rt.parallel == "ddp"
         else None,
         "gc_every": cfg.gc_every,
+        "on_nonfinite": cfg.on_nonfinite,
+        "skipped_steps": job.skipped,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "global_batch": job.global_batch,
@@ -544,8 +621,11 @@ def _log(
     job: Job,
     metrics: Metrics,
     peak: float | None,
-) -> float:
-    rt, n = job.rt, step - last["step"]
+) -> float | None:
+    _check_finite(job, metrics, f"log of step {step}")
+    rt = job.rt
+    skipped = sum(1 for s in job.skipped if s > last["step"])
+    n = max(step - last["step"] - skipped, 1)  # the steps whose losses loss_sum holds
     loss = loss_sum / n
     if dist.is_initialized():
         dist.all_reduce(loss)  # the mean over ranks (gloo has no AVG)
@@ -554,11 +634,14 @@ def _log(
     if grad_norm is not None:
         full = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         gn = float(full.item())
-    value = float(loss.item())  # the one host sync of the interval
+        gn = gn if math.isfinite(gn) else None  # a skipped step's norm: JSON has no NaN
+    value: float | None = float(loss.item())  # the one host sync of the interval
+    if skipped == step - last["step"]:
+        value = None  # --on-nonfinite skip dropped every step of the interval: no loss to show
     now = time.perf_counter()
     if job.watch is not None:
         job.watch.sample(step)
-    rate = n * job.units_per_step / max(now - last["t"], 1e-9)
+    rate = (step - last["step"]) * job.units_per_step / max(now - last["t"], 1e-9)
     rec = {
         "step": step,
         "loss": value,
@@ -594,7 +677,10 @@ def _save(job: Job, step: int) -> None:
         "model_spec": job.spec,
         "config": dict(vars(cfg)),
         "grad_scale": float(job.scaler.get_scale()) if job.scaler is not None else None,
+        "finite": True,  # checked just before: pruning never removes the newest such checkpoint
     }
+    if not weights_finite(job.model):  # a save never commits NaN/inf weights, whatever the checks missed
+        raise _diverged(job, step, "the weights to save hold NaN/inf")
     ckpt.save(
         job.root,
         step,

@@ -118,8 +118,9 @@ class Metrics:
         elapsed = time.perf_counter() - self.start
         eta = elapsed / max(s, 1) * (n - s)
         mfu = f" MFU {rec['mfu'] * 100:.1f}%" if rec.get("mfu") is not None else ""
+        loss = "skipped" if rec["loss"] is None else f"{rec['loss']:.4f}"  # --on-nonfinite skip, every step
         line = (
-            f"[{'#' * filled}{'.' * (24 - filled)}] step {s}/{n} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+            f"[{'#' * filled}{'.' * (24 - filled)}] step {s}/{n} loss {loss} lr {rec['lr']:.2e} "
             f"{rec[f'{unit}_per_s'] / 1e3:.1f}k {unit}/s{mfu} eta {eta:.0f}s"
         )
         end = "\r" if self.tty and s < n else "\n"

@@ -80,6 +80,7 @@ class Saved:
     path: Path
     step: int
     run_id: str | None  # None: saved before run ids existed
+    finite: bool = False  # its meta.json says its weights were checked finite (NaN/inf never saved)
 
     @property
     def name(self) -> str:
@@ -112,7 +113,9 @@ def checkpoints(root: Path) -> list[Saved]:
             except InputError:
                 continue
             rid = meta.get("run_id")
-            found.append(Saved(p, int(meta["step"]), rid if isinstance(rid, str) else None))
+            found.append(
+                Saved(p, int(meta["step"]), rid if isinstance(rid, str) else None, meta.get("finite") is True)
+            )
     return sorted(found, key=lambda s: (s.step, s.name))
 
 
@@ -343,12 +346,15 @@ def to_prune(
 ) -> list[Saved]:
     """Which checkpoints a save of ``saved_step`` makes old: this run's, at or below that step, beyond the
     ``keep`` newest by step; never the one ``latest`` names. (0 keeps all. A checkpoint of this run above
-    the step is one a resume went back from: it is replaced when the run reaches its step again.)"""
+    the step is one a resume went back from: it is replaced when the run reaches its step again.) Never
+    the newest checkpoint recorded finite either: a run that diverged resumes from it."""
     if not keep:
         return []
     mine = [s for s in saved if s.run_id == run_id and s.step <= saved_step]
     old = sorted(mine, key=lambda s: s.step)[:-keep]
-    return [s for s in old if s.name != latest_name]
+    finite = [s for s in saved if s.finite]
+    newest_finite = max(finite, key=lambda s: s.step).name if finite else None
+    return [s for s in old if s.name not in (latest_name, newest_finite)]
 
 
 # ---------------------------------------------------------------- a full disk
