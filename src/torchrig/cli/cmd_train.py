@@ -28,6 +28,7 @@ one is skipped for the newest intact one (docs/checkpoints.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -161,10 +162,18 @@ def run(args: argparse.Namespace) -> TrainReport:
         from torchrig.train.fp8 import require_torchao
 
         require_torchao()
-    from torchrig.train.rundir import plan_start
+    from torchrig.train.rundir import hold, plan_start
 
     # refused here, before any rank starts: a run folder that holds another run, --resume with nothing there
     plan_start(Path(cfg.out), resume=cfg.resume, if_possible=cfg.resume_if_possible, overwrite=cfg.overwrite)
+    # one run per folder: a second one (even two --resume-if-possible) is refused. Run as one rank of a
+    # torchrun job, rank 0 takes it in the loop instead (every rank runs this command).
+    is_rank = "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
+    with contextlib.nullcontext() if is_rank else hold(Path(cfg.out)):
+        return _run(args, cfg)
+
+
+def _run(args: argparse.Namespace, cfg: Any) -> TrainReport:
     if args.gpus is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
     if not _wants_launch(args):
@@ -173,6 +182,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         return TrainReport(train(cfg), None)
     from torchrig.launch import launch
     from torchrig.launch.plan import LaunchRequest
+    from torchrig.train.rundir import LOCK_HOLDER_ENV, holder_token
 
     cpu = args.nproc_per_node is not None or cfg.device == "cpu"
     req = LaunchRequest(
@@ -189,6 +199,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         nccl_timeout_grace_s=args.nccl_timeout_grace,
         stopped_grace_s=args.stopped_grace,
         rdzv_id="torchrig-train",
+        extra_env=((LOCK_HOLDER_ENV, holder_token()),),  # rank 0 runs under this process's lock
     )
     report = launch(req, preflight=not args.no_preflight, preflight_timeout_s=60)
     summary = _read_summary(Path(cfg.out) / "summary.json") if report.exit_code == 0 else None

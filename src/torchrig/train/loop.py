@@ -122,12 +122,16 @@ def _test_hooks(cfg: TrainConfig, rt: Runtime, step: int) -> None:
             time.sleep(3600)
 
 
-def _start(cfg: TrainConfig, rt: Runtime, out: Path, root: Path) -> tuple[str, Path | None]:
-    """Rank 0 decides how the run starts in its folder (train/rundir.py's rules), every rank follows: the
-    run's id and the verified checkpoint to resume from (None: step 0)."""
+def _start(
+    cfg: TrainConfig, rt: Runtime, out: Path, root: Path, held: contextlib.ExitStack
+) -> tuple[str, Path | None]:
+    """Rank 0 takes the folder's lock (until the run ends) and decides how the run starts in it
+    (train/rundir.py's rules), every rank follows: the run's id and the verified checkpoint to resume from
+    (None: step 0)."""
     plan: Any = None
     if rt.is_main:
         try:
+            held.enter_context(rundir.hold(out))  # another live run in this folder: refused, exit 2
             plan = rundir.plan_start(
                 out,
                 resume=cfg.resume,
@@ -257,7 +261,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train to ``cfg.steps``; returns the run's summary (also written to ``OUT/summary.json`` by rank 0)."""
     rt = init(cfg)
     try:
-        return _train(cfg, rt)
+        with contextlib.ExitStack() as held:  # the run folder's lock, taken by rank 0 in _start
+            return _train(cfg, rt, held)
     finally:
         teardown()
 
@@ -459,9 +464,16 @@ def _check_finite(job: Job, metrics: Metrics, at: str) -> None:
     raise _diverged(job, first, f"seen at the {at}: checked at every log step and before every save")
 
 
-def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
+def _check_weights(job: Job, metrics: Metrics, step: int) -> None:
+    """A save never commits NaN/inf weights, whatever the per-step checks missed (``--on-nonfinite skip``)."""
+    if not weights_finite(job.model):
+        metrics.event(event="nonfinite", step=step, action="stop", found_at=f"save of step {step}")
+        raise _diverged(job, step, "the weights to save hold NaN/inf")
+
+
+def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack) -> dict[str, Any]:
     job = _build(cfg, rt)
-    job.run_id, found = _start(cfg, rt, job.out, job.root)
+    job.run_id, found = _start(cfg, rt, job.out, job.root, held)
     metrics = Metrics(job.out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)
     resuming = cfg.resume or cfg.resume_if_possible or rt.restart > 0
     start, meta = _resume(cfg, rt, job.model, job.opt, found, resuming, metrics, job.global_batch, job.spec)
@@ -523,6 +535,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
                 loss_sum.zero_()
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
                 _check_finite(job, metrics, f"save of step {step}")
+                _check_weights(job, metrics, step)
                 _save(job, step)
                 last["t"] = time.perf_counter()  # checkpoint time is not training throughput
         warm = start + min(cfg.timing_warmup_steps, cfg.steps // 3)
@@ -677,10 +690,8 @@ def _save(job: Job, step: int) -> None:
         "model_spec": job.spec,
         "config": dict(vars(cfg)),
         "grad_scale": float(job.scaler.get_scale()) if job.scaler is not None else None,
-        "finite": True,  # checked just before: pruning never removes the newest such checkpoint
+        "finite": True,  # checked just before (_check_finite): pruning never removes the newest such one
     }
-    if not weights_finite(job.model):  # a save never commits NaN/inf weights, whatever the checks missed
-        raise _diverged(job, step, "the weights to save hold NaN/inf")
     ckpt.save(
         job.root,
         step,

@@ -16,14 +16,18 @@ A run folder (``--out``) belongs to one run. ``OUT/run.json`` holds the run's id
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 import stat
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -336,6 +340,131 @@ def claim(out: Path, start: Start, run_id: str) -> list[str]:
     if run_id_of(out) != run_id:
         atomic_write(out / RUN_FILE, json.dumps({"schema_version": 1, "run_id": run_id}, indent=2) + "\n")
     return said
+
+
+# ---------------------------------------------------------------- one run holds a folder
+
+# OUT/.torchrig.lock: an advisory lock (flock) held by the run that writes OUT, for as long as it lives. The
+# kernel drops it when the holder exits, however it exits (kill -9 included): nothing to clean up. Its bytes
+# say who holds it (host, pid, user, since), for the refusal message only.
+LOCK_FILE = ".torchrig.lock"
+# set by `torchrig train` for the ranks it starts: "PID@HOST" of the launcher holding OUT's lock for them
+LOCK_HOLDER_ENV = "TORCHRIG_RUN_LOCK_HOLDER"
+_MAX_LOCK_INFO_BYTES = 4096
+_held: dict[str, list[int]] = {}  # this process's locks: real path of OUT -> [fd, how many holds]
+
+
+class FolderBusy(UsageError):
+    """Another live run holds the run folder (exit 2: nothing was touched)."""
+
+
+def holder_token() -> str:
+    """This process as the lock records it: the value :data:`LOCK_HOLDER_ENV` gives its ranks."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def _lock_info(fd: int) -> dict[str, Any]:
+    """What the holder wrote into the lock file (bounded: a few hundred bytes), or {} while it starts."""
+    for _ in range(20):  # the holder writes right after it locks: wait a moment for it
+        try:
+            data = os.pread(fd, _MAX_LOCK_INFO_BYTES, 0)
+            info = json.loads(data.decode("utf-8"))
+        except (OSError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            return info
+        time.sleep(0.025)
+    return {}
+
+
+def _busy(out: Path, info: dict[str, Any]) -> FolderBusy:
+    def show(key: str) -> str:
+        v = info.get(key)
+        return str(v)[:64].encode("ascii", "replace").decode() if isinstance(v, (str, int)) else "?"
+
+    who = (
+        f"pid {show('pid')} on {show('host')}, user {show('user')}, since {show('since')}"
+        if info
+        else "a process that is just starting"
+    )
+    return FolderBusy(
+        f"{out} is in use by another run ({who})",
+        hint="wait for it to end or stop it, or give this run another --out (the lock ends with its process)",
+    )
+
+
+def _open_lock(path: Path) -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        raise UsageError(
+            f"cannot open the run folder's lock {path} ({e.strerror or e})",
+            hint="remove it if it is a link or not a file; give an --out you can write to",
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{path} is not a regular file", hint="remove it: torchrig creates its own lock file")
+    return fd
+
+
+def _take(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    fd = _open_lock(out / LOCK_FILE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        info = _lock_info(fd)
+        os.close(fd)
+        if info and os.environ.get(LOCK_HOLDER_ENV) == f"{info.get('pid')}@{info.get('host')}":
+            return -1  # our launcher holds it for its ranks
+        raise _busy(out, info) from None
+    except OSError as e:
+        os.close(fd)
+        raise UsageError(
+            f"cannot lock the run folder {out} ({e.strerror or e})",
+            hint="its filesystem has no working file locks (NFS mounted with 'nolock'?); see docs/training.md",
+        ) from None
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "user": _user(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with contextlib.suppress(OSError):  # who holds it is for messages only: a full disk does not stop the run
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    return fd
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+@contextlib.contextmanager
+def hold(out: Path) -> Iterator[None]:
+    """Hold ``out``'s lock while the block runs (re-entrant in one process); :class:`FolderBusy` (exit 2) when
+    another live process holds it, naming it. Only one process per run takes it: ``torchrig train`` (the
+    launcher) or rank 0; ranks started by a launcher that holds it pass (:data:`LOCK_HOLDER_ENV`)."""
+    key = os.path.realpath(out)
+    if key in _held:
+        _held[key][1] += 1
+    else:
+        _held[key] = [_take(out), 1]
+    try:
+        yield
+    finally:
+        entry = _held[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _held[key]
+            if entry[0] >= 0:
+                os.close(entry[0])  # the lock ends with its last descriptor
 
 
 # ---------------------------------------------------------------- pruning
