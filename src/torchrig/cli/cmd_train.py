@@ -100,11 +100,12 @@ class TrainReport:
 
 def _read_summary(path: Path) -> dict[str, Any] | None:
     """The ranks' summary.json; None (the launch report still printed) when it is missing or unreadable."""
-    import json
+    from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
+    try:  # bounded, a regular file only: a FIFO or /dev/zero in its place is no summary, not a hang
+        data = read_json(path, "run summary", max_bytes=16 * 2**20)
+    except InputError:
         return None
     return data if isinstance(data, dict) else None
 

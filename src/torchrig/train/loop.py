@@ -443,7 +443,7 @@ def _nonfinite(
 
 
 def _diverged(job: Job, step: int, how: str) -> Diverged:
-    good = rundir.latest(job.root)
+    good = rundir.latest_or_none(job.root)
     return Diverged(
         f"training diverged: NaN/inf loss or gradient at step {step}; "
         + (f"the last finite checkpoint is {good}" if good else "no checkpoint of this run was saved")
@@ -615,7 +615,7 @@ def _finish(
     }
     if rt.is_main:
         metrics.event(event="end", **summary)
-        (job.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        rundir.atomic_write(job.out / "summary.json", json.dumps(summary, indent=2) + "\n")  # replaces a FIFO too
     metrics.close()
     return summary
 

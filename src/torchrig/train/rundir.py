@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig import inputfiles
+from torchrig.argtypes import MAX_COUNT
 from torchrig.errors import InputError, JobFailed, UsageError
 
 RUN_FILE = "run.json"
@@ -40,6 +42,12 @@ META = "meta.json"
 CHECKPOINTS = "checkpoints"
 # What a run writes into OUT besides checkpoints/ (the launcher's logs/ are the current job's: never removed).
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "tensorboard", "profile")
+# What the small files of a run folder may weigh, far above what torchrig writes: a bigger one is refused
+# before it is read (a sparse 8 GB meta.json, a link to /dev/zero).
+MAX_POINTER_BYTES = 4096  # "step-000200\n"
+MAX_RUN_FILE_BYTES = 64 * 1024  # {"schema_version": 1, "run_id": ...}
+MAX_META_BYTES = 64 * 2**20  # the config, the model spec and one digest per DCP file (~150 B each)
+MAX_STEP = MAX_COUNT  # train --steps' own bound
 
 
 def step_name(step: int) -> str:
@@ -92,16 +100,21 @@ class Saved:
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
-    """A checkpoint's ``meta.json``; :class:`InputError` naming the file when it is missing or malformed."""
+    """A checkpoint's ``meta.json``; :class:`InputError` naming the file when it is missing, not a regular
+    file, over :data:`MAX_META_BYTES`, malformed, or its ``step`` is not an integer in 0..MAX_STEP."""
     path = ckpt / META
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise InputError(
-            f"{path} is unreadable ({type(e).__name__})", hint="the checkpoint is damaged"
-        ) from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        meta = inputfiles.read_json(path, "checkpoint meta.json", max_bytes=MAX_META_BYTES)
+    except InputError as e:
+        raise InputError(f"{path} is unreadable: {e.message}", hint="the checkpoint is damaged") from None
+    step = meta.get("step") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or type(step) is not int:
         raise InputError(f"{path} is not a torchrig checkpoint's meta.json (no integer 'step')")
+    if not 0 <= step <= MAX_STEP:
+        raise InputError(
+            f"{path} records step {str(step)[:40]}, outside 0..{MAX_STEP}",
+            hint="the checkpoint is damaged",
+        )
     return meta
 
 
@@ -140,12 +153,21 @@ def unreadable(root: Path) -> list[tuple[int, str]]:
 
 
 def pointer(root: Path) -> str | None:
-    """What ``latest`` names (a folder name), or None without a readable pointer."""
-    try:
-        text = (root / LATEST).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+    """What ``latest`` names (a folder name), or None without one (missing, or not a name). :class:`InputError`
+    when ``latest`` is no small regular file (a FIFO, a device such as ``/dev/zero``, a folder, over
+    :data:`MAX_POINTER_BYTES`): a hostile run folder is refused at once, never waited on or read without end."""
+    path = root / LATEST
+    if not os.path.lexists(path):
         return None
-    return text if text and "/" not in text and text not in (".", "..") else None
+    try:
+        data = inputfiles.read_bytes(path, "checkpoint pointer", max_bytes=MAX_POINTER_BYTES)
+    except InputError as e:
+        raise InputError(e.message, hint="it must be a small file naming a checkpoint folder: remove it") from None
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None
+    return text if is_plain_name(text) else None
 
 
 def latest(root: Path) -> Path | None:
@@ -281,11 +303,20 @@ def describe(out: Path) -> str | None:
 
 
 def run_id_of(out: Path) -> str | None:
-    try:
-        rid = json.loads((out / RUN_FILE).read_text(encoding="utf-8")).get("run_id")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+    """``run.json``'s run id; None when it is missing or holds none. :class:`InputError` when it is no small
+    regular file (a FIFO, a device, over :data:`MAX_RUN_FILE_BYTES`)."""
+    path = out / RUN_FILE
+    if not os.path.lexists(path):
         return None
-    return rid if isinstance(rid, str) else None
+    try:
+        data = inputfiles.read_bytes(path, "run file", max_bytes=MAX_RUN_FILE_BYTES)
+    except InputError as e:
+        raise InputError(e.message, hint="it must be the small file torchrig wrote: remove it") from None
+    try:
+        rid = inputfiles.loads_json(data.decode("utf-8"), "run file", str(path)).get("run_id")
+    except (InputError, UnicodeDecodeError, AttributeError):
+        return None
+    return rid if isinstance(rid, str) and rid.isprintable() and len(rid) <= 200 else None
 
 
 def plan_start(out: Path, *, resume: bool, if_possible: bool, overwrite: bool, restart: int = 0) -> Start:
@@ -493,9 +524,17 @@ class DiskFull(JobFailed):
     """The filesystem under ``--out`` filled up (exit 1: the run stopped; its last good checkpoint stays)."""
 
 
+def latest_or_none(root: Path) -> Path | None:
+    """:func:`latest` for a message about another failure: a hostile ``latest`` is not that failure."""
+    try:
+        return latest(root)
+    except InputError:
+        return None
+
+
 def disk_full_writing(path: Path, out: Path) -> DiskFull:
     """The error for a run output (metrics, summary) that no longer fits on its filesystem."""
-    good = latest(out / CHECKPOINTS)
+    good = latest_or_none(out / CHECKPOINTS)
     return DiskFull(
         f"disk full: writing {path} failed with {size_text(free_bytes(path))} left on that filesystem; "
         + (f"the last good checkpoint is {good}" if good else "no checkpoint of this run was completed"),
