@@ -262,12 +262,15 @@ def run_bounded(
 ) -> Outcome:
     """``fn()`` (returning an exit status) in a forked child bounded in time and memory, in the scratch
     environment of ``cwd``; its exit, stdout and stderr. ``argv`` only labels the outcome."""
-    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+    with (
+        tempfile.TemporaryFile() as out_f,
+        tempfile.TemporaryFile() as err_f,
+        tempfile.TemporaryFile() as io_f,
+    ):
         sys.stdout.flush()
         sys.stderr.flush()
         t0 = time.monotonic()
         rss_at_fork_kib = _status_kib("VmRSS")
-        io_f = tempfile.TemporaryFile()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             code = 99
@@ -322,7 +325,6 @@ def run_bounded(
         err = err_f.read().decode("utf-8", "replace")
         io_f.seek(0)
         read_text = io_f.read().decode() or "-1"
-        io_f.close()
     grew = max(0, usage.ru_maxrss - rss_at_fork_kib) if usage is not None else None
     read = int(read_text) if read_text.lstrip("-").isdigit() and int(read_text) >= 0 else None
     if os.WIFSIGNALED(status):

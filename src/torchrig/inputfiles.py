@@ -30,6 +30,7 @@ from torchrig.errors import InputError
 MAX_FILE_BYTES = 64 * 2**20
 # Deeper than any torchrig file (facts: 5 levels) yet far from Python's recursion limit.
 MAX_DEPTH = 64
+MAX_INT = 2**63 - 1  # a record's integers: what a signed 64-bit count, size or id holds
 
 T = TypeVar("T")
 
@@ -48,10 +49,14 @@ def open_regular(path: str | os.PathLike[str], what: str, *, follow: bool = True
     except FileNotFoundError:
         raise InputError(f"{what} {str(p)!r} does not exist", hint="check the path") from None
     except IsADirectoryError:
-        raise InputError(f"{what} {str(p)!r} is a folder, not a file", hint="give the path of the file") from None
+        raise InputError(
+            f"{what} {str(p)!r} is a folder, not a file", hint="give the path of the file"
+        ) from None
     except OSError as err:
         if err.errno == errno.ELOOP and not follow:
-            raise InputError(f"{what} {str(p)!r} is a symbolic link; torchrig reads only the file itself") from None
+            raise InputError(
+                f"{what} {str(p)!r} is a symbolic link; torchrig reads only the file itself"
+            ) from None
         raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -215,9 +220,10 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 
 
 def record(cls: type[T], data: Any, where: str) -> T:
-    """A frozen dataclass of scalars (``int``, ``float``, ``str``, ``bool``, ``X | None``) from a parsed
-    mapping, each field checked against its annotation; keys it does not know are ignored. A field of
-    another annotation is passed through unchecked. Floats must be finite."""
+    """A frozen dataclass of scalars (``int``, ``float``, ``str``, ``bool``, ``X | None``) and string tables
+    (``dict[str, str]``) from a parsed mapping, each field checked against its annotation; keys it does not
+    know are ignored. A field of another annotation is passed through unchecked. Floats must be finite,
+    integers within 64 bits. The class's own ``__post_init__`` may refuse a value (a ValueError)."""
     import dataclasses
     import math
 
@@ -231,10 +237,16 @@ def record(cls: type[T], data: Any, where: str) -> T:
             continue
         value = data[f.name]
         names = [n.strip() for n in str(f.type).split("|")]
-        if all(n in _SCALARS for n in names):
+        if str(f.type) == "dict[str, str]":  # a mapping of text (an environment)
+            if not (isinstance(value, dict) and all(isinstance(x, str) for kv in value.items() for x in kv)):
+                raise InputError(f"{where}: {f.name!r} must be a table of strings, found {value!r:.60}")
+        elif all(n in _SCALARS for n in names):
             kinds = tuple(k for n in names for k in _SCALARS[n])
             ok = isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
             if ok and isinstance(value, float) and not math.isfinite(value):
+                ok = False
+            # an integer past 64 bits is no count, size or id torchrig wrote (and overflows a float later)
+            if ok and isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
                 ok = False
             if not ok:
                 raise InputError(f"{where}: {f.name!r} must be {' or '.join(names)}, found {value!r:.60}")

@@ -57,7 +57,9 @@ def check_diverged(r: subprocess.CompletedProcess, out: Path) -> None:
     root = out / "checkpoints"
     latest = (root / "latest").read_text().strip()
     assert latest == f"step-{first_bad - 1:06d}", (latest, first_bad, text[-2000:])
-    assert sorted(p.name for p in root.glob("step-*")) == [latest], "no NaN/inf checkpoint; the finite one kept"
+    assert sorted(p.name for p in root.glob("step-*")) == [latest], (
+        "no NaN/inf checkpoint; the finite one kept"
+    )
     meta = json.loads((root / latest / "meta.json").read_text())
     assert meta["finite"] is True and meta["step"] == first_bad - 1
     assert weights_finite(root / latest)

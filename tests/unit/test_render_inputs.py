@@ -9,7 +9,7 @@ import pytest
 from torchrig.cli import main
 from torchrig.cluster import fields
 from torchrig.errors import UsageError
-from torchrig.image.ref import check_tag
+from torchrig.image.dockerref import check_tag
 
 
 def one_line_exit_2(argv, capsys, needle):
@@ -54,7 +54,9 @@ def test_the_refused_names_cover_every_node_variable_the_renders_read():
     src = "".join(p.read_text() for p in Path(cluster.__file__).parent.glob("*.py"))
     read = set(re.findall(r'NodeVar\("([A-Z_]+)"\)', src)) | set(re.findall(r"export ([A-Z_]+)=", src))
     assert read, "the renders read node variables"
-    missing = {n for n in read if n not in fields.PER_NODE_ENV and not n.startswith(fields.PER_NODE_ENV_PREFIXES)}
+    missing = {
+        n for n in read if n not in fields.PER_NODE_ENV and not n.startswith(fields.PER_NODE_ENV_PREFIXES)
+    }
     assert not missing, missing
 
 

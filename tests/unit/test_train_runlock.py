@@ -57,9 +57,8 @@ def test_the_lock_dies_with_its_holder_even_killed(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"
-        with pytest.raises(rundir.FolderBusy, match=f"pid {p.pid} on"):
-            with rundir.hold(out):
-                pass
+        with pytest.raises(rundir.FolderBusy, match=f"pid {p.pid} on"), rundir.hold(out):
+            pass
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
@@ -71,7 +70,9 @@ def test_one_process_takes_it_again_and_ranks_of_the_holding_launcher_pass(tmp_p
     out = tmp_path / "run"
     with rundir.hold(out), rundir.hold(out):  # the CLI and, in the same process, the loop
         pass
-    code = "from pathlib import Path; from torchrig.train import rundir\nwith rundir.hold(Path(%r)): print('ok')"
+    code = (
+        "from pathlib import Path; from torchrig.train import rundir\nwith rundir.hold(Path(%r)): print('ok')"
+    )
     with rundir.hold(out):
         env = {**os.environ, rundir.LOCK_HOLDER_ENV: rundir.holder_token()}
         r = subprocess.run([sys.executable, "-c", code % str(out)], capture_output=True, text=True, env=env)
@@ -93,8 +94,7 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kin
     else:
         lock.mkdir()
     t0 = time.monotonic()
-    with pytest.raises(UsageError) as e:
-        with rundir.hold(out):
-            pass
+    with pytest.raises(UsageError) as e, rundir.hold(out):
+        pass
     assert time.monotonic() - t0 < 5
     assert str(lock) in e.value.one_line() and "\n" not in e.value.one_line()

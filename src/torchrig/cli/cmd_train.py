@@ -82,11 +82,7 @@ class TrainReport:
                 + (f" {s['fp8']['recipe']}: {s['fp8']['layers']} Linear layers" if s.get("fp8") else "")
                 + f"{', compiled' if s['compile'] else ''}): final loss "
                 + (f"{s['final_loss']:.4f}" if isinstance(s.get("final_loss"), float) else "none")
-                + (
-                    f", {len(s['skipped_steps'])} NaN/inf step(s) skipped"
-                    if s.get("skipped_steps")
-                    else ""
-                )
+                + (f", {len(s['skipped_steps'])} NaN/inf step(s) skipped" if s.get("skipped_steps") else "")
                 + (f", {rate:,.0f} {unit}/s" if rate else "")
                 + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
             )

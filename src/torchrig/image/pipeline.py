@@ -42,7 +42,7 @@ class ImageOptions:
 
     def __post_init__(self) -> None:
         if self.tag is not None:
-            from torchrig.image.ref import check_tag
+            from torchrig.image.dockerref import check_tag
 
             check_tag("--tag", self.tag)  # a newline or another odd reference never reaches the engine
 

@@ -105,7 +105,9 @@ def read_dcp_metadata(path: Path) -> Any:
     try:  # a regular file of at most the bound, or refused before a byte is read (a FIFO, /dev/zero)
         data = inputfiles.read_bytes(path, "DCP metadata", max_bytes=MAX_DCP_METADATA_BYTES)
     except InputError as e:
-        raise InputError(e.message, hint="the checkpoint is incomplete, damaged or not a torchrig one") from None
+        raise InputError(
+            e.message, hint="the checkpoint is incomplete, damaged or not a torchrig one"
+        ) from None
     what = "a checkpoint's .metadata holds DCP's metadata records only"
     try:
         return safepickle.loads(data, _admit_dcp, what)

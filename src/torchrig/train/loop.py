@@ -408,7 +408,9 @@ def _nonfinite(
     """Note a NaN/inf loss or gradient of this step; True when ``--on-nonfinite skip`` drops the step."""
     cfg = job.cfg
     if job.scaler is not None:
-        checked = None  # fp16: an inf gradient is the GradScaler's to skip (it lowers the scale); the loss is ours
+        checked = (
+            None  # fp16: an inf gradient is the GradScaler's to skip (it lowers the scale); the loss is ours
+        )
     elif norm is not None:
         checked = norm
     else:  # no clipping: the same norm clipping computes, one fused pass over the gradients
@@ -615,7 +617,9 @@ def _finish(
     }
     if rt.is_main:
         metrics.event(event="end", **summary)
-        rundir.atomic_write(job.out / "summary.json", json.dumps(summary, indent=2) + "\n")  # replaces a FIFO too
+        rundir.atomic_write(
+            job.out / "summary.json", json.dumps(summary, indent=2) + "\n"
+        )  # replaces a FIFO too
     metrics.close()
     return summary
 

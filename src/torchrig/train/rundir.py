@@ -162,7 +162,9 @@ def pointer(root: Path) -> str | None:
     try:
         data = inputfiles.read_bytes(path, "checkpoint pointer", max_bytes=MAX_POINTER_BYTES)
     except InputError as e:
-        raise InputError(e.message, hint="it must be a small file naming a checkpoint folder: remove it") from None
+        raise InputError(
+            e.message, hint="it must be a small file naming a checkpoint folder: remove it"
+        ) from None
     try:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -425,7 +427,9 @@ def _busy(out: Path, info: dict[str, Any]) -> FolderBusy:
 
 
 def _open_lock(path: Path) -> int:
-    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
@@ -435,7 +439,9 @@ def _open_lock(path: Path) -> int:
         ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UsageError(f"{path} is not a regular file", hint="remove it: torchrig creates its own lock file")
+        raise UsageError(
+            f"{path} is not a regular file", hint="remove it: torchrig creates its own lock file"
+        )
     return fd
 
 
