@@ -59,7 +59,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="processes per node of a CPU job (default 1)",
     )
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, run as python -m")
-    g.add_argument("--rdzv-port", type=int, default=29500, help="c10d rendezvous port on the first node")
+    g.add_argument(
+        "--rdzv-port", type=int_in(1, 65535), default=29500, help="c10d rendezvous port on the first node"
+    )
     g.add_argument(
         "--rdzv-timeout",
         type=int_in(1, MAX_SECONDS),
@@ -116,7 +118,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "unless COMPLETED); requeues and lost nodes are named",
     )
     s.add_argument(
-        "--wait-timeout", type=int, metavar="S", help="stop waiting after S seconds (job keeps running)"
+        "--wait-timeout",
+        type=int_in(1, MAX_SECONDS),
+        metavar="S",
+        help="stop waiting after S seconds (job keeps running)",
     )
     _add_common(s)
     k = sub.add_parser("k8s", help="render Kubernetes manifests")
