@@ -400,7 +400,7 @@ def test_a_metadata_file_larger_than_any_real_one_is_refused_before_it_is_read(t
     big = tmp_path / ".metadata"
     with open(big, "wb") as f:  # sparse: no disk, no memory
         f.truncate(ckpt.MAX_DCP_METADATA_BYTES + 1)
-    with pytest.raises(InputError, match=r"\.metadata is 1,073,741,825 bytes"):
+    with pytest.raises(InputError, match=r"\.metadata' is 1,073,741,825 bytes"):
         ckpt.read_dcp_metadata(big)
 
 
