@@ -51,6 +51,11 @@ class Outcome:
     out: str
     err: str
     elapsed_s: float
+    # what the child cost beyond the parent it was forked from: resident memory at its peak (ru_maxrss of
+    # the child less the parent's resident size at the fork: the pages it inherited count in both) and the
+    # bytes it read (/proc/self/io rchar at its exit less at its start); None where not measured
+    grew_kib: int | None = None
+    read_bytes: int | None = None
 
     @property
     def reached(self) -> bool:
@@ -78,6 +83,23 @@ class Outcome:
             f"argv={self.argv!r}\ncode={self.code} signal={self.signal} elapsed={self.elapsed_s:.1f}s\n"
             f"--- stdout (tail)\n{self.out[-2000:]}\n--- stderr (tail)\n{self.err[-3000:]}"
         )
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _rchar() -> int:
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
 
 
 def _vm_size_bytes() -> int:
@@ -245,13 +267,19 @@ def run_bounded(
 ) -> Outcome:
     """``fn()`` (returning an exit status) in a forked child bounded in time and memory, in the scratch
     environment of ``cwd``; its exit, stdout and stderr. ``argv`` only labels the outcome."""
-    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+    with (
+        tempfile.TemporaryFile() as out_f,
+        tempfile.TemporaryFile() as err_f,
+        tempfile.TemporaryFile() as io_f,
+    ):
         sys.stdout.flush()
         sys.stderr.flush()
         t0 = time.monotonic()
+        rss_at_fork_kib = _status_kib("VmRSS")
         pid = os.fork()
         if pid == 0:  # the child: never returns
             code = 99
+            rchar0 = _rchar()
             try:
                 os.dup2(out_f.fileno(), 1)
                 os.dup2(err_f.fileno(), 2)
@@ -280,18 +308,19 @@ def run_bounded(
                 try:
                     sys.stdout.flush()
                     sys.stderr.flush()
+                    os.write(io_f.fileno(), str(_rchar() - rchar0 if rchar0 >= 0 else -1).encode())
                 except BaseException:
                     pass
                 os._exit(code)
         deadline = t0 + time_limit_s + 10
-        status = None
+        status, usage = None, None
         while status is None:
-            done, st = os.waitpid(pid, os.WNOHANG)
+            done, st, ru = os.wait4(pid, os.WNOHANG)
             if done:
-                status = st
+                status, usage = st, ru
             elif time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
-                _, status = os.waitpid(pid, 0)
+                _, status, usage = os.wait4(pid, 0)
             else:
                 time.sleep(0.005)
         elapsed = time.monotonic() - t0
@@ -299,9 +328,13 @@ def run_bounded(
         err_f.seek(0)
         out = out_f.read().decode("utf-8", "replace")
         err = err_f.read().decode("utf-8", "replace")
+        io_f.seek(0)
+        read_text = io_f.read().decode() or "-1"
+    grew = max(0, usage.ru_maxrss - rss_at_fork_kib) if usage is not None else None
+    read = int(read_text) if read_text.lstrip("-").isdigit() and int(read_text) >= 0 else None
     if os.WIFSIGNALED(status):
-        return Outcome(list(argv), None, os.WTERMSIG(status), out, err, elapsed)
-    return Outcome(list(argv), os.WEXITSTATUS(status), None, out, err, elapsed)
+        return Outcome(list(argv), None, os.WTERMSIG(status), out, err, elapsed, grew, read)
+    return Outcome(list(argv), os.WEXITSTATUS(status), None, out, err, elapsed, grew, read)
 
 
 # ---- the corpus: files every fuzzed call finds in its scratch folder under c/ ------------------------------
@@ -395,6 +428,7 @@ NUMBERS = [
     "0x10",
     "99999999999999999999999",
     "-99999999999999999999999",
+    "9" * 400,  # float() of it overflows: a message that formats it as a float crashes
     str(2**63),
     str(2**31),
     "65536",
@@ -629,9 +663,11 @@ def call(
     files: dict[str, bytes] | None = None,
     trees: dict[str, Path] | None = None,
     real: tuple[str, ...] = (),
+    prepare: Callable[[Path], None] | None = None,
 ) -> Outcome:
     """One call in a fresh scratch folder holding the corpus under c/, copies of the folders ``trees``
-    (relative path -> source folder) and ``files`` (relative to it, written last)."""
+    (relative path -> source folder) and ``files`` (relative to it, written last); ``prepare(folder)`` then
+    makes what bytes cannot say (a FIFO, a link to a device, a sparse giant)."""
     import shutil
 
     preload()  # the boundaries are patched in modules the parent imported: the child imports nothing heavy
@@ -647,6 +683,8 @@ def call(
             target = work / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+        if prepare is not None:
+            prepare(work)
         return run_main(argv, cwd=work, env=env, real=real)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -35,7 +35,10 @@ def _int_text(text: str) -> int:
 
 
 def _num(x: float) -> str:
-    return str(x) if isinstance(x, int) and abs(x) < 10**12 else f"{x:g}"
+    if isinstance(x, int) and abs(x) >= 10**12:  # a 400-digit int: its digit count, never float(x) (overflow)
+        digits = len(str(abs(x)))
+        return f"a {digits}-digit number" if digits > 15 else f"{x:g}"
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _out_of_range(lo: float, hi: float, value: float, lo_open: bool = False) -> str:

@@ -1,4 +1,7 @@
-"""Reading the files a user hands torchrig (facts, inventories, specs, locks, reports): bounded and decoded safely.
+"""Reading the files a user hands torchrig (facts, inventories, specs, locks, reports) and the small files of a
+run folder (``checkpoints/latest``, ``meta.json``, ``run.json``, ``summary.json``): bounded and decoded
+safely. Every small file torchrig reads goes through :func:`read_bytes` (or :func:`open_regular` for the
+one it streams, ``metrics.jsonl``).
 
 Every reader here turns what can go wrong with a file into one ``InputError`` line that names the file and
 what to do: missing, a folder or a device, unreadable, larger than the reader accepts (so ``/dev/zero`` or
@@ -12,13 +15,14 @@ names the key when it is missing or of the wrong type.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from torchrig.errors import InputError
 
@@ -26,33 +30,60 @@ from torchrig.errors import InputError
 MAX_FILE_BYTES = 64 * 2**20
 # Deeper than any torchrig file (facts: 5 levels) yet far from Python's recursion limit.
 MAX_DEPTH = 64
+MAX_INT = 2**63 - 1  # a record's integers: what a signed 64-bit count, size or id holds
 
 T = TypeVar("T")
 
 
-def read_bytes(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """The file's bytes; a missing file, a folder, a device or one over ``max_bytes`` is an InputError."""
+def open_regular(path: str | os.PathLike[str], what: str, *, follow: bool = True) -> BinaryIO:
+    """``path`` opened for reading, once it is known to be a regular file: opened non-blocking (a FIFO
+    neither blocks the open nor waits for a writer), then checked with ``fstat`` on the very descriptor read
+    (no window between a check and the open). ``follow=False`` refuses a symbolic link (``O_NOFOLLOW``).
+    A missing file, a folder, a device, a FIFO or a socket is an InputError naming ``what``."""
     p = Path(path).expanduser()
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        st = p.stat()
+        fd = os.open(p, flags)
     except FileNotFoundError:
         raise InputError(f"{what} {str(p)!r} does not exist", hint="check the path") from None
-    except OSError as err:
-        raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{what} {str(p)!r} is a folder, not a file", hint="give the path of the file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{what} {str(p)!r} is not a regular file (a device, pipe or socket)")
-    if st.st_size > max_bytes:
+    except IsADirectoryError:
         raise InputError(
-            f"{what} {str(p)!r} is {st.st_size:,} bytes, more than the {max_bytes:,} torchrig reads",
-            hint="check that this is the right file",
-        )
-    try:
-        with open(p, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+            f"{what} {str(p)!r} is a folder, not a file", hint="give the path of the file"
+        ) from None
     except OSError as err:
+        if err.errno == errno.ELOOP and not follow:
+            raise InputError(
+                f"{what} {str(p)!r} is a symbolic link; torchrig reads only the file itself"
+            ) from None
         raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{what} {str(p)!r} is a folder, not a file", hint="give the path of the file")
+        raise InputError(f"{what} {str(p)!r} is not a regular file (a device, pipe or socket)")
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(
+    path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES, follow: bool = True
+) -> bytes:
+    """The file's bytes, at most ``max_bytes`` of them ever read (:func:`open_regular`'s checks first);
+    a file over ``max_bytes`` is an InputError (a sparse 8 GB file costs one ``fstat``, not 8 GB)."""
+    p = Path(path).expanduser()
+    with open_regular(p, what, follow=follow) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_bytes:
+            raise InputError(
+                f"{what} {str(p)!r} is {size:,} bytes, more than the {max_bytes:,} torchrig reads",
+                hint="check that this is the right file",
+            )
+        try:
+            data = fh.read(max_bytes + 1)
+        except OSError as err:
+            raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
     if len(data) > max_bytes:  # it grew while we read it
         raise InputError(f"{what} {str(p)!r} is larger than the {max_bytes:,} bytes torchrig reads")
     return data
@@ -74,8 +105,11 @@ def decode_text(data: bytes, what: str, where: str) -> str:
     return text
 
 
-def read_text(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES) -> str:
-    return decode_text(read_bytes(path, what, max_bytes=max_bytes), what, str(Path(path).expanduser()))
+def read_text(
+    path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES, follow: bool = True
+) -> str:
+    data = read_bytes(path, what, max_bytes=max_bytes, follow=follow)
+    return decode_text(data, what, str(Path(path).expanduser()))
 
 
 def _reject_constant(name: str) -> Any:
@@ -116,9 +150,11 @@ def loads_json(text: str, what: str, where: str) -> Any:
     return value
 
 
-def read_json(path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
+def read_json(
+    path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES, follow: bool = True
+) -> Any:
     where = str(Path(path).expanduser())
-    return loads_json(read_text(path, what, max_bytes=max_bytes), what, where)
+    return loads_json(read_text(path, what, max_bytes=max_bytes, follow=follow), what, where)
 
 
 def loads_toml(text: str, what: str, where: str) -> dict[str, Any]:
@@ -184,9 +220,10 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 
 
 def record(cls: type[T], data: Any, where: str) -> T:
-    """A frozen dataclass of scalars (``int``, ``float``, ``str``, ``bool``, ``X | None``) from a parsed
-    mapping, each field checked against its annotation; keys it does not know are ignored. A field of
-    another annotation is passed through unchecked. Floats must be finite."""
+    """A frozen dataclass of scalars (``int``, ``float``, ``str``, ``bool``, ``X | None``) and string tables
+    (``dict[str, str]``) from a parsed mapping, each field checked against its annotation; keys it does not
+    know are ignored. A field of another annotation is passed through unchecked. Floats must be finite,
+    integers within 64 bits. The class's own ``__post_init__`` may refuse a value (a ValueError)."""
     import dataclasses
     import math
 
@@ -200,10 +237,16 @@ def record(cls: type[T], data: Any, where: str) -> T:
             continue
         value = data[f.name]
         names = [n.strip() for n in str(f.type).split("|")]
-        if all(n in _SCALARS for n in names):
+        if str(f.type) == "dict[str, str]":  # a mapping of text (an environment)
+            if not (isinstance(value, dict) and all(isinstance(x, str) for kv in value.items() for x in kv)):
+                raise InputError(f"{where}: {f.name!r} must be a table of strings, found {value!r:.60}")
+        elif all(n in _SCALARS for n in names):
             kinds = tuple(k for n in names for k in _SCALARS[n])
             ok = isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
             if ok and isinstance(value, float) and not math.isfinite(value):
+                ok = False
+            # an integer past 64 bits is no count, size or id torchrig wrote (and overflows a float later)
+            if ok and isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
                 ok = False
             if not ok:
                 raise InputError(f"{where}: {f.name!r} must be {' or '.join(names)}, found {value!r:.60}")

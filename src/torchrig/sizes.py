@@ -13,6 +13,8 @@ from torchrig.errors import UsageError
 
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
 _UNIT_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# a pebibyte: above any memory, shared memory or message size, far below a 64-bit overflow
+MAX_SIZE_BYTES = 1 << 50
 
 
 def parse_size(text: str, what: str = "size") -> int:
@@ -28,7 +30,15 @@ def parse_size(text: str, what: str = "size") -> int:
             f"malformed {what} {text!r}",
             hint="expected a number of bytes with an optional binary unit, e.g. 4096, 512m, 16g or 4GiB",
         )
-    size_bytes = int(float(m.group(1)) * _UNIT_BYTES[m.group(2).lower()])
+    number = m.group(1)
+    if len(number.split(".")[0]) > 20:  # float() of 400 digits is inf: refuse before converting
+        size_bytes = MAX_SIZE_BYTES + 1
+    else:
+        size_bytes = int(float(number) * _UNIT_BYTES[m.group(2).lower()])
+    if size_bytes > MAX_SIZE_BYTES:
+        raise UsageError(
+            f"{what} {text[:40]!r} is more than {MAX_SIZE_BYTES >> 50} PiB", hint="use e.g. 1KiB, 512m or 16g"
+        )
     if size_bytes < 1:
         raise UsageError(f"{what} {text!r} is below one byte", hint="use e.g. 1KiB, 512m or 16g")
     return size_bytes

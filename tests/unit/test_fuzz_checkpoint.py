@@ -16,6 +16,7 @@ import atexit
 import copy
 import hashlib
 import json
+import os
 import pickle
 import shutil
 import sys
@@ -401,3 +402,83 @@ def test_the_tensor_count_export_derives_is_the_models(spec):
     spec = checked_spec(spec, "meta.json")
     with torch.device("meta"):
         assert _tensor_count(spec) == len(model_from_spec(spec).state_dict())
+
+
+# ---------------------------------------------------------------- files that are not small regular files
+
+# What a hostile or unlucky run folder holds in place of a small file: each is refused (or passed over) at
+# once, never waited on (a FIFO), never read without end (/dev/zero), never read whole (a sparse giant).
+GROWTH_LIMIT_MIB = 512  # the child's resident memory beyond the parent it was forked from
+READ_LIMIT_MIB = 256  # bytes read by the child: the checkpoint itself is ~2 MB
+
+KINDS = {
+    "fifo": lambda p: os.mkfifo(p),
+    "dev-zero": lambda p: p.symlink_to("/dev/zero"),
+    "folder": lambda p: p.mkdir(),
+    "sparse-8g": lambda p: os.truncate(p.open("wb").name, 8 << 30),
+}
+SMALL_FILES = {
+    "latest": "run/checkpoints/latest",
+    "run.json": "run/run.json",
+    "metrics.jsonl": "run/metrics.jsonl",
+    "meta.json": f"{NEWEST}/meta.json",
+    ".metadata": f"{NEWEST}/.metadata",
+}
+# refused with exit 2: the files a resume cannot do without reading; the others (a checkpoint's own files)
+# make that checkpoint damaged, and the resume falls back to the one before, saying so
+MUST_REFUSE = {"latest", "run.json", "metrics.jsonl"}
+
+
+def _replace_with(rel: str, kind: str):
+    def prepare(work: Path) -> None:
+        target = work / rel
+        target.unlink()
+        KINDS[kind](target)
+
+    return prepare
+
+
+SPECIAL_CASES = [
+    (c, n, k)
+    for c in ("resume", "export")
+    for n in SMALL_FILES
+    for k in KINDS
+    if not (c == "export" and n in ("run.json", "metrics.jsonl"))  # export reads only the checkpoint
+]
+
+
+@pytest.mark.parametrize("command,name,kind", SPECIAL_CASES)
+def test_a_small_file_that_is_not_a_small_regular_file_is_refused_at_once(command, name, kind):
+    rel = SMALL_FILES[name]
+    real = REAL_TRAIN if command == "resume" else ()
+    out = fuzzkit.call(
+        COMMANDS[command], trees={"run": real_run()}, real=real, prepare=_replace_with(rel, kind)
+    )
+    fuzzkit.check(out)  # no exit 3, no traceback, within the time limit
+    assert out.elapsed_s < 20, out.describe()
+    assert out.grew_kib is not None and out.grew_kib < GROWTH_LIMIT_MIB * 1024, out.describe()
+    assert out.read_bytes is not None and out.read_bytes < READ_LIMIT_MIB << 20, out.describe()
+    if command == "resume" and name in MUST_REFUSE:
+        assert out.code == 2 and Path(rel).name in out.err, out.describe()
+    elif command == "resume":
+        assert out.code in (0, 2), out.describe()
+        if out.code == 0:  # the newest checkpoint was passed over, and the user told why
+            assert "step-000002" in out.err, out.describe()
+    else:
+        assert out.code in (2, fuzzkit.REACHED_EXIT), out.describe()
+
+
+def test_meta_json_step_out_of_range_is_damage_not_a_crash():
+    for step in (-5, 10**30, 2**63):
+        meta = _meta_with(step=step)
+        out = fuzzkit.call(
+            COMMANDS["resume"],
+            files={f"{NEWEST}/meta.json": meta},
+            trees={"run": real_run()},
+            real=REAL_TRAIN,
+        )
+        fuzzkit.check(out)
+        assert out.code in (0, 2), out.describe()
+        if out.code == 0:
+            assert json.loads(out.out)["summary"]["resumed_from"] == 1, out.describe()
+            assert "outside 0..1000000000" in out.err, out.describe()

@@ -72,6 +72,20 @@ def usage_error(argv, *, env=None, files=None, needle=""):
         ),
         (["logs", "env", "--tail", str(10**30)], "--tail must be at most"),
         (["down", "env", "--timeout", str(10**30)], "--timeout must be at most"),
+        # 400 digits: more than a float holds (the message must not format it as one)
+        *(
+            (argv, f"{opt} must be at most")
+            for opt, argv in [
+                ("--newest", ["matrix", "--newest", "9" * 400]),
+                ("--nproc-per-node", ["bench", "--dry-run", "--nproc-per-node", "9" * 400]),
+                ("--nproc-per-node", ["launch", "--dry-run", "--cpu", "--nproc-per-node", "9" * 400, "x.py"]),
+                ("--seed", ["train", "--seed", "9" * 400]),
+                ("--steps", ["train", "--steps", "9" * 400]),
+                ("--nodes", ["cluster", "slurm", "--nodes", "9" * 400, "--", "x.py"]),
+            ]
+        ),
+        (["bench", "--dry-run", "--max-size", "9" * 400], "--max-size"),
+        (["bench", "--dry-run", "--min-size", "9" * 30 + "t"], "more than 1 PiB"),
         # values that used to be accepted silently
         (["launch", "--dry-run", "--gpus", "-1", "x.py"], "--gpus"),
         (

@@ -140,6 +140,13 @@ def test_to_prune_never_takes_the_latest_nor_steps_above_the_save():
     assert rundir.to_prune(saved, "b", 1, 6, "step-000006") == []
 
 
+def test_to_prune_never_takes_the_newest_finite_checkpoint():
+    # 2 and 4 were checked finite; 6 and 8 come from a torchrig that did not check (an old save)
+    saved = [rundir.Saved(Path(f"step-{s:06d}"), s, "a", finite=s <= 4) for s in (2, 4, 6, 8)]
+    assert [s.step for s in rundir.to_prune(saved, "a", 1, 8, "step-000008")] == [2, 6]
+    assert [s.step for s in rundir.to_prune(saved, "a", 2, 8, "step-000008")] == [2]
+
+
 # ---------------------------------------------------------------- who owns a run folder
 
 
@@ -393,7 +400,7 @@ def test_a_metadata_file_larger_than_any_real_one_is_refused_before_it_is_read(t
     big = tmp_path / ".metadata"
     with open(big, "wb") as f:  # sparse: no disk, no memory
         f.truncate(ckpt.MAX_DCP_METADATA_BYTES + 1)
-    with pytest.raises(InputError, match=r"\.metadata is 1,073,741,825 bytes"):
+    with pytest.raises(InputError, match=r"\.metadata' is 1,073,741,825 bytes"):
         ckpt.read_dcp_metadata(big)
 
 

@@ -109,4 +109,6 @@ def execute(
             f"bench workers failed (exit {code}): {_failure_line(tail)}",
             hint="rerun with --debug to see the workers' output",
         )
-    return measurements_from_json(json.loads(pathlib.Path(plan.out_path).read_text()))
+    from torchrig.inputfiles import read_json
+
+    return measurements_from_json(read_json(plan.out_path, "bench workers' result"))  # bounded, regular

@@ -40,6 +40,12 @@ class GemmResult:
     temperature_c: int | None = None
     power_w: float | None = None
 
+    def __post_init__(self) -> None:
+        from torchrig.bench.config import GEMM_DTYPES
+
+        if self.dtype not in GEMM_DTYPES:  # a report's dtype is one the bench measures (grading sorts by it)
+            raise ValueError(f"gemm dtype {self.dtype!r:.30} is not one of {', '.join(GEMM_DTYPES)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class MemoryResult:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
+import math
 import os
 import pathlib
 import shlex
@@ -92,10 +92,15 @@ def trainer_argv(
 
 def _read_summary(out_dir: pathlib.Path, shape: TrainerShape, k: int) -> ScalingResult:
     path = out_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
+    from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
+
+    try:  # bounded, a regular file only (the run's own output, but in a folder anyone may write)
+        summary = read_json(path, "scaling run summary", max_bytes=16 * 2**20)
         tokens_per_s = float(summary["tokens_per_s"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        if not math.isfinite(tokens_per_s):
+            raise ValueError("not finite")
+    except (InputError, ValueError, KeyError, TypeError) as err:
         raise JobFailed(
             f"the {k}-GPU scaling run wrote no throughput to {path} ({type(err).__name__})",
             hint="rerun with --debug to see the trainer's output",

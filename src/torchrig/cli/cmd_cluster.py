@@ -61,7 +61,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="processes per node of a CPU job (default 1)",
     )
     g.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, run as python -m")
-    g.add_argument("--rdzv-port", type=int, default=29500, help="c10d rendezvous port on the first node")
+    g.add_argument(
+        "--rdzv-port", type=int_in(1, 65535), default=29500, help="c10d rendezvous port on the first node"
+    )
     g.add_argument(
         "--rdzv-timeout",
         type=int_in(1, MAX_SECONDS),
@@ -120,7 +122,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--wait-timeout",
-        type=int,
+        type=int_in(1, MAX_SECONDS),
         metavar="S",
         help=f"stop waiting after S seconds; the job keeps running (default with --wait: {DEFAULT_WAIT_S})",
     )

@@ -28,6 +28,7 @@ one is skipped for the newest intact one (docs/checkpoints.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -80,7 +81,9 @@ class TrainReport:
             lines.append(
                 f"trained {s['steps']} steps on {s['world_size']} rank(s) ({s['parallel']}, {s['precision']}"
                 + (f" {s['fp8']['recipe']}: {s['fp8']['layers']} Linear layers" if s.get("fp8") else "")
-                + f"{', compiled' if s['compile'] else ''}): final loss {s['final_loss']:.4f}"
+                + f"{', compiled' if s['compile'] else ''}): final loss "
+                + (f"{s['final_loss']:.4f}" if isinstance(s.get("final_loss"), float) else "none")
+                + (f", {len(s['skipped_steps'])} NaN/inf step(s) skipped" if s.get("skipped_steps") else "")
                 + (f", {rate:,.0f} {unit}/s" if rate else "")
                 + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
             )
@@ -96,11 +99,12 @@ class TrainReport:
 
 def _read_summary(path: Path) -> dict[str, Any] | None:
     """The ranks' summary.json; None (the launch report still printed) when it is missing or unreadable."""
-    import json
+    from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
+    try:  # bounded, a regular file only: a FIFO or /dev/zero in its place is no summary, not a hang
+        data = read_json(path, "run summary", max_bytes=16 * 2**20)
+    except InputError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -158,10 +162,18 @@ def run(args: argparse.Namespace) -> TrainReport:
         from torchrig.train.fp8 import require_torchao
 
         require_torchao()
-    from torchrig.train.rundir import plan_start
+    from torchrig.train.rundir import hold, plan_start
 
     # refused here, before any rank starts: a run folder that holds another run, --resume with nothing there
     plan_start(Path(cfg.out), resume=cfg.resume, if_possible=cfg.resume_if_possible, overwrite=cfg.overwrite)
+    # one run per folder: a second one (even two --resume-if-possible) is refused. Run as one rank of a
+    # torchrun job, rank 0 takes it in the loop instead (every rank runs this command).
+    is_rank = "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
+    with contextlib.nullcontext() if is_rank else hold(Path(cfg.out)):
+        return _run(args, cfg)
+
+
+def _run(args: argparse.Namespace, cfg: Any) -> TrainReport:
     if args.gpus is not None and cfg.device == "auto":
         cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
     if not _wants_launch(args):
@@ -170,6 +182,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         return TrainReport(train(cfg), None, str(cfg.out))
     from torchrig.launch import launch
     from torchrig.launch.plan import LaunchRequest
+    from torchrig.train.rundir import LOCK_HOLDER_ENV, holder_token
 
     cpu = args.nproc_per_node is not None or cfg.device == "cpu"
     req = LaunchRequest(
@@ -186,6 +199,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         nccl_timeout_grace_s=args.nccl_timeout_grace,
         stopped_grace_s=args.stopped_grace,
         rdzv_id="torchrig-train",
+        extra_env=((LOCK_HOLDER_ENV, holder_token()),),  # rank 0 runs under this process's lock
     )
     report = launch(req, preflight=not args.no_preflight, preflight_timeout_s=60)
     summary = _read_summary(Path(cfg.out) / "summary.json") if report.exit_code == 0 else None

@@ -25,8 +25,29 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_SLURM_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# re.ASCII: \d is 0-9 only; without it '٥' (Arabic-Indic five) or '１０' (fullwidth) match and reach
+# '#SBATCH --time=', which Slurm then rejects far from the cause
+_SLURM_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+", re.ASCII)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+# What the rendered sbatch script, pod spec or the launcher on each node sets per node or per rank (the
+# names the renders read as NodeVar, the script's exports, torchrun's PET_* options and the variables it
+# gives each rank): an --env of one of them would give every node the same value - one node rank for all,
+# one rendezvous endpoint - or override what torchrun tells each rank.
+PER_NODE_ENV = frozenset(
+    {
+        "SLURM_NODEID", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_JOB_NODELIST",  # the sbatch script reads them
+        "RDZV_ENDPOINT",  # the sbatch script exports it: the first node's host and the rendezvous port
+        "JOB_COMPLETION_INDEX",  # an indexed Job's node rank (plain Job and JobSet)
+        "MASTER_ADDR", "MASTER_PORT",  # torchrun sets them for each rank; the PyTorchJob operator too
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK",
+        "PWD",  # the submit directory the script runs the job in
+    }
+)  # fmt: skip
+# prefixes as whole families: torchrun reads PET_<OPTION> as its options (PET_NODE_RANK, PET_MASTER_ADDR,
+# PET_RDZV_ENDPOINT ...; torch/distributed/argparse_util.py env), TORCHELASTIC_* are its per-run values,
+# SLURM_* are srun's and sbatch's own inputs and outputs
+PER_NODE_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "SLURM_")
 # A container reference: [registry[:port]/]path[:tag][@digest], pyxis' registry#path, or a scheme:// URL
 # (Apptainer's docker://, oras://) - no whitespace, quotes, commas or shell metacharacters.
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@#+-]*")
@@ -76,7 +97,7 @@ def slurm_name(flag: str, value: str, *, allow_list: bool = False) -> str:
 
 
 def slurm_time(value: str) -> str:
-    if not _SLURM_TIME.fullmatch(value):
+    if not value.isascii() or not _SLURM_TIME.fullmatch(value):
         raise UsageError(
             f"--time {_show(value)} is not a Slurm time", hint="use MINUTES, HH:MM:SS or D-HH:MM:SS"
         )
@@ -105,6 +126,12 @@ def env_name(value: str) -> str:
     if not _ENV_NAME.fullmatch(value):
         raise UsageError(
             f"--env {_show(value)} is not an environment variable name", hint="use [A-Za-z_][A-Za-z0-9_]*"
+        )
+    if value in PER_NODE_ENV or value.startswith(PER_NODE_ENV_PREFIXES):
+        raise UsageError(
+            f"--env {value} is set per node or per rank by the job itself (its scheduler, the rendered script "
+            "or torchrun); one value for every node would give each the same rank or endpoint",
+            hint="leave it out: use the options instead (--nodes, --rdzv-port, ...)",
         )
     return value
 

@@ -54,6 +54,12 @@ class ImageOptions:
     builder: str = "auto"  # auto (BuildKit where the engine has it), buildkit, classic
     extra_labels: tuple[tuple[str, str], ...] = ()  # $TORCHRIG_LABELS (torchrig.labels): on the image too
 
+    def __post_init__(self) -> None:
+        if self.tag is not None:
+            from torchrig.image.dockerref import check_tag
+
+            check_tag("--tag", self.tag)  # a newline or another odd reference never reaches the engine
+
 
 @dataclass(frozen=True)
 class Layer:

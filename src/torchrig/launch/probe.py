@@ -80,9 +80,11 @@ def probe_key() -> dict[str, object]:
 
 def cached(key: dict[str, object]) -> GpuProbe | None:
     """The last probe's answer, if it was taken under ``key`` (``probe_key``); else None."""
+    from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
+
     try:
-        with open(_cache_path()) as f:
-            saved = json.load(f)
+        saved = read_json(_cache_path(), "GPU probe cache", max_bytes=1 << 20)  # bounded: a FIFO never waits
         if saved.get("key") == key:
             g = saved["probe"]
             return GpuProbe(
@@ -91,7 +93,7 @@ def cached(key: dict[str, object]) -> GpuProbe | None:
                 tuple((int(i), int(j)) for i, j in g["no_p2p"]),
                 torch_version=g.get("torch_version"),
             )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
 

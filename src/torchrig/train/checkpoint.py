@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from torchrig import safepickle
+from torchrig import inputfiles, safepickle
 from torchrig.errors import InputError, JobFailed
 from torchrig.train import rundir
 from torchrig.train.rundir import LATEST, META, DiskFull, latest, read_meta, step_name
@@ -102,18 +102,11 @@ MAX_DCP_METADATA_BYTES = 1 << 30
 
 def read_dcp_metadata(path: Path) -> Any:
     """DCP's ``.metadata`` through the restricted unpickler; :class:`InputError` naming the file otherwise."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_DCP_METADATA_BYTES:
-            raise InputError(
-                f"{path} is {size:,} bytes, more than DCP's metadata of any real checkpoint "
-                f"(at most {MAX_DCP_METADATA_BYTES >> 20} MiB read)",
-                hint="the checkpoint is damaged or not a torchrig checkpoint",
-            )
-        data = path.read_bytes()
-    except OSError as e:
+    try:  # a regular file of at most the bound, or refused before a byte is read (a FIFO, /dev/zero)
+        data = inputfiles.read_bytes(path, "DCP metadata", max_bytes=MAX_DCP_METADATA_BYTES)
+    except InputError as e:
         raise InputError(
-            f"cannot read {path} ({e.strerror or e})", hint="the checkpoint is incomplete"
+            e.message, hint="the checkpoint is incomplete, damaged or not a torchrig one"
         ) from None
     what = "a checkpoint's .metadata holds DCP's metadata records only"
     try:
@@ -335,7 +328,7 @@ def _failed(root: Path, tmp: Path, step: int, err: BaseException) -> None:
         shutil.rmtree(
             tmp, ignore_errors=True
         )  # frees the space, so the logs and metrics can still be written
-    good = latest(root)
+    good = rundir.latest_or_none(root)
     last = f"the last good checkpoint is {good}" if good else "no checkpoint of this run was completed"
     if rundir.is_disk_full(err):
         need = (

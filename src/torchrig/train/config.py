@@ -32,6 +32,8 @@ ATTENTION = ("auto", "cudnn", "flash", "efficient", "math")
 # the GPT head's loss: fused (the output projection and the cross-entropy in one step, train/fusedloss.py),
 # plain (F.cross_entropy over the logits), auto (fused on GPUs without FSDP)
 LOSSES = ("auto", "fused", "plain")
+# what a step whose loss or gradients are NaN/inf does (train/finite.py; kept free of torch here)
+NONFINITE_ACTIONS = ("stop", "skip")
 
 
 @cache
@@ -98,6 +100,9 @@ class TrainConfig:
     # Python's collector runs only every N steps, at the same step on every rank (0: Python's automatic
     # collection): an automatic collection pauses one rank at a random moment and the others wait for it.
     gc_every: int = 50
+    # a step whose loss or gradients are NaN/inf: stop the run (exit 1, before any such checkpoint) or skip
+    # the step (train/finite.py)
+    on_nonfinite: str = "stop"
     # Test hooks (for fault-tolerance tests and demos); each fires only on the first attempt.
     test_kill_at_step: int = 0
     test_kill_rank: int = 1
@@ -126,6 +131,7 @@ class TrainConfig:
             ("attention", ATTENTION),
             ("loss", LOSSES),
             ("fp8_recipe", FP8_RECIPES),
+            ("on_nonfinite", NONFINITE_ACTIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise UsageError(

@@ -25,9 +25,10 @@ from torch import nn
 
 from torchrig.errors import InputError, UsageError
 from torchrig.train import checkpoint as ckpt
-from torchrig.train import rundir, setup
+from torchrig.train import finite, rundir, setup
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
+from torchrig.train.finite import MAX_SKIPPED_IN_A_ROW, Diverged, NonFiniteWatch, any_rank, weights_finite
 from torchrig.train.gpuwatch import GpuWatch
 from torchrig.train.lategrads import LateGrads
 from torchrig.train.metrics import Metrics, peak_tflops, rewind_jsonl
@@ -121,12 +122,16 @@ def _test_hooks(cfg: TrainConfig, rt: Runtime, step: int) -> None:
             time.sleep(3600)
 
 
-def _start(cfg: TrainConfig, rt: Runtime, out: Path, root: Path) -> tuple[str, Path | None]:
-    """Rank 0 decides how the run starts in its folder (train/rundir.py's rules), every rank follows: the
-    run's id and the verified checkpoint to resume from (None: step 0)."""
+def _start(
+    cfg: TrainConfig, rt: Runtime, out: Path, root: Path, held: contextlib.ExitStack
+) -> tuple[str, Path | None]:
+    """Rank 0 takes the folder's lock (until the run ends) and decides how the run starts in it
+    (train/rundir.py's rules), every rank follows: the run's id and the verified checkpoint to resume from
+    (None: step 0)."""
     plan: Any = None
     if rt.is_main:
         try:
+            held.enter_context(rundir.hold(out))  # another live run in this folder: refused, exit 2
             plan = rundir.plan_start(
                 out,
                 resume=cfg.resume,
@@ -256,7 +261,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train to ``cfg.steps``; returns the run's summary (also written to ``OUT/summary.json`` by rank 0)."""
     rt = init(cfg)
     try:
-        return _train(cfg, rt)
+        with contextlib.ExitStack() as held:  # the run folder's lock, taken by rank 0 in _start
+            return _train(cfg, rt, held)
     finally:
         teardown()
 
@@ -288,6 +294,9 @@ class Job:
         default_factory=list
     )  # --precision fp8: the Float8Linear layers
     weight_copies: int = 0  # TORCHRIG_BF16_WEIGHTS=1: Linear layers using bf16 weight copies (train/optim.py)
+    nonfinite: NonFiniteWatch | None = None  # the first step whose loss or gradients were NaN/inf
+    skipped: list[int] = dataclasses.field(default_factory=list)  # --on-nonfinite skip: the steps skipped
+    skipped_in_a_row: int = 0
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -345,11 +354,14 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
         late=LateGrads.for_backend(late) if late else None,
         fp8_layers=fp8_layers,
         weight_copies=setup.bf16_weight_copies(model, opt, rt, cfg),
+        nonfinite=NonFiniteWatch(rt.device),
     )
 
 
-def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor | None:
-    """One optimizer step of ``grad_accum`` micro-steps; returns the gradient norm (a tensor, no sync)."""
+def _step(job: Job, metrics: Metrics, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor | None:
+    """One optimizer step of ``grad_accum`` micro-steps; returns the gradient norm (a tensor, no sync).
+    A step whose loss or gradients are NaN/inf is noted on the device (``--on-nonfinite stop``) or, with
+    ``--on-nonfinite skip``, not applied (one sync: the decision comes before the optimizer steps)."""
     cfg, rt = job.cfg, job.rt
     for group in job.opt.param_groups:
         group["lr"] = lr_at(step, cfg)
@@ -362,6 +374,7 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
         for p in job.model.parameters():
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+    step_loss = torch.zeros((), device=rt.device)
     for micro in range(cfg.grad_accum):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
@@ -370,7 +383,7 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
         with _sync_context(job.run_model, rt, micro == cfg.grad_accum - 1), job.autocast():
             loss = job.run_model(x, y) / cfg.grad_accum
         (job.scaler.scale(loss) if job.scaler is not None else loss).backward()
-        loss_sum += loss.detach()
+        step_loss += loss.detach().float()
     if job.late is not None:
         job.late.start()  # the embeddings' all-reduce, on NCCL's stream
         if job.scaler is not None or cfg.clip_grad:
@@ -378,6 +391,9 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
     if job.scaler is not None:
         job.scaler.unscale_(job.opt)
     norm = torch.nn.utils.clip_grad_norm_(job.model.parameters(), cfg.clip_grad) if cfg.clip_grad else None
+    if _nonfinite(job, metrics, step, step_loss, norm):
+        return norm  # --on-nonfinite skip: this step changed nothing
+    loss_sum += step_loss
     if job.scaler is not None:
         job.scaler.step(job.opt)
         job.scaler.update()
@@ -389,9 +405,80 @@ def _step(job: Job, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor 
     return norm
 
 
-def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
+def _nonfinite(
+    job: Job, metrics: Metrics, step: int, step_loss: torch.Tensor, norm: torch.Tensor | None
+) -> bool:
+    """Note a NaN/inf loss or gradient of this step; True when ``--on-nonfinite skip`` drops the step."""
+    cfg = job.cfg
+    if job.scaler is not None:
+        checked = (
+            None  # fp16: an inf gradient is the GradScaler's to skip (it lowers the scale); the loss is ours
+        )
+    elif norm is not None:
+        checked = norm
+    else:  # no clipping: the same norm clipping computes, one fused pass over the gradients
+        late = {id(p) for p in job.late.params} if job.late is not None else set()
+        checked = finite.grad_norm([p for p in job.model.parameters() if id(p) not in late])
+    bad = NonFiniteWatch.bad(step_loss, checked)
+    if cfg.on_nonfinite != "skip":
+        assert job.nonfinite is not None
+        job.nonfinite.note(step, bad)
+        return False
+    if not any_rank(bad):
+        job.skipped_in_a_row = 0
+        return False
+    if job.late is not None:
+        job.late.finish()  # its all-reduce completes before the gradients it writes are dropped
+    if job.scaler is not None:
+        job.scaler.update()  # closes this step's unscale_ (the next one would refuse a second)
+    job.opt.zero_grad(set_to_none=not (setup.uses_cudagraphs(cfg, job.rt) and cfg.grad_accum > 1))
+    job.skipped.append(step)
+    job.skipped_in_a_row += 1
+    metrics.event(event="nonfinite", step=step, action="skip")
+    if job.rt.is_main:
+        print(
+            f"torchrig train: step {step}: the loss or a gradient is NaN/inf; the step is skipped "
+            "(--on-nonfinite skip)",
+            file=sys.stderr,
+            flush=True,
+        )
+    if job.skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
+        raise _diverged(job, step, f"{job.skipped_in_a_row} steps in a row skipped by --on-nonfinite skip")
+    return True
+
+
+def _diverged(job: Job, step: int, how: str) -> Diverged:
+    good = rundir.latest_or_none(job.root)
+    return Diverged(
+        f"training diverged: NaN/inf loss or gradient at step {step}; "
+        + (f"the last finite checkpoint is {good}" if good else "no checkpoint of this run was saved")
+        + f" ({how})",
+        hint="lower --lr, raise --warmup-steps or keep --clip-grad, then continue with --resume"
+        + ("" if job.cfg.on_nonfinite == "skip" else "; --on-nonfinite skip drops such steps instead"),
+    )
+
+
+def _check_finite(job: Job, metrics: Metrics, at: str) -> None:
+    """At a point the loop syncs anyway (a log step, a save): stop when any step so far was NaN/inf."""
+    if job.nonfinite is None or job.cfg.on_nonfinite == "skip":
+        return
+    first = job.nonfinite.first_bad_step()
+    if first is None:
+        return
+    metrics.event(event="nonfinite", step=first, action="stop", found_at=at)
+    raise _diverged(job, first, f"seen at the {at}: checked at every log step and before every save")
+
+
+def _check_weights(job: Job, metrics: Metrics, step: int) -> None:
+    """A save never commits NaN/inf weights, whatever the per-step checks missed (``--on-nonfinite skip``)."""
+    if not weights_finite(job.model):
+        metrics.event(event="nonfinite", step=step, action="stop", found_at=f"save of step {step}")
+        raise _diverged(job, step, "the weights to save hold NaN/inf")
+
+
+def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack) -> dict[str, Any]:
     job = _build(cfg, rt)
-    job.run_id, found = _start(cfg, rt, job.out, job.root)
+    job.run_id, found = _start(cfg, rt, job.out, job.root, held)
     metrics = Metrics(job.out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)
     resuming = cfg.resume or cfg.resume_if_possible or rt.restart > 0
     start, meta = _resume(cfg, rt, job.model, job.opt, found, resuming, metrics, job.global_batch, job.spec)
@@ -439,7 +526,7 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
             if step == prof_first:
                 profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
                 profiler.start()
-            grad_norm = _step(job, step, it, loss_sum)
+            grad_norm = _step(job, metrics, step, it, loss_sum)
             collector.after_step(step, start + 1)
             if step == cfg.steps and profiler is not None:
                 profile = profiler.stop(cfg.steps - (prof_first or step) + 1)
@@ -448,9 +535,12 @@ def _train(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
                 or step == cfg.steps
                 or (prof_first is not None and step == prof_first - 1)
             ):
-                final_loss = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
+                logged = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
+                final_loss = logged if logged is not None else final_loss
                 loss_sum.zero_()
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
+                _check_finite(job, metrics, f"save of step {step}")
+                _check_weights(job, metrics, step)
                 _save(job, step)
                 last["t"] = time.perf_counter()  # checkpoint time is not training throughput
         warm = start + min(cfg.timing_warmup_steps, cfg.steps // 3)
@@ -514,6 +604,8 @@ def _finish(
         else None,
         "bf16_weight_copies": job.weight_copies or None,
         "gc_every": cfg.gc_every,
+        "on_nonfinite": cfg.on_nonfinite,
+        "skipped_steps": job.skipped,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
         "global_batch": job.global_batch,
@@ -529,7 +621,9 @@ def _finish(
     }
     if rt.is_main:
         metrics.event(event="end", **summary)
-        (job.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        rundir.atomic_write(
+            job.out / "summary.json", json.dumps(summary, indent=2) + "\n"
+        )  # replaces a FIFO too
     metrics.close()
     return summary
 
@@ -548,8 +642,11 @@ def _log(
     job: Job,
     metrics: Metrics,
     peak: float | None,
-) -> float:
-    rt, n = job.rt, step - last["step"]
+) -> float | None:
+    _check_finite(job, metrics, f"log of step {step}")
+    rt = job.rt
+    skipped = sum(1 for s in job.skipped if s > last["step"])
+    n = max(step - last["step"] - skipped, 1)  # the steps whose losses loss_sum holds
     loss = loss_sum / n
     if dist.is_initialized():
         dist.all_reduce(loss)  # the mean over ranks (gloo has no AVG)
@@ -558,11 +655,14 @@ def _log(
     if grad_norm is not None:
         full = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         gn = float(full.item())
-    value = float(loss.item())  # the one host sync of the interval
+        gn = gn if math.isfinite(gn) else None  # a skipped step's norm: JSON has no NaN
+    value: float | None = float(loss.item())  # the one host sync of the interval
+    if skipped == step - last["step"]:
+        value = None  # --on-nonfinite skip dropped every step of the interval: no loss to show
     now = time.perf_counter()
     if job.watch is not None:
         job.watch.sample(step)
-    rate = n * job.units_per_step / max(now - last["t"], 1e-9)
+    rate = (step - last["step"]) * job.units_per_step / max(now - last["t"], 1e-9)
     rec = {
         "step": step,
         "loss": value,
@@ -598,6 +698,7 @@ def _save(job: Job, step: int) -> None:
         "model_spec": job.spec,
         "config": dict(vars(cfg)),
         "grad_scale": float(job.scaler.get_scale()) if job.scaler is not None else None,
+        "finite": True,  # checked just before (_check_finite): pruning never removes the newest such one
     }
     ckpt.save(
         job.root,

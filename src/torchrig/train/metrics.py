@@ -36,33 +36,52 @@ def peak_tflops(device_name: str | None, precision: str, override: float | None)
     return None, f"unknown for {device_name} ({precision}); give --peak-tflops"
 
 
+# A metrics record is a few hundred bytes; a longer line is damage, dropped without being held in memory.
+MAX_LINE_BYTES = 1 << 20
+# A record per log step, ~300 bytes: a million log steps are 300 MB. A bigger file is refused, not scanned.
+MAX_METRICS_BYTES = 4 << 30
+
+
 def rewind_jsonl(path: Path, step: int) -> None:
     """Drop step records after ``step`` (work lost with a crash), so the file shows the committed history.
-    Lines that are not a record (cut short by a crash, damaged, not UTF-8) are dropped too."""
-    if not path.is_file():
-        return
-    keep = []
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        from torchrig.errors import InputError
+    Lines that are not a record (cut short by a crash, damaged, not UTF-8, over :data:`MAX_LINE_BYTES`) are
+    dropped too. Streamed: memory stays at one line whatever the file's size. A ``metrics.jsonl`` that is
+    not a regular file (a FIFO, a device) is an InputError, never waited on."""
+    import os
 
-        raise InputError(f"cannot read {path} ({e.strerror or e})", hint="check the run folder") from None
-    for raw in data.splitlines():
-        try:
-            line = raw.decode("utf-8")
-            rec = json.loads(line)
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            continue
-        if not isinstance(rec, dict):
-            continue
-        s = rec.get("step")
-        if rec.get("event") is None and "step" in rec and not (type(s) is int and s <= step):
-            continue  # a step after the checkpoint, or no step number at all
-        keep.append(line)
+    from torchrig import inputfiles
+
+    if not os.path.lexists(path):
+        return
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in keep))
+    with inputfiles.open_regular(path, "metrics file") as src:
+        size = os.fstat(src.fileno()).st_size
+        if size > MAX_METRICS_BYTES:
+            raise inputfiles.InputError(
+                f"metrics file {str(path)!r} is {size:,} bytes, more than the {MAX_METRICS_BYTES:,} read",
+                hint="move it aside: the run starts a new one",
+            )
+        with open(tmp, "wb") as dst:
+            while raw := src.readline(MAX_LINE_BYTES + 1):
+                if len(raw) > MAX_LINE_BYTES:  # the rest of an overlong line: skipped, then the next line
+                    while (more := src.readline(MAX_LINE_BYTES)) and not more.endswith(b"\n"):
+                        pass
+                    continue
+                if _keep(raw, step):
+                    dst.write(raw.rstrip(b"\r\n") + b"\n")
     tmp.replace(path)
+
+
+def _keep(raw: bytes, step: int) -> bool:
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    if not isinstance(rec, dict):
+        return False
+    s = rec.get("step")
+    # a step after the checkpoint, or no step number at all, goes
+    return not (rec.get("event") is None and "step" in rec and not (type(s) is int and s <= step))
 
 
 class Metrics:
@@ -78,6 +97,12 @@ class Metrics:
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
+        import os
+
+        if os.path.lexists(self.path):  # appending to a FIFO would wait for a reader forever
+            from torchrig import inputfiles
+
+            inputfiles.open_regular(self.path, "metrics file").close()
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -118,8 +143,9 @@ class Metrics:
         elapsed = time.perf_counter() - self.start
         eta = elapsed / max(s, 1) * (n - s)
         mfu = f" MFU {rec['mfu'] * 100:.1f}%" if rec.get("mfu") is not None else ""
+        loss = "skipped" if rec["loss"] is None else f"{rec['loss']:.4f}"  # --on-nonfinite skip, every step
         line = (
-            f"[{'#' * filled}{'.' * (24 - filled)}] step {s}/{n} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+            f"[{'#' * filled}{'.' * (24 - filled)}] step {s}/{n} loss {loss} lr {rec['lr']:.2e} "
             f"{rec[f'{unit}_per_s'] / 1e3:.1f}k {unit}/s{mfu} eta {eta:.0f}s"
         )
         end = "\r" if self.tty and s < n else "\n"

@@ -61,6 +61,9 @@ _HELP = {
     "profile_steps": "profile the last N steps with torch.profiler: a Chrome trace per rank in OUT/profile/ and "
     "where each step's GPU time went (compute, NCCL, NCCL not hidden behind compute, idle); those steps are "
     "left out of the throughput (0: off)",
+    "on_nonfinite": "a step whose loss or gradients are NaN/inf: stop (the default: exit 1, checked at every "
+    "log step and before every save, so no such checkpoint is written) or skip (drop that step's update; one "
+    "host sync per step; stops after 10 in a row)",
     "gc_every": "run Python's garbage collector every N steps, at the same step on every rank, instead of "
     "whenever Python decides: one rank paused by a collection holds the others up (50; 0: Python's automatic "
     "collection)",

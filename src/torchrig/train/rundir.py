@@ -16,18 +16,24 @@ A run folder (``--out``) belongs to one run. ``OUT/run.json`` holds the run's id
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 import stat
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig import inputfiles
+from torchrig.argtypes import MAX_COUNT
 from torchrig.errors import InputError, JobFailed, UsageError
 
 RUN_FILE = "run.json"
@@ -36,6 +42,12 @@ META = "meta.json"
 CHECKPOINTS = "checkpoints"
 # What a run writes into OUT besides checkpoints/ (the launcher's logs/ are the current job's: never removed).
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "tensorboard", "profile")
+# What the small files of a run folder may weigh, far above what torchrig writes: a bigger one is refused
+# before it is read (a sparse 8 GB meta.json, a link to /dev/zero).
+MAX_POINTER_BYTES = 4096  # "step-000200\n"
+MAX_RUN_FILE_BYTES = 64 * 1024  # {"schema_version": 1, "run_id": ...}
+MAX_META_BYTES = 64 * 2**20  # the config, the model spec and one digest per DCP file (~150 B each)
+MAX_STEP = MAX_COUNT  # train --steps' own bound
 
 
 def step_name(step: int) -> str:
@@ -80,6 +92,7 @@ class Saved:
     path: Path
     step: int
     run_id: str | None  # None: saved before run ids existed
+    finite: bool = False  # its meta.json says its weights were checked finite (NaN/inf never saved)
 
     @property
     def name(self) -> str:
@@ -87,16 +100,21 @@ class Saved:
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
-    """A checkpoint's ``meta.json``; :class:`InputError` naming the file when it is missing or malformed."""
+    """A checkpoint's ``meta.json``; :class:`InputError` naming the file when it is missing, not a regular
+    file, over :data:`MAX_META_BYTES`, malformed, or its ``step`` is not an integer in 0..MAX_STEP."""
     path = ckpt / META
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise InputError(
-            f"{path} is unreadable ({type(e).__name__})", hint="the checkpoint is damaged"
-        ) from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        meta = inputfiles.read_json(path, "checkpoint meta.json", max_bytes=MAX_META_BYTES)
+    except InputError as e:
+        raise InputError(f"{path} is unreadable: {e.message}", hint="the checkpoint is damaged") from None
+    step = meta.get("step") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or type(step) is not int:
         raise InputError(f"{path} is not a torchrig checkpoint's meta.json (no integer 'step')")
+    if not 0 <= step <= MAX_STEP:
+        raise InputError(
+            f"{path} records step {str(step)[:40]}, outside 0..{MAX_STEP}",
+            hint="the checkpoint is damaged",
+        )
     return meta
 
 
@@ -112,7 +130,9 @@ def checkpoints(root: Path) -> list[Saved]:
             except InputError:
                 continue
             rid = meta.get("run_id")
-            found.append(Saved(p, int(meta["step"]), rid if isinstance(rid, str) else None))
+            found.append(
+                Saved(p, int(meta["step"]), rid if isinstance(rid, str) else None, meta.get("finite") is True)
+            )
     return sorted(found, key=lambda s: (s.step, s.name))
 
 
@@ -133,12 +153,23 @@ def unreadable(root: Path) -> list[tuple[int, str]]:
 
 
 def pointer(root: Path) -> str | None:
-    """What ``latest`` names (a folder name), or None without a readable pointer."""
-    try:
-        text = (root / LATEST).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+    """What ``latest`` names (a folder name), or None without one (missing, or not a name). :class:`InputError`
+    when ``latest`` is no small regular file (a FIFO, a device such as ``/dev/zero``, a folder, over
+    :data:`MAX_POINTER_BYTES`): a hostile run folder is refused at once, never waited on or read without end."""
+    path = root / LATEST
+    if not os.path.lexists(path):
         return None
-    return text if text and "/" not in text and text not in (".", "..") else None
+    try:
+        data = inputfiles.read_bytes(path, "checkpoint pointer", max_bytes=MAX_POINTER_BYTES)
+    except InputError as e:
+        raise InputError(
+            e.message, hint="it must be a small file naming a checkpoint folder: remove it"
+        ) from None
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None
+    return text if is_plain_name(text) else None
 
 
 def latest(root: Path) -> Path | None:
@@ -274,11 +305,20 @@ def describe(out: Path) -> str | None:
 
 
 def run_id_of(out: Path) -> str | None:
-    try:
-        rid = json.loads((out / RUN_FILE).read_text(encoding="utf-8")).get("run_id")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+    """``run.json``'s run id; None when it is missing or holds none. :class:`InputError` when it is no small
+    regular file (a FIFO, a device, over :data:`MAX_RUN_FILE_BYTES`)."""
+    path = out / RUN_FILE
+    if not os.path.lexists(path):
         return None
-    return rid if isinstance(rid, str) else None
+    try:
+        data = inputfiles.read_bytes(path, "run file", max_bytes=MAX_RUN_FILE_BYTES)
+    except InputError as e:
+        raise InputError(e.message, hint="it must be the small file torchrig wrote: remove it") from None
+    try:
+        rid = inputfiles.loads_json(data.decode("utf-8"), "run file", str(path)).get("run_id")
+    except (InputError, UnicodeDecodeError, AttributeError):
+        return None
+    return rid if isinstance(rid, str) and rid.isprintable() and len(rid) <= 200 else None
 
 
 def plan_start(out: Path, *, resume: bool, if_possible: bool, overwrite: bool, restart: int = 0) -> Start:
@@ -335,6 +375,135 @@ def claim(out: Path, start: Start, run_id: str) -> list[str]:
     return said
 
 
+# ---------------------------------------------------------------- one run holds a folder
+
+# OUT/.torchrig.lock: an advisory lock (flock) held by the run that writes OUT, for as long as it lives. The
+# kernel drops it when the holder exits, however it exits (kill -9 included): nothing to clean up. Its bytes
+# say who holds it (host, pid, user, since), for the refusal message only.
+LOCK_FILE = ".torchrig.lock"
+# set by `torchrig train` for the ranks it starts: "PID@HOST" of the launcher holding OUT's lock for them
+LOCK_HOLDER_ENV = "TORCHRIG_RUN_LOCK_HOLDER"
+_MAX_LOCK_INFO_BYTES = 4096
+_held: dict[str, list[int]] = {}  # this process's locks: real path of OUT -> [fd, how many holds]
+
+
+class FolderBusy(UsageError):
+    """Another live run holds the run folder (exit 2: nothing was touched)."""
+
+
+def holder_token() -> str:
+    """This process as the lock records it: the value :data:`LOCK_HOLDER_ENV` gives its ranks."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def _lock_info(fd: int) -> dict[str, Any]:
+    """What the holder wrote into the lock file (bounded: a few hundred bytes), or {} while it starts."""
+    for _ in range(20):  # the holder writes right after it locks: wait a moment for it
+        try:
+            data = os.pread(fd, _MAX_LOCK_INFO_BYTES, 0)
+            info = json.loads(data.decode("utf-8"))
+        except (OSError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            return info
+        time.sleep(0.025)
+    return {}
+
+
+def _busy(out: Path, info: dict[str, Any]) -> FolderBusy:
+    def show(key: str) -> str:
+        v = info.get(key)
+        return str(v)[:64].encode("ascii", "replace").decode() if isinstance(v, (str, int)) else "?"
+
+    who = (
+        f"pid {show('pid')} on {show('host')}, user {show('user')}, since {show('since')}"
+        if info
+        else "a process that is just starting"
+    )
+    return FolderBusy(
+        f"{out} is in use by another run ({who})",
+        hint="wait for it to end or stop it, or give this run another --out (the lock ends with its process)",
+    )
+
+
+def _open_lock(path: Path) -> int:
+    flags = (
+        os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        raise UsageError(
+            f"cannot open the run folder's lock {path} ({e.strerror or e})",
+            hint="remove it if it is a link or not a file; give an --out you can write to",
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(
+            f"{path} is not a regular file", hint="remove it: torchrig creates its own lock file"
+        )
+    return fd
+
+
+def _take(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    fd = _open_lock(out / LOCK_FILE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        info = _lock_info(fd)
+        os.close(fd)
+        if info and os.environ.get(LOCK_HOLDER_ENV) == f"{info.get('pid')}@{info.get('host')}":
+            return -1  # our launcher holds it for its ranks
+        raise _busy(out, info) from None
+    except OSError as e:
+        os.close(fd)
+        raise UsageError(
+            f"cannot lock the run folder {out} ({e.strerror or e})",
+            hint="its filesystem has no working file locks (NFS mounted with 'nolock'?); see docs/training.md",
+        ) from None
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "user": _user(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with contextlib.suppress(OSError):  # who holds it is for messages only: a full disk does not stop the run
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    return fd
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+@contextlib.contextmanager
+def hold(out: Path) -> Iterator[None]:
+    """Hold ``out``'s lock while the block runs (re-entrant in one process); :class:`FolderBusy` (exit 2) when
+    another live process holds it, naming it. Only one process per run takes it: ``torchrig train`` (the
+    launcher) or rank 0; ranks started by a launcher that holds it pass (:data:`LOCK_HOLDER_ENV`)."""
+    key = os.path.realpath(out)
+    if key in _held:
+        _held[key][1] += 1
+    else:
+        _held[key] = [_take(out), 1]
+    try:
+        yield
+    finally:
+        entry = _held[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _held[key]
+            if entry[0] >= 0:
+                os.close(entry[0])  # the lock ends with its last descriptor
+
+
 # ---------------------------------------------------------------- pruning
 
 
@@ -343,12 +512,15 @@ def to_prune(
 ) -> list[Saved]:
     """Which checkpoints a save of ``saved_step`` makes old: this run's, at or below that step, beyond the
     ``keep`` newest by step; never the one ``latest`` names. (0 keeps all. A checkpoint of this run above
-    the step is one a resume went back from: it is replaced when the run reaches its step again.)"""
+    the step is one a resume went back from: it is replaced when the run reaches its step again.) Never
+    the newest checkpoint recorded finite either: a run that diverged resumes from it."""
     if not keep:
         return []
     mine = [s for s in saved if s.run_id == run_id and s.step <= saved_step]
     old = sorted(mine, key=lambda s: s.step)[:-keep]
-    return [s for s in old if s.name != latest_name]
+    finite = [s for s in saved if s.finite]
+    newest_finite = max(finite, key=lambda s: s.step).name if finite else None
+    return [s for s in old if s.name not in (latest_name, newest_finite)]
 
 
 # ---------------------------------------------------------------- a full disk
@@ -358,9 +530,17 @@ class DiskFull(JobFailed):
     """The filesystem under ``--out`` filled up (exit 1: the run stopped; its last good checkpoint stays)."""
 
 
+def latest_or_none(root: Path) -> Path | None:
+    """:func:`latest` for a message about another failure: a hostile ``latest`` is not that failure."""
+    try:
+        return latest(root)
+    except InputError:
+        return None
+
+
 def disk_full_writing(path: Path, out: Path) -> DiskFull:
     """The error for a run output (metrics, summary) that no longer fits on its filesystem."""
-    good = latest(out / CHECKPOINTS)
+    good = latest_or_none(out / CHECKPOINTS)
     return DiskFull(
         f"disk full: writing {path} failed with {size_text(free_bytes(path))} left on that filesystem; "
         + (f"the last good checkpoint is {good}" if good else "no checkpoint of this run was completed"),
