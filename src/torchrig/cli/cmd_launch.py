@@ -12,6 +12,9 @@ hung only on evidence: a rank's NCCL watchdog logged a collective timeout and th
 waits in a collective; or, if you ask for it, --hang-timeout seconds without output. Before a hung job is
 stopped, every rank writes its flight record next to the logs, and the summary says which rank never
 called which collective (or a desync), and what the verdict rests on.
+On a shared server, the GPUs leased with 'torchrig up' are respected: a GPU is yours to take when it is free
+or leased to you; --gpus all means all of those; naming a GPU someone else holds is refused (exit 2) with
+who holds it and since when, unless --force (which says so). The ledger is only read: launch takes no lease.
 Environment defaults (NCCL async error handling, flight recorder, unbuffered output, ...)
 are set only where you have not set them; --dry-run lists each with its reason.
 
@@ -39,9 +42,7 @@ from torchrig.errors import UsageError
 
 def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("devices")
-    g.add_argument(
-        "--gpus", help="all, a count (2) or a list (0,1) of the visible GPUs (default: all, or CPU if none)"
-    )
+    add_gpu_options(g, "(default: all that are yours to take, or CPU if none is visible)")
     g.add_argument("--cpu", action="store_true", help="CPU ranks with gloo (no GPU)")
     g.add_argument(
         "--nproc-per-node", type=int_in(1, MAX_PROCS), help="CPU ranks per node with --cpu (default 1)"
@@ -93,6 +94,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as python -m")
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def add_gpu_options(g: Any, default: str) -> None:
+    """``--gpus`` and ``--force``: one wording for launch, train and bench (the grammar and the placement
+    rule are :mod:`torchrig.runtime.placement`'s)."""
+    g.add_argument(
+        "--gpus",
+        metavar="WHICH",
+        help=f"all | N | 0,2 (device=1 or 1, for one index) | GPU-UUID,... of the visible GPUs {default}; "
+        "a GPU leased to someone else (see 'torchrig gpus') is refused",
+    )
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="take GPUs leased to someone else anyway (a warning names whose)",
+    )
 
 
 def add_failure_options(g: Any) -> None:
@@ -156,6 +173,7 @@ def request_from_args(
         script_args=sargs,
         module=args.module if module is None else module,
         gpus=args.gpus,
+        force=args.force,
         cpu=args.cpu,
         nproc_per_node=args.nproc_per_node,
         nnodes=args.nnodes,

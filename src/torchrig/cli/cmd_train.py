@@ -30,12 +30,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchrig.argtypes import MAX_PROCS, int_in
-from torchrig.cli.cmd_launch import add_failure_options
+from torchrig.cli.cmd_launch import add_failure_options, add_gpu_options
 from torchrig.errors import JobFailed, UsageError
 from torchrig.train.gpuwatch import render as render_gpus
 from torchrig.train.options import add_train_options, config_from_args
@@ -44,7 +45,7 @@ from torchrig.train.options import add_train_options, config_from_args
 def configure(parser: argparse.ArgumentParser) -> None:
     add_train_options(parser)
     g = parser.add_argument_group("ranks (started through torchrig launch)")
-    g.add_argument("--gpus", help="all, a count or a list of GPUs; more than one starts one rank per GPU")
+    add_gpu_options(g, "(more than one starts one rank per GPU)")
     g.add_argument(
         "--nproc-per-node", type=int_in(1, MAX_PROCS), help="CPU ranks (gloo) to start, with --device cpu"
     )
@@ -57,11 +58,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 class TrainReport:
     summary: dict[str, Any] | None
     launch: Any | None
+    forced_gpus: tuple[str, ...] = ()  # trained in place on a GPU leased to someone else (--force)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"summary": self.summary}
         if self.launch is not None:
             out["launch"] = self.launch.to_json()
+        if self.forced_gpus:
+            out["forced_gpus"] = list(self.forced_gpus)
         return out
 
     @property
@@ -126,14 +130,36 @@ def _check_out(out: Path) -> None:
             return
 
 
-def _wants_launch(args: argparse.Namespace) -> bool:
-    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
+
+
+def _placed(args: argparse.Namespace) -> Any | None:
+    """Where ``--gpus`` puts the run, by the placement rule of every command (``launch``'s own choice: free
+    or leased to you, refused when someone else holds a GPU you name); None without ``--gpus`` or when this
+    process is already one rank of a torchrun job."""
+    from torchrig.runtime import placement
+
+    request = placement.parse_gpus(args.gpus)  # malformed (-1, 0, two): one line, exit 2
+    if not request.wants_gpus:
+        raise UsageError(f"--gpus {args.gpus!r} asks for no GPU", hint="for the CPU use --device cpu")
+    if _under_torchrun():
+        return None
+    from torchrig.launch.run import choose_gpus
+
+    return choose_gpus(args.gpus, force=args.force)
+
+
+def _wants_launch(args: argparse.Namespace, placed: Any | None) -> bool:
+    """Ranks through the launcher: several CPU ranks, several GPUs, or one GPU other than the first one
+    CUDA shows (a process training in place uses that one)."""
+    if _under_torchrun():
         return False  # already one rank of a torchrun job
     if args.nproc_per_node and args.nproc_per_node > 1:
         return True
-    if args.gpus is None:
+    if placed is None:
         return False
-    return args.gpus == "all" or "," in args.gpus or (args.gpus.isdigit() and int(args.gpus) > 1)
+    return len(placed.gpus) > 1 or tuple(placed.gpus) != tuple(placed.visible[:1])
 
 
 def run(args: argparse.Namespace) -> TrainReport:
@@ -159,12 +185,21 @@ def run(args: argparse.Namespace) -> TrainReport:
 
     # refused here, before any rank starts: a run folder that holds another run, --resume with nothing there
     plan_start(Path(cfg.out), resume=cfg.resume, if_possible=cfg.resume_if_possible, overwrite=cfg.overwrite)
-    if args.gpus is not None and cfg.device == "auto":
+    placed = None
+    if args.gpus is not None:
+        if cfg.device == "cpu" or args.nproc_per_node is not None:
+            raise UsageError(
+                "--gpus asks for GPUs, --device cpu and --nproc-per-node for CPU ranks", hint="drop one"
+            )
         cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
-    if not _wants_launch(args):
+        placed = _placed(args)
+    if not _wants_launch(args, placed):
         from torchrig.train.loop import train
 
-        return TrainReport(train(cfg), None)
+        forced = placed.forced if placed is not None else ()
+        for line in forced:
+            print(f"torchrig train: warning: --force: taking {line}", file=sys.stderr, flush=True)
+        return TrainReport(train(cfg), None, forced)
     from torchrig.launch import launch
     from torchrig.launch.plan import LaunchRequest
 
@@ -174,6 +209,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         module=True,
         script_args=tuple(cfg.to_argv()),
         gpus=None if cpu else args.gpus,
+        force=args.force,
         cpu=cpu,
         nproc_per_node=args.nproc_per_node if cpu else None,
         max_restarts=args.max_restarts,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair
 from torchrig.hw.visible import visible_ids
 from torchrig.launch.plan import GpuProbe, HostFacts
+from torchrig.runtime.inventory import Unit
 
 _GPU_PROBE = """
 import json, torch
@@ -184,6 +185,27 @@ def host_facts(gpus: GpuProbe | None) -> HostFacts:
         env=env,
         torch_version=gpus.torch_version if gpus else None,
     )
+
+
+def lease_facts(gpus: str | None, visible: tuple[int, ...]) -> dict[str, object]:
+    """The lease ledger's word on this host's GPUs, as :class:`HostFacts` fields (``gpu_units``, ``leases``,
+    ``user``): read-only, and nothing at all where there is no ledger (a personal machine). The inventory
+    (NVML, or ``$TORCHRIG_GPU_INVENTORY``) is read only when a lease or a UUID in ``--gpus`` needs it."""
+    import time
+
+    from torchrig.runtime import placement
+    from torchrig.runtime.ledger import current_user, read_leases, stale
+
+    found = read_leases()
+    uuids = gpus is not None and placement.parse_gpus(gpus).kind == "uuids"
+    # a pending lease whose owner died is nobody's (the next 'up' or 'gpus' deletes it)
+    leases = tuple(x for x in (found[1] if found else []) if not stale(x, None, time.time()))
+    units: tuple[Unit, ...] = ()
+    if visible and (leases or uuids):
+        from torchrig.runtime.nvml import current
+
+        units = tuple(u for u in current().units() if not u.is_mig and u.gpu_index in visible)
+    return {"gpu_units": units, "leases": leases, "user": current_user() if found else None}
 
 
 def port_is_free(port: int, host: str = "") -> bool:
