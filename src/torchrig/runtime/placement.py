@@ -80,7 +80,7 @@ def parse_gpus(text: str | None) -> GpuRequest:
     t = raw.removeprefix("device=")
     if t == "all" and t == raw:
         return GpuRequest("all")
-    if t.isdigit() and t == raw:
+    if t.isascii() and t.isdigit() and t == raw:  # str.isdigit alone takes "٣" and "²"
         n = int(t)
         if n < 1:
             raise UsageError(
