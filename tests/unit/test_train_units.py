@@ -190,7 +190,7 @@ def test_bad_input_is_one_line_exit_2(cli, args, msg):
 @pytest.mark.parametrize(
     "args, msg",
     [
-        (["train", "--gpus", "1", "--size", "tiny"], "torch sees no GPU"),
+        (["train", "--gpus", "1", "--size", "tiny"], "no GPU is visible"),  # placed like launch
         (["train", "--gpus", "2", "--size", "tiny"], "no GPU is visible"),
         (["launch", "--gpus", "2", "t.py"], "no GPU is visible"),
     ],
