@@ -22,8 +22,8 @@ from torchrig.runtime.ledger import Lease, Ledger
 from torchrig.runtime.placement import GpuHeld, NoFreeGpu, parse_gpus, place
 
 pytest.importorskip("pynvml")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nvmlreplay import FIX, recorded, replay  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the NVML replay
+from nvmlreplay import FIX, recorded, replay
 
 H200 = ("GPU-ab2a08d6-ef8c-084b-4c48-9ab327f58ba1", "GPU-f4e4fe0e-0e5e-080b-17fa-3fd049dc36fc")
 OTHER = "someone-else"
