@@ -261,7 +261,7 @@ def evaluate(
             continue
         arch = _unconfirmed_kernels(kb, gpu, build, _arch_reason(kb, gpu, build, driver_kind))
         reasons.append(arch)
-        ptxas = _ptxas_reason(kb, gpu, build) if arch.severity is not Severity.FAIL else None
+        ptxas = _ptxas_reason(kb, gpu, build) if not arch.severity.blocks else None
         if ptxas:
             reasons.append(ptxas)
     return reasons, driver_kind

@@ -59,7 +59,7 @@ class LaunchReport:
 
     @property
     def exit_code(self) -> int:
-        if any(f.severity is Severity.ERROR for f in self.findings):
+        if any(f.severity.blocks for f in self.findings):
             return 1
         if self.result is not None and self.result.cancelled_by:
             return int(
@@ -72,13 +72,13 @@ class LaunchReport:
         appear here (and every one in a dry run's plan)."""
         out = _render_plan(self.plan) if self.dry_run else []
         for f in self.findings:
-            if f.severity is Severity.OK and not self.dry_run:
+            if f.severity.passed and not self.dry_run:
                 continue
             out.append(
                 f"pre-flight {f.id}: {f.severity.value}: {f.summary}"
-                + (f" — fix: {'; '.join(f.fix)}" if f.severity is not Severity.OK and f.fix else "")
+                + (f" — fix: {'; '.join(f.fix)}" if not f.severity.passed and f.fix else "")
             )
-            if f.severity is Severity.ERROR and f.evidence:
+            if f.severity.blocks and f.evidence:
                 out.append("  " + "\n".join(f.evidence).replace("\n", "\n  "))
         if self.result is not None:
             out += _render_result(self.result)
@@ -249,7 +249,7 @@ def launch(
     findings = [pf.check_gpus(plan, names), pf.check_port(plan), pf.check_p2p(plan)]
     for f in findings:
         say(f"pre-flight {f.id}: {f.severity.value}: {f.summary}")
-    if any(f.severity is Severity.ERROR for f in findings):
+    if any(f.severity.blocks for f in findings):
         return LaunchReport(plan, tuple(findings), None, False)
     if not preflight:
         return LaunchReport(plan, tuple(findings), execute(plan), False)
@@ -258,7 +258,7 @@ def launch(
         found = pf.check_process_group(plan, preflight_timeout_s)
         say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
         findings.append(found)
-        if found.severity is Severity.ERROR:
+        if found.severity.blocks:
             return LaunchReport(plan, tuple(findings), None, False)
         return LaunchReport(plan, tuple(findings), execute(plan), False)
     checks: list[Check] = []
@@ -328,12 +328,12 @@ class _Beside:
                 )
             self._found.append(found)
             self._say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
-            if found.severity is Severity.ERROR:
+            if found.severity.blocks:
                 return
 
     def failure(self) -> str | None:
         """Why the job must stop (a check failed), or None."""
-        f = next((f for f in list(self._found) if f.severity is Severity.ERROR), None)
+        f = next((f for f in list(self._found) if f.severity.blocks), None)
         if f is not None:
             return f"the pre-flight {f.id} check failed beside the job: {f.summary}"
         return None
