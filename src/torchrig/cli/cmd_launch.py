@@ -38,6 +38,7 @@ from typing import Any
 
 from torchrig.argtypes import MAX_NODES, MAX_PROCS, MAX_SECONDS, int_in
 from torchrig.errors import UsageError
+from torchrig.launch.options import FAILURE_OPTIONS, RDZV_TIMEOUT, from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -62,13 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     n.add_argument(
         "--rdzv-backend", default="c10d", choices=("c10d", "static"), help="rendezvous backend (c10d)"
     )
-    n.add_argument(
-        "--rdzv-timeout",
-        type=int_in(1, MAX_SECONDS),
-        default=300,
-        metavar="S",
-        help="seconds to wait for all nodes (300)",
-    )
+    RDZV_TIMEOUT.add_to(n)
     f = parser.add_argument_group("failures")
     add_failure_options(f)
     f.add_argument(
@@ -113,41 +108,10 @@ def add_gpu_options(g: Any, default: str) -> None:
 
 
 def add_failure_options(g: Any) -> None:
-    """Restarts, and the options that decide when a job counts as hung: one wording for launch and train."""
-    g.add_argument(
-        "--max-restarts", type=int_in(0, 1000), default=0, help="restart the worker group this many times (0)"
-    )
-    g.add_argument(
-        "--collective-timeout",
-        type=int_in(1, MAX_SECONDS),
-        default=600,
-        metavar="S",
-        help="process-group timeout for torchrig's trainer and pre-flight (600)",
-    )
-    g.add_argument(
-        "--hang-timeout",
-        type=int_in(0, MAX_SECONDS),
-        default=0,
-        metavar="S",
-        help="only if you ask: no rank output for S seconds = hang: dump stacks and flight records, stop, "
-        "summarise (0: off; a job that logs only to TensorBoard is silent)",
-    )
-    g.add_argument(
-        "--nccl-timeout-grace",
-        type=int_in(0, MAX_SECONDS),
-        default=30,
-        metavar="S",
-        help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
-        "dump stacks and flight records, stop, summarise (30; 0: leave it to PyTorch)",
-    )
-    g.add_argument(
-        "--stopped-grace",
-        type=int_in(0, MAX_SECONDS),
-        default=30,
-        metavar="S",
-        help="a rank stopped by a signal (state T) for S s while another waits in a collective = hang: "
-        "stop and summarise (30; 0: never)",
-    )
+    """Restarts, and the options that decide when a job counts as hung: declared once
+    (:mod:`torchrig.launch.options`), one wording for launch and train."""
+    for option in FAILURE_OPTIONS:
+        option.add_to(g)
 
 
 def request_from_args(
@@ -181,13 +145,8 @@ def request_from_args(
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
         rdzv_backend=args.rdzv_backend,
-        rdzv_timeout_s=args.rdzv_timeout,
-        max_restarts=args.max_restarts,
         log_dir=args.log_dir,
-        collective_timeout_s=args.collective_timeout,
-        hang_timeout_s=args.hang_timeout,
-        nccl_timeout_grace_s=args.nccl_timeout_grace,
-        stopped_grace_s=args.stopped_grace,
+        **from_args(args),
         extra_env=tuple(extra),
     )
 

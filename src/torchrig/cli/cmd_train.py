@@ -38,6 +38,7 @@ from typing import Any
 from torchrig.argtypes import MAX_PROCS, int_in
 from torchrig.cli.cmd_launch import add_failure_options, add_gpu_options
 from torchrig.errors import JobFailed, UsageError
+from torchrig.launch.options import FAILURE_OPTIONS, from_args
 from torchrig.train.gpuwatch import render as render_gpus
 from torchrig.train.options import add_train_options, config_from_args
 
@@ -164,18 +165,7 @@ def _wants_launch(args: argparse.Namespace, placed: Any | None) -> bool:
 
 def run(args: argparse.Namespace) -> TrainReport:
     cfg = config_from_args(args)
-    # the launcher's options are checked even when one process trains without it, so a mistake never passes
-    for flag, value, least in (
-        ("--max-restarts", args.max_restarts, 0),
-        ("--collective-timeout", args.collective_timeout, 1),
-        ("--hang-timeout", args.hang_timeout, 0),
-        ("--nccl-timeout-grace", args.nccl_timeout_grace, 0),
-        ("--stopped-grace", args.stopped_grace, 0),
-    ):
-        if value < least:
-            raise UsageError(
-                f"{flag} must be {least} or more, got {value}", hint="see 'torchrig train --help'"
-            )
+    # the launcher's options were checked by their parser (launch.options' bounds), run in place or not
     _check_out(Path(cfg.out))
     if cfg.precision == "fp8":  # before any rank starts (the ranks check the GPU's compute capability)
         from torchrig.train.fp8 import require_torchao
@@ -212,12 +202,8 @@ def run(args: argparse.Namespace) -> TrainReport:
         force=args.force,
         cpu=cpu,
         nproc_per_node=args.nproc_per_node if cpu else None,
-        max_restarts=args.max_restarts,
         log_dir=args.log_dir or str(Path(cfg.out) / "logs"),
-        collective_timeout_s=args.collective_timeout,
-        hang_timeout_s=args.hang_timeout,
-        nccl_timeout_grace_s=args.nccl_timeout_grace,
-        stopped_grace_s=args.stopped_grace,
+        **from_args(args, FAILURE_OPTIONS),
         rdzv_id="torchrig-train",
     )
     report = launch(req, preflight=not args.no_preflight, preflight_timeout_s=60)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torchrig.errors import UsageError
+from torchrig.launch import options
 from torchrig.launch.envdefaults import FR_DUMP_FILE, defaults_for, name_for
 from torchrig.launch.flightrec import PREFIX
 from torchrig.runtime import placement
@@ -120,20 +121,7 @@ class LaunchRequest:
             raise UsageError(f"--rdzv-id {self.rdzv_id!r} must be 1-64 letters, digits, '_', '.', '-'")
         if self.rdzv_backend not in ("c10d", "static"):
             raise UsageError(f"--rdzv-backend must be c10d or static, got {self.rdzv_backend!r}")
-        if self.max_restarts < 0:
-            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
-        if self.collective_timeout_s < 1 or self.rdzv_timeout_s < 1:
-            raise UsageError("timeouts must be at least 1 second")
-        if self.hang_timeout_s < 0:
-            raise UsageError(f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout_s}")
-        if self.nccl_timeout_grace_s < 0:
-            raise UsageError(
-                f"--nccl-timeout-grace must be 0 (never stop) or more seconds, got {self.nccl_timeout_grace_s}"
-            )
-        if self.stopped_grace_s < 0:
-            raise UsageError(
-                f"--stopped-grace must be 0 (never stop) or more seconds, got {self.stopped_grace_s}"
-            )
+        options.check({o.field: getattr(self, o.field) for o in options.LAUNCH_OPTIONS})
         if self.cpu and self.gpus is not None:
             raise UsageError("--cpu and --gpus exclude each other", hint="drop one of them")
         if self.gpus is not None and not placement.parse_gpus(self.gpus).wants_gpus:
