@@ -242,3 +242,15 @@ def test_no_ledger_changes_nothing(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHRIG_STATE_DIR", str(tmp_path / "none-here"))
     assert probe.lease_facts("device=0", (0, 1)) == {"gpu_units": (), "leases": (), "user": None}
     assert not (tmp_path / "none-here").exists()  # consulting creates nothing
+
+
+def test_train_without_gpus_takes_the_first_gpu_that_is_yours(shared_h200x2):
+    """No --gpus: one GPU, as always, but where another user holds GPU 0 it is GPU 1, started through the
+    launcher (a process training in place would get GPU 0: CUDA's first)."""
+    from torchrig.cli import cmd_train
+
+    args = __import__("argparse").Namespace(force=False, gpus=None, nproc_per_node=None)
+    assert cmd_train._others_hold_gpus()
+    placed = cmd_train._first_yours(args)
+    assert placed.gpus == (1,) and placed.visible == (0, 1) and cmd_train._wants_launch(args, placed)
+    assert "place all" in shared_h200x2

@@ -151,6 +151,27 @@ def _placed(args: argparse.Namespace) -> Any | None:
     return choose_gpus(args.gpus, force=args.force)
 
 
+def _others_hold_gpus() -> bool:
+    """Whether the lease ledger (read-only; none on a personal machine) holds a GPU for someone else: then a
+    run without --gpus must not take the first GPU CUDA shows blindly."""
+    if _under_torchrun():
+        return False
+    from torchrig.runtime.ledger import current_user, read_leases
+
+    found = read_leases()
+    return found is not None and any(x.user != current_user() for x in found[1])
+
+
+def _first_yours(args: argparse.Namespace) -> Any | None:
+    """The first visible GPU that is yours to take (None: no GPU visible, the CPU as before)."""
+    import dataclasses as dc
+
+    from torchrig.launch.run import choose_gpus
+
+    placed = choose_gpus(None, force=args.force)
+    return dc.replace(placed, gpus=placed.gpus[:1]) if placed.gpus else None
+
+
 def _wants_launch(args: argparse.Namespace, placed: Any | None) -> bool:
     """Ranks through the launcher: several CPU ranks, several GPUs, or one GPU other than the first one
     CUDA shows (a process training in place uses that one)."""
@@ -175,7 +196,7 @@ def run(args: argparse.Namespace) -> TrainReport:
 
     # refused here, before any rank starts: a run folder that holds another run, --resume with nothing there
     plan_start(Path(cfg.out), resume=cfg.resume, if_possible=cfg.resume_if_possible, overwrite=cfg.overwrite)
-    placed = None
+    placed, gpus = None, args.gpus
     if args.gpus is not None:
         if cfg.device == "cpu" or args.nproc_per_node is not None:
             raise UsageError(
@@ -183,6 +204,9 @@ def run(args: argparse.Namespace) -> TrainReport:
             )
         cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
         placed = _placed(args)
+    elif args.nproc_per_node is None and cfg.device != "cpu" and _others_hold_gpus():
+        placed = _first_yours(args)  # one GPU, as without a ledger, but one that is yours to take
+        gpus = f"{placed.gpus[0]}," if placed is not None else None
     if not _wants_launch(args, placed):
         from torchrig.train.loop import train
 
@@ -198,7 +222,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         script="torchrig.train",
         module=True,
         script_args=tuple(cfg.to_argv()),
-        gpus=None if cpu else args.gpus,
+        gpus=None if cpu else gpus,
         force=args.force,
         cpu=cpu,
         nproc_per_node=args.nproc_per_node if cpu else None,
