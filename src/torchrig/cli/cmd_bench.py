@@ -194,15 +194,13 @@ def _placed(args: argparse.Namespace) -> Any | None:
     from torchrig.launch.run import choose_gpus
     from torchrig.runtime import placement
 
-    gpus = args.gpus if args.gpus is not None else (str(args.nproc) if args.nproc else None)
-    if gpus is not None and not placement.parse_gpus(gpus).wants_gpus:
-        raise UsageError(f"--gpus {gpus!r} asks for no GPU", hint="for the CPU path use --cpu")
-    placed = choose_gpus(gpus, force=args.force)
-    if not placed.gpus:  # no GPU visible: the CPU path, unless GPUs were asked for
-        if args.gpus is not None:
-            raise UsageError("--gpus given but no GPU is visible", hint="run 'torchrig doctor', or use --cpu")
-        return None
-    return placed
+    if args.gpus is not None and not placement.parse_gpus(args.gpus).wants_gpus:
+        raise UsageError(f"--gpus {args.gpus!r} asks for no GPU", hint="for the CPU path use --cpu")
+    if args.gpus is None:  # every GPU that is yours; none visible: the CPU path (--nproc-per-node ranks)
+        placed = choose_gpus(None, force=args.force)
+        if not placed.gpus or not args.nproc:
+            return placed if placed.gpus else None
+    return choose_gpus(args.gpus or str(args.nproc), force=args.force)
 
 
 def _scaling(
