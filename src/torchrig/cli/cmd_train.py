@@ -4,8 +4,8 @@ DDP or FSDP2 (fully_shard); bf16 or fp16 autocast (GradScaler for fp16); torch.c
 accumulation that synchronises gradients only on the last micro-step; DistributedSampler with DataLoader
 workers and pinned memory; warm-up + cosine learning rate; gradient clipping; atomic DCP checkpoints that
 resume on any number of GPUs with no lost or repeated steps; metrics as JSONL and TensorBoard with
-tokens/s (images/s) and MFU. --gpus is launch's (all, N, 0,2, device=1, GPU-UUID; a GPU leased to someone
-else with 'torchrig up' is refused unless --force); with more than one GPU, one GPU other than CUDA's first,
+tokens/s (images/s) and MFU. --gpus is launch's (all, N, 0,2, device=1, GPU-UUID; a GPU that someone else
+leased is refused unless --force); with more than one GPU, one GPU other than CUDA's first,
 or --nproc-per-node N, the ranks are started through 'torchrig launch' (torchrun underneath); under torchrun
 it trains in place.
 
