@@ -123,6 +123,8 @@ def install_boundaries(real: tuple[str, ...] = ()) -> None:
         "torchrig.cluster.slurm": ["submit"],
         "torchrig.cluster.k8s": ["apply"],
         "torchrig.cli.cmd_dashboard": ["_serve"],  # serves until stopped
+        "torchrig.hostd.server": ["serve"],  # the host daemon serves until stopped
+        "torchrig.hostd.unit": ["install"],  # writes /etc/systemd/system and runs systemctl
         # export: the checkpoint is read, checked, loaded and run eagerly; writing .pt2/.onnx is the act
         "torchrig.export.core": ["_pt2", "_onnx"],
     }
@@ -176,6 +178,8 @@ def preload() -> None:
         "torchrig.doctor.probes",
         "torchrig.export",
         "torchrig.runtime.up",
+        "torchrig.hostd.server",
+        "torchrig.hostd.unit",
         "docker",
         "numpy",
         "torch",  # imported for the first time under the child's address-space limit, it stalls
@@ -189,6 +193,7 @@ def scratch_env(work: Path) -> dict[str, str]:
     return {
         "DOCKER_HOST": f"unix://{work}/no-docker.sock",
         "TORCHRIG_STATE_DIR": str(work / "state"),
+        "TORCHRIG_HOST_SOCKET": "",  # no host daemon: the commands talk to the (absent) engine themselves
         "TORCHRIG_CACHE_DIR": str(work / "cache"),
         "HOME": str(work / "home"),
         "XDG_STATE_HOME": str(work / "home" / ".local" / "state"),

@@ -53,6 +53,8 @@ LABEL_UNKNOWN = "unknown"  # built from a wheel the knowledge base does not list
 
 # ---- environment labels (torchrig.*) on what `up` creates: read back by ps, down, gpus and the ledger
 ENV_LABEL_PREFIX = "torchrig."
+# on the named volume that holds an environment's workdir: the environment's name (its owner: torchrig.uid)
+LABEL_WORKSPACE = ENV_LABEL_PREFIX + "workspace"
 
 # ---- services and ports inside the container (torchrig serve listens; up publishes on free host ports)
 SERVICES = ("jupyter", "ssh")

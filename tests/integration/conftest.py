@@ -2,8 +2,9 @@
 
 ``test_image`` (session scope) builds a real torchrig image once per test session, through the CLI as a
 user would: a spec with JupyterLab and SSH, CPU torch from a local wheelhouse, the local base image
-``torchrig-test/debian:bookworm`` (no registry is reachable in CI). It returns the image's tag. The
-engine's layer cache makes a rebuild with unchanged inputs take seconds.
+``torchrig-test/debian:bookworm`` (no registry is reachable in CI). It returns the image's tag. It is
+built once per test run, whatever the number of xdist workers (``runwide.once``), and removed when the run
+ends; the engine's layer cache makes a rebuild with unchanged inputs take seconds.
 """
 
 from __future__ import annotations
@@ -12,16 +13,15 @@ import contextlib
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+import runwide  # tests/runwide.py (tests/conftest.py puts tests/ on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = os.environ.get("TORCHRIG_TEST_BASE", "torchrig-test/debian:bookworm")
@@ -29,37 +29,15 @@ WHEELHOUSE = ROOT / ".ci-work" / "wheelhouse"
 TORCH_VERSION = "2.13.0"  # the CPU build on this machine's disk
 JUPYTERLAB = "jupyterlab==4.6.6"  # as pinned in src/torchrig/data/bases.toml
 
-# Every container, volume and image this session's tests make carries these labels: 'torchrig up' and
-# 'torchrig image build' add $TORCHRIG_LABELS to what they create (the CLI subprocesses inherit it), and tests
-# that call the engine directly pass TEST_LABELS. At the session's end, anything still carrying this
-# session's id is a leak: reported, removed, and the session fails. The session's own id keeps other test
-# runs on the same engine out of the count; the owner label (host:pid of this pytest) lets a later session
-# remove what a session killed outright (SIGKILL: no teardown at all) left behind.
-TEST_LABEL = "torchrig.test"
-OWNER_LABEL = "torchrig.test.owner"
-SESSION_ID = uuid.uuid4().hex[:12]
-SESSION_PID = os.getpid()
-TEST_LABELS = {TEST_LABEL: SESSION_ID, OWNER_LABEL: f"{socket.gethostname()}:{SESSION_PID}"}
-os.environ["TORCHRIG_LABELS"] = ",".join(f"{k}={v}" for k, v in TEST_LABELS.items())
-# what earlier, ended sessions left and this one removed (reported at the end; not this session's failure)
-SWEPT: list[str] = []
+# Every container, volume and image this run's tests make carries the run's labels (tests/runwide.py):
+# 'torchrig up' and 'torchrig image build' add $TORCHRIG_LABELS to what they create (the CLI subprocesses
+# inherit it; tests/conftest.py sets it in every process of the run), and tests that call the engine directly
+# pass the `test_labels` fixture. When the run ends, the controller runs the leak check: anything still
+# carrying the run's id is a leak, reported, removed, and the run fails. The owner label (host:pid of the
+# run's controller) lets a later run remove what a run killed outright (SIGKILL: no teardown) left behind.
+TEST_LABEL = runwide.TEST_LABEL
+OWNER_LABEL = runwide.OWNER_LABEL
 
-
-def _terminated(signum, frame):
-    """SIGTERM (a CI time limit, `timeout`, a job stop) ends the session like Ctrl-C: pytest then tears
-    the fixtures down and runs the leak check, instead of dying with every image and container in place."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
-    if os.getpid() != SESSION_PID:  # a forked child of a test: die as it would have
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    global TERMINATED
-    TERMINATED = True
-    raise KeyboardInterrupt("SIGTERM")
-
-
-TERMINATED = False
-if threading.current_thread() is threading.main_thread():
-    signal.signal(signal.SIGTERM, _terminated)
 
 TEST_SPEC = f"""\
 schema_version = 1
@@ -105,6 +83,14 @@ def engine_ready() -> str | None:
 def make_wheelhouse(path: Path = WHEELHOUSE) -> Path:
     """CPU torch + NumPy + JupyterLab and their dependencies, and tqdm (a small package the layer test adds),
     as cp311 manylinux wheels (cached between sessions)."""
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.parent / f"{path.name}.lock")):  # one download, however many workers ask
+        return _download_wheelhouse(path)
+
+
+def _download_wheelhouse(path: Path) -> Path:
     stamp = path / ".complete-2"  # -2: numpy and tqdm added
     if stamp.exists():
         return path
@@ -143,14 +129,20 @@ def make_wheelhouse(path: Path = WHEELHOUSE) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine():
+def run_identity(request) -> runwide.RunIdentity:
+    """The test run's id, owner and shared folder (the same in every xdist worker)."""
+    return runwide.identity_of(request.config)
+
+
+@pytest.fixture(scope="session")
+def engine(run_identity):
     why = engine_ready()
     if why:
         pytest.skip(why)
     import docker
 
     client = docker.from_env(timeout=600)
-    SWEPT.extend(sweep_ended_sessions(client))
+    runwide.note_swept(run_identity, sweep_ended_sessions(client))
     return client
 
 
@@ -176,21 +168,57 @@ def image_build_cli():
     return run_image_build
 
 
-@pytest.fixture(scope="session")
-def test_image_build(engine, wheelhouse, tmp_path_factory) -> dict:
-    """The ``torchrig image build --json`` result for the test spec (built once per session)."""
-    spec = tmp_path_factory.mktemp("image-spec") / "torchrig.toml"
-    spec.write_text(TEST_SPEC)
-    proc = run_image_build(spec, "--wheelhouse", str(wheelhouse), "--json", timeout=1500)
-    if proc.returncode != 0:
-        raise RuntimeError(f"test image build failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    result = json.loads(proc.stdout)
-    result["spec_path"] = str(spec)
-    yield result
-    # the session's image goes with the session (the builder's cache keeps its layers for the next build):
-    # by its ID, so every tag on it goes, and a stack tag another session's build has since taken stays
+def build_test_image(run: runwide.RunIdentity) -> dict:
+    """The test spec's ``torchrig image build --json`` result, built once for the run (every process of
+    the run that calls this gets the one result; the first builds, under a file lock, the others wait)."""
+
+    def build() -> dict:
+        wheelhouse = make_wheelhouse()
+        spec = run.shared_dir / "image-spec" / "torchrig.toml"
+        spec.parent.mkdir(exist_ok=True)
+        spec.write_text(TEST_SPEC)
+        proc = run_image_build(spec, "--wheelhouse", str(wheelhouse), "--json", timeout=1500)
+        if proc.returncode != 0:
+            raise RuntimeError(f"test image build failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+        result = json.loads(proc.stdout)
+        result["spec_path"] = str(spec)
+        # the run's image goes with the run (the builder's cache keeps its layers for the next build): by
+        # its ID, so every tag on it goes, and a stack tag another run's build has since taken stays
+        runwide.at_end(run, "image", result["image_id"])
+        return result
+
+    return runwide.once(run, "test-image-build", build)
+
+
+def _needs_test_image(item) -> bool:
+    return "test_image_build" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config, items):
+    """The test image takes minutes to build: the tests that need it run after the others (a stable sort:
+    the random order stays reproducible from its seed), while it builds (below)."""
+    items.sort(key=_needs_test_image)
+
+
+def pytest_collection_finish(session):
+    """When the run's tests (after -m and -k) include some that need the test image, its
+    build starts now, in the background: the other tests run while it builds instead of waiting for it."""
+    if not any(_needs_test_image(i) for i in session.items) or engine_ready() is not None:
+        return
+    run = runwide.identity_of(session.config)
+    threading.Thread(target=_build_quietly, args=(run,), name="test-image-build", daemon=True).start()
+
+
+def _build_quietly(run: runwide.RunIdentity) -> None:
+    """(background) a failure is recorded by runwide.once; the tests that need the image report it."""
     with contextlib.suppress(Exception):
-        engine.images.remove(result["image_id"], force=True)
+        build_test_image(run)
+
+
+@pytest.fixture(scope="session")
+def test_image_build(engine, wheelhouse, run_identity) -> dict:
+    """The ``torchrig image build --json`` result for the test spec (built once per test run)."""
+    return build_test_image(run_identity)
 
 
 @pytest.fixture(scope="session")
@@ -243,129 +271,17 @@ def alive():
 
 
 @pytest.fixture(scope="session")
-def test_labels() -> dict[str, str]:
+def test_labels(run_identity) -> dict[str, str]:
     """Labels for containers and volumes a test makes through the engine directly (see :data:`TEST_LABEL`)."""
-    return dict(TEST_LABELS)
+    return run_identity.labels()
 
 
-def _client():
-    try:
-        import docker
-
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception:
-        return None
-    return client
-
-
-def _labelled(client, selector: str) -> dict[str, list]:
-    """Containers, volumes and images (tagged, dangling or intermediate) matching a label selector."""
-    sel = {"label": selector}
-    return {
-        "containers": client.containers.list(all=True, filters=sel, ignore_removed=True),
-        "volumes": client.volumes.list(filters=sel),
-        "images": client.images.list(all=True, filters=sel),
-    }
-
-
-def _name(kind: str, obj) -> str:
-    if kind == "images":
-        return obj.tags[0] if obj.tags else obj.short_id
-    return str(obj.name)
-
-
-def _remove(client, found: dict[str, list]) -> None:
-    """Containers first (they hold images and volumes), then volumes, then images: by ID, forced, children
-    before parents (an image with a child cannot be removed, so each pass removes what it can)."""
-    from docker.errors import APIError, NotFound
-
-    for c in found.get("containers", []):
-        with contextlib.suppress(NotFound, APIError):
-            c.remove(force=True)
-    for v in found.get("volumes", []):
-        with contextlib.suppress(NotFound, APIError):
-            v.remove(force=True)
-    images = list(found.get("images", []))
-    while images:
-        left = []
-        for i in images:
-            try:
-                client.images.remove(i.id, force=True)
-            except NotFound:
-                continue
-            except APIError:
-                left.append(i)
-        if len(left) == len(images):
-            break
-        images = left
-
-
-def leftovers() -> dict[str, list[str]] | None:
-    """Containers, volumes and images still labelled with this session's id, removed; their names (None
-    when no engine answers)."""
-    client = _client()
-    if client is None:
-        return None
-    found = _labelled(client, f"{TEST_LABEL}={SESSION_ID}")
-    names = {kind: [_name(kind, o) for o in objs] for kind, objs in found.items() if objs}
-    _remove(client, found)
-    return names
-
-
-def _session_alive(owner: str) -> bool:
-    """Whether the pytest of an owner label (``host:pid``) still runs; another host's counts as alive."""
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"pytest" in f.read()
-    except OSError:
-        return False
-
-
-def sweep_ended_sessions(client) -> list[str]:
-    """Remove what test sessions on this host that no longer run left behind (killed before their
-    teardown); the names removed. Sessions that still run, and other hosts', are left alone."""
-    found = _labelled(client, OWNER_LABEL)
-    dead = {
-        kind: [o for o in objs if not _session_alive(_labels_of(kind, o).get(OWNER_LABEL, ""))]
-        for kind, objs in found.items()
-    }
-    names = [f"{kind[:-1]} {_name(kind, o)}" for kind, objs in dead.items() for o in objs]
-    _remove(client, dead)
-    return names
-
-
-def _labels_of(kind: str, obj) -> dict[str, str]:
-    if kind == "volumes":
-        return obj.attrs.get("Labels") or {}
-    return obj.labels or {}
+sweep_ended_sessions = runwide.sweep_ended_sessions
 
 
 @pytest.fixture(scope="session")
 def leak_check() -> SimpleNamespace:
     """The leak check's parts, for the tests that check it (test modules cannot import this conftest)."""
     return SimpleNamespace(
-        labelled=_labelled, sweep=sweep_ended_sessions, test_label=TEST_LABEL, owner_label=OWNER_LABEL
+        labelled=runwide.labelled, sweep=sweep_ended_sessions, test_label=TEST_LABEL, owner_label=OWNER_LABEL
     )
-
-
-@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down, also when it was interrupted
-def pytest_sessionfinish(session, exitstatus):
-    """The leak check: the session fails when a test left a container, volume or image behind."""
-    out = session.config.get_terminal_writer()
-    out.line()  # the progress line (dots, [100%]) has no end of line yet
-    line = out.line
-    if SWEPT:
-        line(f"leak check: removed what ended test sessions left: {', '.join(SWEPT)}", yellow=True)
-    left = leftovers()
-    if left:
-        what = "; ".join(f"{k}: {', '.join(v)}" for k, v in left.items())
-        line(f"LEAK CHECK FAILED: tests left {what}", red=True)
-        session.exitstatus = 1
-    elif left is not None:
-        line(f"leak check: no container, volume or image labelled {TEST_LABEL}={SESSION_ID} left")
-    if TERMINATED:
-        session.exitstatus = 128 + signal.SIGTERM

@@ -33,6 +33,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+# one Slurm cluster for the whole run (tools/ci/slurm-cluster.sh): its jobs, a node lost and restarted and
+# the fixed rendezvous ports below must not meet another worker's job on it
+pytestmark = pytest.mark.xdist_group("slurm-cluster")
+
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_ENV = Path("/run/torchrig-slurm/cluster.env")
 SCRIPT = ROOT / "tools" / "ci" / "slurm-cluster.sh"
@@ -195,7 +199,13 @@ def test_submitted_job_runs_on_both_nodes_with_the_single_node_losses(cluster, r
     assert code == 0 and outcome["state"] == "COMPLETED", tail(tmp_path)
     assert outcome["nodes"] == ["node0", "node1"] and outcome["restarts"] == 0
     assert report["submitted"] == f"job {outcome['job_id']}"
+    assert report["job_output"]["output"] == outcome["output"], "--submit says where the output goes"
     output = Path(outcome["output"]).read_text()
+    # each node's launcher lines carry the node's name
+    for node in ("node0", "node1"):
+        assert any(
+            line.startswith(f"[{node}] ") and "job finished in" in line for line in output.splitlines()
+        ), output
     # Pre-flight across the two nodes, then the ranks: two on each node, all in one c10d rendezvous.
     assert "pre-flight process-group: ok: 4 rank(s) created a gloo process group" in output, output
     for rank, host in ((0, "node0"), (1, "node0"), (2, "node1"), (3, "node1")):
@@ -268,6 +278,8 @@ def test_job_requeued_by_the_scheduler_resumes_without_lost_or_repeated_steps(cl
     outcome = report["outcome"]
     assert code == 0 and outcome["state"] == "COMPLETED" and outcome["restarts"] == 1, tail(tmp_path)
     assert outcome["lost_nodes"] == []
+    output = Path(outcome["output"]).read_text()
+    assert f"=== torchrig: job {job_id} was requeued by Slurm: run 2 starts here" in output, output[-3000:]
     losses, events = read_metrics(tmp_path / "run")
     resumes = [e for e in events if e["event"] == "resume"]
     assert len(resumes) == 1 and resumes[0]["step"] % CKPT_EVERY == 0 and resumes[0]["step"] >= CKPT_EVERY
@@ -310,3 +322,31 @@ def test_lost_node_is_named_and_the_requeued_job_resumes(cluster, reference, tmp
     resumes = [e for e in events if e["event"] == "resume"]
     assert len(resumes) == 1 and resumes[0]["step"] >= ckpt_step and resumes[0]["step"] % CKPT_EVERY == 0
     assert_same_losses(losses, reference)
+
+
+def test_a_job_that_can_never_start_fails_at_once_with_slurms_reason(cluster, tmp_path):
+    """Three nodes on a two-node partition: PENDING (PartitionNodeLimit) forever; --wait says so at once."""
+    argv = [sys.executable, "-m", "torchrig", "cluster", "slurm", "--nodes", "3", "--gpus-per-node", "0",
+            "--nproc-per-node", "1", "-o", "job.sbatch", "--submit", "--wait", "--", "train.py"]  # fmt: skip
+    started = time.monotonic()
+    r = login(cluster, *argv, cwd=tmp_path, timeout=120)
+    job_id = next(
+        (
+            line.split()[4].rstrip(";")
+            for line in r.stderr.splitlines()
+            if line.startswith("torchrig cluster: submitted job ")
+        ),
+        None,
+    )
+    try:
+        assert r.returncode == 1, r.stdout + r.stderr
+        # Slurm 22.05 says PartitionConfig for an --exclusive job, PartitionNodeLimit otherwise
+        assert (
+            "can never start: Slurm says PartitionNodeLimit (3 nodes asked, partition debug has 2)"
+            in r.stdout
+            or "can never start: Slurm says PartitionConfig: the partition's configuration" in r.stdout
+        ), r.stdout
+        assert f"scancel {job_id}" in r.stdout and time.monotonic() - started < 60
+    finally:
+        if job_id:
+            login(cluster, "scancel", job_id, cwd=tmp_path)

@@ -19,15 +19,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# one chromium at a time (its memory on the 2-core CI machine)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chromium")]
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "tests/fixtures/runtime/inventory-8xh200.json"
 BASE = "torchrig-test/debian:bookworm"
-OTHER = "trdashviewer"
+OTHER = f"trdash-{uuid.uuid4().hex[:8]}"  # one per run: runs on one host do not share it
 
 
 def _browser():
@@ -123,6 +125,9 @@ def names(engine):
     for n in made:
         with contextlib.suppress(Exception):
             engine.containers.get(n).remove(force=True)
+        for v in engine.volumes.list(filters={"label": f"torchrig.workspace={n}"}):  # its kept /workspace
+            with contextlib.suppress(Exception):
+                v.remove(force=True)
 
 
 def test_the_page_shows_what_gpus_and_ps_say_and_a_new_lease_appears(engine, env, names):
@@ -226,3 +231,44 @@ def test_only_the_viewer_sees_their_own_token(engine, env, names, test_image, ot
                     assert token not in resp.read().decode()
     finally:
         browser.quit()
+
+
+def test_a_long_name_wraps_and_the_links_work_from_the_page(engine, env, names, test_image):
+    """A 63-character name (the most 'up' takes) keeps the "how to get in" column on screen in an 800 px
+    window; the page prints the one ssh -L with the Jupyter port its link names; the link opens JupyterLab."""
+    name = f"trdash-{os.getpid()}-".ljust(63, "x")
+    names.append(name)
+    home = Path(env["TORCHRIG_STATE_DIR"]).parent / "home"  # an ssh key of its own: the ssh column shows
+    (home / ".ssh").mkdir(parents=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/id_ed25519")], check=True
+    )
+    env = {**env, "HOME": str(home)}
+    r = _torchrig(["up", "--image", test_image, "--name", name, "--json"], env)
+    assert r.returncode == 0, r.stderr
+    port = json.loads(r.stdout)["host_ports"]["jupyter"]
+    browser = _browser()
+    try:
+        browser.set_window_size(800, 900)
+        with _dashboard(env) as url:
+            browser.get(url)
+            assert _wait(lambda: name in {row[0] for row in _rows(browser, "envs")})
+            fits = browser.execute_script(
+                "const t = document.getElementById('envs'); const last = t.rows[0].cells[5];"
+                "return [t.getBoundingClientRect().right, last.getBoundingClientRect().right,"
+                " document.documentElement.clientWidth, document.documentElement.scrollWidth];"
+            )
+            table_right, column_right, width, scroll = fits
+            assert column_right <= width and table_right <= width and scroll <= width, fits
+            forward = browser.execute_script("return document.getElementById('forward').innerText")
+            assert f"-L {port}:127.0.0.1:{port}" in forward, forward
+            link = browser.execute_script(
+                "return [...document.querySelectorAll('#envs a')].map(a => a.href).find(h => h.includes(':' + arguments[0] + '/'))",
+                port,
+            )
+            assert link and "token=" in link, link
+        browser.get(link)
+        assert _wait(lambda: "JupyterLab" in browser.title or "jupyter" in browser.page_source.lower(), 30)
+    finally:
+        browser.quit()
+        assert _torchrig(["down", "--volumes", name], env).returncode == 0

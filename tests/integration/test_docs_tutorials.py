@@ -58,8 +58,14 @@ def test_every_tutorial_has_commands_that_run_here():
     assert TUTORIALS and all(commands(t) for t in TUTORIALS)
 
 
+def _on_the_cluster(doc: Path):
+    """A tutorial with commands on the Slurm login node shares the one cluster with test_cluster_slurm."""
+    uses = any(where == "slurm-login" for _, _, where in commands(doc))
+    return pytest.param(doc, marks=[pytest.mark.xdist_group("slurm-cluster")] if uses else [], id=doc.stem)
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("doc", TUTORIALS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("doc", [_on_the_cluster(t) for t in TUTORIALS])
 def test_tutorial_commands_run_as_written(doc, tmp_path):
     pytest.importorskip("torch")
     (tmp_path / "tests").symlink_to(ROOT / "tests")

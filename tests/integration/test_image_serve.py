@@ -223,9 +223,13 @@ def test_tini_is_pid_1_and_the_health_check_is_quiet(running):
     second = container.exec_run(["torchrig", "serve"])
     assert second.exit_code == 2 and b"already running in this container" in second.output, second.output
     since = health()["Log"][-1]["Start"]
-    time.sleep(23)  # two more checks (interval 10 s)
-    new = [e for e in health()["Log"] if e["Start"] > since]
-    assert len(new) >= 2, health()["Log"]
+
+    def two_more_checks() -> list[dict] | None:
+        new = [e for e in health()["Log"] if e["Start"] > since]
+        return new if len(new) >= 2 else None
+
+    # two more checks (interval 10 s): as soon as they are there, not after a fixed 23 s
+    new = wait_for(two_more_checks, 40, "two more health checks")
     for entry in new:
         assert entry["ExitCode"] == 0 and "ok   ssh" in entry["Output"] and "ok   jupyter" in entry["Output"]
     assert container.logs().decode().count("[ssh]") == ssh_lines  # not a line from the checks

@@ -1,7 +1,8 @@
 """A newcomer's journey, end to end, as the README tells it, on the real engine with its stock configuration.
 
 From a copy of this checkout: the README's quick-start command, exactly as the README writes it (a venv made
-by ``python3 -m venv`` with nothing added, ``pip install -e '.[all]'``, ``torchrig doctor``); then, with that
+by ``python3 -m venv`` with nothing added, ``pip install -e '.[all]'``, ``torchrig install`` (the CPU build
+here, installed for real and verified), ``torchrig doctor`` exiting 0); then, with that
 venv's ``torchrig`` only: resolve without a GPU → init → image build (the local base image and a local
 wheelhouse: no registry is reachable here) → up with no extra flags but a workspace volume → Jupyter answers
 200 with the token and 403 without → ssh with the printed command → inside: ``import torch, numpy``,
@@ -37,7 +38,7 @@ def quick_start_command() -> str:
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "the README's quick start has no bash block"
     first = block.group(1).strip().splitlines()[0]
-    assert "torchrig doctor" in first, first
+    assert "torchrig install" in first and "torchrig doctor" in first, first
     return first
 
 
@@ -117,14 +118,17 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
     env.update(HOME=str(home), TORCHRIG_STATE_DIR=str(tmp_path / "state"))
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
 
-    # 1. The README's quick start, as written: a fresh venv, the install, doctor (no torch in the fresh venv
-    #    yet: a warning, exit 1; no GPU here: a note; both point to 'torchrig resolve').
+    # 1. The README's quick start, as written: a fresh venv, torchrig, 'torchrig install' (no GPU here: the
+    #    CPU build, installed for real, verified with an op), doctor healthy: exit 0.
     started = time.monotonic()
     quick = _run(["bash", "-c", quick_start_command()], cwd=checkout, env=env, timeout=1800)
-    assert quick.returncode == 1, quick.stdout[-3000:] + quick.stderr[-3000:]
+    assert quick.returncode == 0, quick.stdout[-3000:] + quick.stderr[-3000:]
     assert "Traceback" not in quick.stdout + quick.stderr
     venv_bin = checkout / ".venv" / "bin"
-    assert "torchrig resolve" in quick.stdout  # without a GPU, doctor leads to the CPU build
+    assert "verify: torch.ones(2).add(1).sum(): ok" in quick.stdout, quick.stdout[-3000:]
+    assert "healthy" in quick.stdout.splitlines()[-1], quick.stdout[-3000:]  # doctor's verdict, last
+    r = _run([str(venv_bin / "python"), "-c", "import torch; print(torch.__version__)"], env=env, check_rc=0)
+    assert r.stdout.strip().endswith("+cpu"), r.stdout
     torchrig = [str(venv_bin / "torchrig")]
     print(f"journey: quick start {time.monotonic() - started:.0f} s")
 
@@ -205,7 +209,7 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
     assert r.returncode == 0, r.stderr
 
     # 8. down, up again: the workspace is there, and the host key is the same one.
-    _run([*torchrig, "down", name], env=env, check_rc=0)
+    _run([*torchrig, "down", "--volumes", name], env=env, check_rc=0)
     again = _run(up_args, env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     ssh = json.loads(again.stdout)["ssh_command"]
@@ -213,5 +217,5 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
     assert r is not None and r.returncode == 0, r.stderr if r else "no ssh"
     r = _ssh(ssh, key, known_hosts, "cat ~/work/kept.txt")
     assert r.returncode == 0 and r.stdout.strip() == "kept", r.stderr
-    _run([*torchrig, "down", name], env=env, check_rc=0)
+    _run([*torchrig, "down", "--volumes", name], env=env, check_rc=0)
     assert not [c for c in engine.containers.list(all=True) if c.name == name]

@@ -1,6 +1,8 @@
-"""The suite's leak check (``tests/integration/conftest.py``) on the real engine: it finds images by the
-session's labels, a session stopped with SIGTERM still tears its fixtures down and runs the check, and what
-a session killed outright left is removed by the next one, never what a running session owns."""
+"""The suite's leak check (``tests/runwide.py``, run by ``tests/conftest.py``) on the real engine: it finds
+images by the run's labels, a run stopped with SIGTERM still tears its fixtures down and runs the check, and
+what a run killed outright left is removed by the next one, never what a running run owns. The child runs
+are made both ways the suite runs: one process (``-n 0``) and a controller with an xdist worker (``-n 1``),
+where the worker's leak reaches the controller's check and the controller passes SIGTERM on."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def test_what_an_ended_session_left_is_swept_and_a_running_ones_is_not(engine, t
     host = socket.gethostname()
     owner = leak_check.owner_label
     dead = {leak_check.test_label: "ended-session", owner: f"{host}:{ended.pid}"}
-    live = {leak_check.test_label: "running-session", owner: f"{host}:{os.getpid()}"}  # this pytest runs
+    live = {leak_check.test_label: "running-session", owner: test_labels[owner]}  # this run's controller runs
     other_host = {leak_check.test_label: "elsewhere", owner: f"not-{host}:{ended.pid}"}
     made = [_small_image(engine, labels) for labels in (dead, live, other_host)]
     volume = engine.volumes.create(name=f"trt-leak-{uuid.uuid4().hex[:8]}", labels=dead)
@@ -94,7 +96,13 @@ def test_child_session_leaves_an_image(engine, test_labels):
     Path(os.environ[LEAK_ENV]).write_text(json.dumps({"image": image_id}))
 
 
-def _child_session(test: str, env: dict[str, str]) -> subprocess.Popen:
+WAYS = pytest.mark.parametrize("workers", ["0", "1"], ids=["one-process", "xdist-worker"])
+
+
+def _child_session(test: str, env: dict[str, str], workers: str, tmp_path: Path) -> subprocess.Popen:
+    inherited = {
+        k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")
+    }  # we may be a worker
     return subprocess.Popen(
         [
             sys.executable,
@@ -104,8 +112,11 @@ def _child_session(test: str, env: dict[str, str]) -> subprocess.Popen:
             "-q",
             "-p",
             "no:cacheprovider",
+            "-n",
+            workers,
+            f"--basetemp={tmp_path / 'child-basetemp'}",
         ],
-        env={**os.environ, **env},
+        env={**inherited, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -113,9 +124,10 @@ def _child_session(test: str, env: dict[str, str]) -> subprocess.Popen:
     )
 
 
-def test_an_image_a_test_left_fails_the_session_and_is_removed(engine, tmp_path):
+@WAYS
+def test_an_image_a_test_left_fails_the_session_and_is_removed(engine, tmp_path, workers):
     note = tmp_path / "leak.json"
-    proc = _child_session("test_child_session_leaves_an_image", {LEAK_ENV: str(note)})
+    proc = _child_session("test_child_session_leaves_an_image", {LEAK_ENV: str(note)}, workers, tmp_path)
     try:
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -135,11 +147,13 @@ def test_an_image_a_test_left_fails_the_session_and_is_removed(engine, tmp_path)
             engine.images.remove(image_id, force=True)
 
 
-def test_sigterm_tears_the_session_down_and_runs_the_leak_check(engine, tmp_path):
+@WAYS
+def test_sigterm_tears_the_session_down_and_runs_the_leak_check(engine, tmp_path, workers):
     """A session stopped with SIGTERM (a CI time limit, ``timeout``) used to die with its images in place:
-    now its fixtures are torn down (the child's image removed), the check runs, and it exits 143."""
+    now its fixtures are torn down (the child's image removed), the check runs, and it exits 143. Under
+    xdist the SIGTERM goes to the controller, which passes it on to its workers."""
     note = tmp_path / "child.json"
-    proc = _child_session("test_child_session_waits_for_sigterm", {CHILD_ENV: str(note)})
+    proc = _child_session("test_child_session_waits_for_sigterm", {CHILD_ENV: str(note)}, workers, tmp_path)
     try:
         deadline = time.monotonic() + 180
         while not note.exists() and proc.poll() is None and time.monotonic() < deadline:

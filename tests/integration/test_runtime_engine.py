@@ -71,7 +71,7 @@ def test_defaults_in_engine_inspection(cli, engine, env, test_labels):
             "token" in v.lower() for v in engine.api.inspect_container("trt-defaults")["Config"]["Env"] or []
         )
     finally:
-        assert cli("down", "trt-defaults", env=env).code == 0
+        assert cli("down", "--volumes", "trt-defaults", env=env).code == 0
 
 
 def test_public_binds_every_interface(cli, engine, env):
@@ -81,7 +81,7 @@ def test_public_binds_every_interface(cli, engine, env):
         hc = engine.api.inspect_container("trt-public")["HostConfig"]
         assert {b["HostIp"] for bs in hc["PortBindings"].values() for b in bs} == {"0.0.0.0"}
     finally:
-        cli("down", "trt-public", env=env)
+        cli("down", "--volumes", "trt-public", env=env)
 
 
 def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
@@ -126,7 +126,7 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
         hc = engine.api.inspect_container("trt-plain")["HostConfig"]
         assert hc["NanoCpus"] == 10**9 and hc["Memory"] == 512 * 2**20 and hc["ShmSize"] == 256 * 2**20
     finally:
-        down = cli("down", "trt-plain", env=env)
+        down = cli("down", "--volumes", "trt-plain", env=env)
     assert down.code == 0 and "removed trt-plain" in down.out
     assert not [c for c in engine.containers.list(all=True) if c.name == "trt-plain"]
     assert (data / "f").read_text() == "kept\n"
@@ -135,7 +135,7 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
         assert r.code == 0, r.err
         assert cli("exec", "trt-plain", "--", "cat", "/data/f", env=env).out == "kept\n"
     finally:
-        cli("down", "trt-plain", env=env)
+        cli("down", "--volumes", "trt-plain", env=env)
 
 
 def test_unknown_names_and_images(cli, engine, env):
@@ -152,7 +152,7 @@ def test_duplicate_name_is_refused_untouched(cli, engine, env):
         assert dup.code == 2 and "already exists" in dup.err and dup.err.count("\n") == 1
         assert engine.containers.get("trt-dup").status == "running"
     finally:
-        cli("down", "trt-dup", env=env)
+        cli("down", "--volumes", "trt-dup", env=env)
 
 
 def test_up_with_no_flags_takes_what_the_engine_allows(cli, engine, env, test_labels):
@@ -167,7 +167,7 @@ def test_up_with_no_flags_takes_what_the_engine_allows(cli, engine, env, test_la
         ex = cli("exec", "trt-stock", "--", "sh", "-c", "ulimit -H -l", env=env)
         assert ex.out.strip() == ("unlimited" if memlock == -1 else str(memlock // 1024))
     finally:
-        assert cli("down", "trt-stock", env=env).code == 0
+        assert cli("down", "--volumes", "trt-stock", env=env).code == 0
     assert not engine.containers.list(all=True, filters={"label": "torchrig.probe"})
 
 
@@ -248,7 +248,7 @@ def test_dry_run_docker_run_line_is_the_create_call(cli, engine, env, tmp_path):
                 assert mine == theirs, (section, key)
     finally:
         subprocess.run(["docker", "rm", "-f", "trt-same-cli"], capture_output=True, timeout=120)
-        cli("down", "trt-same", env=env)
+        cli("down", "--volumes", "trt-same", env=env)
 
 
 def test_dry_run_leases_what_a_real_up_would(cli, engine, env, tmp_path):
@@ -258,25 +258,25 @@ def test_dry_run_leases_what_a_real_up_would(cli, engine, env, tmp_path):
     common = ["--image", BASE, "--no-jupyter", "--no-ssh", "--inventory", str(inv), "--create-only"]
     names = []
     try:
-        for name in ("trt-sh1", "trt-sh2"):
+        for name in ("trt-dry-sh1", "trt-dry-sh2"):
             r = cli("up", *common, "--name", name, "--gpus", "1", "--share", env=env)
             assert r.code == 0, r.err
             names.append(name)
         # both GPUs held by one sharer each; a third sharer may take either: the dry run names it
         dry = cli(
-            "up", *common, "--name", "trt-sh3", "--gpus", "1", "--share", "--dry-run", "--json", env=env
+            "up", *common, "--name", "trt-dry-sh3", "--gpus", "1", "--share", "--dry-run", "--json", env=env
         )
         assert dry.code == 0, dry.err
         planned = [g["uuid"] for g in dry.json()["plan"]["gpus"]]
-        alone = cli("up", *common, "--name", "trt-sh4", "--gpus", "1", "--dry-run", env=env)
+        alone = cli("up", *common, "--name", "trt-dry-sh4", "--gpus", "1", "--dry-run", env=env)
         assert alone.code == 1 and "no free GPU" in alone.err
-        r = cli("up", *common, "--name", "trt-sh3", "--gpus", "1", "--share", "--json", env=env)
+        r = cli("up", *common, "--name", "trt-dry-sh3", "--gpus", "1", "--share", "--json", env=env)
         assert r.code == 0, r.err
-        names.append("trt-sh3")
+        names.append("trt-dry-sh3")
         assert [g["uuid"] for g in r.json()["plan"]["gpus"]] == planned
     finally:
         for name in names:
-            cli("down", name, env=env)
+            cli("down", "--volumes", name, env=env)
 
 
 def test_spec_runs_the_image_its_lock_names(cli, engine, env, tmp_path):
@@ -316,13 +316,13 @@ def test_down_of_another_users_environment_needs_force(cli, engine, env):
         labels = engine.api.inspect_container("trt-own")["Config"]["Labels"]
         assert labels["torchrig.uid"] == "0" and labels["torchrig.user"] == "root"
         other = {**env, "SUDO_UID": "4242", "SUDO_GID": "4242", "USER": "root", "SUDO_USER": "root"}
-        r = cli("down", "trt-own", env=other)
+        r = cli("down", "--volumes", "trt-own", env=other)
         assert (
             r.code == 2
             and "belongs to root (UID 0), not you (4242, UID 4242)" in r.err
             and "--force" in r.err
         )
         assert engine.containers.get("trt-own").status == "running"
-        assert cli("down", "trt-own", "--force", env=other).code == 0  # root (sudo) is the admin
+        assert cli("down", "--volumes", "trt-own", "--force", env=other).code == 0  # root (sudo) is the admin
     finally:
-        cli("down", "trt-own", "--force", env=env)
+        cli("down", "--volumes", "trt-own", "--force", env=env)

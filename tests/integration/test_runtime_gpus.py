@@ -37,6 +37,9 @@ def cleanup(engine):
     for n in names:
         with contextlib.suppress(Exception):
             engine.containers.get(n).remove(force=True)
+        for v in engine.volumes.list(filters={"label": f"torchrig.workspace={n}"}):  # its kept /workspace
+            with contextlib.suppress(Exception):
+                v.remove(force=True)
 
 
 def _popen(args, env):

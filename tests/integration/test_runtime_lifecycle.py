@@ -132,7 +132,7 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path, test_labels):
         assert ex.code == 3
         assert ex.out.split() == ["unlimited" if memlock == -1 else str(memlock // 1024), "65536", "from-ssh"]
     finally:
-        down = cli("down", name, env=user_env)
+        down = cli("down", "--volumes", name, env=user_env)
     assert down.code == 0, down.err
     assert cli("ps", "--json", env=user_env).json()["environments"] == []
     assert (work / "kept.txt").read_text() == "from-ssh\n"
@@ -154,9 +154,9 @@ def test_lifecycle(cli, engine, image, user_env, tmp_path, test_labels):
         assert again.code == 0, again.err
         assert "Jupyter" not in again.out and "ssh -p" in again.out
         r = cli("exec", name, "--", "cat", "/home/torch/work/kept.txt", env=user_env)
-        assert r.out == "from-ssh\n"
+        assert r.code == 0 and r.out == "from-ssh\n", (r.code, r.out, r.err)
     finally:
-        assert cli("down", name, env=user_env).code == 0
+        assert cli("down", "--volumes", name, env=user_env).code == 0
 
 
 def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_path):
@@ -194,7 +194,7 @@ def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_p
         # the owner is the UID (4321 has no account here), not SUDO_USER
         assert [e["user"] for e in cli("ps", "--json", env=env).json()["environments"]] == ["4321"]
     finally:
-        assert cli("down", name, env=env).code == 0
+        assert cli("down", "--volumes", name, env=env).code == 0
 
 
 def test_host_key_survives_down_and_up(cli, engine, image, user_env):
@@ -219,7 +219,7 @@ def test_host_key_survives_down_and_up(cli, engine, image, user_env):
             top = engine.api.top(name, ps_args="-eo pid,comm")["Processes"]
             assert [p[1] for p in top if p[1] in ("tini", "docker-init")] == ["tini"], top
         finally:
-            assert cli("down", name, env=user_env).code == 0
+            assert cli("down", "--volumes", name, env=user_env).code == 0
     assert lines[0] == lines[1] and lines[0].startswith(f"{name} ssh-ed25519 ")
 
 
@@ -248,7 +248,7 @@ def test_workspace_is_writable_by_default(cli, engine, image, user_env, tmp_path
                 )
                 assert cli("exec", "trt-ws", "--", "ls", "/workspace/vol", env=env).out.split() == ["new"]
             finally:
-                assert cli("down", "trt-ws", env=env).code == 0
+                assert cli("down", "--volumes", "trt-ws", env=env).code == 0
         assert (work / "old.txt").read_text() == "root's\nmore\nmore\n"
         assert engine.volumes.get(vol).attrs["Labels"].get("torchrig.volume") == "1"
     finally:

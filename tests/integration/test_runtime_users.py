@@ -133,7 +133,7 @@ def test_two_users_share_one_ledger_and_own_their_environments(team, engine):
     # ownership is the UID: bob may not take alice's down, whatever USER/LOGNAME/SUDO_USER say
     lie = {k: team["names"]["alice"] for k in ("USER", "LOGNAME", "SUDO_USER")}
     for extra in ([], ["--force"]):
-        r = torchrig_as(team, "bob", "down", env_a, *extra, extra_env=lie)
+        r = torchrig_as(team, "bob", "down", "--volumes", env_a, *extra, extra_env=lie)
         assert r.returncode == 2 and "belongs to" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert engine.containers.get(env_a).status == "created"
     labels = engine.api.inspect_container(env_a)["Config"]["Labels"]
@@ -141,7 +141,7 @@ def test_two_users_share_one_ledger_and_own_their_environments(team, engine):
 
     assert labels["torchrig.uid"] == str(pwd.getpwnam(team["names"]["alice"]).pw_uid)
     for who, name in (("alice", env_a), ("bob", env_b)):
-        r = torchrig_as(team, who, "down", name)
+        r = torchrig_as(team, who, "down", "--volumes", name)
         assert r.returncode == 0, r.stderr
     assert Ledger.open(team["state"]).leases() == []
 

@@ -68,7 +68,7 @@ echo node1
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory) -> Path:
-    """A directory that is the whole PATH: recording stubs, and the two tools the script itself uses."""
+    """A directory that is the whole PATH: recording stubs, and the tools the script itself uses."""
     bin_dir = tmp_path_factory.mktemp("stub-bin")
     for name in ("torchrig", "apptainer", "python3"):
         (bin_dir / name).write_text(STUB.format(name=name))
@@ -76,7 +76,7 @@ def stubs(tmp_path_factory) -> Path:
     (bin_dir / "scontrol").write_text(SCONTROL)
     for path in bin_dir.iterdir():
         path.chmod(0o755)
-    for tool in ("bash", "mkdir"):
+    for tool in ("bash", "mkdir", "sed"):
         real = shutil.which(tool)
         assert real, tool
         (bin_dir / tool).symlink_to(real)

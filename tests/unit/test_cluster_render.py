@@ -442,7 +442,7 @@ def test_cli_module_forms_are_the_same(cli):
     b = cli("cluster", "slurm", "--json", "--nodes", "2", "--", "-m", "torchrig.train", "--size", "tiny")
     assert a.code == b.code == 0, a.err + b.err
     assert a.json()["render"] == b.json()["render"]
-    assert "-m -- torchrig.train --size tiny'" in a.json()["render"]
+    assert "-m -- torchrig.train --size tiny 2>&1 |" in a.json()["render"]
 
 
 def test_cli_apply_without_kubectl_says_how(cli, tmp_path):

@@ -86,7 +86,9 @@ def test_wait_timeout_says_where_the_job_stands():
         "4", scontrol=fake, timeout_s=25, poll_s=0, sleep=lambda s: None, clock=lambda: next(clock)
     )
     assert not out.finished and not out.ok and out.state == "PENDING"
-    assert out.headline().startswith("job 4 still PENDING after 30 s, requeued 1 time(s)")
+    head = out.headline()
+    assert head.startswith("job 4 is still PENDING after 30 s of waiting (it goes on)"), head
+    assert "squeue -j 4" in head and "scancel 4" in head and head.endswith(", requeued 1 time(s)")
 
 
 def test_cli_wait_needs_submit(cli):
@@ -114,3 +116,57 @@ def test_wait_says_a_cancelled_job_was_cancelled_with_scancel():
         out.headline()
         == "job 3 CANCELLED (scancel, by its user or an admin; exit code 0:15), requeued 1 time(s)"
     )
+
+
+def _pending(reason: str | None = None) -> str:
+    """The recorded 3-node job on the 2-node test cluster, with another reason where a test asks."""
+    text = fixture("job-pending-partition-node-limit.txt")
+    return text if reason is None else text.replace("Reason=PartitionNodeLimit", f"Reason={reason}")
+
+
+def _scontrol(job: str):
+    def answer(args: list[str]) -> str:
+        if args[:2] == ["show", "job"]:
+            return job
+        if args[:2] == ["show", "partition"]:
+            assert args[-1] == "debug"
+            return fixture("partition-debug-2-nodes.txt")
+        raise AssertionError(args)
+
+    return answer
+
+
+def test_a_job_wanting_more_nodes_than_the_partition_has_fails_at_once():
+    rec = slurmjob.parse_job(_pending())
+    assert (rec.num_nodes, rec.partition, rec.reason) == (3, "debug", "PartitionNodeLimit")
+    out = slurmjob.wait("1", scontrol=_scontrol(_pending()), timeout_s=None, poll_s=0, sleep=lambda s: None)
+    assert out.blocked and not out.ok and out.state == "PENDING"
+    head = out.headline()
+    assert "can never start" in head and "PartitionNodeLimit (3 nodes asked, partition debug has 2)" in head
+    assert "scancel 1" in head
+
+
+def test_partition_node_limit_with_nodes_that_fit_is_waited_for():
+    fits = _pending().replace("NumNodes=3-3", "NumNodes=2-2")  # 2 of 2 nodes, some down or drained
+    assert slurmjob.blocked_reason(slurmjob.parse_job(fits), _scontrol(fits)) is None
+
+
+@pytest.mark.parametrize(
+    "reason", ["PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "AssocMaxNodePerJobLimit",
+               "QOSMaxWallDurationPerJobLimit", "MaxCpuPerAccount"],
+)  # fmt: skip
+def test_reasons_that_never_clear_fail_with_the_reason(reason):
+    out = slurmjob.wait("1", scontrol=_scontrol(_pending(reason)), poll_s=0, sleep=lambda s: None)
+    assert out.blocked and f"Slurm says {reason}" in out.headline()
+
+
+@pytest.mark.parametrize(
+    "reason", ["Resources", "Priority", "AssocMaxJobsLimit", "QOSMaxJobsPerUserLimit", "AssocGrpCpuLimit",
+               "ReqNodeNotAvail", "BeginTime", "Dependency"],
+)  # fmt: skip
+def test_reasons_that_clear_by_themselves_are_waited_for(reason):
+    assert not slurmjob.never_clears(reason)
+    clock = iter(range(0, 100, 10))
+    out = slurmjob.wait("1", scontrol=_scontrol(_pending(reason)), timeout_s=15, poll_s=0,
+                        sleep=lambda s: None, clock=lambda: next(clock))  # fmt: skip
+    assert out.blocked is None and not out.finished and f"PENDING ({reason})" in out.events[0]

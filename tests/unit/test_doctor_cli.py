@@ -54,6 +54,7 @@ def test_healthy_text(cli):
         (["--only", "gpus"], "unknown area 'gpus' for --only; did you mean: gpu?"),
         (["--facts", "/nonexistent/facts.json"], "does not exist"),
         (["--facts", "a.json", "--record", "b.json"], "use one of them"),
+        (["--facts", "a.json", "--deep"], "--deep probes the GPUs"),
         (["--python", "/nonexistent/python"], "does not exist"),
         (["--timeout", "0"], "--timeout must be positive"),
         (["--timeout", "soon"], "invalid float value"),

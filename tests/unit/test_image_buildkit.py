@@ -306,3 +306,24 @@ def test_buildkit_request_asks_for_version_2_with_the_same_inputs_as_classic():
     assert json.loads(p["buildargs"]) == {"TORCHRIG_BASE_DIGEST": "sha256:1"}
     assert json.loads(p["labels"]) == {"k": "v"} and p["dockerfile"] == "Dockerfile"
     assert "nocache" not in _params("t/x:1", "abc", {}, {}, no_cache=False)
+
+
+def test_a_base_that_cannot_be_pulled_suggests_base_and_no_log_is_not_above():
+    from torchrig.image.buildrecords import BuildFailure
+
+    # what BuildKit said on a host without registry access (recorded)
+    said = (
+        "failed to solve with frontend dockerfile.v0: failed to create LLB definition: failed to do request: Head "
+        '"https://registry-1.docker.io/v2/library/python/manifests/3.11.14-slim-bookworm": dial tcp: lookup '
+        "registry-1.docker.io on 10.255.255.53:53: no such host"
+    )
+    err = BuildFailed(
+        BuildFailure(
+            step="[internal] load metadata for docker.io/library/python:3.11.14-slim-bookworm", message=said
+        )
+    )
+    assert "pass --base IMAGE" in (err.hint or "") and "above" not in (err.hint or "")
+    quiet = BuildFailed(BuildFailure(step="RUN pip install x", message="the step exited with status 1"))
+    assert "above" not in (quiet.hint or "") and "printed no log" in (quiet.hint or "")
+    loud = BuildFailed(BuildFailure(step="RUN pip install x", message="status 1", log_tail=["ERROR: boom"]))
+    assert "log tail is above" in (loud.hint or "") and "--base" not in (loud.hint or "")

@@ -166,23 +166,44 @@ def test_the_worker_writes_its_record_when_asked_and_keeps_nccls_own(tmp_path, m
     assert worker.serve_flight_record({"RANK": "0"}) is None  # not started by torchrig launch
 
 
+# A fresh process: torch's flight recorder is process-wide and keeps what an earlier process group recorded,
+# and other tests in this pytest process (random order, shared xdist workers) start one.
+NO_GROUP = """
+import json, sys, time
+from torch._C import _distributed_c10d as c10d
+from torchrig.launch import flightrec, worker
+dump = flightrec.loads(c10d._dump_fr_trace()) | {"version": ""}
+record = worker._flight_record(stacks=False)
+worker._dump_flight_record(sys.argv[1], time.time())
+print(json.dumps({"dump": dump, "record": record}, default=repr))
+"""
+
+
 def test_a_rank_whose_recorder_was_off_writes_nothing(tmp_path):
-    """This process has no process group, so torch's real dump is empty (as a rank's is with the recorder
-    off), and no file is written: the launcher never reads an empty record as "nothing pending"."""
-    from torch._C import _distributed_c10d as c10d
+    """A process with no process group gets torch's real dump empty (as a rank's is with the recorder off),
+    and no file is written: the launcher never reads an empty record as "nothing pending"."""
+    import subprocess
+    import sys
 
-    from torchrig.launch import worker
-
-    assert flightrec.loads(c10d._dump_fr_trace()) | {"version": ""} == {
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_GROUP, str(out / "nccl_trace_rank_0")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["dump"] == {
         "version": "",
         "pg_config": {},
         "comm_lib_version": "",
         "pg_status": {},
         "entries": [],
     }
-    assert worker._flight_record(stacks=False) is None
-    worker._dump_flight_record(str(tmp_path / "nccl_trace_rank_0"), time.time())
-    assert list(tmp_path.iterdir()) == []
+    assert got["record"] is None
+    assert list(out.iterdir()) == []
 
 
 def test_parse_stack_skips_the_flight_record_thread():

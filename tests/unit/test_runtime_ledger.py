@@ -158,7 +158,7 @@ def test_empty_state_dir_is_an_error_not_unset(monkeypatch):
     assert ledger.state_dir() == ledger.SYSTEM_STATE_DIR  # one system location, never a per-user fallback
 
 
-def test_root_creates_a_shared_ledger_setgid_and_group_writable(tmp_path):
+def test_root_creates_a_shared_ledger_setgid_sticky_and_group_writable(tmp_path):
     import grp
     import os
     import stat
@@ -175,7 +175,7 @@ def test_root_creates_a_shared_ledger_setgid_and_group_writable(tmp_path):
     st = d.stat()
     group = next((g for g in ("torchrig", "docker") if _has_group(g)), None)
     if group:
-        assert st.st_gid == grp.getgrnam(group).gr_gid and stat.S_IMODE(st.st_mode) == 0o2775
+        assert st.st_gid == grp.getgrnam(group).gr_gid and stat.S_IMODE(st.st_mode) == 0o3775
     db = d / "leases.sqlite3"
     assert stat.S_IMODE(db.stat().st_mode) == 0o664 and db.stat().st_gid == st.st_gid
 
@@ -188,3 +188,79 @@ def _has_group(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+def test_a_link_planted_as_the_ledger_or_its_journal_is_refused_and_its_target_untouched(tmp_path):
+    """A member of the ledger's group replaces leases.sqlite3 (or its -wal) with a link: the next command
+    (root's too) refuses with one line naming the link, and the link's target is neither created nor
+    chmodded nor written."""
+
+    import pytest
+
+    from torchrig.runtime.ledger import Ledger
+    from torchrig.safefs import UnsafePath
+
+    d = tmp_path / "state"
+    Ledger.open(d).close()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    for name in ("leases.sqlite3", "leases.sqlite3-wal", "leases.sqlite3-shm"):
+        for p in d.iterdir():
+            p.unlink()
+        Ledger.open(d).close()
+        planted = d / name
+        if planted.exists():
+            planted.unlink()
+        planted.symlink_to(victim)
+        with pytest.raises(UnsafePath, match="symbolic link") as err:
+            Ledger.open(d)
+        assert "\n" not in err.value.one_line() and str(planted) in err.value.one_line()
+        assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
+        planted.unlink()
+    dangling = d / "leases.sqlite3"
+    for p in d.iterdir():
+        p.unlink()
+    dangling.symlink_to(tmp_path / "made-by-the-link")
+    with pytest.raises(UnsafePath):
+        Ledger.open(d)
+    assert not (tmp_path / "made-by-the-link").exists()
+
+
+def test_a_ledger_folder_that_is_a_link_is_refused(tmp_path):
+    import pytest
+
+    from torchrig.runtime.ledger import Ledger
+    from torchrig.safefs import UnsafePath
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "state").symlink_to(real)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        Ledger.open(tmp_path / "state")
+    assert list(real.iterdir()) == []
+
+
+def test_a_ledger_everyone_may_write_is_refused(tmp_path):
+    import os
+
+    import pytest
+
+    from torchrig.runtime.ledger import Ledger
+    from torchrig.safefs import UnsafePath
+
+    d = tmp_path / "state"
+    Ledger.open(d).close()
+    db = d / "leases.sqlite3"
+    db.chmod(0o666)
+    with pytest.raises(UnsafePath, match="written by everyone"):
+        Ledger.open(d)
+    db.chmod(0o644)
+    Ledger.open(d).close()
+    if os.geteuid() == 0:  # root refuses a folder anyone may write without the sticky bit
+        other = tmp_path / "open"
+        other.mkdir()
+        os.chown(other, 65534, 65534)
+        other.chmod(0o777)
+        with pytest.raises(UnsafePath, match="root does not use a ledger there"):
+            Ledger.open(other)

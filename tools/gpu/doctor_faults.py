@@ -300,6 +300,41 @@ def python_without_torch() -> Iterator[Run | str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def env_fault(name: str, value: str) -> Iterator[Run | str]:
+    """A variable in doctor's environment only (nothing on the machine changes)."""
+    yield Run(env={name: value}, how=f"{name}={value!r}")
+
+
+@contextlib.contextmanager
+def profile_fault(name: str, value: str) -> Iterator[Run | str]:
+    """The variable set in /etc/profile.d as an administrator would, and in the environment as a login shell
+    would carry it: doctor should say which file sets it. The file is removed afterwards."""
+    path = Path("/etc/profile.d/zz-torchrig-doctor-fault.sh")
+    try:
+        path.write_text(f"export {name}={value}\n")
+    except OSError as e:
+        yield f"cannot write {path}: {e.strerror}"
+        return
+    try:
+        yield Run(env={name: value}, how=f"export {name}={value} in {path}")
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def ib_hca_missing() -> Iterator[Run | str]:
+    """NCCL_IB_HCA naming a device this host lacks: a fault only where it has InfiniBand/RoCE devices."""
+    try:
+        devices = os.listdir("/sys/class/infiniband")
+    except OSError:
+        devices = []
+    if not devices:
+        yield "no InfiniBand/RoCE device here (NCCL uses sockets whatever NCCL_IB_HCA says)"
+        return
+    yield Run(env={"NCCL_IB_HCA": "=doctorfault_9"}, how=f"NCCL_IB_HCA='=doctorfault_9' (devices: {devices})")
+
+
 FAULTS = [
     Fault("libcuda-stub", ("driver.stub_library",), lambda: stub_lib("libcuda.so.1", "libcuda.so")),
     Fault(
@@ -329,6 +364,32 @@ FAULTS = [
     Fault("gpu-memory-hog", ("gpu.busy",), memory_hog),
     Fault("torch-folder-in-cwd", ("torch.import_failed",), torch_folder_in_cwd),
     Fault("python-without-torch", ("torch.not_installed",), python_without_torch),
+    # the environment a user carries (issue 34)
+    Fault(
+        "nccl-socket-ifname-missing",
+        ("env.nccl_socket_ifname", "nccl.bootstrap_failed"),
+        lambda: profile_fault("NCCL_SOCKET_IFNAME", "doctorfault9"),
+    ),
+    Fault(
+        "gloo-socket-ifname-missing",
+        ("env.gloo_socket_ifname",),
+        lambda: env_fault("GLOO_SOCKET_IFNAME", "doctorfault9"),
+    ),
+    Fault(
+        "alloc-conf-malformed",
+        ("env.alloc_conf", "env.breaks_torch"),
+        lambda: env_fault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:maybe,max_split_size_mb=64"),
+    ),
+    Fault(
+        "alloc-conf-unknown-key",
+        ("env.alloc_conf", "env.breaks_torch"),
+        lambda: env_fault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segment:True"),
+    ),
+    Fault("torch-logs-invalid", ("env.breaks_torch",), lambda: env_fault("TORCH_LOGS", "no_such_log_name")),
+    Fault("cuda-launch-blocking", ("env.debug_setting",), lambda: env_fault("CUDA_LAUNCH_BLOCKING", "1")),
+    Fault("nccl-debug-trace", ("env.debug_setting",), lambda: env_fault("NCCL_DEBUG", "TRACE")),
+    Fault("nccl-ib-hca-missing", ("env.nccl_ib_hca",), ib_hca_missing),
+    Fault("ld-preload-libcudart", ("env.ld_preload",), lambda: env_fault("LD_PRELOAD", "libcudart.so.12")),
 ]
 
 
@@ -376,11 +437,11 @@ def doctor(run: Run, src: str) -> tuple[int, dict[str, Any] | None, str, float]:
             text=True,
             env=env,
             cwd=run.cwd or ("/tmp" if run.as_nobody else str(ROOT)),
-            timeout=120,
+            timeout=300,  # a failed torch probe is traced: up to 90 s of re-runs
             preexec_fn=drop_to_nobody if run.as_nobody else None,
         )
     except subprocess.TimeoutExpired:
-        return 124, None, "doctor did not finish in 120 s", 120.0
+        return 124, None, "doctor did not finish in 300 s", 300.0
     wall = time.perf_counter() - t0
     try:
         return proc.returncode, json.loads(proc.stdout), proc.stderr[-2000:], wall

@@ -31,6 +31,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "the best PyTorch build for these GPUs and driver, with the pip command",
         "Knowledge",
     ),
+    "install": (
+        "cmd_install",
+        "install the right PyTorch build here, verify it with a real kernel, then doctor",
+        "Knowledge",
+    ),
     "matrix": ("cmd_matrix", "support table: GPU families x PyTorch builds", "Knowledge"),
     "init": ("cmd_init", "write a commented torchrig.toml image spec", "Images"),
     "image": ("cmd_image", "render the Dockerfile for a spec, or build the image", "Images"),
@@ -48,6 +53,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "dashboard": (
         "cmd_dashboard",
         "a read-only web page of this GPU server: GPUs, leases, environments, bench, doctor",
+        "Environments",
+    ),
+    "host": (
+        "cmd_host",
+        "the host daemon of a shared server: owns Docker and the leases, checks who asks",
         "Environments",
     ),
     "bench": ("cmd_bench", "measure GPUs and links and grade them against the datasheet", "Proof"),

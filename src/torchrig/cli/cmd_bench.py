@@ -110,18 +110,35 @@ def _device(args: argparse.Namespace) -> tuple[str, int]:
     return ("cpu" if args.cpu or count == 0 else "cuda"), count
 
 
+# A sanity bound, not a fact about any GPU: a collective's message (and all_gather's world-size multiple of
+# it) must fit in one GPU's memory, so a larger request is a typo (a missing unit, a power too many).
+MAX_MESSAGE_BYTES = 256 * 2**30
+
+
+def _message_size(text: str, flag: str) -> int:
+    from torchrig.bench.busbw import format_size
+    from torchrig.sizes import parse_size
+
+    n = parse_size(text, flag)
+    if not 1 <= n <= MAX_MESSAGE_BYTES:
+        raise UsageError(
+            f"{flag} {text}: a collective message is 1 byte to {format_size(MAX_MESSAGE_BYTES)}",
+            hint="e.g. --min-size 1KiB --max-size 4GiB",
+        )
+    return n
+
+
 def _choices_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The user's selections, validated before anything heavy is imported."""
     from torchrig.bench.busbw import Collective, size_sweep
     from torchrig.bench.config import GEMM_DTYPES, Part
-    from torchrig.sizes import parse_size
 
     chosen: dict[str, Any] = dict(
         parts=_choices(args.only, tuple(p.value for p in Part), "--only"),
         collectives=_choices(args.collectives, tuple(c.value for c in Collective), "--collectives"),
         gemm_dtypes=_choices(args.dtypes, GEMM_DTYPES, "--dtypes"),
-        min_size=parse_size(args.min_size, "--min-size") if args.min_size else None,
-        max_size=parse_size(args.max_size, "--max-size") if args.max_size else None,
+        min_size=_message_size(args.min_size, "--min-size") if args.min_size else None,
+        max_size=_message_size(args.max_size, "--max-size") if args.max_size else None,
     )
     if chosen["min_size"] and chosen["max_size"]:
         size_sweep(chosen["min_size"], chosen["max_size"])  # raises the one-line error for a reversed range

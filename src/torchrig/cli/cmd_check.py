@@ -16,7 +16,8 @@ examples:
 VERSION+cpu, or a nightly as torch prints it (2.10.0.dev20250915+cu128: judged as its release line).
 --driver is the version nvidia-smi prints (e.g. 535.104.05; on Windows/WSL the Windows number, e.g. 566.36;
 on Jetson the JetPack's, e.g. 540.4.0); without it only the architecture is checked.
---platform defaults to this machine's (a Jetson GPU implies jetson).
+--platform defaults to this machine's (a Jetson GPU implies jetson; a GPU that exists only on Arm hosts, GH200,
+GB200, GB300 or GB10, implies linux-aarch64, and the note says it was inferred).
 exit status: 0 works or works_with_caveats, 1 fails, 2 bad input (unknown GPU, malformed or unpublished version).
 """
 
@@ -71,10 +72,29 @@ def platform_from(args: argparse.Namespace) -> Any:
     return host_platform()
 
 
+def platform_and_note(args: argparse.Namespace, gpus: Any) -> tuple[Any, str | None]:
+    """``--platform``; else the one the GPUs imply (a GH200, GB200, GB300 or GB10 exists only on linux-aarch64),
+    with a note saying so; else this machine's."""
+    from torchrig.compat.evaluate import infer_platform
+    from torchrig.compat.platforms import parse_platform
+
+    if getattr(args, "platform", None):
+        return parse_platform(args.platform), None
+    from torchrig.compat.host import host_platform
+
+    return infer_platform(gpus, None, host_platform())
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     add_gpu_driver_arguments(parser)
     parser.add_argument(
         "--torch", required=True, metavar="VERSION[+cuXYZ|+cpu]", help="PyTorch build, e.g. 2.8.0+cu126"
+    )
+    parser.add_argument(
+        "--index",
+        metavar="URL|NAME",
+        help="where the wheel comes from: pypi, pytorch, nvidia-jetpack5/6, jetson-ai-lab-jp6/-sbsa, or the "
+        "index URL (default: inferred from the version and platform where certain, else PyPI/download.pytorch.org)",
     )
 
 
@@ -113,8 +133,23 @@ def run(args: argparse.Namespace) -> CheckReport:
 
     if args.driver is not None:
         V.parse_driver(args.driver)
-    plat = platform_from(args)
     kb = load_kb()
-    build = kb.find_build(args.torch, plat)
     gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())  # 8x the same GPU: once
-    return CheckReport(check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat))
+    plat, inferred = platform_and_note(args, gpus)
+    from torchrig.compat import sources
+
+    sourced = sources.infer(kb, args.torch, args.index, gpus, args.driver, plat)
+    if sourced is not None:
+        result = sources.check_sourced(kb, sourced, gpus, args.driver, plat)
+        if inferred:
+            import dataclasses
+
+            result = dataclasses.replace(result, notes=[inferred, *result.notes])
+        return CheckReport(result)
+    build = kb.find_build(args.torch, plat)
+    result = check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat)
+    if inferred:
+        import dataclasses
+
+        result = dataclasses.replace(result, notes=[inferred, *result.notes])
+    return CheckReport(result)

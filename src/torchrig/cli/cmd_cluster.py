@@ -43,6 +43,8 @@ from torchrig.argtypes import MAX_NODES, MAX_PROCS, int_in
 from torchrig.errors import UsageError
 from torchrig.launch.options import LAUNCH_OPTIONS, MAX_RESTARTS, from_args
 
+DEFAULT_WAIT_S = 7 * 24 * 3600  # a week: past any usual partition time limit, yet --wait never hangs forever
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what runs on each node (the options of `torchrig launch`)")
@@ -95,10 +97,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--wait",
         action="store_true",
         help="with --submit: follow the job until it ends and summarise it from Slurm's records (exit 1 "
-        "unless COMPLETED); requeues and lost nodes are named",
+        "unless COMPLETED); requeues and lost nodes are named; a job Slurm can never start (more nodes than "
+        "the partition has, a limit of its account or QOS) fails at once with Slurm's reason",
     )
     s.add_argument(
-        "--wait-timeout", type=int, metavar="S", help="stop waiting after S seconds (job keeps running)"
+        "--wait-timeout",
+        type=int,
+        metavar="S",
+        help=f"stop waiting after S seconds; the job keeps running (default with --wait: {DEFAULT_WAIT_S})",
     )
     _add_common(s)
     k = sub.add_parser("k8s", help="render Kubernetes manifests")
@@ -217,6 +223,7 @@ class ClusterReport:
     submitted: str | None = None
     job: dict[str, Any] = field(default_factory=dict)
     outcome: Any = None  # slurmjob.JobOutcome after --wait
+    job_output: dict[str, str] | None = None  # a submitted Slurm job: its output file and per-node logs
 
     def to_json(self) -> dict[str, Any]:
         from torchrig.report import jsonable
@@ -229,6 +236,7 @@ class ClusterReport:
             "job": self.job,
             "render": self.text,
             "outcome": jsonable(self.outcome) if self.outcome is not None else None,
+            "job_output": self.job_output,
         }
 
     def render_text(self) -> str:
@@ -237,16 +245,23 @@ class ClusterReport:
         lines = [f"wrote {self.output}"] + [f"  valid: {v}" for v in self.validation]
         if self.submitted:
             lines.append(f"  submitted: {self.submitted}")
+        if self.job_output:
+            lines.append(f"  output: {self.job_output['output']} (per-node logs: {self.job_output['logs']})")
         if self.outcome is not None:
             lines.append(self.outcome.headline())
             lines += [f"  {e}" for e in self.outcome.events]
-            if self.outcome.output:
+            if self.outcome.output and not self.job_output:
                 lines.append(f"  output: {self.outcome.output}")
         return "\n".join(lines)
 
     @property
     def exit_code(self) -> int:
         return 1 if self.outcome is not None and not self.outcome.ok else 0
+
+
+def _output_of(job: Any, job_id: str) -> str:
+    """Where the submitted job's output goes: the script's ``--output=%x-%j.out`` in the submit directory."""
+    return os.path.join(os.getcwd(), f"{job.name}-{job_id}.out")
 
 
 def run(args: argparse.Namespace) -> ClusterReport:
@@ -256,6 +271,7 @@ def run(args: argparse.Namespace) -> ClusterReport:
     validation: list[str] = []
     submitted = None
     outcome = None
+    job_output: dict[str, str] | None = None
     if args.target == "slurm":
         from torchrig.cluster import slurm
 
@@ -288,19 +304,28 @@ def run(args: argparse.Namespace) -> ClusterReport:
             os.chmod(args.output, 0o755)
     if wants_action:
         if args.target == "slurm":
+            import sys
+
             from torchrig.cluster import slurm
 
             job_id = slurm.submit(args.output)
-            submitted = "job " + job_id
-            if args.wait or args.wait_timeout is not None:
-                import sys
-
+            out = _output_of(job, job_id)
+            logs = os.path.join(job.log_dir, job_id)
+            submitted = f"job {job_id}"
+            job_output = {"output": out, "logs": f"{logs}/node<N>/"}
+            waiting = args.wait or args.wait_timeout is not None
+            print(f"torchrig cluster: submitted job {job_id}" + ("; waiting for it to end" if waiting else ""),
+                  file=sys.stderr)  # fmt: skip
+            print(
+                f"torchrig cluster: job {job_id} writes to {out} (per-node logs: {logs}/node<N>/)",
+                file=sys.stderr,
+            )
+            if waiting:
                 from torchrig.cluster import slurmjob
 
-                print(f"torchrig cluster: submitted job {job_id}; waiting for it to end", file=sys.stderr)
                 outcome = slurmjob.wait(
                     job_id,
-                    timeout_s=args.wait_timeout,
+                    timeout_s=args.wait_timeout if args.wait_timeout is not None else DEFAULT_WAIT_S,
                     on_event=lambda e: print(f"torchrig cluster: job {job_id}: {e}", file=sys.stderr),
                 )
         else:
@@ -308,5 +333,12 @@ def run(args: argparse.Namespace) -> ClusterReport:
 
             submitted = k8s.apply(args.output)
     return ClusterReport(
-        args.target, text, args.output, validation, submitted, job=jsonable(job), outcome=outcome
+        args.target,
+        text,
+        args.output,
+        validation,
+        submitted,
+        job=jsonable(job),
+        outcome=outcome,
+        job_output=job_output,
     )

@@ -88,8 +88,29 @@ def _serve(args: argparse.Namespace, viewer: Any) -> Any:
         ) from None
     server.daemon_threads = True
     port = server.server_address[1]
-    shown = "127.0.0.1" if host == "127.0.0.1" else "THIS-HOST"
+    import socket
+
+    from torchrig.dashboard.net import lan_address
+
+    name = socket.getfqdn()
+    board.forward = (port, name)
+    shown = "127.0.0.1" if host == "127.0.0.1" else lan_address() or name
     print(f"torchrig dashboard for {viewer.name}: http://{shown}:{port}/?key={board.key}", flush=True)
+    if args.public:
+        print(
+            "  warning: --public serves plain HTTP: the key (and the Jupyter tokens on the page) cross the "
+            f"network unencrypted; prefer the default and 'ssh -N -L {port}:127.0.0.1:{port} "
+            f"{viewer.name}@{name}'",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(
+            f"  from a laptop: ssh -N -L {port}:127.0.0.1:{port} {viewer.name}@{name}, then open the URL there "
+            "(the page prints the one ssh -L that also makes its Jupyter links work)",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
         "  (the key is the access: share the URL with nobody; Ctrl-C stops it)", file=sys.stderr, flush=True
     )

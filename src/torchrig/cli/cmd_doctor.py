@@ -14,6 +14,7 @@ examples:
   torchrig doctor --json                        # the stable JSON schema, facts included
   torchrig doctor --only torch,env              # just the PyTorch and environment checks
   torchrig doctor --python ~/venvs/train/bin/python   # inspect the torch of another interpreter
+  torchrig doctor --deep                        # also NCCL across each GPU pair (two ranks)
   torchrig doctor --record facts.json           # also write the probed facts (attach them to a bug report)
   torchrig doctor --facts facts.json            # replay recorded facts through the checks, no probing
   CUDA_VISIBLE_DEVICES=7 torchrig doctor        # what a bad device list does
@@ -51,6 +52,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--facts", metavar="FILE", help="replay a recorded facts snapshot instead of probing")
     parser.add_argument("--record", metavar="FILE", help="write the probed facts to FILE (JSON) as well")
     parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="also all-reduce over each GPU pair with two NCCL ranks, one process per GPU (seconds per pair)",
+    )
+    parser.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=float_in(0, MAX_SECONDS, lo_open=True),
@@ -82,6 +88,8 @@ def _areas(only: list[str]) -> tuple[str, ...]:
 def _validate(args: argparse.Namespace) -> None:
     if args.facts and args.record:
         raise UsageError("--facts replays a snapshot and --record writes one: use one of them")
+    if args.facts and args.deep:
+        raise UsageError("--deep probes the GPUs, but --facts replays without probing: use one of them")
     if args.facts and args.python:
         raise UsageError(
             "--python chooses what to probe, but --facts replays without probing: use one of them"
@@ -135,7 +143,9 @@ def run(args: argparse.Namespace):  # -> DoctorReport
         want_torch = bool(args.record) or not areas or bool({"torch", "env"} & set(areas))
         python = os.path.abspath(Path(args.python).expanduser()) if args.python else None
         kb_thread = _load_kb_meanwhile() if want_torch else None
-        facts = collect(ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout))
+        facts = collect(
+            ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout, deep=bool(args.deep))
+        )
         if kb_thread is not None:
             kb_thread.join(30.0)  # a second load would race the first: it is cached once this one ends
         if args.record:

@@ -1,4 +1,6 @@
-"""Stop and remove an environment and free its GPU leases. Volumes (your host directories) are kept.
+"""Stop and remove an environment and free its GPU leases. Its work is kept: the volume that holds its
+/workspace stays for the next 'torchrig up --name NAME' (and your host directories are never touched);
+'--volumes' deletes the environment's workspace volume too, and says which.
 
 Only the environment's owner (the real UID that started it) may take it down; root may with --force
 (an admin freeing a GPU). USER, SUDO_USER and the like do not count.
@@ -6,6 +8,7 @@ Only the environment's owner (the real UID that started it) may take it down; ro
 examples:
   torchrig down alice-1a2b
   torchrig down alice-1a2b bob-7f3e --force
+  torchrig down --volumes alice-1a2b            # and delete its /workspace volume (its files are gone)
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--force", action="store_true", help="root only: also take down other users' environments"
     )
     parser.add_argument(
+        "--volumes",
+        action="store_true",
+        help="also delete the environment's workspace volume (the files in its /workspace); named "
+        "volumes given with -v and host directories are kept",
+    )
+    parser.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=int_in(0, MAX_SECONDS),
@@ -34,15 +43,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> SimpleReport:
     from torchrig.errors import InputError
+    from torchrig.hostd.client import call, daemon_socket
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.lease import reconcile
     from torchrig.runtime.ledger import Ledger, owner_uid, user_name
 
+    sock = daemon_socket()
+    if sock is not None:  # the daemon checks ownership (an admin's --force) against the kernel's UID
+        args_ = {"names": list(args.names), "force": bool(args.force), "timeout_s": int(args.timeout)}
+        return _report(call(sock, "down", args_)["removed"])
     ledger = Ledger.open()
     engine = Engine.connect()
     me = owner_uid()
     admin = os.getuid() == 0
-    envs = [engine.find(n) for n in args.names]  # every name checked before anything is removed
+    envs, gone = [], []  # every name checked before anything is removed
+    for n in args.names:
+        try:
+            envs.append(engine.find(n))
+        except InputError:  # down --volumes of an environment already down: its kept workspace volume
+            if not (args.volumes and _volumes_left(engine, n, None if admin and args.force else me)):
+                raise
+            gone.append(n)
     for env in envs:
         if env.owned_by(me) or (admin and args.force):
             continue
@@ -61,10 +82,67 @@ def run(args: argparse.Namespace) -> SimpleReport:
     for env in envs:
         engine.remove(env.id, stop_timeout_s=args.timeout)
         freed = ledger.release(env.name)
-        done.append({"name": env.name, "user": env.user, "freed_gpus": [f.unit_label for f in freed]})
+        volumes = workspace_volumes(engine, env)
+        deleted = [v for v in volumes if args.volumes and engine.remove_volume(v)]
+        done.append(
+            {
+                "name": env.name,
+                "user": env.user,
+                "freed_gpus": [f.unit_label for f in freed],
+                "volumes_deleted": deleted,
+                "volumes_kept": [v for v in volumes if v not in deleted],
+            }
+        )
+    for n in gone:
+        deleted = [
+            v
+            for v in _volumes_left(engine, n, None if admin and args.force else me)
+            if engine.remove_volume(v)
+        ]
+        done.append(
+            {"name": n, "user": None, "freed_gpus": [], "volumes_deleted": deleted, "volumes_kept": []}
+        )
     reconcile(ledger, engine)
-    text = "\n".join(
-        f"removed {d['name']}" + (f"; freed GPU {', '.join(d['freed_gpus'])}" if d["freed_gpus"] else "")
-        for d in done
-    )
-    return SimpleReport({"removed": done}, text)
+    return _report(done)
+
+
+def _report(done: list[dict[str, Any]]) -> SimpleReport:
+    return SimpleReport({"removed": done}, "\n".join(_line(d) for d in done))
+
+
+def workspace_volumes(engine: Any, env: Any) -> list[str]:
+    """The workspace volume(s) of ``env``: labelled with its name and made by its owner."""
+    from torchrig.contract import ENV_LABEL_PREFIX
+
+    return [
+        name
+        for name, labels in engine.workspace_volumes(env.name)
+        if env.owner_uid is None or labels.get(f"{ENV_LABEL_PREFIX}uid") in (None, str(env.owner_uid))
+    ]
+
+
+def _volumes_left(engine: Any, name: str, owner: int | None) -> list[str]:
+    """The workspace volumes of ``name`` (whose container is gone) that ``owner`` made (None: anyone's)."""
+    from torchrig.contract import ENV_LABEL_PREFIX
+
+    return [
+        v
+        for v, labels in engine.workspace_volumes(name)
+        if owner is None or labels.get(f"{ENV_LABEL_PREFIX}uid") == str(owner)
+    ]
+
+
+def _line(d: dict[str, Any]) -> str:
+    if d["user"] is None:  # only its kept volume was left
+        return "\n".join(
+            f"deleted volume {v} (the files of {d['name']}'s /workspace)" for v in d["volumes_deleted"]
+        )
+    text = f"removed {d['name']}" + (f"; freed GPU {', '.join(d['freed_gpus'])}" if d["freed_gpus"] else "")
+    for v in d.get("volumes_deleted", []):
+        text += f"\ndeleted volume {v} (the files of its /workspace)"
+    for v in d.get("volumes_kept", []):
+        text += (
+            f"\nkept volume {v} (its /workspace): 'torchrig up --name {d['name']}' mounts it again; "
+            f"'torchrig down --volumes {d['name']}' deletes it"
+        )
+    return text

@@ -33,6 +33,11 @@ def run(args: argparse.Namespace) -> SimpleReport:
         argv = argv[1:]
     if not argv:
         raise UsageError("no command given", hint=f"e.g. torchrig exec {args.name} -- nvidia-smi")
+    from torchrig.hostd.client import daemon_socket
+
+    sock = daemon_socket()
+    if sock is not None:
+        return _via_daemon(sock, args, argv)
     engine = Engine.connect()
     env = engine.find(args.name)
     if env.state != "running":
@@ -61,3 +66,28 @@ def run(args: argparse.Namespace) -> SimpleReport:
             stdout=b"".join(out).decode(errors="replace"), stderr=b"".join(err).decode(errors="replace")
         )
     return SimpleReport(data, "", code)
+
+
+def _via_daemon(sock: object, args: argparse.Namespace, argv: list[str]) -> SimpleReport:
+    """Through the host daemon (your own environments only): output streams back as it comes. No
+    terminal is attached (no TTY, no stdin): for an interactive shell use ssh."""
+    from pathlib import Path
+
+    from torchrig.hostd.client import call, to_terminal
+
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    def keep(stream: str, data: bytes) -> None:
+        (out if stream == "out" else err).append(data)
+
+    request = {"name": args.name, "argv": argv, "root": bool(args.root), "workdir": args.workdir}
+    assert isinstance(sock, Path)
+    data = call(sock, "exec", request, keep if args.json else to_terminal)
+    code = int(data["exit_code"])
+    result = {"name": data["name"], "argv": argv, "exit_code": code}
+    if args.json:
+        result.update(
+            stdout=b"".join(out).decode(errors="replace"), stderr=b"".join(err).decode(errors="replace")
+        )
+    return SimpleReport(result, "", code)

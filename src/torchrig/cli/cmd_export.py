@@ -74,10 +74,17 @@ class ExportReport:
             for a in r.artifacts
         ]
         head = f"exported {r.model} from {r.checkpoint} (step {r.step}), input {list(r.input_shape)}"
-        return (
-            head
-            + "\n"
-            + table(["format", "file", "size", "max |diff| vs eager", "checked with", "verdict"], rows)
+        notes = [
+            f"{a.path} keeps its weights in {extra}: copy both, side by side (the size is of both)"
+            for a in r.artifacts
+            for extra in a.extra_files
+        ]
+        return "\n".join(
+            [
+                head,
+                table(["format", "file", "size", "max |diff| vs eager", "checked with", "verdict"], rows),
+                *notes,
+            ]
         )
 
 

@@ -136,6 +136,11 @@ def run(args: argparse.Namespace) -> Any:
             {"recorded": args.record, "gpus": len(inv.gpus)},
             f"recorded {len(inv.gpus)} GPU(s) to {args.record}",
         )
+    from torchrig.hostd.client import daemon_socket
+
+    sock = daemon_socket()
+    if sock is not None:
+        return _via_daemon(sock, args)
     inv = current(args.inventory)
     ledger = Ledger.open()
     notes = []
@@ -151,3 +156,20 @@ def run(args: argparse.Namespace) -> Any:
     except EngineUnavailable as err:
         notes.append(f"holders not reconciled with the engine: {err.one_line()}")
     return Board(inv, ledger.leases(), notes, args.free)
+
+
+def _via_daemon(sock: Any, args: argparse.Namespace) -> Board:
+    """Through the host daemon: its inventory and ledger, checked against the containers and NVML."""
+    from torchrig.errors import UsageError
+    from torchrig.hostd.client import call
+    from torchrig.hostd.wire import from_jsonable
+    from torchrig.runtime.inventory import from_dict
+    from torchrig.runtime.ledger import Lease
+
+    if args.inventory:
+        raise UsageError(
+            "--inventory: the host daemon uses its own GPU inventory", hint="leave --inventory out"
+        )
+    data = call(sock, "gpus", {"free": bool(args.free)})
+    leases = [from_jsonable(Lease, x) for x in data["leases"]]
+    return Board(from_dict(data["inventory"], data["source"]), leases, list(data["notes"]), args.free)

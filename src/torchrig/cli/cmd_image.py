@@ -4,7 +4,7 @@
 `build` builds it through the Docker Engine API (progress on stderr), tags it after the resolved
 stack (torchrig/pytorch:2.8.0-cu128-py3.11-runtime, plus a tag with the digest of the context and of
 $TORCHRIG_LABELS), reads the lock of what went in (pip freeze, apt versions, base digest) from the image and
-writes it beside the spec as torchrig.lock.json, and reports the image's size, its layers (torch with its
+writes it beside the spec as its lock (team.toml -> team.lock.json), and reports the image's size, its layers (torch with its
 CUDA wheels, the tools and the spec's pip packages each in a layer of their own) and its steps (cached, done,
 error; --json has them all).
 A failing step is shown with the tail of its log, and the error line names it with its first error, e.g. an
@@ -84,7 +84,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--locked",
         action="store_true",
-        help="build what torchrig.lock.json beside the spec records: its pip and apt versions, its base digest",
+        help="build what the spec's lock (team.toml -> team.lock.json) records: its pip and apt versions, its base digest",
     )
     parser.add_argument(
         "--builder",

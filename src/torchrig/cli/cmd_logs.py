@@ -28,6 +28,11 @@ def run(args: argparse.Namespace) -> SimpleReport:
 
     if args.tail is not None and args.tail < 0:
         raise UsageError("--tail must be ≥ 0")
+    from torchrig.hostd.client import daemon_socket
+
+    sock = daemon_socket()
+    if sock is not None:
+        return _via_daemon(sock, args)
     engine = Engine.connect()
     env = engine.find(args.name)
     stream = engine.logs(env.id, tail=args.tail, follow=args.follow, timestamps=args.timestamps)
@@ -39,3 +44,26 @@ def run(args: argparse.Namespace) -> SimpleReport:
         out.write(chunk)
         out.flush()
     return SimpleReport({"name": env.name}, "")
+
+
+def _via_daemon(sock: object, args: argparse.Namespace) -> SimpleReport:
+    """Through the host daemon (your own environments only); --follow streams until Ctrl-C."""
+    from pathlib import Path
+
+    from torchrig.hostd.client import call, to_terminal
+
+    chunks: list[bytes] = []
+    request = {
+        "name": args.name,
+        "tail": args.tail,
+        "follow": bool(args.follow),
+        "timestamps": bool(args.timestamps),
+    }
+    assert isinstance(sock, Path)
+    data = call(sock, "logs", request, (lambda _s, b: chunks.append(b)) if args.json else to_terminal)
+    if args.json:
+        return SimpleReport(
+            {"name": data["name"], "state": data["state"], "logs": b"".join(chunks).decode(errors="replace")},
+            "",
+        )
+    return SimpleReport({"name": data["name"]}, "")

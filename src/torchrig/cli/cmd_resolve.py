@@ -41,6 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 class ResolveReport:
     resolution: Resolution | None
     failure: NoBuildFound | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -48,11 +49,12 @@ class ResolveReport:
 
     def to_json(self) -> dict[str, Any]:
         if self.resolution:
-            return {"found": True, **self.resolution.to_json()}
+            return {"found": True, **self.resolution.to_json(), "notes": list(self.notes)}
         f = self.failure
         assert f is not None
         return {
             "found": False,
+            "notes": list(self.notes),
             "message": f.message,
             "blockers": [{"code": r.code, "gpu": r.gpu, "message": r.message} for r in f.blockers],
             "suggestions": [
@@ -70,6 +72,7 @@ class ResolveReport:
                 lines += ["", "what would change it:"]
                 for s in f.suggestions:
                     lines.append(f"  - {s.summary}" + (f"\n    {s.pip_command}" if s.pip_command else ""))
+            lines += [f"\nnote: {n}" for n in self.notes]
             return "\n".join(lines)
         r = self.resolution
         rows = [
@@ -107,6 +110,7 @@ class ResolveReport:
             lines += ["", "caveats:"] + [f"  warn  {c.message}  [{c.code}]" for c in caveats]
         if r.newer_alternative:
             lines += ["", f"also: {r.newer_alternative.pip_command}", f"  warn  {r.newer_caveat}"]
+        lines += [f"\nnote: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -121,16 +125,18 @@ def run(args: argparse.Namespace) -> ResolveReport:
         V.parse_spec(args.torch)
     if args.python is not None:
         V.parse_python(args.python)
-    from torchrig.cli.cmd_check import platform_from
+    from torchrig.cli.cmd_check import platform_and_note
 
-    plat = platform_from(args)
     kb = load_kb()
     gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu or [])}.values())
+    plat, inferred = platform_and_note(args, gpus)
+    notes = (inferred,) if inferred else ()
     try:
         return ResolveReport(
             resolve(
                 kb, gpus=gpus, driver=args.driver, torch_spec=args.torch, python=args.python, platform=plat
-            )
+            ),
+            notes=notes,
         )
     except NoBuildFound as err:
-        return ResolveReport(None, err)
+        return ResolveReport(None, err, notes)

@@ -61,10 +61,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 class TrainReport:
     summary: dict[str, Any] | None
     launch: Any | None
+    out: str | None = None  # the run folder (metrics, checkpoints, summary)
     forced_gpus: tuple[str, ...] = ()  # trained in place on a GPU leased to someone else (--force)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"summary": self.summary}
+        out: dict[str, Any] = {"summary": self.summary, "out": self.out}
         if self.launch is not None:
             out["launch"] = self.launch.to_json()
         if self.forced_gpus:
@@ -95,6 +96,8 @@ class TrainReport:
             clocks = render_gpus(s.get("gpus") or [])
             if clocks:
                 lines.append(clocks)
+        if self.out is not None:
+            lines.append(f"the run is in {self.out} (metrics.jsonl, checkpoints/, summary.json)")
         return "\n".join(lines)
 
 
@@ -215,7 +218,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         forced = placed.forced if placed is not None else ()
         for line in forced:
             print(f"torchrig train: warning: --force: taking {line}", file=sys.stderr, flush=True)
-        return TrainReport(train(cfg), None, forced)
+        return TrainReport(train(cfg), None, str(cfg.out), forced)
     from torchrig.launch import launch
     from torchrig.launch.plan import LaunchRequest
 
@@ -238,4 +241,4 @@ def run(args: argparse.Namespace) -> TrainReport:
         raise JobFailed(
             "pre-flight failed: " + "; ".join(f.summary for f in report.findings if f.severity.is_problem)
         )
-    return TrainReport(summary, report)
+    return TrainReport(summary, report, str(cfg.out))

@@ -14,13 +14,16 @@ examples:
   torchrig up --image torchrig/env:dev --no-jupyter --no-ssh     # just a container, CPU only
 
 defaults (safe and sane):
-  ports        bound to 127.0.0.1 (use an SSH tunnel or --public); host ports picked by the engine
+  ports        bound to 127.0.0.1 (use an SSH tunnel or --public); host ports picked by the engine the
+               first time, then kept per environment name across down/up (unless taken meanwhile)
   /dev/shm     half of --memory, else a quarter of host RAM (1 GiB to 64 GiB): DataLoader workers and
                NCCL need more than Docker's 64 MB
   ulimits      memlock=-1, stack=67108864, as NVIDIA runs its deep learning containers
                (https://docs.nvidia.com/deeplearning/frameworks/user-guide/index.html#setincshmem),
                or the most this engine allows (a probe asks it; up says what it took)
   security     no-new-privileges, capabilities dropped to seven, at most 16384 processes
+  workspace    the image's workdir (/workspace) is a named volume of its own, kept across down/up of
+               the same name (deleted only by 'down --volumes'); -v SRC:/workspace replaces it
   user         your UID/GID, so files written to volumes are yours; as root, a root-owned
                workspace is handed to the environment's user; NAME:/path is a named volume
   ssh key      ~/.ssh/id_ed25519.pub (or id_ecdsa.pub, id_rsa.pub); --ssh-key FILE to choose
@@ -199,6 +202,9 @@ class UpReport:
             "preflight": [finding_json(f) for f in r.preflight],
             "plan": jsonable(r.plan),
             "docker_run": r.plan.docker_run(),
+            "workspace": None
+            if r.plan.workspace is None
+            else {"volume": r.plan.workspace.source, "path": r.plan.workspace.target, "new": r.workspace_new},
         }
 
     def render_text(self) -> str:
@@ -216,16 +222,24 @@ class UpReport:
                 f"  security {', '.join(p.security_opt)}; capabilities {', '.join(p.cap_add) or 'none'}; "
                 f"pids ≤ {p.pids_limit}",
                 "  ports    "
-                + (", ".join(f"{x.service} {x.host_ip}:auto->{x.container_port}" for x in p.ports) or "none"),
+                + (
+                    ", ".join(
+                        f"{x.service} {x.host_ip}:{x.host_port or 'auto'}->{x.container_port}"
+                        for x in p.ports
+                    )
+                    or "none"
+                ),
                 f"  as       {p.docker_run()}",
             ]
             lines += [f"  then     {step}" for step in p.steps]
+            lines += _workspace_lines(r)
         elif r.state == "created":
             lines += [
                 f"environment {p.name} created, not started (GPUs {gpus} leased to {p.user})",
                 f"  start it  docker start {p.name}",
                 f"  remove it torchrig down {p.name}",
             ]
+            lines += _workspace_lines(r)
         else:
             lines += [f"environment {p.name} is up: image {p.image}, GPUs {gpus}, leased to {p.user}"]
             if r.jupyter_url:
@@ -235,6 +249,7 @@ class UpReport:
                 lines.append(f"  SSH      {r.ssh_command}")
             if r.known_hosts_line:
                 lines.append(f"  host key {r.known_hosts_line.split(' ', 1)[1]} (kept for this name)")
+            lines += _workspace_lines(r)
             lines.append(f"  stop it  torchrig down {p.name}")
         for f in r.preflight:
             if f.severity.is_problem:  # caveats and failures
@@ -243,12 +258,28 @@ class UpReport:
         return "\n".join(lines)
 
 
+def _workspace_lines(r: Any) -> list[str]:
+    """Where the work is kept: the volume on the workdir, or the --volume that replaces it."""
+    ws = r.plan.workspace
+    if ws is None:
+        return []
+    state = {True: "new", False: "kept from before", None: "made if missing"}[r.workspace_new]
+    return [
+        f"  workspace {ws.target} is volume {ws.source} ({state}); kept across down/up, "
+        f"deleted only by 'torchrig down --volumes {r.plan.name}'"
+    ]
+
+
 def run(args: argparse.Namespace) -> UpReport:
+    from torchrig.hostd.client import daemon_socket
     from torchrig.runtime.up import run_up
 
-    req = request_from(args)
     if args.wait < 0:
         raise UsageError("--wait must be ≥ 0")
+    sock = daemon_socket()
+    if sock is not None:
+        return _via_daemon(sock, args)
+    req = request_from(args)
     result = run_up(
         req,
         inventory_path=args.inventory,
@@ -258,3 +289,45 @@ def run(args: argparse.Namespace) -> UpReport:
         wait_s=args.wait or None,
     )
     return UpReport(result)
+
+
+def _via_daemon(sock: Any, args: argparse.Namespace) -> UpReport:
+    """Through the host daemon: it leases, checks volumes against your own permissions and runs the
+    container as you; your SSH public key travels with the request (the daemon cannot read your home)."""
+    from torchrig.hostd.client import call
+    from torchrig.hostd.wire import from_jsonable
+    from torchrig.labels import labels_from_env
+    from torchrig.runtime.options import parse_volume
+    from torchrig.runtime.up import UpResult, find_ssh_key
+
+    if args.inventory:
+        raise UsageError(
+            "--inventory: the host daemon uses its own GPU inventory", hint="leave --inventory out"
+        )
+    volumes = []
+    for text in args.volume:
+        v = parse_volume(text, Path.cwd())  # your paths, resolved as you; the daemon checks them as you
+        volumes.append(f"{v.host_path}:{v.container_path}" + (":ro" if v.read_only else ""))
+    request = {
+        "image": _image_ref(args),
+        "name": args.name,
+        "user": args.user,
+        "gpus": args.gpus,
+        "share": bool(args.share),
+        "volumes": volumes,
+        "memory": args.memory,
+        "cpus": args.cpus,
+        "shm_size": args.shm_size,
+        "ulimits": list(args.ulimit),
+        "pids_limit": args.pids_limit,
+        "jupyter": not args.no_jupyter,
+        "ssh": not args.no_ssh,
+        "ssh_key": find_ssh_key(args.ssh_key) if not args.no_ssh else None,
+        "public": bool(args.public),
+        "dry_run": bool(args.dry_run),
+        "create_only": bool(args.create_only),
+        "wait_s": float(args.wait),
+        "labels": [list(kv) for kv in labels_from_env()],
+    }
+    data = call(sock, "up", request)
+    return UpReport(from_jsonable(UpResult, data["result"]))

@@ -115,6 +115,14 @@ def _node_argv(job: ClusterJob) -> list[Word]:
     return inner
 
 
+def _prefixed(launcher: str) -> str:
+    """The node's bash program: the launcher, its output prefixed with the node's name."""
+    return (
+        "trap : TERM; set -o pipefail; "
+        f"{launcher} 2>&1 | (trap '' TERM; exec sed -u \"s/^/[$SLURMD_NODENAME] /\")"
+    )
+
+
 def render_sbatch(job: ClusterJob) -> str:
     lines = [
         "#!/bin/bash",
@@ -140,13 +148,22 @@ def render_sbatch(job: ClusterJob) -> str:
     # srun runs the command once per node; SLURM_NODEID differs per node, so it must be expanded there,
     # not in this batch shell: the node command is a bash program handed to `bash -c` on each node. It is
     # quoted twice, each time by shlex.quote: its words for the node's bash, the program for this one.
-    node_cmd = "exec " + " ".join(shell_word(w) for w in _node_argv(job))
+    launcher = " ".join(shell_word(w) for w in _node_argv(job))
     lines += [
+        "",
+        "# A requeued job (a lost node, preemption) appends to the same output: mark where its next run starts.",
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
+        '    echo "=== torchrig: job $SLURM_JOB_ID was requeued by Slurm: run $((SLURM_RESTART_COUNT + 1)) starts'
+        ' here ($(date -u +%Y-%m-%dT%H:%M:%SZ)); the lines above are from the earlier run(s) ==="',
+        "fi",
         "",
         "# One launcher per node; node rank and rendezvous come from Slurm's variables on each node.",
         "# Per-rank logs: <log-dir>/$SLURM_JOB_ID/node<N>/; this script's output: <job-name>-<job-id>.out.",
+        "# Each node's lines carry its name ([node0] ...). Slurm's stop (SIGTERM to every process of the step)",
+        "# reaches the launcher; the node's bash and the prefixing sed outlive it to pass on its last lines",
+        "# and its exit status (pipefail).",
         " ".join(shell_word(w) for w in _srun_argv(job)) + " \\",
-        f"    bash -c {shlex.quote(node_cmd)}",
+        f"    bash -c {shlex.quote(_prefixed(launcher))}",
         "",
     ]
     return "\n".join(lines)

@@ -40,6 +40,47 @@ _PAIR = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(\S*)")
 
 Scontrol = Callable[[list[str]], str]
 
+# Pending reasons that never clear by waiting: the request itself is outside what the partition, account or
+# QOS allows, and only a new submission (or an admin's change) helps. From Slurm's "Job Reason Codes"
+# (https://slurm.schedmd.com/job_reason_codes.html, verified 2026-12-03): "AssocMax* / QOSMax*: a portion of
+# the job request exceeds a maximum limit (e.g., PerJob, PerNode)", "PartitionConfig: the requested partition
+# configuration does not allow this job", "PartitionTimeLimit: the job's time limit exceeds its partition's
+# current time limit", "BadConstraints: the job's constraints can not be satisfied", and the invalid or not
+# allowed account/QOS. Limits on *counts* of jobs (AssocMaxJobsLimit: "the job's association has reached its
+# maximum job count", *MaxJobsPerUser*, *MaxSubmitJob*) clear when the user's other jobs end: waited for.
+# PartitionNodeLimit ("the number of nodes required by this job is outside of its partition's current limits.
+# Can also indicate that required nodes are DOWN or DRAINED") is hopeless only when the job asks for more
+# nodes than the partition has or allows (:func:`beyond_partition`); down nodes may come back.
+NEVER_CLEAR = frozenset(
+    {"PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
+     "AccountNotAllowed", "QOSNotAllowed", "PartitionInactive"}
+)  # fmt: skip
+MEANING = {  # Slurm's words for each (job_reason_codes.html), shortened
+    "PartitionConfig": "the partition's configuration does not allow this job (more nodes, CPUs or memory "
+    "than it has?)",
+    "PartitionTimeLimit": "the job's time limit exceeds its partition's",
+    "BadConstraints": "the job's constraints can not be satisfied",
+    "InvalidAccount": "the job's account is invalid",
+    "InvalidQOS": "the job's QOS is invalid",
+    "AccountNotAllowed": "the job's account is not allowed in the partition",
+    "QOSNotAllowed": "the job's QOS is not allowed in the partition",
+    "PartitionInactive": "the partition is inactive",
+}
+_COUNT_LIMITS = ("MaxJobs", "MaxSubmit", "JobsPerUser", "JobsPerAccount")
+SOURCE_REASONS = "https://slurm.schedmd.com/job_reason_codes.html"
+
+
+def never_clears(reason: str | None) -> bool:
+    """Whether a pending ``reason`` is one that waiting cannot clear (see :data:`NEVER_CLEAR`)."""
+    if not reason:
+        return False
+    if reason in NEVER_CLEAR:
+        return True
+    per_job = reason.startswith(("AssocMax", "QOSMax")) or (
+        reason.startswith("Max") and "PerAccount" in reason
+    )
+    return per_job and not any(c in reason for c in _COUNT_LIMITS)
+
 
 @dataclass(frozen=True)
 class JobRecord:
@@ -53,6 +94,8 @@ class JobRecord:
     nodes: str | None  # NodeList, Slurm's hostlist expression (empty while pending)
     run_time: str | None
     stdout: str | None
+    num_nodes: int | None = None  # NumNodes (the lower bound of "2-2" or "2-4")
+    partition: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,14 +126,25 @@ class JobOutcome:
     finished: bool  # False: the wait timed out with the job still pending or running
     output: str | None
     lost_detail: dict[str, str] = field(default_factory=dict)  # node -> Slurm's state and reason
+    blocked: str | None = None  # pending for a reason that never clears: why (the wait gave up at once)
 
     @property
     def ok(self) -> bool:
         return self.finished and self.state == "COMPLETED"
 
     def headline(self) -> str:
-        if not self.finished:
-            text = f"job {self.job_id} still {self.state} after {self.waited_s:.0f} s"
+        if self.blocked:
+            text = (
+                f"job {self.job_id} can never start: {self.blocked}; it stays queued until you remove it "
+                f"(scancel {self.job_id}) and submit what the cluster allows"
+            )
+        elif not self.finished:
+            text = (
+                f"job {self.job_id} is still {self.state} after {self.waited_s:.0f} s of waiting (it goes on); "
+                f"follow it with 'squeue -j {self.job_id}'"
+                + (f" and 'tail -f {self.output}'" if self.output else "")
+                + f", stop it with 'scancel {self.job_id}'"
+            )
         else:
             text = f"job {self.job_id} {self.state}"
             notes = [CANCELLED_BY] if self.state == "CANCELLED" else []
@@ -131,7 +185,40 @@ def parse_job(text: str) -> JobRecord:
         nodes=_none(kv.get("NodeList")),
         run_time=_none(kv.get("RunTime")),
         stdout=_none(out.group(1)) if out else None,
+        num_nodes=int(m.group(1)) if (m := re.match(r"(\d+)", kv.get("NumNodes", ""))) else None,
+        partition=_none(kv.get("Partition")),
     )
+
+
+def beyond_partition(rec: JobRecord, scontrol: Scontrol) -> str | None:
+    """Why a job pending with PartitionNodeLimit can never start: it asks for more nodes than its partition
+    has (TotalNodes) or lets one job have (MaxNodes); None when it fits (nodes down or drained: wait)."""
+    if rec.num_nodes is None or not rec.partition:
+        return None
+    try:
+        kv = _pairs(scontrol(["show", "partition", "-o", rec.partition.split(",")[0]]))
+    except JobFailed:
+        return None
+    for key, what in (("TotalNodes", "has"), ("MaxNodes", "allows a job")):
+        value = kv.get(key, "")
+        if value.isdigit() and rec.num_nodes > int(value):
+            return f"{rec.num_nodes} nodes asked, partition {rec.partition} {what} {value}"
+    return None
+
+
+def blocked_reason(rec: JobRecord, scontrol: Scontrol) -> str | None:
+    """Slurm's pending reason, when it is one waiting cannot clear, with what it means; else None."""
+    if rec.state != "PENDING" or not rec.reason:
+        return None
+    if rec.reason == "PartitionNodeLimit":
+        why = beyond_partition(rec, scontrol)
+        return f"Slurm says PartitionNodeLimit ({why})" if why else None
+    if never_clears(rec.reason):
+        meaning = MEANING.get(
+            rec.reason, "a part of the job's request exceeds a per-job limit of its account or QOS"
+        )
+        return f"Slurm says {rec.reason}: {meaning} (see {SOURCE_REASONS})"
+    return None
 
 
 def parse_node(text: str) -> NodeRecord:
@@ -215,7 +302,8 @@ def wait(
         last = rec
         waited = clock() - start
         done = rec.state in FINAL_STATES
-        if done or (timeout_s is not None and waited >= timeout_s):
+        blocked = blocked_reason(rec, scontrol)
+        if done or blocked or (timeout_s is not None and waited >= timeout_s):
             return JobOutcome(
                 job_id=rec.job_id,
                 state=rec.state,
@@ -229,5 +317,6 @@ def wait(
                 finished=done,
                 output=rec.stdout,
                 lost_detail=lost,
+                blocked=blocked,
             )
         sleep(poll_s)

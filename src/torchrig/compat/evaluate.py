@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torchrig.compat import versions as V
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase
 from torchrig.compat.platforms import JetPack, Platform
 from torchrig.compat.reasons import Reason, Severity
@@ -123,8 +124,42 @@ def _driver_reasons(
     elif ds.kind is DriverSupportKind.MINOR_COMPAT:
         reasons.append(Reason("driver_minor_compat", Severity.CAVEAT, f"{ds.message}; {ds.caveat}"))
     else:
-        reasons.append(Reason("driver_too_old", Severity.FAIL, ds.message))
+        reasons.append(
+            _forward_compat(kb, gpus, driver, build, platform)
+            or Reason("driver_too_old", Severity.FAIL, ds.message)
+        )
     return reasons, ds.kind
+
+
+# NVIDIA's CUDA forward compatibility (https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html):
+# on data center GPUs, a driver of a Long Term Support Branch runs a newer CUDA with the cuda-compat-<major>-<minor>
+# package, "generated from the NVIDIA driver that matches with the CUDA release" (its own floor: that driver).
+_FORWARD_COMPAT_PLATFORMS = ("linux-x86_64", "linux-aarch64")
+
+
+def _forward_compat(
+    kb: KnowledgeBase, gpus: Sequence[Gpu], driver: str, build: Build, platform: Platform
+) -> Reason | None:
+    branch = kb.branch_of(driver)
+    if (
+        build.cuda is None
+        or platform.id not in _FORWARD_COMPAT_PLATFORMS
+        or branch is None
+        or not branch.lts
+        or not gpus
+        or any(g.segment != "datacenter" for g in gpus)
+    ):
+        return None
+    tk = kb.toolkit(build.cuda)
+    major, minor = [*build.cuda.split("."), "0"][:2]
+    return Reason(
+        "driver_forward_compat",
+        Severity.CAVEAT,
+        f"driver {driver} (R{branch.branch}, a Long Term Support Branch) is older than CUDA {build.cuda} needs "
+        f"({tk.min_driver}); on data center GPUs NVIDIA's forward compatibility runs it with the "
+        f"cuda-compat-{major}-{minor} package, whose libcuda comes from driver {tk.min_driver} (put "
+        f"/usr/local/cuda/compat on LD_LIBRARY_PATH): install it, or upgrade the driver to {tk.min_driver} or newer",
+    )
 
 
 def jetpack_for(
@@ -261,6 +296,8 @@ def evaluate(
             continue
         arch = _unconfirmed_kernels(kb, gpu, build, _arch_reason(kb, gpu, build, driver_kind))
         reasons.append(arch)
+        if not arch.severity.blocks:
+            reasons += _library_floor_reasons(kb, gpu, build)
         ptxas = _ptxas_reason(kb, gpu, build) if not arch.severity.blocks else None
         if ptxas:
             reasons.append(ptxas)
@@ -275,3 +312,53 @@ def platform_for(gpus: Sequence[Gpu], platform: Platform | None) -> tuple[Platfo
             "jetson"
         ), f"{gpus[0].name} is a Jetson module: judged for --platform jetson, not {plat.label}"
     return plat, None
+
+
+def infer_platform(
+    gpus: Sequence[Gpu], given: Platform | None, here: Platform
+) -> tuple[Platform, str | None]:
+    """``--platform`` when given; else, when every GPU that exists on one kind of host only (Grace Hopper, Grace
+    Blackwell, DGX Spark: ``host_platform`` in gpus.toml) names the same one and this machine is not of that
+    kind, that platform, with a note saying it was inferred; else this machine's."""
+    if given is not None:
+        return given, None
+    hosts = {g.host_platform for g in gpus if g.host_platform}
+    if len(hosts) != 1:
+        return here, None
+    (only,) = hosts
+    if here.id == only or here.arch_platform == only:
+        return here, None
+    gpu = next(g for g in gpus if g.host_platform == only)
+    return Platform(only), (
+        f"{gpu.name} exists only on {only} hosts: judged for --platform {only} (inferred, not this machine's "
+        f"{here.label}; pass --platform to say otherwise)"
+    )
+
+
+def _library_floor_reasons(kb: KnowledgeBase, gpu: Gpu, build: Build) -> list[Reason]:
+    """A library the wheel bundles (cuDNN 9) supports fewer GPUs than the wheel's kernels (cuda.toml
+    [[library_floor]]): the GPU runs torch's kernels, and that library's calls fail on it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    out = []
+    for floor in kb.library_floors:
+        bundled = build.variant.cudnn if floor.library == "cuDNN" else None
+        if bundled is None:
+            continue
+        try:
+            within = Version(bundled) in SpecifierSet(floor.versions)
+        except InvalidVersion:
+            continue
+        if within and gpu.cc < V.parse_cc(floor.min_compute_capability):
+            out.append(
+                Reason(
+                    "library_floor",
+                    Severity.CAVEAT,
+                    f"{gpu.name} ({gpu.compute_capability}) runs torch {build.label}'s kernels, but the {floor.library} "
+                    f"{bundled} it bundles needs compute capability {floor.min_compute_capability} or newer: "
+                    f"{floor.library} calls (convolutions, attention) fail; {floor.workaround}",
+                    gpu.name,
+                )
+            )
+    return out

@@ -38,6 +38,7 @@ from torchrig.compat.records import (
     Build,
     Gpu,
     GpuArch,
+    LibraryFloor,
     Peaks,
     Release,
     Toolkit,
@@ -54,6 +55,7 @@ __all__ = [
     "Gpu",
     "GpuArch",
     "KnowledgeBase",
+    "LibraryFloor",
     "Peaks",
     "Release",
     "Toolkit",
@@ -67,6 +69,43 @@ _PREFIXES = ("nvidia", "geforce", "tesla", "quadro")
 # NVML names carry the board's form factor and memory ("Tesla V100-SXM2-32GB", "NVIDIA H100 80GB HBM3");
 # when the exact spelling is not listed, these tokens are dropped and the name is looked up again.
 _BOARD_TOKENS = re.compile(r"[\s_-]+(sxm\d?|pcie|\d+gb|hbm\d?e?|nvl|mig|\d+g)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=1)
+def pci_gpus() -> dict[str, Gpu]:
+    """The PCI ID database's NVIDIA GPUs of compute capability >= 3.5 (``data/pci_gpus.json``, written by
+    tools/gen_pci_gpus.py), by normalised name: the fallback for names gpus.toml does not list. A name two
+    entries give different capabilities is left out (it cannot say which GPU it is)."""
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pci_gpus.json")
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    sources = {r["compute_capability"] + r["arch"]: r["source"] for r in doc["rules"]}
+    found: dict[str, Gpu] = {}
+    clash: set[str] = set()
+    for row in doc["gpu"]:
+        for spelling in row["names"]:
+            gpu = Gpu(
+                id=f"pci-{row['device_id'].replace(':', '-')}",
+                name=spelling,
+                arch=row["arch"],
+                compute_capability=row["compute_capability"],
+                segment=row["segment"],
+                family=row["arch"],
+                memory_gb=None,
+                memory_type=None,
+                aliases=(),
+                peaks=Peaks(),
+                source=f"{doc['source']}; compute capability: {sources[row['compute_capability'] + row['arch']]}",
+                verified=doc["verified"],
+            )
+            for key in (_norm(spelling), _strip_prefixes(spelling)):
+                have = found.get(key)
+                if have is not None and have.compute_capability != gpu.compute_capability:
+                    clash.add(key)
+                found.setdefault(key, gpu)
+    return {k: g for k, g in found.items() if k not in clash}
 
 
 def _norm(name: str) -> str:
@@ -93,15 +132,25 @@ class KnowledgeBase:
     arch_overrides: tuple[ArchOverride, ...] = ()
     jetpacks: tuple[JetPack, ...] = ()
     ptxas_gaps: tuple[PtxasGap, ...] = ()
+    library_floors: tuple[LibraryFloor, ...] = ()
 
     # ---- GPUs
     def find_gpu(self, name: str) -> Gpu:
         """The GPU called ``name`` (any listed spelling, case/space/prefix-insensitive), else InputError."""
         if not name or not name.strip():
             raise InputError("empty GPU name", hint="e.g. --gpu 'RTX 4090' or --gpu 'NVIDIA H100 80GB HBM3'")
-        for key in (_norm(name), _strip_prefixes(name), _strip_prefixes(_BOARD_TOKENS.sub("", name))):
+        pci = re.fullmatch(
+            r"\s*[A-Z]{2}\d{3}[A-Z]*\s*\[(.+)\]\s*", name
+        )  # pci.ids' "GA102 [GeForce RTX 3090]"
+        name = pci.group(1) if pci else name
+        keys = (_norm(name), _strip_prefixes(name), _strip_prefixes(_BOARD_TOKENS.sub("", name)))
+        for key in keys:
             if key in self._gpu_index:
                 return self._gpu_index[key]
+        listed = pci_gpus()
+        for key in keys:
+            if key in listed:
+                return listed[key]
         short = _strip_prefixes(name)
         family = list(
             dict.fromkeys(g for k, g in self._gpu_index.items() if len(short) >= 3 and k.startswith(short))
@@ -118,8 +167,8 @@ class KnowledgeBase:
         laptop = self._laptop_part(name)
         if laptop is not None:
             return laptop
-        keys = closest(_strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
-        names = list(dict.fromkeys(self._gpu_index[k].name for k in keys))[:3]
+        near = closest(_strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
+        names = list(dict.fromkeys(self._gpu_index[k].name for k in near))[:3]
         hint = (
             f"did you mean: {', '.join(names)}?"
             if names
@@ -194,8 +243,10 @@ class KnowledgeBase:
         """``"2.8.0+cu126"`` -> that build; ``"2.8.0"`` -> the build PyPI serves on ``platform``; ``"2.8.0+cpu"``
         -> CPU-only. A nightly (``2.10.0.dev20250915+cu128``) is read as its release line, with a remark."""
         parsed = V.parse_torch_build_text(text)
-        rel = self.release(parsed.release)
         plat = platform or Platform()
+        if parsed.prerelease and parsed.variant and not self._has_build(parsed.release, parsed.variant):
+            return self._nightly_by_cuda(parsed, plat)
+        rel = self.release(parsed.release)
         name = parsed.variant or self.pypi_default(rel, plat)[0]
         build = self.build(rel, rel.variant(name), plat)
         if parsed.prerelease:
@@ -207,6 +258,50 @@ class KnowledgeBase:
                 build, prerelease=parsed.prerelease, remarks=(*build.remarks, ("prerelease_build", remark))
             )
         return build
+
+    def _has_build(self, version: str, variant: str) -> bool:
+        norm = V.normalise_release(version)
+        return any(r.version == norm and any(v.name == variant for v in r.variants) for r in self.releases)
+
+    def _nightly_by_cuda(self, parsed: V.TorchBuildText, plat: Platform) -> Build:
+        """A nightly whose variant its release line does not list (nightly channels carried CUDA variants the
+        release dropped, and run ahead of the knowledge base): judged by its CUDA version itself. Its kernels
+        are unknown, so a GPU that CUDA cannot build for fails, and any other is a caveat to verify."""
+        variant_name = parsed.variant or ""
+        m = re.fullmatch(r"cu(\d+)(\d)", variant_name)
+        if not m:
+            raise InputError(
+                f"torch {parsed.prerelease}+{variant_name}: only a CUDA nightly (+cuXYZ) can be judged without its "
+                "release's data",
+                hint="pass the CUDA variant, e.g. +cu128",
+            )
+        cuda = f"{int(m.group(1))}.{m.group(2)}"
+        self.toolkit(cuda)  # a CUDA torchrig does not know cannot be judged: the error says which it knows
+        norm = V.normalise_release(parsed.release)
+        rel = next((r for r in self.releases if r.version == norm), None) or Release(
+            norm, None, (), None, None, variant_name, ()
+        )
+        variant = Variant(
+            name=variant_name,
+            cuda=cuda,
+            index_url=f"{PYTORCH_INDEX}/nightly/{variant_name}",
+            arch_list=(),
+            ptx=(),
+            confirmed=False,
+            source="https://download.pytorch.org/whl/nightly/",
+        )
+        remark = (
+            f"{parsed.prerelease}+{variant_name} is a nightly whose kernels torchrig does not know: judged by CUDA "
+            f"{cuda} itself (which GPUs it can build for); check torch.cuda.get_arch_list() after installing"
+        )
+        return Build(
+            rel,
+            variant,
+            plat.id,
+            arch_confirmed=False,
+            prerelease=parsed.prerelease,
+            remarks=(("prerelease_build", remark),),
+        )
 
     # ---- platforms
     def platform_info(self, platform_id: str) -> PlatformInfo | None:
@@ -358,6 +453,7 @@ def _gpu(row: Mapping[str, Any]) -> Gpu:
         peaks=Peaks(**{k: v for k, v in peaks.items() if k in Peaks.__dataclass_fields__}),
         source=row.get("source", ""),
         verified=str(row.get("verified", "")),
+        host_platform=row.get("host_platform"),
     )
 
 
@@ -426,6 +522,12 @@ def _toolkit(r: Mapping[str, Any]) -> Toolkit:
         compute_capabilities=_tuple(r, "compute_capabilities"),
         released=_date(r),
         **_sourced(r),
+    )
+
+
+def _library_floor(r: Mapping[str, Any]) -> LibraryFloor:
+    return LibraryFloor(
+        r["library"], r["versions"], r["min_compute_capability"], r.get("workaround", ""), **_sourced(r)
     )
 
 
@@ -515,6 +617,7 @@ def build_kb(
         branches=tuple(_row("branch", r, _branch) for r in drivers.get("branch", ())),
         releases=tuple(releases),
         _gpu_index=_index_gpus(gpu_rows),
+        library_floors=tuple(_row("library_floor", r, _library_floor) for r in cuda.get("library_floor", ())),
         **_platform_rows(platforms),
     )
 

@@ -79,6 +79,9 @@ class Gpu:
     peaks: Peaks
     source: str = ""
     verified: str = ""
+    host_platform: str | None = (
+        None  # the only platform it exists on (GH200, GB200, GB300, GB10: linux-aarch64)
+    )
 
     @property
     def cc(self) -> tuple[int, int]:
@@ -102,6 +105,18 @@ class Toolkit:
     @property
     def major(self) -> int:
         return V.parse_cuda(self.version)[0]
+
+
+@dataclass(frozen=True)
+class LibraryFloor:
+    """A library the wheel bundles (cuDNN) and the lowest compute capability its ``versions`` support."""
+
+    library: str
+    versions: str  # PEP 440 specifier on the bundled version
+    min_compute_capability: str
+    workaround: str = ""
+    source: str = ""
+    verified: str = ""
 
 
 @dataclass(frozen=True)

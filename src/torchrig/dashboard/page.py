@@ -15,6 +15,7 @@ body{font:14px system-ui,sans-serif;margin:1.2em;color:#222}
 h1{font-size:1.3em} h2{font-size:1.05em;margin-top:1.4em}
 table{border-collapse:collapse;width:100%} th,td{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;
 vertical-align:top} th{background:#f4f4f4}
+td{overflow-wrap:anywhere} td code,.forward code{white-space:pre-wrap;word-break:break-all}
 .free{color:#1a7f37} .held{color:#9a6700} .err{color:#cf222e} .muted{color:#666} code{font-size:.95em}
 """
 
@@ -56,6 +57,29 @@ def _gpus(s: dict[str, Any]) -> str:
         )
     head = "<tr><th>GPU</th><th>name</th><th>memory</th><th>util</th><th>temp</th><th>power</th><th>lease</th><th>processes</th></tr>"
     return f'<table id="gpus">{head}{"".join(rows)}</table>' if rows else "<p>no GPU on this host</p>"
+
+
+def forward_command(dashboard_port: int, ports: list[int], user: str, host: str) -> str:
+    """The one ``ssh -L`` that makes every link of the page work from a laptop: the dashboard's port and
+    each of the viewer's environments' Jupyter and SSH ports, each to the same port on the laptop (the
+    links name 127.0.0.1:PORT; torchrig keeps an environment's ports across down/up)."""
+    import shlex
+
+    argv = ["ssh", "-N"]
+    for p in sorted({dashboard_port, *ports}):
+        argv += ["-L", f"{p}:127.0.0.1:{p}"]
+    return shlex.join([*argv, f"{user}@{host}"])
+
+
+def _forward(s: dict[str, Any], target: tuple[int, str] | None) -> str:
+    if target is None:
+        return ""
+    ports = [p for e in s["environments"] for p in e.get("ports", [])]
+    line = forward_command(target[0], ports, s["viewer"], target[1])
+    return (
+        '<p class="forward">From your laptop, this one command makes every link on this page work: '
+        f'<code id="forward">{escape(line)}</code></p>'
+    )
 
 
 def _envs(s: dict[str, Any]) -> str:
@@ -101,19 +125,20 @@ def _doctor(s: dict[str, Any]) -> str:
     return f'<p id="doctor-verdict">{escape(d["verdict"])}</p><ul>{items}</ul>'
 
 
-def fragment(s: dict[str, Any]) -> str:
-    """The live part of the page (what the refresh swaps in)."""
+def fragment(s: dict[str, Any], forward: tuple[int, str] | None = None) -> str:
+    """The live part of the page (what the refresh swaps in); ``forward``: (the dashboard's port, this
+    host's name) for the ``ssh -L`` line."""
     when = dt.datetime.fromtimestamp(s["at_s"], dt.timezone.utc).strftime("%H:%M:%S UTC")
     notes = "".join(f'<p class="err">{escape(n)}</p>' for n in s["notes"])
     return (
         f'<p class="muted">driver {_v(s["driver"])} (CUDA {_v(s["cuda"])}), inventory {escape(str(s["inventory"]))}; '
         f'updated <span id="updated">{when}</span>; you are <b id="viewer">{escape(s["viewer"])}</b></p>{notes}'
-        f"<h2>GPUs</h2>{_gpus(s)}<h2>Environments</h2>{_envs(s)}"
+        f"<h2>GPUs</h2>{_gpus(s)}<h2>Environments</h2>{_forward(s, forward)}{_envs(s)}"
         f"<h2>Doctor</h2>{_doctor(s)}<h2>Latest bench</h2>{_bench(s)}"
     )
 
 
-def page(s: dict[str, Any], interval_s: float) -> str:
+def page(s: dict[str, Any], interval_s: float, forward: tuple[int, str] | None = None) -> str:
     """The whole page: the fragment, and a refresh every ``interval_s`` seconds."""
     ms = int(interval_s * 1000)
     script = (
@@ -125,5 +150,5 @@ def page(s: dict[str, Any], interval_s: float) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>torchrig: GPU server</title>'
         f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head><body>'
-        f'<h1>torchrig: this GPU server</h1><div id="live">{fragment(s)}</div>{script}</body></html>'
+        f'<h1>torchrig: this GPU server</h1><div id="live">{fragment(s, forward)}</div>{script}</body></html>'
     )

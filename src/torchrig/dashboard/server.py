@@ -51,6 +51,7 @@ class Dashboard:
         self._stop = threading.Event()
         self._doctor_result: dict[str, Any] | None = None
         self._state: dict[str, Any] = collect(None)
+        self.forward: tuple[int, str] | None = None  # (its port, this host's name) for the ssh -L line
 
     @property
     def state(self) -> dict[str, Any]:
@@ -84,7 +85,12 @@ class Dashboard:
         self._stop.set()
 
     def authorised(self, query_key: str | None, cookie_key: str | None) -> bool:
-        return any(k is not None and hmac.compare_digest(k, self.key) for k in (query_key, cookie_key))
+        """Whether either carries the key (compared in constant time; a non-ASCII one is simply wrong:
+        ``hmac.compare_digest`` refuses non-ASCII strings with a TypeError)."""
+        return any(
+            k is not None and k.isascii() and hmac.compare_digest(k, self.key)
+            for k in (query_key, cookie_key)
+        )
 
 
 def handler_for(board: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
@@ -123,9 +129,13 @@ def handler_for(board: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
                 return
             state = board.state
             if url.path == "/":
-                self._send(200, page.page(state, board.interval_s).encode(), "text/html; charset=utf-8")
+                self._send(
+                    200,
+                    page.page(state, board.interval_s, board.forward).encode(),
+                    "text/html; charset=utf-8",
+                )
             elif url.path == "/fragment":
-                self._send(200, page.fragment(state).encode(), "text/html; charset=utf-8")
+                self._send(200, page.fragment(state, board.forward).encode(), "text/html; charset=utf-8")
             elif url.path == "/state.json":
                 self._send(200, json.dumps(state).encode(), "application/json")
             elif (

@@ -133,9 +133,14 @@ def _access(engine: Any, env: Any) -> dict[str, str]:
             token = ""
         out["jupyter"] = url + (f"?token={token}" if token else "")
     if "ssh" in env.ports:
+        from torchrig.runtime import hostkey
+
         ip, port = env.ports["ssh"]
         host = ip if ip not in ("0.0.0.0", "") else "127.0.0.1"
-        out["ssh"] = f"ssh -p {port} -o HostKeyAlias={env.name} {env.container_user or 'torch'}@{host}"
+        known = hostkey.known_hosts_file()
+        out["ssh"] = hostkey.ssh_command(
+            port, env.name, env.container_user or "root", host, known if known.is_file() else None
+        )
     return out
 
 
@@ -154,6 +159,7 @@ def _environments(engine: Any, envs: list[Any], viewer: Viewer) -> list[dict[str
                 "created": e.created,
                 "mine": mine,
                 "access": _access(engine, e) if mine and e.alive else {},
+                "ports": sorted(p for _, p in e.ports.values()) if mine and e.alive else [],
             }
         )
     return rows
@@ -209,9 +215,13 @@ def collect(
     viewer: Viewer, inventory: str | None, bench_dir: str | None, doctor: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Everything the page shows, now."""
+    from torchrig.hostd.client import daemon_socket
     from torchrig.runtime.ledger import Ledger
     from torchrig.runtime.nvml import current
 
+    sock = daemon_socket()
+    if sock is not None:  # the host daemon decides what this viewer may see
+        return _collect_via_daemon(sock, viewer, bench_dir, doctor)
     notes: list[str] = []
     inv = current(inventory)
     ledger = Ledger.open()
@@ -234,6 +244,47 @@ def collect(
         "inventory": inv.source,
         "gpus": _gpus(inv, ledger.leases()),
         "environments": _environments(engine, envs, viewer) if engine is not None else [],
+        "bench": bench_summary(bench_dir),
+        "doctor": doctor,
+        "notes": notes,
+    }
+
+
+class _NoSecrets:
+    """Through the host daemon the dashboard reads no container's files: links come without tokens."""
+
+    def get_file(self, container_id: str, path: str) -> bytes:
+        raise PermissionError(path)
+
+
+def _collect_via_daemon(
+    sock: Path, viewer: Viewer, bench_dir: str | None, doctor: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The page's data from the host daemon: the GPU board, and the viewer's own environments only."""
+    from torchrig.hostd.client import call
+    from torchrig.hostd.wire import from_jsonable
+    from torchrig.runtime.engine import EnvRecord
+    from torchrig.runtime.inventory import from_dict
+    from torchrig.runtime.ledger import Lease
+
+    board = call(sock, "gpus", {"free": False})
+    inv = from_dict(board["inventory"], board["source"])
+    ps = call(sock, "ps", {"mine": True})
+    envs = [
+        from_jsonable(EnvRecord, {k: v for k, v in e.items() if k != "alive"}) for e in ps["environments"]
+    ]
+    notes = [
+        *board["notes"],
+        "through the host daemon: your environments only; Jupyter tokens as 'up' printed them",
+    ]
+    return {
+        "viewer": viewer.name,
+        "at_s": time.time(),
+        "driver": inv.driver_version,
+        "cuda": inv.cuda_driver_version,
+        "inventory": inv.source,
+        "gpus": _gpus(inv, [from_jsonable(Lease, x) for x in board["leases"]]),
+        "environments": _environments(_NoSecrets(), envs, viewer),
         "bench": bench_summary(bench_dir),
         "doctor": doctor,
         "notes": notes,

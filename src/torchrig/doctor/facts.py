@@ -202,6 +202,53 @@ class PeerAccess:
 
 
 @dataclass(frozen=True)
+class NcclDeviceCheck:
+    index: int  # the CUDA device (after CUDA_VISIBLE_DEVICES)
+    ok: bool
+    error: str | None = None  # the text init_process_group / all_reduce raised
+    elapsed_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class NcclPairCheck:
+    """``--deep``: two ranks (one process per GPU) all-reduce over GPUs ``a`` and ``b``."""
+
+    a: int
+    b: int
+    ok: bool
+    error: str | None = None
+    elapsed_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class NcclFacts:
+    """``init_process_group("nccl", world_size=1)`` over a FileStore, one all_reduce, destroy: per GPU."""
+
+    status: str  # ok | failed | timeout | crashed | skipped
+    error: str | None = None  # why skipped, or the crash/timeout text
+    devices: tuple[NcclDeviceCheck, ...] = ()
+    env_used: tuple[str, ...] = ()  # the NCCL_*/GLOO_* variables set when it ran
+    pairs: tuple[NcclPairCheck, ...] = ()  # --deep only
+
+
+@dataclass(frozen=True)
+class CrashTrace:
+    """The failed torch probe run again: with only the essential variables, then bisecting the user's others
+    (delta debugging) down to the one or two without which it works."""
+
+    failure: str  # what the first run ended with ("killed by SIGSEGV", "exited with status 1: ...")
+    clean_ok: (
+        bool | None
+    )  # the probe with the essentials only: works (True), fails too (False), unknown (None)
+    clean_failure: str | None = None
+    culprits: tuple[str, ...] = ()  # NAME=value of the variables that make it fail (one, or a pair)
+    essentials: tuple[str, ...] = ()  # the names kept in the clean run
+    runs: int = 0
+    elapsed_ms: float | None = None
+    note: str | None = None  # why the bisection stopped short (run or time budget)
+
+
+@dataclass(frozen=True)
 class TorchFacts:
     status: ProbeStatus
     error: str | None = None
@@ -228,12 +275,38 @@ class TorchFacts:
     loaded_libraries: tuple[str, ...] = ()  # CUDA libraries mapped into the process, from /proc/self/maps
     wheel_libraries: tuple[str, ...] = ()  # site-packages/nvidia/*/lib/*.so* of that interpreter
     import_ms: float | None = None
+    # torch's own parser on PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (the error it raised; None: accepted or
+    # not asked)
+    alloc_conf_error: str | None = field(default=None, metadata={"added_later": True})
+    # a one-process NCCL communicator on each visible GPU (None: not run)
+    nccl: NcclFacts | None = field(default=None, metadata={"added_later": True})
+    # a probe that failed, re-run with the environment reduced and bisected (None: not traced)
+    trace: CrashTrace | None = field(default=None, metadata={"added_later": True})
     # where the child's time went: import, versions, cuda_init (is_available + init), devices (a kernel on
     # each GPU), peers (can_device_access_peer per pair), maps (/proc/self/maps); absent from facts recorded before it was added
     steps_ms: dict[str, float] = field(default_factory=dict, metadata={"bookkeeping": True})
 
 
 # ---------------------------------------------------------------- environment
+@dataclass(frozen=True)
+class EnvVar:
+    """A variable that torch, NCCL, gloo, the CUDA runtime or the loader reads, as this process has it, and
+    where it is probably set: ``file:line`` of a shell profile or /etc/environment that assigns it, or
+    ``container`` (it is in the environment the container started with: the image's ENV or ``docker run -e``)."""
+
+    name: str
+    value: str
+    set_in: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class IbDevice:
+    """An RDMA device of /sys/class/infiniband and its port numbers (``ibstat``'s CA list)."""
+
+    name: str  # mlx5_0
+    ports: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True)
 class EnvFacts:
     status: ProbeStatus
@@ -245,6 +318,13 @@ class EnvFacts:
     nvcc_path: str | None = None
     nvcc_version: str | None = None  # "13.0"
     cuda_home: str | None = None
+    # the CUDA/NCCL/torch/gloo variables of the process (names in torchrig/doctor/data/env_vars.toml, and every
+    # NCCL_*, TORCH_NCCL_*, PYTORCH_*, CUDA_*); None: not probed (facts recorded before they were)
+    variables: tuple[EnvVar, ...] | None = field(default=None, metadata={"added_later": True})
+    net_interfaces: tuple[str, ...] | None = field(
+        default=None, metadata={"added_later": True}
+    )  # /sys/class/net
+    ib_devices: tuple[IbDevice, ...] | None = field(default=None, metadata={"added_later": True})
 
 
 # ---------------------------------------------------------------- container, limits, Docker
@@ -307,9 +387,10 @@ def facts_to_json(facts: Facts) -> dict[str, Any]:
 
     data = typing.cast(dict[str, Any], jsonable(facts))
     data.pop("absent", None)  # a property of the file it was read from, not a fact about the machine
-    for f in dataclasses.fields(KernelFacts):  # fields added later are written only when known
-        if f.metadata.get("added_later") and data.get("kernel", {}).get(f.name) is None:
-            data.get("kernel", {}).pop(f.name, None)
+    for area, kind in (("kernel", KernelFacts), ("torch", TorchFacts), ("env", EnvFacts)):
+        for f in dataclasses.fields(kind):  # fields added later are written only when known
+            if f.metadata.get("added_later") and data.get(area, {}).get(f.name) is None:
+                data.get(area, {}).pop(f.name, None)
     return data
 
 

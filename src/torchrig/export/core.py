@@ -20,6 +20,7 @@ class Artifact:
     runtime: str  # what ran it for the check
     ok: bool
     export_s: float
+    extra_files: tuple[str, ...] = ()  # files the artifact needs beside it (model.onnx.data: the weights)
 
 
 @dataclass(frozen=True)
@@ -309,5 +310,12 @@ def _onnx(model, x, ref, path: Path, tol: float) -> Artifact:
     data = path.with_name(path.name + ".data")  # weights go to an external-data file next to it
     size = path.stat().st_size + (data.stat().st_size if data.exists() else 0)
     return Artifact(
-        "onnx", str(path), size, d, f"onnxruntime {ort.__version__} (CPU)", d <= tol, round(took, 2)
+        "onnx",
+        str(path),
+        size,
+        d,
+        f"onnxruntime {ort.__version__} (CPU)",
+        d <= tol,
+        round(took, 2),
+        (str(data),) if data.exists() else (),
     )

@@ -63,12 +63,39 @@ class BuildFailed(JobFailed):
             said = f"; its first error: {_short(cause.text, 200)}"
         else:
             said = f"; its last output: {_short(last, 160)}" if last else ""
-        hint = "the step's log tail is above; fix the spec or the step and build again"
+        hint = (
+            "the step's log tail is above; fix the spec or the step and build again"
+            if any(line.strip() for line in failure.log_tail)
+            else "the step printed no log; fix the spec or the step and build again"
+        )
+        if base_unreachable(failure):
+            hint = (
+                "the base image could not be pulled (no network or registry access?): pass --base IMAGE with "
+                "one this engine has or can pull ('docker images' lists the local ones)"
+            )
+            cause = None
         super().__init__(
             f"image build failed at {_short(step)}: {failure.message.strip()}{said}",
             hint=f"{cause.hint} ({hint})" if cause is not None and cause.hint else hint,
         )
         self.failure = failure
+
+
+# What the engine says when it cannot fetch an image (BuildKit and the classic builder, docker pull): a
+# registry that does not answer, a name it does not know, a refused login.
+_PULL_ERRORS = (
+    "failed to resolve source metadata", "failed to do request", "pull access denied", "manifest unknown",
+    "not found: manifest", "dial tcp", "no such host", "i/o timeout", "toomanyrequests",
+    "failed to authorize", "error pulling image", "tls handshake timeout",
+)  # fmt: skip
+
+
+def base_unreachable(failure: BuildFailure) -> bool:
+    """Whether the build failed fetching its base (the FROM step, or before any step ran)."""
+    step = (failure.step or "").lower()
+    text = " ".join([failure.message, *failure.log_tail]).lower()
+    at_base = not step or "from " in step or "load metadata" in step or step.startswith("[internal]")
+    return at_base and any(e in text for e in _PULL_ERRORS)
 
 
 def _short(text: str, width: int = 100) -> str:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +23,20 @@ from torchrig.image import render
 from torchrig.image.spec import load_spec
 from torchrig.image.stack import ImagePlan, LockPins, choose_base, content_tag, load_bases, resolve_stack
 
-LOCK_NAME = "torchrig.lock.json"
+LOCK_NAME = "torchrig.lock.json"  # the lock of the default spec, torchrig.toml
+
+
+def lock_path(spec_path: Path) -> Path:
+    """The lock of one spec, beside it and named after it: ``torchrig.toml`` -> ``torchrig.lock.json``,
+    ``team.toml`` -> ``team.lock.json``; two specs in one folder never share (or overwrite) a lock."""
+    resolved = spec_path.resolve()
+    return resolved.parent / f"{resolved.stem}.lock.json"
+
+
+def spec_digest(spec_path: Path) -> str:
+    """sha256 of the spec file's bytes, recorded in its lock: a lock of another (or an edited) spec is
+    refused rather than run."""
+    return hashlib.sha256(spec_path.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -172,9 +186,9 @@ def read_lock_pins(spec_path: Path, stack: Any) -> LockPins:
     from torchrig.errors import UsageError
     from torchrig.inputfiles import InputError, field, read_json
 
-    path = spec_path.resolve().parent / LOCK_NAME
+    path = lock_path(spec_path)
     if not path.exists():
-        raise UsageError(f"--locked: no {LOCK_NAME} beside {spec_path}", hint="build once without --locked")
+        raise UsageError(f"--locked: no {path.name} beside {spec_path}", hint="build once without --locked")
 
     def strings(value: Any) -> bool:
         return all(isinstance(x, str) for x in value)
@@ -346,8 +360,11 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
     files = engine.read_files(client, image_id, IMAGE_ETC)
     size = int(image.attrs.get("Size") or 0)
     lock = lock_document(plan, tags, image_id, size, base_ref, files)
-    lock_path = Path(plan.spec.path).resolve().parent / LOCK_NAME
-    lock_path.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
+    spec_file = Path(plan.spec.path)
+    with contextlib.suppress(OSError):
+        lock["spec"] = {"file": spec_file.name, "sha256": spec_digest(spec_file)}
+    written = lock_path(spec_file)
+    written.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
     return BuildResult(
         tags=tags,
         image_id=image_id,
@@ -355,7 +372,7 @@ def build(plan: ImagePlan, opts: ImageOptions, progress: Any = None) -> BuildRes
         base=plan.base.image,
         base_reference=base_ref,
         elapsed_s=round(time.monotonic() - started, 1),
-        lock_path=str(lock_path),
+        lock_path=str(written),
         stack=render.labels(plan),
         builder=builder,
         steps=tuple(steps),

@@ -228,7 +228,7 @@ class Engine:
             "environment": plan.env,
             "shm_size": plan.shm_size_bytes,
             "ulimits": [t.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in plan.ulimits],
-            "ports": {f"{p.container_port}/tcp": (p.host_ip, None) for p in plan.ports},
+            "ports": {f"{p.container_port}/tcp": (p.host_ip, p.host_port) for p in plan.ports},
             "mounts": [
                 t.Mount(target=m.target, source=m.source, type=m.type, read_only=m.read_only)
                 for m in plan.mounts
@@ -346,6 +346,31 @@ class Engine:
             raise InputError(f"cannot create volume {name!r}: {err.explanation or err}") from None
         return True
 
+    def volume_labels(self, name: str) -> dict[str, str] | None:
+        """A named volume's labels; None when there is no such volume."""
+        try:
+            return dict(self.client.volumes.get(name).attrs.get("Labels") or {})
+        except self.errors.NotFound:
+            return None
+
+    def workspace_volumes(self, env: str) -> list[tuple[str, dict[str, str]]]:
+        """The volumes labelled as the workspace of environment ``env``: (name, labels)."""
+        found = self.client.volumes.list(filters={"label": f"{ENV_LABEL_PREFIX}workspace={env}"})
+        return [(str(v.name), dict(v.attrs.get("Labels") or {})) for v in found]
+
+    def remove_volume(self, name: str) -> bool:
+        """Remove a named volume; False when it was gone already."""
+        try:
+            self.client.volumes.get(name).remove()
+        except self.errors.NotFound:
+            return False
+        except self.errors.APIError as err:
+            raise InputError(
+                f"cannot remove volume {name!r}: {err.explanation or err}",
+                hint="is another container using it? see 'docker ps -a --filter volume=" + name + "'",
+            ) from None
+        return True
+
     def put_files(
         self,
         container_id: str,
@@ -398,6 +423,11 @@ class Engine:
             if "could not select device driver" in text or "unresolvable CDI devices" in text:
                 raise EngineUnavailable(
                     f"this Docker engine cannot give containers GPUs ({text})", hint=NO_GPU_RUNTIME_HINT
+                ) from None
+            if "port is already allocated" in text or "address already in use" in text:
+                raise InputError(
+                    f"a host port of this environment was taken while it started ({text})",
+                    hint="run the same 'torchrig up' again: the engine then picks a free port",
                 ) from None
             if "setting rlimit" in text and "operation not permitted" in text:
                 raise EngineUnavailable(

@@ -62,11 +62,27 @@ def ensure(name: str, base: Path | None = None) -> HostKey | None:
                 hint=f"check that {root} is yours and writable",
             )
     try:
-        return HostKey(key.read_bytes(), Path(str(key) + ".pub").read_text().strip(), root / "known_hosts")
+        return HostKey(key.read_bytes(), Path(str(key) + ".pub").read_text().strip(), known_hosts_file(root))
     except OSError as err:
         raise InputError(
             f"cannot read the host key of {name!r}: {err}", hint=f"remove {d} to make a new one"
         ) from None
+
+
+def known_hosts_file(base: Path | None = None) -> Path:
+    """The known_hosts file :func:`record` writes (this user's)."""
+    return (base or user_state_dir()) / "known_hosts"
+
+
+def ssh_command(port: int, alias: str, user: str, host: str, known_hosts: Path | None) -> str:
+    """The ssh command line for an environment, one for ``up`` and the dashboard alike: the kept host key
+    is checked under ``alias`` in ``known_hosts`` (strict checking works from the first login)."""
+    import shlex
+
+    argv = ["ssh", "-p", str(port), "-o", f"HostKeyAlias={alias}"]
+    if known_hosts is not None:
+        argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
+    return shlex.join([*argv, f"{user}@{host}"])
 
 
 def record(hk: HostKey, alias: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Iterator, Set
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchrig.errors import EngineUnavailable, InputError, UsageError
+from torchrig.safefs import UnsafePath, check_dir, check_file, open_nofollow
 
 STATE_ENV = "TORCHRIG_STATE_DIR"
 SYSTEM_STATE_DIR = Path("/var/lib/torchrig")
@@ -105,11 +107,15 @@ def state_dir() -> Path:
 
 
 def ensure_shared_dir(path: Path) -> None:
-    """Create the ledger directory; as root: setgid, owned by the leasing group, mode 2775.
+    """Create the ledger directory; as root: setgid and sticky, owned by the leasing group, mode 3775.
 
     A missing system directory is created only by root (a user's command must not invent the server's
     ledger); the error says how an admin makes it once. A user's own ``$TORCHRIG_STATE_DIR`` is theirs."""
-    if path.is_dir():
+    if os.path.lexists(path):
+        st = check_dir(path, private=False)  # a link to a directory is refused, not followed
+        if os.geteuid() == 0 and st.st_uid == 0 and st.st_mode & 0o020 and not st.st_mode & stat.S_ISVTX:
+            # a group-writable ledger folder made before the sticky bit: members could rename root's files
+            os.chmod(path, (st.st_mode & 0o7777) | stat.S_ISVTX, follow_symlinks=False)
         return
     if os.geteuid() != 0 and path != SYSTEM_STATE_DIR:  # a user's own $TORCHRIG_STATE_DIR: theirs to make
         path.mkdir(parents=True, exist_ok=True)
@@ -131,7 +137,7 @@ def ensure_shared_dir(path: Path) -> None:
             continue
     path.mkdir(parents=True, exist_ok=True)
     os.chown(path, 0, gid)
-    os.chmod(path, 0o2775 if gid else 0o755)
+    os.chmod(path, 0o3775 if gid else 0o755)  # setgid: the group's; sticky: nobody renames others' files
 
 
 def _refuse_unwritable(path: Path) -> None:
@@ -224,7 +230,7 @@ class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._create_file()
+            self._create_file()  # a planted link is an UnsafePath (not an OSError), before SQLite opens it
             self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -246,24 +252,49 @@ class Ledger:
 
     def _create_file(self) -> None:
         """The database file, group-writable in a shared (group-writable) directory whatever the umask;
-        SQLite gives its -wal and -shm files the database's mode."""
-        if self.path.exists():
-            return
-        shared = self.path.parent.stat().st_mode & 0o020
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o664 if shared else 0o644)
+        SQLite gives its -wal and -shm files the database's mode.
+
+        No name is followed: a link planted as the database or its -wal/-shm/-journal (by anyone who may
+        write the folder) is refused with :class:`UnsafePath` before SQLite opens anything, and the file
+        is created and its mode set through one ``O_NOFOLLOW`` descriptor."""
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            check_file(Path(str(self.path) + suffix))
+        folder = check_dir(self.path.parent, private=False)
+        if os.geteuid() == 0 and folder.st_mode & 0o002 and not folder.st_mode & stat.S_ISVTX:
+            raise UnsafePath(
+                f"the ledger's folder {self.path.parent} may be written by everyone (mode "
+                f"{folder.st_mode & 0o7777:o}): root does not use a ledger there",
+                hint=f"sudo chmod o-w {self.path.parent} (the shared folder is 3775, group torchrig)",
+            )
+        shared = folder.st_mode & 0o020
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o664 if shared else 0o644)
         try:
-            os.fchmod(fd, 0o664 if shared else 0o644)
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and st.st_size == 0:
+                os.fchmod(fd, 0o664 if shared else 0o644)
+            elif st.st_mode & 0o002:
+                raise UnsafePath(
+                    f"the GPU lease ledger {self.path} may be written by everyone (mode {st.st_mode & 0o7777:o})",
+                    hint=f"sudo chmod o-w {self.path}; anyone could have forged leases: check 'torchrig gpus'",
+                )
         finally:
             os.close(fd)
 
     def _share_mode(self) -> None:
         """In a group-writable (shared) state directory, keep the ledger files writable by that group."""
         try:
-            if self.path.parent.stat().st_mode & 0o020:
+            if os.lstat(self.path.parent).st_mode & 0o020:
                 for suffix in ("", "-wal", "-shm"):
                     p = Path(str(self.path) + suffix)
-                    if p.exists() and p.stat().st_uid == os.geteuid():
-                        p.chmod(0o664)
+                    try:
+                        fd = open_nofollow(p, os.O_RDONLY)
+                    except (FileNotFoundError, UnsafePath):
+                        continue
+                    try:
+                        if os.fstat(fd).st_uid == os.geteuid():
+                            os.fchmod(fd, 0o664)
+                    finally:
+                        os.close(fd)
         except OSError:
             pass
 

@@ -7,9 +7,17 @@ leased GPUs; ``torchrig up --dry-run`` prints the plan and :mod:`torchrig.runtim
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from torchrig.contract import ENV_LABEL_PREFIX, SERVE, ImageUser, ServeContract, image_user
+from torchrig.contract import (
+    DEFAULT_WORKDIR,
+    ENV_LABEL_PREFIX,
+    LABEL_WORKSPACE,
+    SERVE,
+    ImageUser,
+    ServeContract,
+    image_user,
+)
 from torchrig.data import load
 from torchrig.runtime.inventory import Unit
 from torchrig.runtime.options import Volume
@@ -37,6 +45,8 @@ class UpRequest:
     pids_limit: int | None = None  # None: the default (container_defaults.toml)
     owner_uid: int | None = None  # the real UID that owns the environment (ledger.owner_uid)
     extra_labels: tuple[tuple[str, str], ...] = ()  # $TORCHRIG_LABELS: on every container torchrig makes
+    workspace: bool = True  # a named volume of its own on the image's workdir, unless a --volume is there
+    host_ports: tuple[tuple[str, int], ...] = ()  # (service, host port) to ask for; others: the engine picks
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ class UpPlan:
     cap_add: tuple[str, ...] = ()
     pids_limit: int | None = None
     handover: tuple[str, ...] = ()  # host directories whose root-owned files go to the container's user
+    workspace: Mount | None = None  # the environment's own named volume on its workdir (None: a --volume is)
     steps: tuple[str, ...] = ()  # what up does besides creating the container, in order
     notes: tuple[str, ...] = field(default=())
 
@@ -282,7 +293,8 @@ def _identity(req: UpRequest, host: HostFacts, who: ImageUser) -> Identity:
     notes = []
     if req.public:
         notes.append(
-            "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules"
+            "--public: ports listen on every interface; Docker's published ports bypass ufw/firewalld rules, "
+            "and Jupyter's token crosses the network in plain HTTP (an SSH tunnel keeps it private)"
         )
     binds = [v for v in req.volumes if v.kind == "bind" and not v.read_only]
     invoker = (host.uid, host.gid) if host.uid is not None and host.gid is not None else None
@@ -322,7 +334,13 @@ def _identity(req: UpRequest, host: HostFacts, who: ImageUser) -> Identity:
 
 def _steps(req: UpRequest, ident: Identity, contract: ServeContract, user: str | None) -> tuple[str, ...]:
     """What ``up`` does around creating the container, in order (shown by ``--dry-run``)."""
-    steps = [f"create volume {v.host_path} if missing" for v in req.volumes if v.kind == "volume"]
+    steps = [
+        f"keep {v.container_path} on volume {v.host_path} (made if missing, kept across down/up)"
+        if i == 0 and req.workspace and v.host_path == workspace_volume_name(req.name, req.user)
+        else f"create volume {v.host_path} if missing"
+        for i, v in enumerate(req.volumes)
+        if v.kind == "volume"
+    ]
     steps += [f"hand {path}'s root-owned files to the environment's user" for path in ident.handover]
     secrets = contract.secret_files(req.jupyter, req.ssh)
     if secrets:
@@ -340,6 +358,33 @@ def _steps(req: UpRequest, ident: Identity, contract: ServeContract, user: str |
     return tuple(steps)
 
 
+def workspace_volume_name(env: str, user: str) -> str:
+    """The named volume that holds an environment's workdir: one per (owner, environment name), so a
+    ``down`` then ``up`` of the same name finds its work again and two users' ``exp1`` never meet."""
+    safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in user).strip("-_.") or "user"
+    return f"torchrig-{safe}-{env}-workspace"
+
+
+def workspace_of(req: UpRequest, image: ImageFacts) -> Volume | None:
+    """The environment's own volume on the image's workdir (``/workspace``); None when a ``--volume``
+    already mounts something there (it replaces the default) or the request asks for none."""
+    target = image.workdir if image.workdir and image.workdir != "/" else DEFAULT_WORKDIR
+    if not req.workspace or any(v.container_path == target for v in req.volumes):
+        return None
+    return Volume(workspace_volume_name(req.name, req.user), target, False, "volume")
+
+
+def volume_labels(req: UpRequest, workspace: bool) -> dict[str, str]:
+    """Labels of a volume ``up`` creates: torchrig's, who owns it, and (the workspace) whose it is."""
+    return {
+        **dict(req.extra_labels),
+        f"{ENV_LABEL_PREFIX}volume": "1",
+        f"{ENV_LABEL_PREFIX}user": req.user,
+        **({f"{ENV_LABEL_PREFIX}uid": str(req.owner_uid)} if req.owner_uid is not None else {}),
+        **({LABEL_WORKSPACE: req.name} if workspace else {}),
+    }
+
+
 def make_plan(
     req: UpRequest,
     image: ImageFacts,
@@ -349,11 +394,18 @@ def make_plan(
 ) -> UpPlan:
     ports: list[Port] = []
     host_ip = ALL_INTERFACES if req.public else LOCALHOST
+    wanted = dict(req.host_ports)
     if req.jupyter:
-        ports.append(Port("jupyter", contract.jupyter_port, host_ip, None))
+        ports.append(Port("jupyter", contract.jupyter_port, host_ip, wanted.get("jupyter")))
     if req.ssh:
-        ports.append(Port("ssh", contract.ssh_port, host_ip, None))
-    mounts = [Mount(v.host_path, v.container_path, v.read_only, "volume", v.kind) for v in req.volumes]
+        ports.append(Port("ssh", contract.ssh_port, host_ip, wanted.get("ssh")))
+    ws = workspace_of(req, image)
+    if ws is not None:
+        req = replace(req, volumes=(ws, *req.volumes))  # first: a --volume below it mounts over it
+    mounts = [
+        Mount(v.host_path, v.container_path, v.read_only, "workspace" if v == ws else "volume", v.kind)
+        for v in req.volumes
+    ]
     env = contract.env(jupyter=req.jupyter, ssh=req.ssh)
     who = image_user(image.labels, image.user)
     labels = _labels(req, units, who.name, ports)
@@ -392,6 +444,7 @@ def make_plan(
         cap_add=hard.cap_add,
         pids_limit=hard.pids_limit,
         handover=ident.handover,
+        workspace=mounts[0] if ws is not None else None,
         steps=_steps(req, ident, contract, who.name),
         notes=tuple(ulimit_notes) + ident.notes,
     )

@@ -6,29 +6,45 @@ and frees the lease, so nothing half-started is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-import shlex
 import socket
 import time
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from torchrig.contract import AUTHORIZED_KEYS_FILE, JUPYTER_TOKEN_FILE, LABEL_SERVICES, host_key_path
+from torchrig.contract import (
+    AUTHORIZED_KEYS_FILE,
+    ENV_LABEL_PREFIX,
+    JUPYTER_TOKEN_FILE,
+    LABEL_SERVICES,
+    host_key_path,
+)
 from torchrig.errors import InputError, JobFailed
 from torchrig.findings import Finding
 from torchrig.runtime import hostkey
+from torchrig.runtime import ports as kept_ports
 from torchrig.runtime.engine import Engine
 from torchrig.runtime.inventory import Inventory
 from torchrig.runtime.lease import acquire, preview
 from torchrig.runtime.ledger import Ledger
 from torchrig.runtime.nvml import current
 from torchrig.runtime.placement import resolve_named
-from torchrig.runtime.plan import HostFacts, UpPlan, UpRequest, default_ulimits, make_plan
+from torchrig.runtime.plan import (
+    LOCALHOST,
+    HostFacts,
+    UpPlan,
+    UpRequest,
+    default_ulimits,
+    make_plan,
+    volume_labels,
+)
 from torchrig.runtime.preflight import Preflight, load_host_kb, preflight
 
 SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
+LABEL_OWNER_UID = f"{ENV_LABEL_PREFIX}uid"
 
 
 class PreflightRefused(JobFailed):
@@ -44,6 +60,7 @@ class UpResult:
     ssh_command: str | None = None
     host_ports: dict[str, int] = field(default_factory=dict)
     known_hosts_line: str | None = None  # "NAME ssh-ed25519 ..." (also written to the known_hosts file)
+    workspace_new: bool | None = None  # the workspace volume was made now (False: kept from before)
 
 
 def find_ssh_key(explicit: str | None) -> str:
@@ -214,11 +231,9 @@ def urls(
     if "jupyter" in host_ports:
         jupyter = f"http://{where}:{host_ports['jupyter']}/lab" + (f"?token={token}" if token else "")
     if "ssh" in host_ports:
-        who = plan.container_user or "root"
-        argv = ["ssh", "-p", str(host_ports["ssh"]), "-o", f"HostKeyAlias={plan.name}"]
-        if known_hosts is not None:
-            argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
-        ssh = shlex.join([*argv, f"{who}@{where}"])
+        ssh = hostkey.ssh_command(
+            host_ports["ssh"], plan.name, plan.container_user or "root", where, known_hosts
+        )
     return jupyter, ssh
 
 
@@ -286,6 +301,59 @@ def _start(engine: Engine, cid: str, plan: UpPlan, wait_s: float | None) -> dict
     return ports
 
 
+@dataclass(frozen=True)
+class DaemonContext:
+    """``up`` run by the host daemon for a caller: their ids and key, the daemon's own ledger."""
+
+    ledger: Ledger
+    uid: int
+    gid: int
+    ssh_key: str | None
+
+    def host_facts(self, engine: Engine) -> HostFacts:
+        return replace(host_facts(engine), uid=self.uid, gid=self.gid)
+
+
+def stable_ports(engine: Engine, req: UpRequest) -> tuple[UpRequest, tuple[str, ...]]:
+    """Ask for the host ports this environment name had before, where no one else holds them now."""
+    services = tuple(s for s, on in (("jupyter", req.jupyter), ("ssh", req.ssh)) if on)
+    recorded = kept_ports.remembered(req.name)
+    if not recorded or not services:
+        return req, ()
+    holders = {
+        port: f"{r.user}'s environment {r.name}"
+        for r in engine.environments()
+        if r.alive and r.name != req.name
+        for _, port in r.ports.values()
+    }
+    host_ip = "0.0.0.0" if req.public else LOCALHOST
+    free = {p for p in recorded.values() if kept_ports.can_bind(host_ip, p)}
+    choice = kept_ports.choose(req.name, recorded, services, holders, free)
+    return replace(req, host_ports=tuple(choice.ask.items())), choice.notes
+
+
+def make_volumes(engine: Engine, req: UpRequest, plan: UpPlan) -> bool | None:
+    """Create the plan's named volumes that are missing; whether the workspace volume was made now (None:
+    the plan has none). Another owner's workspace volume is refused, never mounted."""
+    new = None
+    for m in plan.mounts:
+        if m.type != "volume":
+            continue
+        is_ws = plan.workspace is not None and m.source == plan.workspace.source
+        if is_ws:
+            have = engine.volume_labels(m.source)
+            owner = have.get(LABEL_OWNER_UID) if have is not None else None
+            if have is not None and req.owner_uid is not None and owner not in (None, str(req.owner_uid)):
+                raise InputError(
+                    f"volume {m.source!r} (the workspace of {plan.name!r}) belongs to UID {owner}, not you",
+                    hint="pick another --name, or mount your own with -v NAME:" + m.target,
+                )
+        made = engine.ensure_volume(m.source, volume_labels(req, workspace=is_ws))
+        if is_ws:
+            new = made
+    return new
+
+
 def run_up(
     req: UpRequest,
     *,
@@ -294,8 +362,9 @@ def run_up(
     dry_run: bool,
     create_only: bool,
     wait_s: float | None,
+    daemon: DaemonContext | None = None,
 ) -> UpResult:
-    key = find_ssh_key(ssh_key_path) if req.ssh else None
+    key = (daemon.ssh_key if daemon else find_ssh_key(ssh_key_path)) if req.ssh else None
     inv = current(inventory_path) if req.gpus.wants_gpus else Inventory("not needed", None, None, ())
     if req.gpus.wants_gpus and req.gpus.kind != "count":
         resolve_named(req.gpus, inv)  # unknown indices/UUIDs fail before the engine is asked
@@ -305,12 +374,14 @@ def run_up(
     overridden = {n for n, _, _ in req.ulimits}
     wanted = tuple(u for u in default_ulimits() if u.name not in overridden)
     host = replace(
-        host_facts(engine),
+        daemon.host_facts(engine) if daemon else host_facts(engine),
         ulimit_max=engine.ulimit_max(image.id, wanted, dict(req.extra_labels)),
         path_owners=path_owners(req),
     )
     kb = load_host_kb
-    ledger = Ledger.open()
+    ledger = daemon.ledger if daemon else Ledger.open()
+    req, port_notes = stable_ports(engine, req)
+    service_notes += port_notes
     if dry_run:  # the same choice a real up makes, recording nothing
         live, listed_at = engine.live_names()
         units = preview(ledger, inv, req.gpus, share=req.share, live=live, listed_at_s=listed_at)
@@ -334,35 +405,44 @@ def run_up(
         listed_at_s=listed_at,
     )
     cid = None
+    made: list[str] = []  # a workspace volume made by this up: removed with it when the up fails (empty)
     try:
         pf = preflight(image.labels, inv, units, kb)
         _check(pf)
         plan = make_plan(req, image, host, units)
         plan = replace(plan, notes=plan.notes + tuple(service_notes))
-        for m in plan.mounts:
-            if m.type == "volume":
-                engine.ensure_volume(m.source, dict(req.extra_labels))
+        workspace_new = make_volumes(engine, req, plan)
+        if workspace_new and plan.workspace is not None:
+            made.append(plan.workspace.source)
         cid = engine.create(plan)
         ledger.bind(plan.name, cid)
         for path in plan.handover:
             if plan.container_uid is not None:
                 hand_over(path, plan.container_uid, plan.run_as[1] if plan.run_as else (plan.image_gid or 0))
         token = secrets.token_hex(24) if req.jupyter else None
-        hk = hostkey.ensure(plan.name) if req.ssh else None
+        hk = hostkey.ensure(plan.name) if req.ssh and not daemon else None
         if req.ssh and hk is None:
-            note = "no ssh-keygen on this host: the environment makes a new host key at every start"
+            note = (
+                "started through the host daemon: the environment makes a new host key at every start"
+                if daemon
+                else "no ssh-keygen on this host: the environment makes a new host key at every start"
+            )
             plan = replace(plan, notes=(*plan.notes, note))
         _provision(engine, cid, plan, token, key if req.ssh else None, hk)
         line = hostkey.record(hk, plan.name) if hk is not None else None
         if create_only:
-            return UpResult(plan, "created", pf.findings, known_hosts_line=line)
+            return UpResult(plan, "created", pf.findings, known_hosts_line=line, workspace_new=workspace_new)
         ports = _start(engine, cid, plan, wait_s)
+        kept_ports.remember(plan.name, ports)
         jupyter, ssh = urls(plan, ports, host.hostname, token, hk.known_hosts_file if hk else None)
-        return UpResult(plan, "running", pf.findings, jupyter, ssh, ports, line)
+        return UpResult(plan, "running", pf.findings, jupyter, ssh, ports, line, workspace_new)
     except BaseException:
         if cid is not None:
             engine.remove(cid, stop_timeout_s=2)
         else:  # interrupted inside the create call: the engine may have made it without telling us
             engine.remove_own(req.name, req.extra_labels, owner_uid=req.owner_uid)
         ledger.release(req.name)
+        for v in made:
+            with contextlib.suppress(Exception):
+                engine.remove_volume(v)
         raise

@@ -287,6 +287,7 @@ class Job:
     fp8_layers: list[str] = dataclasses.field(
         default_factory=list
     )  # --precision fp8: the Float8Linear layers
+    weight_copies: int = 0  # TORCHRIG_BF16_WEIGHTS=1: Linear layers using bf16 weight copies (train/optim.py)
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -323,12 +324,13 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     # fp8: the float8 Linear layers cast their own inputs; everything else runs under bf16 autocast
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(rt.precision)
     gpt = cfg.model == "gpt"
+    opt = optimizer(model, cfg, rt)
     return Job(
         cfg=cfg,
         rt=rt,
         model=model,
         run_model=run_model,
-        opt=optimizer(model, cfg, rt),
+        opt=opt,
         dataset=ds,
         spec=spec,
         global_batch=global_batch,
@@ -342,6 +344,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
         root=Path(cfg.out) / "checkpoints",
         late=LateGrads.for_backend(late) if late else None,
         fp8_layers=fp8_layers,
+        weight_copies=setup.bf16_weight_copies(model, opt, rt, cfg),
     )
 
 
@@ -509,6 +512,7 @@ def _finish(
         }
         if rt.parallel == "ddp"
         else None,
+        "bf16_weight_copies": job.weight_copies or None,
         "gc_every": cfg.gc_every,
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,

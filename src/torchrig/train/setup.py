@@ -59,6 +59,8 @@ def init(cfg: TrainConfig) -> Runtime:
         # Tunes block sizes and warps of each generated kernel, measured on the GPU at compile time (the
         # results go into Inductor's cache with the kernel).
         inductor_config.coordinate_descent_tuning = True
+    if cfg.compile and os.environ.get("TORCHRIG_INDUCTOR_CONFIG"):
+        inductor_settings(os.environ["TORCHRIG_INDUCTOR_CONFIG"])
     if world > 1:
         timeout = datetime.timedelta(seconds=int(os.environ.get("TORCHRIG_COLLECTIVE_TIMEOUT_S", "600")))
         dist.init_process_group(
@@ -87,6 +89,35 @@ def init(cfg: TrainConfig) -> Runtime:
         parallel,
         int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
+
+
+def inductor_settings(spec: str) -> dict[str, Any]:
+    """``TORCHRIG_INDUCTOR_CONFIG="combo_kernels=1,benchmark_combo_kernel=1"`` (speed levers under
+    measurement, tools/gpu/train_levers.py): set those ``torch._inductor.config`` entries (dotted names
+    reach its sub-configs, e.g. ``triton.enable_pdl=1``) before torch.compile runs; returns what was set."""
+    import torch._inductor.config as inductor_config
+
+    done: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, eq, raw = item.partition("=")
+        *path, name = key.strip().split(".")
+        owner: Any = inductor_config
+        for part in path:
+            owner = getattr(owner, part, None)
+        if not eq or owner is None or not hasattr(owner, name):
+            raise UsageError(
+                f"TORCHRIG_INDUCTOR_CONFIG: {item!r} is not NAME=VALUE of an entry of torch._inductor.config",
+                hint="unset it, or name entries torch._inductor.config has (e.g. combo_kernels=1)",
+            )
+        old = getattr(owner, name)
+        value: Any = raw.strip()
+        if isinstance(old, bool) or value.lower() in ("true", "false"):
+            value = value.lower() in ("1", "true")
+        elif isinstance(old, int):
+            value = int(value) if value.lstrip("-").isdigit() else value
+        setattr(owner, name, value)
+        done[key.strip()] = value
+    return done
 
 
 def low_precision(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> list[str]:
@@ -237,6 +268,17 @@ def optimizer(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> torch.optim.Op
     ]
     kw: dict[str, Any] = {"fused": True} if rt.device.type == "cuda" else {"foreach": True}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), **kw)
+
+
+def bf16_weight_copies(model: nn.Module, opt: torch.optim.Optimizer, rt: Runtime, cfg: TrainConfig) -> int:
+    """``TORCHRIG_BF16_WEIGHTS=1`` (a speed lever under measurement, off by default): bf16 copies of the
+    Linear layers' weights kept by the optimizer step (train/optim.py), on one GPU or CPU process under bf16
+    autocast; returns how many layers use them (0: off)."""
+    if os.environ.get("TORCHRIG_BF16_WEIGHTS", "0") != "1" or rt.precision != "bf16" or rt.parallel != "none":
+        return 0
+    from torchrig.train.optim import keep_bf16_copies
+
+    return keep_bf16_copies(model, opt).layers
 
 
 def teardown() -> None:

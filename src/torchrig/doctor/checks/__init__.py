@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from torchrig.doctor.checks import container, driver, gpu, libraries, pytorch, visibility
+from torchrig.doctor.checks import (
+    container,
+    driver,
+    env_alloc,
+    env_debug,
+    env_devices,
+    env_network,
+    gpu,
+    libraries,
+    nccl,
+    pytorch,
+    visibility,
+)
 from torchrig.doctor.checks.common import Context
 from torchrig.doctor.facts import Facts
 from torchrig.doctor.findings import Finding, Severity, sort_findings
@@ -33,6 +45,12 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("driver", driver.fabric_manager),
     ("driver", driver.ok),
     ("env", visibility.cuda_visible_devices),
+    ("env", env_devices.device_order),
+    ("env", env_alloc.alloc_conf),
+    ("env", env_network.socket_ifname),
+    ("env", env_network.ib_hca),
+    ("env", env_network.transports_disabled),
+    ("env", env_debug.ld_preload),
     ("gpu", visibility.mig_without_instances),
     ("torch", pytorch.not_installed),
     ("torch", pytorch.cpu_build),
@@ -43,6 +61,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("env", pytorch.nvcc_mismatch),
     ("torch", pytorch.newer_build),
     ("torch", pytorch.works),
+    ("torch", nccl.bootstrap),
+    ("env", env_debug.debug_settings),
     ("driver", driver.nvml_bindings),
     ("container", container.shm),
     ("container", container.memlock),

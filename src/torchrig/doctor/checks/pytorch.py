@@ -85,6 +85,10 @@ def not_installed(ctx: Context) -> Iterator[Finding]:
                 (t.error or "", f"import torch found: {origin}"),
             )
             return
+        traced = list(_traced(ctx))
+        if traced:
+            yield from traced
+            return
         yield Finding(
             "torch.import_failed",
             Severity.ERROR,
@@ -97,6 +101,47 @@ def not_installed(ctx: Context) -> Iterator[Finding]:
             ),
             (t.error or "", *((f"import torch found: {origin}",) if origin else ())),
         )
+
+
+def _traced(ctx: Context) -> Iterator[Finding]:
+    """The failed probe's trace (``probes/trace.py``): the variables without which it works, or the clean
+    environment failing too (then, and only then, the install is the suspect)."""
+    t = ctx.facts.torch
+    tr = t.trace
+    if tr is None or tr.clean_ok is not True:
+        return  # not traced, or a clean environment fails too: the install is the suspect
+    evidence = (
+        f"the torch probe: {tr.failure}",
+        f"with only {', '.join(tr.essentials)} set: it works",
+        f"{tr.runs} runs, {(tr.elapsed_ms or 0) / 1000:.1f} s" + (f"; {tr.note}" if tr.note else ""),
+    )
+    if not tr.culprits:
+        yield Finding(
+            "env.breaks_torch",
+            Severity.ERROR,
+            "import torch fails in this environment but works in a clean one",
+            "a variable of this environment breaks it; the bisection did not narrow it to one or two"
+            + (f" ({tr.note})" if tr.note else ""),
+            (
+                f"env -i PATH=$PATH HOME=$HOME {_python(ctx)} -c 'import torch'   # works: add your variables back "
+                "one by one",
+            ),
+            evidence,
+        )
+        return
+    names = [c.partition("=")[0] for c in tr.culprits]
+    yield Finding(
+        "env.breaks_torch",
+        Severity.ERROR,
+        f"{' together with '.join(names)} makes the torch probe fail ({tr.failure.split(':')[0]})",
+        f"with {' and '.join(names)} removed the probe works, with it back it fails: the variable's value, "
+        "not the install, is the cause (bisected over the environment)",
+        tuple(
+            f"unset {n}   # then find where it is set: grep -n {n} ~/.bashrc ~/.profile /etc/profile.d/* /etc/environment"
+            for n in names
+        ),
+        (*(f"{c}" for c in tr.culprits), *evidence),
+    )
 
 
 def cpu_build(ctx: Context) -> Iterator[Finding]:

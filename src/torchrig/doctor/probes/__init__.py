@@ -29,6 +29,8 @@ from torchrig.doctor.facts import (
     TorchFacts,
 )
 
+TRACE_BUDGET_S = 90.0  # probes/trace.py's default budget
+
 
 @dataclass(frozen=True)
 class ProbeOptions:
@@ -36,6 +38,7 @@ class ProbeOptions:
     torch: bool = True  # run the torch probe (the only slow one)
     timeout_s: float = 60.0  # for the torch probe; the others get probe_timeout_s
     probe_timeout_s: float = 15.0
+    deep: bool = False  # also a two-rank NCCL all-reduce over each GPU pair (probes/nccl_pairs.py)
 
 
 def _run_all(jobs: dict[str, tuple[Callable[[], Any], float]]) -> tuple[dict[str, Any], dict[str, float]]:
@@ -116,6 +119,19 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _deep(torch: TorchFacts, opts: ProbeOptions) -> TorchFacts:
+    """--deep: after the one-process check passed, each GPU pair through two ranks."""
+    from torchrig.doctor.probes.nccl_pairs import probe_pairs
+
+    n = torch.nccl
+    if n is None or n.status != "ok" or not torch.python_executable:
+        return torch
+    t0 = time.perf_counter()
+    pairs = probe_pairs(torch.python_executable, torch.device_count or 0, timeout_s=opts.timeout_s * 2)
+    steps = {**torch.steps_ms, "nccl_pairs": round((time.perf_counter() - t0) * 1000, 1)}
+    return dataclasses.replace(torch, nccl=dataclasses.replace(n, pairs=pairs), steps_ms=steps)
+
+
 def collect(options: ProbeOptions | None = None) -> Facts:
     from torchrig import __version__
     from torchrig.doctor.probes.container import probe_container, probe_docker
@@ -130,7 +146,11 @@ def collect(options: ProbeOptions | None = None) -> Facts:
     if opts.torch:
         # First, as it is the slow one. The child has its own timeout; the thread's deadline is a little later
         # so the child's wins.
-        jobs["torch"] = (lambda: probe_torch(opts.python, opts.timeout_s), opts.timeout_s + 5)
+        # A failed probe is traced (probes/trace.py): its re-runs get their own bounded time on top.
+        jobs["torch"] = (
+            lambda: probe_torch(opts.python, opts.timeout_s),
+            opts.timeout_s + 5 + TRACE_BUDGET_S,
+        )
     jobs |= {
         "nvml": (probe_nvml, t),
         "kernel": (probe_kernel, t),
@@ -141,6 +161,8 @@ def collect(options: ProbeOptions | None = None) -> Facts:
     with _stdout_to_stderr():
         results, elapsed = _run_all(jobs)
     parts = _assemble(results, {n: t for n, (_fn, t) in jobs.items()}, opts.torch)
+    if opts.deep:
+        parts["torch"] = _deep(parts["torch"], opts)
     return Facts(
         **parts,
         recorded_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -125,6 +125,91 @@ def probe_peers(torch, out, count):
     out["peer_access"] = peers
 
 
+def alloc_conf_error(torch):
+    """Ask torch's own parser about PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (it raises on a malformed value);
+    None when accepted, unset, or this torch has no such call."""
+    if not (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")):
+        return None
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if get is None:
+        return None
+    try:
+        get()
+    except Exception as e:
+        return err_text(e).splitlines()[0][:500]
+    return None
+
+
+def nccl_one(torch, dist, index, root):
+    """A one-process NCCL communicator on GPU ``index``: init over a FileStore, one all_reduce, destroy."""
+    t0 = time.perf_counter()
+    rec = {"index": index, "ok": False, "error": None, "elapsed_ms": None}
+    try:
+        store = dist.FileStore(os.path.join(root, f"store-{index}"), 1)
+        dev = torch.device("cuda", index)
+        torch.cuda.set_device(dev)
+        try:
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=dev)
+        except TypeError:  # torch before 2.3: no device_id (the communicator starts at the first collective)
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+        try:
+            x = torch.ones(1, device=dev)
+            dist.all_reduce(x)
+            torch.cuda.synchronize(dev)
+            rec["ok"] = float(x.item()) == 1.0
+            if not rec["ok"]:
+                rec["error"] = f"all_reduce of 1 on one rank gave {float(x.item())}"
+        finally:
+            dist.destroy_process_group()
+    except Exception as e:
+        rec["error"] = err_text(e)
+    rec["elapsed_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+    return rec
+
+
+def start_nccl_check(torch, count):
+    """Start each visible GPU's one-process communicator in a thread (it overlaps the kernels and the peer
+    queries that follow); :func:`finish_nccl_check` waits for it, TORCHRIG_DOCTOR_NCCL_TIMEOUT seconds at most."""
+    import tempfile
+    import threading
+
+    env_used = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_")))
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_nccl_available()):
+            return None, {
+                "status": "skipped",
+                "error": "this torch has no NCCL backend",
+                "env_used": env_used,
+            }
+    except Exception as e:
+        return None, {"status": "skipped", "error": err_text(e), "env_used": env_used}
+    devices: list = []
+    result: dict = {"status": "timeout", "devices": devices, "env_used": env_used}
+
+    def work():
+        with tempfile.TemporaryDirectory(prefix="torchrig-nccl-") as root:
+            for i in range(count):
+                devices.append(nccl_one(torch, dist, i, root))
+        result["status"] = "ok" if all(d["ok"] for d in devices) else "failed"
+
+    t = threading.Thread(target=work, name="nccl-check", daemon=True)
+    t.start()
+    return (t, time.perf_counter()), result
+
+
+def finish_nccl_check(started, result):
+    if started is None:
+        return result
+    thread, t0 = started
+    limit = float(os.environ.get("TORCHRIG_DOCTOR_NCCL_TIMEOUT", "20"))
+    thread.join(max(0.0, limit - (time.perf_counter() - t0)))
+    if thread.is_alive():
+        result["error"] = f"the NCCL communicator did not come up in {limit:g} s"
+    return result
+
+
 def main():
     out = {
         "status": "ok",
@@ -202,16 +287,22 @@ def main():
         except Exception as e:
             out["init_error"] = err_text(e)
         steps["cuda_init"] = lap()
+        nccl = None
+        if out["is_available"] and out["nccl_version"] and os.environ.get("TORCHRIG_DOCTOR_NCCL", "1") != "0":
+            nccl = start_nccl_check(torch, count)
         if out["is_available"]:
             probe_devices(torch, out, count)
             steps["devices"] = lap()
             probe_peers(torch, out, count)
             steps["peers"] = lap()
     out["warnings"] = [str(w.message)[:2000] for w in caught]
+    out["alloc_conf_error"] = alloc_conf_error(torch)
     out["loaded_libraries"] = loaded_libraries()
     steps["maps"] = lap()
     out["steps_ms"] = steps
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)  # the facts so far: a hang or crash in the NCCL check cannot lose them
+    if nccl is not None:
+        print(json.dumps({"nccl": finish_nccl_check(*nccl)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,211 @@
+"""docs/tutorials/team-server.md end to end, as two real Unix users of one server (useradd, removed after):
+each starts the team's image, saves work in /workspace over ssh (strict host-key checking, the command as
+``up`` printed it), takes the environment down and up again and finds the work and the ports unchanged; the
+dashboard's ssh command logs in the same way, its Jupyter link answers, and its one ``ssh -L`` line names
+every port its links use; ``down --volumes`` deletes the work and says so.
+
+Not as written, and why: step 1's ``image build`` needs a registry for its base and PyPI for torch, which
+this machine does not have; the session's test image (built by the same ``image build``, from a local base
+and wheelhouse) is tagged ``team/pytorch:<unique>`` instead of ``:latest`` (tests run in parallel). Step 2's
+``--gpus 2`` is left out on a machine without GPUs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "tutorials" / "team-server.md"
+DEPS = ("docker", "requests", "urllib3", "idna", "charset_normalizer", "certifi")
+
+
+def _run_as(
+    user: str, argv: list[str], env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _python_for(user: str, scratch: Path) -> tuple[str, str]:
+    """(python, PYTHONPATH) the user can run torchrig and the Docker SDK with (see test_runtime_users)."""
+    path = str(ROOT / "src")
+    if _run_as(user, [sys.executable, "-c", "import docker, torchrig"], {"PYTHONPATH": path}).returncode == 0:
+        return sys.executable, path
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system is None:
+        pytest.skip("no python the test users can run")
+    deps = scratch / "deps"
+    for name in DEPS:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.submodule_search_locations, name
+        shutil.copytree(next(iter(spec.submodule_search_locations)), deps / name)
+    subprocess.run(["chmod", "-R", "a+rX", str(scratch)], check=True)
+    path = f"{path}:{deps}"
+    if _run_as(user, [system, "-c", "import docker, torchrig"], {"PYTHONPATH": path}).returncode != 0:
+        pytest.skip("the system python cannot import the copied Docker SDK")
+    return system, path
+
+
+@pytest.fixture
+def server(engine, request):
+    """Two users of the server (group docker), each with an SSH key; the team's image under a unique tag."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
+        pytest.skip("needs root, useradd and runuser")
+    image = os.environ.get("TORCHRIG_TEST_IMAGE") or request.getfixturevalue("test_image")
+    tag = secrets.token_hex(3)
+    team_tag = f"team/pytorch:t-{tag}"
+    engine.images.get(image).tag("team/pytorch", f"t-{tag}")
+    scratch = Path(tempfile.mkdtemp(prefix="trt-team-"))
+    os.chmod(scratch, 0o755)
+    users = {who: f"trt-{who[0]}{tag}" for who in ("alice", "bob")}
+    made: list[str] = []
+    try:
+        for who, name in users.items():
+            subprocess.run(["useradd", "-M", "-N", "-s", "/bin/sh", "-G", "docker", name], check=True)
+            made.append(name)
+            home = scratch / who
+            (home / ".ssh").mkdir(parents=True)
+            subprocess.run(["chown", "-R", name, str(home)], check=True)
+            key = _run_as(
+                name, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{home}/.ssh/id_ed25519"], {}
+            )
+            assert key.returncode == 0, key.stderr
+        from torchrig.runtime.ledger import Ledger
+
+        Ledger.open(scratch / "state").close()  # the server's shared ledger, made once by root
+        python, pypath = _python_for(users["alice"], scratch)
+        for who in users:  # _python_for may have opened the scratch tree to all
+            os.chmod(scratch / who / ".ssh" / "id_ed25519", 0o600)
+        yield {"users": users, "scratch": scratch, "image": team_tag, "python": python, "pythonpath": pypath}
+    finally:
+        for name in made:
+            for c in engine.containers.list(all=True, filters={"label": f"torchrig.user={name}"}):
+                c.remove(force=True)
+            for v in engine.volumes.list(filters={"label": f"torchrig.user={name}"}):
+                v.remove(force=True)
+            subprocess.run(["userdel", name], capture_output=True)
+        engine.images.remove(team_tag)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _env(server, who: str) -> dict[str, str]:
+    return {
+        "HOME": str(server["scratch"] / who),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": server["pythonpath"],
+        "TORCHRIG_STATE_DIR": str(server["scratch"] / "state"),
+        "TORCHRIG_LABELS": os.environ.get("TORCHRIG_LABELS", ""),
+    }
+
+
+def torchrig(server, who: str, *args: str) -> subprocess.CompletedProcess:
+    return _run_as(server["users"][who], [server["python"], "-m", "torchrig", *args], _env(server, who))
+
+
+def ssh(server, who: str, printed: str, remote: str) -> subprocess.CompletedProcess:
+    """The printed ssh command, run by that user with strict host-key checking (no prompt, no TOFU)."""
+    argv = shlex.split(printed)
+    key = f"{server['scratch'] / who}/.ssh/id_ed25519"
+    strict = ["-i", key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10"]
+    return _run_as(server["users"][who], [argv[0], *strict, *argv[1:], remote], _env(server, who), timeout=60)
+
+
+def test_the_team_server_tutorial_as_two_users(server, engine):
+    text = DOC.read_text()
+    assert "torchrig image build team.toml --tag team/pytorch:latest" in text  # step 1 makes what step 2 runs
+    assert "torchrig up --image team/pytorch:latest --gpus 2 --name alice-exp" in text
+    results = {}
+    for who in ("alice", "bob"):
+        name = f"{server['users'][who]}-exp"
+        r = torchrig(server, who, "up", "--image", server["image"], "--name", name, "--json")
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["workspace"]["path"] == "/workspace" and res["workspace"]["new"] is True
+        said = ssh(server, who, res["ssh_command"], f"echo {who}-work > /workspace/notes.txt && id -un")
+        assert said.returncode == 0 and said.stdout.strip() == "torch", said.stderr
+        results[who] = (name, res)
+
+    # bob cannot take alice's down, nor delete her work
+    alice_env = results["alice"][0]
+    refused = torchrig(server, "bob", "down", "--volumes", alice_env)
+    assert refused.returncode == 2 and "belongs to" in refused.stderr, refused.stderr
+
+    # down and up again: the work and the ports are still there
+    for who, (name, first) in results.items():
+        down = torchrig(server, who, "down", name)
+        assert down.returncode == 0 and f"kept volume {first['workspace']['volume']}" in down.stdout, (
+            down.stderr
+        )
+        again = torchrig(server, who, "up", "--image", server["image"], "--name", name)
+        assert again.returncode == 0, again.stderr
+        assert (
+            f"workspace /workspace is volume {first['workspace']['volume']} (kept from before)"
+            in again.stdout
+        )
+        printed = re.search(r"^  SSH      (.+)$", again.stdout, re.M).group(1)
+        assert printed == first["ssh_command"], "the same ssh command works across down/up (same port)"
+        said = ssh(server, who, printed, "cat /workspace/notes.txt")
+        assert said.returncode == 0 and said.stdout.strip() == f"{who}-work", said.stderr
+
+    # the dashboard, as alice: its ssh command logs in as printed; its Jupyter link answers; one ssh -L
+    board = _dashboard(server, "alice")
+    try:
+        import requests
+
+        url = board[0]
+        web = requests.Session()  # the key moves into a cookie at the first request
+        page = web.get(url, timeout=30)
+        assert page.status_code == 200
+        state = web.get(url.split("?")[0] + "state.json", timeout=30)
+        envs = {e["name"]: e for e in state.json()["environments"]}
+        mine = envs[alice_env]
+        assert mine["mine"] and not envs[results["bob"][0]]["mine"] and not envs[results["bob"][0]]["access"]
+        said = ssh(server, "alice", mine["access"]["ssh"], "cat /workspace/notes.txt")
+        assert said.returncode == 0 and said.stdout.strip() == "alice-work", said.stderr
+        jupyter = mine["access"]["jupyter"]
+        base, token = jupyter.split("/lab?token=")
+        assert requests.get(f"{base}/api/status", params={"token": token}, timeout=10).status_code == 200
+        forward = re.search(r'<code id="forward">([^<]+)</code>', page.text).group(1)
+        port = base.rsplit(":", 1)[1]
+        assert f"-L {port}:127.0.0.1:{port}" in forward.replace("&#x27;", "'")
+    finally:
+        board[1].terminate()
+        board[1].wait(timeout=30)
+
+    for who, (name, first) in results.items():
+        gone = torchrig(server, who, "down", "--volumes", name)
+        assert gone.returncode == 0 and f"deleted volume {first['workspace']['volume']}" in gone.stdout, (
+            gone.stderr
+        )
+        assert not engine.volumes.list(filters={"name": first["workspace"]["volume"]})
+
+
+def _dashboard(server, who: str) -> tuple[str, subprocess.Popen]:
+    env = _env(server, who)
+    argv = ["runuser", "-u", server["users"][who], "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+            server["python"], "-m", "torchrig", "dashboard", "--port", "0", "--no-doctor"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"(http://127\.0\.0\.1:\d+/)\?key=(\S+)", line)
+    if not m or time.monotonic() > deadline:
+        proc.kill()
+        pytest.fail(f"the dashboard printed no URL: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+    return f"{m.group(1)}?key={m.group(2)}", proc

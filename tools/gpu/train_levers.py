@@ -1,0 +1,315 @@
+"""One GPU, one call: the hand-written baseline, `torchrig train`'s default and each speed lever, alternating.
+
+Run by tools/gpu/train_levers.sh (repository root, 1 GPU). Each run item is a tag, or tags joined by "+",
+with an optional "@MB" micro-batch (16 when absent): `base` (shared/baselines/gpt_ddp.py), `cg` (torchrig's
+defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers added to the defaults:
+  w16    TORCHRIG_BF16_WEIGHTS=1: bf16 weight copies kept by the optimizer step (train/optim.py)
+  pdl    TORCHINDUCTOR_ENABLE_PDL=1: Inductor's Triton kernels with programmatic dependent launch (Hopper)
+  tune   --compile-tuning: Inductor's coordinate-descent tuning of its kernels
+  mag    TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1: Triton GEMM templates with fused epilogues against cuBLAS
+  mixs   TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE=1: autotuned split of the LayerNorm
+         backward's fused row/column reductions
+  combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
+  plain  --loss plain (the head's cross-entropy over kept logits: the trainer before the fused loss)
+e.g. `w16+pdl+tune@64`. Every distinct item is first compiled (3 steps, several at once, Inductor's cache in
+TORCHINDUCTOR_CACHE_DIR), then the timed runs go one at a time in RUNS's order; a run that would start past
+BUDGET_S seconds is skipped. After every run $OUT/train_levers/summary.txt (the table, the loss curves) and
+results.json are rewritten, so a call cut short still returns what ran. The torchrig runs train on
+--data generated with the same seed; each curve (mean loss per 5 steps) is compared with `cg`'s at the same
+micro-batch. The baseline trains on one fixed random batch, so its loss is not on the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LEVERS = {  # tag: (environment, torchrig options)
+    "cg": ({}, []),
+    "w16": ({"TORCHRIG_BF16_WEIGHTS": "1"}, []),
+    "pdl": ({"TORCHINDUCTOR_ENABLE_PDL": "1"}, []),
+    "tune": ({}, ["--compile-tuning"]),
+    "mag": ({"TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "1"}, []),
+    "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
+    "plain": ({}, ["--loss", "plain"]),
+    "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
+}
+COMMON = [  # tools/gpu/train_speed.sh's options
+    *("train", "--model", "gpt", "--size", "small", "--data", "generated", "--precision", "bf16"),
+    *("--compile", "--log-every", "5", "--warmup-steps", "5", "--clip-grad", "0", "--no-ckpt-final"),
+    *("--no-tensorboard", "--workers", "2", "--no-preflight"),
+]
+
+
+# the call planned for 1x H200 in under 9 minutes: compiles about 180 s (tune's coordinate descent is the
+# longest), then about 30 s a timed run (start-up, Inductor's cache, CUDA graphs; 50 steps), so about ten
+# runs fit: the first ten cover every item, the baseline and the default twice at micro-batch 16.
+DEFAULT_RUNS = "base cg w16+pdl+tune w16 pdl base@64 cg@64 w16+pdl@64 base cg w16+pdl+tune pdl w16"
+
+
+def parse(item: str) -> tuple[list[str], int]:
+    tags, _, mb = item.partition("@")
+    return tags.split("+"), int(mb or 16)
+
+
+def fname(item: str) -> str:
+    return item.replace("+", "_").replace("@", "-mb")
+
+
+def command(
+    item: str, steps: int, out: Path, base: str, extra: list[str]
+) -> tuple[list[str], dict[str, str]]:
+    tags, mb = parse(item)
+    env = dict(os.environ)
+    if tags == ["base"]:
+        env.update(MICRO_BATCH=str(mb), STEPS=str(steps))
+        return [sys.executable, base], env
+    opts: list[str] = []
+    for t in tags:
+        if t not in LEVERS:
+            raise SystemExit(f"train_levers: unknown tag {t!r} in {item!r} (known: base {' '.join(LEVERS)})")
+        e, o = LEVERS[t]
+        for k, v in e.items():  # two tags' Inductor settings add up
+            env[k] = f"{env[k]},{v}" if k == "TORCHRIG_INDUCTOR_CONFIG" and env.get(k) else v
+        opts += o
+    argv = [
+        sys.executable,
+        "-m",
+        "torchrig",
+        "--json",
+        *COMMON,
+        "--micro-batch",
+        str(mb),
+        "--steps",
+        str(steps),
+    ]
+    more = os.environ.get("TORCHRIG_ARGS", "").split()  # e.g. a CPU smoke run: --size tiny --device cpu
+    return [*argv, "--out", str(out), "--overwrite", *opts, *extra, *more], env
+
+
+def weight(item: str) -> int:
+    """GPU memory of a compile run in units of 16 GB: GPT-2 small at micro-batch 16 needs about 10 GB
+    (activations 4 GB, logits and their gradient 3.3 GB, weights and AdamW 2 GB), 64 about 32 GB; the
+    baseline's plain loss keeps fp32 logits as well (about 50 GB at 64)."""
+    tags, mb = parse(item)
+    return max(1, (mb * 3) // 64) if tags == ["base"] else max(1, mb // 32)
+
+
+def main() -> int:
+    out = Path(os.environ.get("OUT", "/tmp/gpu-out")) / "train_levers"
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("WORK", "/tmp/train_levers"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    steps, budget = int(os.environ.get("STEPS", "50")), float(os.environ.get("BUDGET_S", "480"))
+    runs = os.environ.get("RUNS", DEFAULT_RUNS).split()
+    profile = os.environ.get("PROFILE", "").split()
+    capacity = int(os.environ.get("WARM_UNITS", "8"))
+    deadline = float(os.environ.get("DEADLINE_S", "520"))  # no run goes on past it (the call's limit)
+    base = next(
+        (
+            c
+            for c in (
+                ".baselines/gpt_ddp.py",
+                "../.baselines/gpt_ddp.py",
+                "/work/shared/baselines/gpt_ddp.py",
+            )
+            if Path(c).is_file()
+        ),
+        "",
+    )
+    start = time.monotonic()
+    log = open(out / "log.txt", "w")  # noqa: SIM115  # written to until the end of main
+
+    def say(msg: str) -> None:
+        line = f"[{time.monotonic() - start:5.0f}s] {msg}"
+        print(line, flush=True)
+        log.write(line + "\n")
+        log.flush()
+
+    say(
+        f"train_levers: baseline {base or 'MISSING'}, {steps} steps, runs {' '.join(runs)}, "
+        f"TORCHINDUCTOR_CACHE_DIR={os.environ.get('TORCHINDUCTOR_CACHE_DIR')}"
+    )
+    results: list[dict] = []
+
+    # 1. compile every distinct item (3 steps), several at once within WARM_UNITS of GPU memory
+    pending = list(dict.fromkeys(runs + profile))
+    running: list[tuple[str, subprocess.Popen, float]] = []
+    while pending or running:
+        for item in list(pending):
+            if sum(weight(i) for i, _, _ in running) + weight(item) <= capacity or not running:
+                warm_steps = 12 if parse(item)[0] == ["base"] else 3  # gpt_ddp.py's median skips 10 steps
+                argv, env = command(item, warm_steps, work / f"warm-{fname(item)}", base, [])
+                f = open(work / f"warm-{fname(item)}.log", "w")  # noqa: SIM115  # the child's output
+                running.append(
+                    (
+                        item,
+                        subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT),
+                        time.monotonic(),
+                    )
+                )
+                pending.remove(item)
+        time.sleep(1)
+        for r in list(running):
+            item, p, t0 = r
+            if p.poll() is None and (time.monotonic() - t0 > 330 or time.monotonic() - start > deadline):
+                p.kill()
+            if p.poll() is not None:
+                running.remove(r)
+                say(f"compiled {item}: rc={p.returncode} in {time.monotonic() - t0:.0f}s")
+                if p.returncode:
+                    tail = (work / f"warm-{fname(item)}.log").read_text(errors="replace").splitlines()[-15:]
+                    log.write("\n".join(tail) + "\n")
+
+    # 2. the timed runs, one at a time
+    seen: dict[str, int] = {}
+    for item in runs + [f"prof:{p}" for p in profile]:
+        prof = item.startswith("prof:")
+        item = item.removeprefix("prof:")
+        seen[item] = seen.get(item, 0) + (0 if prof else 1)
+        name = f"{'prof-' if prof else ''}{fname(item)}.{seen[item]}"
+        if time.monotonic() - start > budget:
+            say(f"{name}: skipped (past {budget:.0f}s)")
+            continue
+        argv, env = command(
+            item, 30 if prof else steps, work / f"run-{name}", base, ["--profile-steps", "5"] if prof else []
+        )
+        t0 = time.monotonic()
+        try:
+            left = max(5.0, min(200.0, deadline - (time.monotonic() - start)))
+            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=left)
+            rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, stdout, stderr = 124, text(e.stdout), text(e.stderr)
+        row = {
+            "name": name,
+            "item": item,
+            "rc": rc,
+            "wall_s": round(time.monotonic() - t0, 1),
+            "profiled": prof,
+        }
+        row.update(measure(item, stdout, work / f"run-{name}"))
+        if rc:
+            row["error_tail"] = (stderr or stdout).splitlines()[-6:]
+        results.append(row)
+        say(f"{name}: rc={rc} {row.get('tokens_per_s')} tok/s MFU {row.get('mfu')} ({row['wall_s']}s)")
+        write(out, results, budget)
+    say(f"done; inductor cache {du(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))}")
+    write(out, results, budget)
+    print((out / "summary.txt").read_text())
+    return 0
+
+
+def text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def measure(item: str, stdout: str, run_dir: Path) -> dict:
+    if parse(item)[0] == ["base"]:
+        lines = [x for x in stdout.splitlines() if x.startswith("{")]
+        d = json.loads(lines[-1]) if lines else {}
+        return {
+            "tokens_per_s": d.get("tokens_per_s"),
+            "mfu": d.get("mfu_vs_peak"),
+            "final_loss": d.get("loss"),
+        }
+    try:
+        s = json.loads(stdout).get("summary") or {}
+    except ValueError:
+        s = {}
+    curve = {}
+    m = run_dir / "metrics.jsonl"
+    if m.exists():
+        for x in m.read_text().splitlines():
+            r = json.loads(x) if x.strip() else {}
+            if "loss" in r and "step" in r:
+                curve[r["step"]] = r["loss"]
+    pr = s.get("profile") or {}
+    return {
+        "tokens_per_s": s.get("tokens_per_s"),
+        "mfu": s.get("mfu"),
+        "final_loss": s.get("final_loss"),
+        "bf16_weight_copies": s.get("bf16_weight_copies"),
+        "curve": curve,
+        "profile": {
+            "step_ms": pr.get("step_ms"),
+            "compute_ms": pr.get("compute_ms"),
+            "idle_ms": pr.get("idle_ms"),
+            "groups_ms": (pr.get("kernels") or {}).get("groups_ms"),
+            "top_kernels_ms": ((pr.get("kernels") or {}).get("top_kernels_ms") or [])[:15],
+        }
+        if pr
+        else None,
+    }
+
+
+def write(out: Path, results: list[dict], budget: float) -> None:
+    timed = [r for r in results if not r["profiled"]]
+    lines = [
+        f"{'run':<26} {'tok/s':>10} {'MFU':>6} {'vs base':>8} {'final loss':>11} {'max|dloss| vs cg':>18}  wall"
+    ]
+    for r in timed:
+        mb = parse(r["item"])[1]
+        bases = [
+            x["tokens_per_s"]
+            for x in timed
+            if x["item"] == f"base@{mb}" or (mb == 16 and x["item"] == "base")
+        ]
+        bases = [b for b in bases if b]
+        ref = next(
+            (x.get("curve") for x in timed if parse(x["item"]) == (["cg"], mb) and x.get("curve")), None
+        )
+        dl = "-"
+        if r.get("curve") and ref:
+            common = sorted(set(r["curve"]) & set(ref))
+            if common:
+                dl = f"{max(abs(r['curve'][k] - ref[k]) for k in common):.4f} ({len(common)})"
+        t = r.get("tokens_per_s")
+        vs = f"{t / (sum(bases) / len(bases)):.3f}" if t and bases else "-"
+        fl = r.get("final_loss")
+        lines.append(
+            f"{r['name']:<26} {t or 0:>10,.0f} {(r.get('mfu') or 0):>6.1%} {vs:>8} "
+            f"{(f'{fl:.4f}' if isinstance(fl, float) else '-'):>11} {dl:>18}  {r['wall_s']}s"
+            + (f"  rc={r['rc']} {' | '.join(r.get('error_tail', []))[-300:]}" if r["rc"] else "")
+        )
+    curves = {r["name"]: r["curve"] for r in timed if r.get("curve")}
+    if curves:
+        lines += [
+            "",
+            "loss curves (mean loss of each 5 steps)",
+            f"{'step':>5} " + " ".join(f"{n[:12]:>12}" for n in curves),
+        ]
+        for st in sorted(set().union(*[set(c) for c in curves.values()])):
+            lines.append(
+                f"{st:>5} "
+                + " ".join(f"{c[st]:>12.4f}" if st in c else f"{'-':>12}" for c in curves.values())
+            )
+    for r in results:
+        pr = r.get("profile")
+        if r["profiled"] and pr:
+            lines += [
+                "",
+                f"{r['name']}: {r.get('tokens_per_s')} tok/s; profiled step {pr['step_ms']} ms = compute "
+                f"{pr['compute_ms']} + idle {pr['idle_ms']} ms",
+            ]
+            lines += [f"  {g:<28} {ms:8.3f} ms/step" for g, ms in (pr.get("groups_ms") or {}).items()]
+            lines += [f"    {ms:7.3f}  {n[:110]}" for n, ms in pr.get("top_kernels_ms") or []]
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+def du(path: str | None) -> str:
+    if not path or not Path(path).exists():
+        return "absent"
+    n = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    return f"{path}: {n / 2**20:.0f} MiB"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
