@@ -90,6 +90,8 @@ def pair(engine):
     finally:
         for c in engine.containers.list(all=True, filters={"name": f"trg-{tag}"}):
             c.remove(force=True)
+        for v in engine.volumes.list(filters={"name": f"trg-{tag}"}):  # each environment's /workspace
+            v.remove(force=True)
         for name in made:
             subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -155,6 +157,6 @@ def test_launch_and_train_refuse_the_gpu_another_user_leased_and_take_free_ones(
     assert json.loads(r.stdout)["plan"]["forced_gpus"][0].startswith(f"GPU 0 held by {alice}/{env_a}")
     assert f"warning: --force: taking GPU 0 held by {alice}" in r.stderr
 
-    assert torchrig_as(pair, "alice", "down", env_a).returncode == 0
+    assert torchrig_as(pair, "alice", "down", "--volumes", env_a).returncode == 0
     r = torchrig_as(pair, "bob", "--json", "launch", "--dry-run", "--gpus", "all", job)
     assert json.loads(r.stdout)["plan"]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1", r.stderr
