@@ -161,10 +161,10 @@ def _others_hold_gpus() -> bool:
     run without --gpus must not take the first GPU CUDA shows blindly."""
     if _under_torchrun():
         return False
-    from torchrig.runtime.ledger import current_user, read_leases
+    from torchrig.launch.probe import leases_now
+    from torchrig.runtime.ledger import current_user
 
-    found = read_leases()
-    return found is not None and any(x.user != current_user() for x in found[1])
+    return any(x.user != current_user() for x in leases_now() or ())
 
 
 def _first_yours(args: argparse.Namespace) -> Any | None:
