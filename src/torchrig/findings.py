@@ -34,6 +34,16 @@ class Severity(str, enum.Enum):
         return _RANK[self]
 
     @property
+    def passed(self) -> bool:
+        """Rank 0: a probe that passed."""
+        return self.rank == 0
+
+    @property
+    def cautions(self) -> bool:
+        """Rank 2, a caveat or a warning: it runs, with a catch."""
+        return self.rank == 2
+
+    @property
     def is_problem(self) -> bool:
         """A caveat/warning or worse: ``doctor`` exits 1, ``up`` reports it."""
         return self.rank >= 2

@@ -14,10 +14,10 @@ from torchrig.errors import JobFailed
 def test_gpu_runs_are_torchrig_train_on_the_first_k_gpus():
     argv = scaling.trainer_argv(scaling.GPU_SHAPE, 2, 60, 20, "/tmp/x", python="py")
     assert argv[:4] == ["py", "-m", "torchrig", "train"]
-    assert argv[argv.index("--gpus") + 1] == "0,1" and "--compile" in argv
+    assert argv[argv.index("--gpus") + 1] == "2" and "--compile" in argv
     assert argv[argv.index("--size") + 1] == "small" and argv[argv.index("--precision") + 1] == "bf16"
     one = scaling.trainer_argv(scaling.GPU_SHAPE, 1, 60, 20, "/tmp/x", python="py")
-    assert one[one.index("--gpus") + 1] == "0" and "--no-preflight" not in one
+    assert one[one.index("--gpus") + 1] == "1" and "--no-preflight" not in one
 
 
 def test_the_reported_command_is_the_one_that_ran():

@@ -29,10 +29,16 @@ def test_gpu_list_sets_visible_devices_and_local_devices():
     assert plan.env["OMP_NUM_THREADS"] == "32"
 
 
+def chosen(spec, visible, **host):
+    h = HostFacts(visible_gpus=visible, cpu_count=8, python="python3", env={}, **host)
+    return tuple(u.gpu_index for u in select_gpus(LaunchRequest(script="t.py", gpus=spec), h).units)
+
+
 def test_count_and_all():
-    assert select_gpus("3", tuple(range(8))) == (0, 1, 2)
-    assert select_gpus("all", (4, 6)) == (4, 6)
-    assert select_gpus(None, (1,)) == (1,)
+    assert chosen("3", tuple(range(8))) == (0, 1, 2)
+    assert chosen("all", (4, 6)) == (4, 6)
+    assert chosen(None, (1,)) == (1,)
+    assert chosen("device=5", tuple(range(8))) == (5,) == chosen("5,", tuple(range(8)))
 
 
 @pytest.mark.parametrize(
@@ -43,11 +49,15 @@ def test_count_and_all():
         ("0,0", "twice"),
         ("two", "malformed"),
         ("0", "at least 1"),
+        ("-1", "0 or more"),
+        ("", "empty"),
+        ("1,,2", "empty entry"),
+        ("MIG-0b1c2d3e-0001-5f6a-8b9c-0d1e2f3a4b01", "one rank per whole GPU"),
     ],
 )
 def test_bad_gpu_specs(spec, msg):
     with pytest.raises(UsageError, match=msg):
-        select_gpus(spec, tuple(range(8)))
+        chosen(spec, tuple(range(8)))
 
 
 def test_multi_node_is_c10d_with_node0_hosting():

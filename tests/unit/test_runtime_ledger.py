@@ -12,7 +12,7 @@ import pytest
 from torchrig.runtime.inventory import load_snapshot
 from torchrig.runtime.lease import NoFreeGpu, acquire
 from torchrig.runtime.ledger import Ledger
-from torchrig.runtime.placement import parse_gpus
+from torchrig.runtime.placement import GpuHeld, parse_gpus
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/runtime/inventory-8xh200.json"
 
@@ -48,18 +48,19 @@ def test_exclusive_then_no_free_names_holders(tmp_path, inv):
 def test_named_busy_gpu_is_refused(tmp_path, inv):
     led = Ledger.open(tmp_path)
     take(led, inv, "0,1", "a")
-    with pytest.raises(NoFreeGpu, match="GPU 1 held by u/a"):
+    with pytest.raises(GpuHeld, match="GPU 1 held by u/a since ") as err:  # named: exit 2, who and since
         take(led, inv, "1,2", "b")
+    assert err.value.exit_code == 2
 
 
 def test_share_only_with_other_sharers(tmp_path, inv):
     led = Ledger.open(tmp_path)
     take(led, inv, "device=0", "a", share=True)
     take(led, inv, "device=0", "b", share=True)
-    with pytest.raises(NoFreeGpu):
+    with pytest.raises(GpuHeld):
         take(led, inv, "device=0", "c")  # exclusive request on a shared GPU
     take(led, inv, "device=1", "x")
-    with pytest.raises(NoFreeGpu):
+    with pytest.raises(GpuHeld):
         take(led, inv, "device=1", "y", share=True)  # sharing never breaks an exclusive lease
 
 

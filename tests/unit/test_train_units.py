@@ -190,7 +190,7 @@ def test_bad_input_is_one_line_exit_2(cli, args, msg):
 @pytest.mark.parametrize(
     "args, msg",
     [
-        (["train", "--gpus", "1", "--size", "tiny"], "torch sees no GPU"),
+        (["train", "--gpus", "1", "--size", "tiny"], "no GPU is visible"),  # placed like launch
         (["train", "--gpus", "2", "--size", "tiny"], "no GPU is visible"),
         (["launch", "--gpus", "2", "t.py"], "no GPU is visible"),
     ],
@@ -211,7 +211,13 @@ def test_train_and_launch_take_the_same_failure_options():
 
     def failures(name: str) -> dict[str, tuple]:
         parser, _ = build_parser(name)
-        keep = ("max_restarts", "collective_timeout", "hang_timeout", "nccl_timeout_grace", "stopped_grace")
+        keep = (
+            "max_restarts",
+            "collective_timeout_s",
+            "hang_timeout_s",
+            "nccl_timeout_grace_s",
+            "stopped_grace_s",
+        )
         return {a.dest: (a.option_strings, a.default, a.help) for a in parser._actions if a.dest in keep}
 
     assert failures("train") == failures("launch") and len(failures("train")) == 5

@@ -40,7 +40,15 @@ class LaunchPlan:
         return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
 
 
-def plan_launch(cfg: BenchConfig, nproc: int, workdir: str, python: str = sys.executable) -> LaunchPlan:
+def plan_launch(
+    cfg: BenchConfig,
+    nproc: int,
+    workdir: str,
+    python: str = sys.executable,
+    *,
+    visible_devices: str | None = None,
+) -> LaunchPlan:
+    """The workers' command; ``visible_devices``: the GPUs placement chose (``CUDA_VISIBLE_DEVICES``)."""
     config_path = str(pathlib.Path(workdir) / "bench-config.json")
     out_path = str(pathlib.Path(workdir) / "measurements.json")
     src = str(pathlib.Path(torchrig.__file__).resolve().parents[1])
@@ -59,9 +67,12 @@ def plan_launch(cfg: BenchConfig, nproc: int, workdir: str, python: str = sys.ex
         "--out",
         out_path,
     )
+    env = {"PYTHONPATH": pythonpath}
+    if visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices
     return LaunchPlan(
         argv=argv,
-        env_additions={"PYTHONPATH": pythonpath},
+        env_additions=env,
         nproc=nproc,
         config_path=config_path,
         out_path=out_path,

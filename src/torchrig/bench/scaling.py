@@ -71,12 +71,21 @@ def group_sizes(world: int) -> list[int]:
 
 
 def trainer_argv(
-    shape: TrainerShape, k: int, steps: int, warmup: int, out_dir: str, python: str = sys.executable
+    shape: TrainerShape,
+    k: int,
+    steps: int,
+    warmup: int,
+    out_dir: str,
+    python: str = sys.executable,
+    *,
+    force: bool = False,
 ) -> list[str]:
-    """The ``torchrig train`` command for ``k`` ranks (GPUs 0..k-1, or k gloo ranks on the CPU path)."""
-    ranks = ["--nproc-per-node", str(k)] if shape.cpu else ["--gpus", ",".join(str(i) for i in range(k))]
+    """The ``torchrig train`` command for ``k`` ranks (the first k of the bench's GPUs, or k gloo ranks on the
+    CPU path)."""
+    ranks = ["--nproc-per-node", str(k)] if shape.cpu else ["--gpus", str(k)]
     # The launcher's pre-flight checks were already made by the bench workers on these same GPUs.
     extra = ["--no-preflight"] if k > 1 else []
+    extra += ["--force"] if force and not shape.cpu else []  # the bench took them with --force already
     return [
         python,
         "-m",
@@ -111,10 +120,13 @@ def _read_summary(out_dir: pathlib.Path, shape: TrainerShape, k: int) -> Scaling
     )
 
 
-def _run_one(argv: list[str], cpu: bool, on_line: Callable[[str], None] | None) -> None:
+def _run_one(
+    argv: list[str], cpu: bool, on_line: Callable[[str], None] | None, extra_env: dict[str, str] | None = None
+) -> None:
     from torchrig.launch import guard
 
     env = dict(os.environ)
+    env.update({k: v for k, v in (extra_env or {}).items() if k == "CUDA_VISIBLE_DEVICES"})
     if cpu:
         # One thread per rank, as torchrun gives each of its ranks: the one-rank run (no torchrun) would
         # otherwise spin every core's thread against the others' and measure the contention.
@@ -150,6 +162,8 @@ def measure_scaling(
     workdir: str,
     progress: Callable[[str], None],
     on_line: Callable[[str], None] | None = None,
+    env: dict[str, str] | None = None,
+    force: bool = False,
 ) -> tuple[list[ScalingResult], str]:
     """Run the trainer for each group size; the rows and the command they ran (without its ranks)."""
     shape = shape_for(device_kind, quick)
@@ -160,7 +174,7 @@ def measure_scaling(
             f"scaling: torchrig train on {k} {'GPU' if device_kind == 'cuda' else 'rank'}{'s' * (k > 1)}"
         )
         out = pathlib.Path(workdir) / f"scaling-{k}"
-        _run_one(trainer_argv(shape, k, steps, warmup, str(out)), shape.cpu, on_line)
+        _run_one(trainer_argv(shape, k, steps, warmup, str(out), force=force), shape.cpu, on_line, env)
         row = _read_summary(out, shape, k)
         base = row.tokens_per_s if k == 1 else base
         eff = row.tokens_per_s / (k * base) if base else None

@@ -32,6 +32,7 @@ import tempfile
 from typing import Any
 
 from torchrig.argtypes import MAX_PROCS, int_in
+from torchrig.cli.cmd_launch import add_gpu_options
 from torchrig.errors import EngineUnavailable, UsageError
 from torchrig.fuzzy import did_you_mean
 
@@ -42,13 +43,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nproc-per-node",
-        "--gpus",
         dest="nproc",
         type=int_in(1, MAX_PROCS),
         default=None,
         metavar="N",
-        help="worker processes, one per GPU (default: every visible GPU; 2 on the CPU path)",
+        help="worker processes: with GPUs the same as --gpus N; 2 on the CPU path by default",
     )
+    add_gpu_options(parser, "(default: every visible GPU that is yours to take)")
     parser.add_argument("--cpu", action="store_true", help="run the CPU/gloo path even if GPUs are present")
     parser.add_argument(
         "--only",
@@ -158,30 +159,32 @@ def run(args: argparse.Namespace) -> Any:
         from torchrig.bench.plots import _pyplot
 
         _pyplot()  # fail now, not after minutes of measuring
+    placed = _placed(args)  # refused here, before torch is imported, if someone else holds a GPU you name
     kind, count = _device(args)
+    if placed is not None and kind == "cpu":
+        raise UsageError("--gpus given but torch sees no GPU", hint="run 'torchrig doctor', or use --cpu")
     from torchrig.bench.config import make_config
 
     command_line = (
         shlex.join(["torchrig", *sys.argv[1:]]) if sys.argv[0].endswith(("torchrig", "__main__.py")) else ""
     )
     cfg = make_config(device_kind=kind, quick=args.quick, command_line=command_line, **chosen)
-    nproc = args.nproc or (count if kind == "cuda" else 2)
-    if kind == "cuda" and nproc > count:
-        raise UsageError(
-            f"--nproc-per-node {nproc} but only {count} GPU(s) are visible",
-            hint=f"use --nproc-per-node {count} or fewer",
-        )
+    nproc = len(placed.gpus) if placed is not None else (args.nproc or (count if kind == "cuda" else 2))
     from torchrig.bench.config import Part
     from torchrig.bench.launch import execute, plan_launch
 
+    visible = ",".join(map(str, placed.gpus)) if placed is not None else None
+    for line in placed.forced if placed is not None else ():
+        print(f"torchrig bench: warning: --force: taking {line}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
-        plan = plan_launch(cfg, nproc, work)
+        plan = plan_launch(cfg, nproc, work, visible_devices=visible)
         if args.dry_run:
             from torchrig.report import SimpleReport
 
             return SimpleReport(
                 {
                     "plan": {"argv": list(plan.argv), "env": plan.env_additions, "nproc": nproc},
+                    "forced_gpus": list(placed.forced if placed is not None else ()),
                     "config": __import__("json").loads(cfg.to_json()),
                 },
                 plan.shell(),
@@ -192,11 +195,34 @@ def run(args: argparse.Namespace) -> Any:
         with ProgressDisplay() as display:
             m = execute(plan, cfg, display.update, on_line)
             if Part.SCALING.value in cfg.parts:
-                m = _scaling(m, cfg, nproc, work, display, on_line)
+                m = _scaling(m, cfg, nproc, work, display, on_line, plan.env_additions, bool(args.force))
     return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
 
 
-def _scaling(m: Any, cfg: Any, nproc: int, work: str, display: Any, on_line: Any) -> Any:
+def _placed(args: argparse.Namespace) -> Any | None:
+    """The GPUs the workers get, by the placement rule of every command (launch's own choice: free or
+    leased to you); None on the CPU path."""
+    if args.cpu:
+        if args.gpus is not None:
+            raise UsageError("--cpu and --gpus exclude each other", hint="drop one of them")
+        return None
+    if args.gpus is not None and args.nproc is not None:
+        raise UsageError("--gpus and --nproc-per-node both say how many GPUs", hint="give one of them")
+    from torchrig.launch.run import choose_gpus
+    from torchrig.runtime import placement
+
+    if args.gpus is not None and not placement.parse_gpus(args.gpus).wants_gpus:
+        raise UsageError(f"--gpus {args.gpus!r} asks for no GPU", hint="for the CPU path use --cpu")
+    if args.gpus is None:  # every GPU that is yours; none visible: the CPU path (--nproc-per-node ranks)
+        placed = choose_gpus(None, force=args.force)
+        if not placed.gpus or not args.nproc:
+            return placed if placed.gpus else None
+    return choose_gpus(args.gpus or str(args.nproc), force=args.force)
+
+
+def _scaling(
+    m: Any, cfg: Any, nproc: int, work: str, display: Any, on_line: Any, env: dict[str, str], force: bool
+) -> Any:
     """The training-scaling rows, from ``torchrig train`` runs on 1, 2, 4 ... ``nproc`` GPUs."""
     import dataclasses
 
@@ -209,7 +235,16 @@ def _scaling(m: Any, cfg: Any, nproc: int, work: str, display: Any, on_line: Any
         done[0] += 1
 
     rows, command = measure_scaling(
-        cfg.device_kind, cfg.quick, nproc, cfg.scaling_steps, cfg.scaling_warmup, work, progress, on_line
+        cfg.device_kind,
+        cfg.quick,
+        nproc,
+        cfg.scaling_steps,
+        cfg.scaling_warmup,
+        work,
+        progress,
+        on_line,
+        env,
+        force,
     )
     return dataclasses.replace(
         m, scaling=tuple(rows), meta=dataclasses.replace(m.meta, scaling_model=command)

@@ -41,6 +41,7 @@ from typing import Any
 
 from torchrig.argtypes import MAX_NODES, MAX_PROCS, MAX_SECONDS, int_in
 from torchrig.errors import UsageError
+from torchrig.launch.options import LAUNCH_OPTIONS, MAX_RESTARTS, from_args
 
 DEFAULT_WAIT_S = 7 * 24 * 3600  # a week: past any usual partition time limit, yet --wait never hangs forever
 
@@ -64,27 +65,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--rdzv-port", type=int_in(1, 65535), default=29500, help="c10d rendezvous port on the first node"
     )
-    g.add_argument(
-        "--rdzv-timeout",
-        type=int_in(1, MAX_SECONDS),
-        metavar="S",
-        help="seconds to wait for all nodes (launch: 300)",
-    )
-    g.add_argument(
-        "--max-restarts", type=int_in(0, 1000), default=0, help="restarts of the worker group on a failure"
-    )
-    g.add_argument(
-        "--collective-timeout",
-        type=int_in(1, MAX_SECONDS),
-        metavar="S",
-        help="process-group timeout (launch: 600)",
-    )
-    g.add_argument(
-        "--hang-timeout",
-        type=int_in(0, MAX_SECONDS),
-        metavar="S",
-        help="no rank output for S s = hang (launch: off)",
-    )
+    for option in LAUNCH_OPTIONS:  # declared once; left out of the command when not given (launch's default)
+        option.add_to(g, default=option is MAX_RESTARTS)
     g.add_argument("--no-preflight", action="store_true", help="skip launch's pre-flight checks")
     g.add_argument("--log-dir", default="torchrig-logs", help="per-rank logs go under here (torchrig-logs)")
     g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment")
@@ -194,10 +176,7 @@ def _job(args: argparse.Namespace) -> Any:
         gpus_per_node=args.gpus_per_node,
         cpu_procs_per_node=args.nproc_per_node,
         rdzv_port=args.rdzv_port,
-        rdzv_timeout_s=args.rdzv_timeout,
-        max_restarts=args.max_restarts,
-        collective_timeout_s=args.collective_timeout,
-        hang_timeout_s=args.hang_timeout,
+        **from_args(args),
         preflight=not args.no_preflight,
         log_dir=args.log_dir,
         env=_env(args.env),

@@ -12,6 +12,9 @@ hung only on evidence: a rank's NCCL watchdog logged a collective timeout and th
 waits in a collective; or, if you ask for it, --hang-timeout seconds without output. Before a hung job is
 stopped, every rank writes its flight record next to the logs, and the summary says which rank never
 called which collective (or a desync), and what the verdict rests on.
+On a shared server, the GPUs leased with 'torchrig up' are respected: a GPU is yours to take when it is free
+or leased to you; --gpus all means all of those; naming a GPU someone else holds is refused (exit 2) with
+who holds it and since when, unless --force (which says so). The ledger is only read: launch takes no lease.
 Environment defaults (NCCL async error handling, flight recorder, unbuffered output, ...)
 are set only where you have not set them; --dry-run lists each with its reason.
 
@@ -35,13 +38,12 @@ from typing import Any
 
 from torchrig.argtypes import MAX_NODES, MAX_PROCS, MAX_SECONDS, int_in
 from torchrig.errors import UsageError
+from torchrig.launch.options import FAILURE_OPTIONS, RDZV_TIMEOUT, from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("devices")
-    g.add_argument(
-        "--gpus", help="all, a count (2) or a list (0,1) of the visible GPUs (default: all, or CPU if none)"
-    )
+    add_gpu_options(g, "(default: all that are yours to take, or CPU if none is visible)")
     g.add_argument("--cpu", action="store_true", help="CPU ranks with gloo (no GPU)")
     g.add_argument(
         "--nproc-per-node", type=int_in(1, MAX_PROCS), help="CPU ranks per node with --cpu (default 1)"
@@ -61,13 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     n.add_argument(
         "--rdzv-backend", default="c10d", choices=("c10d", "static"), help="rendezvous backend (c10d)"
     )
-    n.add_argument(
-        "--rdzv-timeout",
-        type=int_in(1, MAX_SECONDS),
-        default=300,
-        metavar="S",
-        help="seconds to wait for all nodes (300)",
-    )
+    RDZV_TIMEOUT.add_to(n)
     f = parser.add_argument_group("failures")
     add_failure_options(f)
     f.add_argument(
@@ -95,42 +91,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
+def add_gpu_options(g: Any, default: str) -> None:
+    """``--gpus`` and ``--force``: one wording for launch, train and bench (the grammar and the placement
+    rule are :mod:`torchrig.runtime.placement`'s)."""
+    g.add_argument(
+        "--gpus",
+        metavar="WHICH",
+        help=f"all | N | 0,2 (device=1 or 1, for one index) | GPU-UUID,... of the visible GPUs {default}; "
+        "a GPU leased to someone else (see 'torchrig gpus') is refused",
+    )
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="take GPUs leased to someone else anyway (a warning names whose)",
+    )
+
+
 def add_failure_options(g: Any) -> None:
-    """Restarts, and the options that decide when a job counts as hung: one wording for launch and train."""
-    g.add_argument(
-        "--max-restarts", type=int_in(0, 1000), default=0, help="restart the worker group this many times (0)"
-    )
-    g.add_argument(
-        "--collective-timeout",
-        type=int_in(1, MAX_SECONDS),
-        default=600,
-        metavar="S",
-        help="process-group timeout for torchrig's trainer and pre-flight (600)",
-    )
-    g.add_argument(
-        "--hang-timeout",
-        type=int_in(0, MAX_SECONDS),
-        default=0,
-        metavar="S",
-        help="only if you ask: no rank output for S seconds = hang: dump stacks and flight records, stop, "
-        "summarise (0: off; a job that logs only to TensorBoard is silent)",
-    )
-    g.add_argument(
-        "--nccl-timeout-grace",
-        type=int_in(0, MAX_SECONDS),
-        default=30,
-        metavar="S",
-        help="a rank's NCCL watchdog logged a collective timeout and the job still runs S s later = hang: "
-        "dump stacks and flight records, stop, summarise (30; 0: leave it to PyTorch)",
-    )
-    g.add_argument(
-        "--stopped-grace",
-        type=int_in(0, MAX_SECONDS),
-        default=30,
-        metavar="S",
-        help="a rank stopped by a signal (state T) for S s while another waits in a collective = hang: "
-        "stop and summarise (30; 0: never)",
-    )
+    """Restarts, and the options that decide when a job counts as hung: declared once
+    (:mod:`torchrig.launch.options`), one wording for launch and train."""
+    for option in FAILURE_OPTIONS:
+        option.add_to(g)
 
 
 def request_from_args(
@@ -156,6 +137,7 @@ def request_from_args(
         script_args=sargs,
         module=args.module if module is None else module,
         gpus=args.gpus,
+        force=args.force,
         cpu=args.cpu,
         nproc_per_node=args.nproc_per_node,
         nnodes=args.nnodes,
@@ -163,13 +145,8 @@ def request_from_args(
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
         rdzv_backend=args.rdzv_backend,
-        rdzv_timeout_s=args.rdzv_timeout,
-        max_restarts=args.max_restarts,
         log_dir=args.log_dir,
-        collective_timeout_s=args.collective_timeout,
-        hang_timeout_s=args.hang_timeout,
-        nccl_timeout_grace_s=args.nccl_timeout_grace,
-        stopped_grace_s=args.stopped_grace,
+        **from_args(args),
         extra_env=tuple(extra),
     )
 

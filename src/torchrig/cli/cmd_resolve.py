@@ -23,8 +23,6 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torchrig.findings import Severity
-
 if TYPE_CHECKING:  # the engine is imported by run(), so that --help stays light
     from torchrig.compat.resolve import NoBuildFound, Resolution
 
@@ -107,7 +105,7 @@ class ResolveReport:
         if r.why:
             lines += ["", f"why: {r.why}"]
         lines += ["", r.pip_command_full]
-        caveats = [x for x in r.reasons if x.severity is Severity.CAVEAT]
+        caveats = [x for x in r.reasons if x.severity.cautions]
         if caveats:
             lines += ["", "caveats:"] + [f"  warn  {c.message}  [{c.code}]" for c in caveats]
         if r.newer_alternative:

@@ -4,8 +4,10 @@ DDP or FSDP2 (fully_shard); bf16 or fp16 autocast (GradScaler for fp16); torch.c
 accumulation that synchronises gradients only on the last micro-step; DistributedSampler with DataLoader
 workers and pinned memory; warm-up + cosine learning rate; gradient clipping; atomic DCP checkpoints that
 resume on any number of GPUs with no lost or repeated steps; metrics as JSONL and TensorBoard with
-tokens/s (images/s) and MFU. With --gpus N (N > 1) or --nproc-per-node N, the ranks are started through
-'torchrig launch' (torchrun underneath); under torchrun it trains in place.
+tokens/s (images/s) and MFU. --gpus is launch's (all, N, 0,2, device=1, GPU-UUID; a GPU that someone else
+leased is refused unless --force); with more than one GPU, one GPU other than CUDA's first,
+or --nproc-per-node N, the ranks are started through 'torchrig launch' (torchrun underneath); under torchrun
+it trains in place.
 
 examples:
   torchrig train --model gpt --size tiny --steps 200                 # CPU or one GPU, learnable data
@@ -31,13 +33,15 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchrig.argtypes import MAX_PROCS, int_in
-from torchrig.cli.cmd_launch import add_failure_options
+from torchrig.cli.cmd_launch import add_failure_options, add_gpu_options
 from torchrig.errors import JobFailed, UsageError
+from torchrig.launch.options import FAILURE_OPTIONS, from_args
 from torchrig.train.gpuwatch import render as render_gpus
 from torchrig.train.options import add_train_options, config_from_args
 
@@ -45,7 +49,7 @@ from torchrig.train.options import add_train_options, config_from_args
 def configure(parser: argparse.ArgumentParser) -> None:
     add_train_options(parser)
     g = parser.add_argument_group("ranks (started through torchrig launch)")
-    g.add_argument("--gpus", help="all, a count or a list of GPUs; more than one starts one rank per GPU")
+    add_gpu_options(g, "(more than one starts one rank per GPU)")
     g.add_argument(
         "--nproc-per-node", type=int_in(1, MAX_PROCS), help="CPU ranks (gloo) to start, with --device cpu"
     )
@@ -59,11 +63,14 @@ class TrainReport:
     summary: dict[str, Any] | None
     launch: Any | None
     out: str | None = None  # the run folder (metrics, checkpoints, summary)
+    forced_gpus: tuple[str, ...] = ()  # trained in place on a GPU leased to someone else (--force)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"summary": self.summary, "out": self.out}
         if self.launch is not None:
             out["launch"] = self.launch.to_json()
+        if self.forced_gpus:
+            out["forced_gpus"] = list(self.forced_gpus)
         return out
 
     @property
@@ -133,30 +140,62 @@ def _check_out(out: Path) -> None:
             return
 
 
-def _wants_launch(args: argparse.Namespace) -> bool:
-    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
+
+
+def _placed(args: argparse.Namespace) -> Any | None:
+    """Where ``--gpus`` puts the run, by the placement rule of every command (``launch``'s own choice: free
+    or leased to you, refused when someone else holds a GPU you name); None without ``--gpus`` or when this
+    process is already one rank of a torchrun job."""
+    from torchrig.runtime import placement
+
+    request = placement.parse_gpus(args.gpus)  # malformed (-1, 0, two): one line, exit 2
+    if not request.wants_gpus:
+        raise UsageError(f"--gpus {args.gpus!r} asks for no GPU", hint="for the CPU use --device cpu")
+    if _under_torchrun():
+        return None
+    from torchrig.launch.run import choose_gpus
+
+    return choose_gpus(args.gpus, force=args.force)
+
+
+def _others_hold_gpus() -> bool:
+    """Whether the lease ledger (read-only; none on a personal machine) holds a GPU for someone else: then a
+    run without --gpus must not take the first GPU CUDA shows blindly."""
+    if _under_torchrun():
+        return False
+    from torchrig.launch.probe import leases_now
+    from torchrig.runtime.ledger import current_user
+
+    return any(x.user != current_user() for x in leases_now() or ())
+
+
+def _first_yours(args: argparse.Namespace) -> Any | None:
+    """The first visible GPU that is yours to take (None: no GPU visible, the CPU as before)."""
+    import dataclasses as dc
+
+    from torchrig.launch.run import choose_gpus
+
+    placed = choose_gpus(None, force=args.force)
+    return dc.replace(placed, gpus=placed.gpus[:1]) if placed.gpus else None
+
+
+def _wants_launch(args: argparse.Namespace, placed: Any | None) -> bool:
+    """Ranks through the launcher: several CPU ranks, several GPUs, or one GPU other than the first one
+    CUDA shows (a process training in place uses that one)."""
+    if _under_torchrun():
         return False  # already one rank of a torchrun job
     if args.nproc_per_node and args.nproc_per_node > 1:
         return True
-    if args.gpus is None:
+    if placed is None:
         return False
-    return args.gpus == "all" or "," in args.gpus or (args.gpus.isdigit() and int(args.gpus) > 1)
+    return len(placed.gpus) > 1 or tuple(placed.gpus) != tuple(placed.visible[:1])
 
 
 def run(args: argparse.Namespace) -> TrainReport:
     cfg = config_from_args(args)
-    # the launcher's options are checked even when one process trains without it, so a mistake never passes
-    for flag, value, least in (
-        ("--max-restarts", args.max_restarts, 0),
-        ("--collective-timeout", args.collective_timeout, 1),
-        ("--hang-timeout", args.hang_timeout, 0),
-        ("--nccl-timeout-grace", args.nccl_timeout_grace, 0),
-        ("--stopped-grace", args.stopped_grace, 0),
-    ):
-        if value < least:
-            raise UsageError(
-                f"{flag} must be {least} or more, got {value}", hint="see 'torchrig train --help'"
-            )
+    # the launcher's options were checked by their parser (launch.options' bounds), run in place or not
     _check_out(Path(cfg.out))
     if cfg.precision == "fp8":  # before any rank starts (the ranks check the GPU's compute capability)
         from torchrig.train.fp8 import require_torchao
@@ -174,12 +213,24 @@ def run(args: argparse.Namespace) -> TrainReport:
 
 
 def _run(args: argparse.Namespace, cfg: Any) -> TrainReport:
-    if args.gpus is not None and cfg.device == "auto":
+    placed, gpus = None, args.gpus
+    if args.gpus is not None:
+        if cfg.device == "cpu" or args.nproc_per_node is not None:
+            raise UsageError(
+                "--gpus asks for GPUs, --device cpu and --nproc-per-node for CPU ranks", hint="drop one"
+            )
         cfg = dataclasses.replace(cfg, device="cuda")  # --gpus means GPUs: no silent fall-back to the CPU
-    if not _wants_launch(args):
+        placed = _placed(args)
+    elif args.nproc_per_node is None and cfg.device != "cpu" and _others_hold_gpus():
+        placed = _first_yours(args)  # one GPU, as without a ledger, but one that is yours to take
+        gpus = f"{placed.gpus[0]}," if placed is not None else None
+    if not _wants_launch(args, placed):
         from torchrig.train.loop import train
 
-        return TrainReport(train(cfg), None, str(cfg.out))
+        forced = placed.forced if placed is not None else ()
+        for line in forced:
+            print(f"torchrig train: warning: --force: taking {line}", file=sys.stderr, flush=True)
+        return TrainReport(train(cfg), None, str(cfg.out), forced)
     from torchrig.launch import launch
     from torchrig.launch.plan import LaunchRequest
     from torchrig.train.rundir import LOCK_HOLDER_ENV, holder_token
@@ -189,15 +240,12 @@ def _run(args: argparse.Namespace, cfg: Any) -> TrainReport:
         script="torchrig.train",
         module=True,
         script_args=tuple(cfg.to_argv()),
-        gpus=None if cpu else args.gpus,
+        gpus=None if cpu else gpus,
+        force=args.force,
         cpu=cpu,
         nproc_per_node=args.nproc_per_node if cpu else None,
-        max_restarts=args.max_restarts,
         log_dir=args.log_dir or str(Path(cfg.out) / "logs"),
-        collective_timeout_s=args.collective_timeout,
-        hang_timeout_s=args.hang_timeout,
-        nccl_timeout_grace_s=args.nccl_timeout_grace,
-        stopped_grace_s=args.stopped_grace,
+        **from_args(args, FAILURE_OPTIONS),
         rdzv_id="torchrig-train",
         extra_env=((LOCK_HOLDER_ENV, holder_token()),),  # rank 0 runs under this process's lock
     )

@@ -35,7 +35,8 @@ defaults (safe and sane):
 testing hook: TORCHRIG_GPU_INVENTORY=FILE (or --inventory FILE) uses a recorded NVML snapshot
 ('torchrig gpus --record FILE') instead of this host's GPUs; TORCHRIG_STATE_DIR moves the ledger;
 TORCHRIG_LABELS=KEY=VALUE,... adds labels to every container up makes (accounting, test clean-up).
-exit status: 0 started, 1 no free GPU / pre-flight refused / failed to start, 2 bad input or no engine.
+exit status: 0 started, 1 no free GPU / pre-flight refused / failed to start, 2 bad input (a GPU named
+that someone else holds, too) or no engine.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Union
 
 from torchrig.cluster import fields
 from torchrig.errors import UsageError
+from torchrig.launch import options
 from torchrig.launch.envdefaults import defaults_for
 
 NAME_MAX = 52  # a DNS label of 63, less room for the suffixes the controllers add to pod names
@@ -83,6 +84,8 @@ class ClusterJob:
     max_restarts: int = 0
     collective_timeout_s: int | None = None
     hang_timeout_s: int | None = None
+    nccl_timeout_grace_s: int | None = None
+    stopped_grace_s: int | None = None
     preflight: bool = True
     partition: str | None = None
     account: str | None = None
@@ -154,16 +157,7 @@ class ClusterJob:
     def _check_launch_options(self) -> None:
         if not 1024 <= self.rdzv_port <= 65535:
             raise UsageError(f"--rdzv-port must be 1024..65535, got {self.rdzv_port}")
-        if self.max_restarts < 0:
-            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
-        for flag, value in (
-            ("--rdzv-timeout", self.rdzv_timeout_s),
-            ("--collective-timeout", self.collective_timeout_s),
-        ):
-            if value is not None and value < 1:
-                raise UsageError(f"{flag} must be at least 1 second, got {value}")
-        if self.hang_timeout_s is not None and self.hang_timeout_s < 0:
-            raise UsageError(f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout_s}")
+        options.check({o.field: getattr(self, o.field) for o in options.LAUNCH_OPTIONS})
 
     @property
     def nproc_per_node(self) -> int:
@@ -196,13 +190,7 @@ def launcher_argv(
     argv += ["--gpus", str(job.gpus_per_node)] if job.gpus_per_node else ["--cpu", "--nproc-per-node",
                                                                         str(job.cpu_procs_per_node)]  # fmt: skip
     argv += ["--nnodes", nnodes, "--node-rank", node_rank, "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
-    if job.rdzv_timeout_s is not None:
-        argv += ["--rdzv-timeout", str(job.rdzv_timeout_s)]
-    argv += ["--max-restarts", str(job.max_restarts)]
-    if job.collective_timeout_s is not None:
-        argv += ["--collective-timeout", str(job.collective_timeout_s)]
-    if job.hang_timeout_s is not None:
-        argv += ["--hang-timeout", str(job.hang_timeout_s)]
+    argv += options.argv({o.field: getattr(job, o.field) for o in options.LAUNCH_OPTIONS})
     argv += ["--log-dir", log_dir]
     if not job.preflight:
         argv.append("--no-preflight")

@@ -296,9 +296,9 @@ def evaluate(
             continue
         arch = _unconfirmed_kernels(kb, gpu, build, _arch_reason(kb, gpu, build, driver_kind))
         reasons.append(arch)
-        if arch.severity is not Severity.FAIL:
+        if not arch.severity.blocks:
             reasons += _library_floor_reasons(kb, gpu, build)
-        ptxas = _ptxas_reason(kb, gpu, build) if arch.severity is not Severity.FAIL else None
+        ptxas = _ptxas_reason(kb, gpu, build) if not arch.severity.blocks else None
         if ptxas:
             reasons.append(ptxas)
     return reasons, driver_kind

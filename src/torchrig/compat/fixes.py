@@ -13,7 +13,7 @@ from torchrig.compat import versions as V
 from torchrig.compat.candidates import Candidate, candidates
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release
 from torchrig.compat.platforms import Platform
-from torchrig.compat.reasons import Fix, Reason, Severity
+from torchrig.compat.reasons import Fix, Reason
 
 _DRIVER_CODES = {"driver_too_old", "arch_ptx_jit_driver_too_old"}
 _BRANCH_CODES = {"driver_branch_drops_arch", "driver_branch_predates_arch"}
@@ -150,7 +150,7 @@ def nearest_fixes(
     reasons: Sequence[Reason],
     platform: Platform | None = None,
 ) -> list[Fix]:
-    codes = {r.code for r in reasons if r.severity is Severity.FAIL}
+    codes = {r.code for r in reasons if r.severity.blocks}
     if "embedded_platform" in codes:
         return [
             Fix(

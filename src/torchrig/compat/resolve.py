@@ -151,7 +151,7 @@ def resolve(
             if (
                 top.build != found[0].build
             ):  # a newer release works only with caveats (minor compat, unconfirmed)
-                caveats = [r.message for r in top.reasons if r.severity is Severity.CAVEAT]
+                caveats = [r.message for r in top.reasons if r.severity.cautions]
                 res = dataclasses.replace(
                     res,
                     newer_alternative=top.build,
@@ -258,7 +258,7 @@ def _no_build(
     # Why the newest release in range fails, per GPU: its Linux default build's failing reasons.
     pypi = kb.build(newest, newest.variant(newest.pypi_variant), plat)
     reasons, _ = evaluate(kb, gpus, driver, pypi, plat)
-    blockers = [r for r in reasons if r.severity is Severity.FAIL]
+    blockers = [r for r in reasons if r.severity.blocks]
     suggestions: list[Fix] = []
     if driver is not None:  # what would change it: a driver branch, another release, or both
         suggestions = nearest_fixes(kb, gpus, driver, pypi, reasons, plat)

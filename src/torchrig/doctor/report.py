@@ -118,7 +118,7 @@ class DoctorReport:
         src = "" if self.facts.source == "probed" else f"\n  facts: {self.facts.source}"
         out = [f"torchrig doctor: {self.machine_line()}{src}", ""]
         for f in self.findings:
-            if f.severity is Severity.OK:
+            if f.severity.passed:
                 continue
             out.append(paint(f.severity, f"{LABEL[f.severity]:<8}") + f"{f.summary}  [{f.id}]")
             if f.cause:
@@ -128,7 +128,7 @@ class DoctorReport:
             if f.evidence:
                 out += _block("seen", [e for e in f.evidence if e])
             out.append("")
-        passed = [f for f in self.findings if f.severity is Severity.OK]
+        passed = [f for f in self.findings if f.severity.passed]
         if passed:
             out.append(paint(Severity.OK, "passed"))
             for f in passed:

@@ -16,10 +16,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torchrig.errors import UsageError
+from torchrig.launch import options
 from torchrig.launch.envdefaults import FR_DUMP_FILE, defaults_for, name_for
 from torchrig.launch.flightrec import PREFIX
+from torchrig.runtime import placement
+from torchrig.runtime.inventory import Unit
+
+if TYPE_CHECKING:  # the ledger module imports sqlite3: only the type is needed here
+    from torchrig.runtime.ledger import Lease
 
 DEFAULT_PORT = 29500
 _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
@@ -57,6 +64,10 @@ class HostFacts:
     env: Mapping[str, str] = field(default_factory=dict)
     no_p2p: tuple[tuple[int, int], ...] = ()  # physical id pairs (i, j) where i cannot access j's memory
     torch_version: str | None = None  # the ranks' torch (``torch.__version__``), when the GPU probe ran
+    # The lease ledger, read by ``probe.lease_facts`` (empty on a host without one: nothing is leased):
+    gpu_units: tuple[Unit, ...] = ()  # the inventory's whole GPUs (UUIDs) among the visible ones, when read
+    leases: tuple[Lease, ...] = ()  # who holds which GPU
+    user: str | None = None  # who runs this launch: a GPU leased to them is theirs to take
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,10 @@ class LaunchRequest:
     script: str
     script_args: tuple[str, ...] = ()
     module: bool = False  # run ``script`` as ``python -m script``
-    gpus: str | None = None  # "all", "N" or "0,1"; None: all visible GPUs, or CPU when there are none
+    gpus: str | None = (
+        None  # ``--gpus`` (runtime.placement's grammar); None: all yours, or CPU if none are visible
+    )
+    force: bool = False  # take GPUs leased to someone else anyway (said out loud: LaunchPlan.forced_gpus)
     cpu: bool = False  # gloo ranks on the CPU, no GPU
     nproc_per_node: int | None = None  # CPU ranks per node (default 1 with --cpu)
     nnodes: int = 1
@@ -107,22 +121,11 @@ class LaunchRequest:
             raise UsageError(f"--rdzv-id {self.rdzv_id!r} must be 1-64 letters, digits, '_', '.', '-'")
         if self.rdzv_backend not in ("c10d", "static"):
             raise UsageError(f"--rdzv-backend must be c10d or static, got {self.rdzv_backend!r}")
-        if self.max_restarts < 0:
-            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
-        if self.collective_timeout_s < 1 or self.rdzv_timeout_s < 1:
-            raise UsageError("timeouts must be at least 1 second")
-        if self.hang_timeout_s < 0:
-            raise UsageError(f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout_s}")
-        if self.nccl_timeout_grace_s < 0:
-            raise UsageError(
-                f"--nccl-timeout-grace must be 0 (never stop) or more seconds, got {self.nccl_timeout_grace_s}"
-            )
-        if self.stopped_grace_s < 0:
-            raise UsageError(
-                f"--stopped-grace must be 0 (never stop) or more seconds, got {self.stopped_grace_s}"
-            )
+        options.check({o.field: getattr(self, o.field) for o in options.LAUNCH_OPTIONS})
         if self.cpu and self.gpus is not None:
             raise UsageError("--cpu and --gpus exclude each other", hint="drop one of them")
+        if self.gpus is not None and not placement.parse_gpus(self.gpus).wants_gpus:
+            raise UsageError(f"--gpus {self.gpus!r} asks for no GPU", hint="for CPU ranks use --cpu")
         if self.nproc_per_node is not None and self.nproc_per_node < 1:
             raise UsageError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
         if self.nproc_per_node is not None and self.gpus is not None:
@@ -172,6 +175,7 @@ class LaunchPlan:
     collective_timeout_s: int
     nccl_timeout_grace_s: int = 30
     stopped_grace_s: int = 30
+    forced_gpus: tuple[str, ...] = ()  # "GPU 1 held by bob/env since …": leased to others, taken with --force
 
 
 def parse_endpoint(text: str) -> tuple[str, int | None]:
@@ -187,33 +191,32 @@ def parse_endpoint(text: str) -> tuple[str, int | None]:
     return m.group("host"), port
 
 
-def select_gpus(spec: str | None, visible: tuple[int, ...]) -> tuple[int, ...]:
-    """Resolve ``--gpus`` against the visible GPUs: ``all``, a count ``N`` (the first N) or a list ``0,2``."""
-    if spec is None or spec == "all":
-        return visible
-    text = spec.strip()
-    if re.fullmatch(r"\d+", text):
-        n = int(text)
-        if n < 1:
-            raise UsageError("--gpus must be at least 1", hint="or use --cpu for CPU ranks")
-        if n > len(visible):
-            raise UsageError(
-                f"--gpus {n} asks for more GPUs than the {len(visible)} visible",
-                hint=f"visible: {','.join(map(str, visible)) or 'none'}; check CUDA_VISIBLE_DEVICES",
-            )
-        return visible[:n]
-    if re.fullmatch(r"\d+(,\d+)+,?|\d+,", text):
-        ids = tuple(int(p) for p in text.split(",") if p)
-        if len(set(ids)) != len(ids):
-            raise UsageError(f"--gpus {spec!r} names a GPU twice")
-        missing = [i for i in ids if i not in visible]
-        if missing:
-            raise UsageError(
-                f"--gpus names GPU {missing[0]}, which is not visible",
-                hint=f"visible: {','.join(map(str, visible)) or 'none'}",
-            )
-        return ids
-    raise UsageError(f"malformed --gpus {spec!r}", hint="use all, a count (2) or a list (0,1)")
+def select_gpus(req: LaunchRequest, host: HostFacts) -> placement.Placement:
+    """``--gpus`` against the visible GPUs and the lease ledger, by the placement rule of every command
+    (:func:`torchrig.runtime.placement.place`): indices are physical ids, a count takes the first N visible
+    GPUs that are yours to take, ``all`` (the default) every one of them; a GPU leased to someone else is
+    refused unless ``--force``."""
+    request = placement.parse_gpus(req.gpus) if req.gpus is not None else placement.GpuRequest("all")
+    if any(u.upper().startswith("MIG-") for u in request.uuids):
+        raise UsageError(
+            "--gpus MIG-…: launch starts one rank per whole GPU",
+            hint="for a MIG instance run with CUDA_VISIBLE_DEVICES=MIG-… and --gpus 1",
+        )
+    if request.kind == "count" and request.count > len(host.visible_gpus):
+        raise UsageError(
+            f"--gpus {request.count} asks for more GPUs than the {len(host.visible_gpus)} visible",
+            hint=f"visible: {','.join(map(str, host.visible_gpus)) or 'none'}; check CUDA_VISIBLE_DEVICES",
+        )
+    known = {u.gpu_index: u for u in host.gpu_units if not u.is_mig}
+    units = [known.get(i) or Unit("", i, str(i), False, None, None) for i in host.visible_gpus]
+    return placement.place(
+        request,
+        units,
+        host.leases,
+        mine=lambda lease: host.user is not None and lease.user == host.user,
+        force=req.force,
+        locality=False,  # CUDA's order, as torchrun's ranks count them
+    )
 
 
 def _rank_plans(req: LaunchRequest, gpus: tuple[int, ...], nproc: int) -> tuple[RankPlan, ...]:
@@ -340,6 +343,7 @@ def build_plan(
 ) -> LaunchPlan:
     """The plan for this node. ``free_port`` is a port the caller found free, used when none is given;
     ``preflight_port``, another one for the pre-flight probe when it runs beside the job (one node only)."""
+    forced: tuple[str, ...] = ()
     if req.cpu:
         gpus: tuple[int, ...] = ()
         nproc = req.nproc_per_node or 1
@@ -349,7 +353,11 @@ def build_plan(
                 "--gpus given but no GPU is visible",
                 hint="check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --cpu for gloo ranks",
             )
-        gpus = select_gpus(req.gpus, host.visible_gpus)
+        if host.visible_gpus:
+            chosen = select_gpus(req, host)
+            gpus, forced = tuple(u.gpu_index for u in chosen.units), chosen.forced
+        else:
+            gpus = ()
         nproc = len(gpus) if gpus else (req.nproc_per_node or 1)
     if req.rdzv_endpoint:
         rhost, rport = parse_endpoint(req.rdzv_endpoint)
@@ -383,4 +391,5 @@ def build_plan(
         collective_timeout_s=req.collective_timeout_s,
         nccl_timeout_grace_s=req.nccl_timeout_grace_s,
         stopped_grace_s=req.stopped_grace_s,
+        forced_gpus=forced,
     )

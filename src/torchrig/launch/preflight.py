@@ -80,7 +80,7 @@ def check_cuda(plan: LaunchPlan, answer: probe.GpuAnswer, env: dict[str, str], t
 
     found = probe.probe_gpus(timeout_s)
     verdict = judge(answer.gpus, found, plan, env)
-    if verdict.severity is not Severity.ERROR:
+    if not verdict.severity.blocks:
         probe.remember(answer.key, found)
     return verdict
 

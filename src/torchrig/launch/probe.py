@@ -15,10 +15,15 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair
 from torchrig.hw.visible import visible_ids
 from torchrig.launch.plan import GpuProbe, HostFacts
+from torchrig.runtime.inventory import Unit
+
+if TYPE_CHECKING:
+    from torchrig.runtime.ledger import Lease
 
 _GPU_PROBE = """
 import json, torch
@@ -186,6 +191,43 @@ def host_facts(gpus: GpuProbe | None) -> HostFacts:
         env=env,
         torch_version=gpus.torch_version if gpus else None,
     )
+
+
+def lease_facts(gpus: str | None, visible: tuple[int, ...]) -> dict[str, object]:
+    """The lease ledger's word on this host's GPUs, as :class:`HostFacts` fields (``gpu_units``, ``leases``,
+    ``user``): read-only, and nothing at all where there is no ledger (a personal machine). The inventory
+    (NVML, or ``$TORCHRIG_GPU_INVENTORY``) is read only when a lease or a UUID in ``--gpus`` needs it."""
+    from torchrig.runtime import placement
+    from torchrig.runtime.ledger import current_user
+
+    found = leases_now()
+    uuids = gpus is not None and placement.parse_gpus(gpus).kind == "uuids"
+    leases = tuple(found or ())
+    units: tuple[Unit, ...] = ()
+    if visible and (leases or uuids):
+        from torchrig.runtime.nvml import current
+
+        units = tuple(u for u in current().units() if not u.is_mig and u.gpu_index in visible)
+    return {"gpu_units": units, "leases": leases, "user": current_user() if found is not None else None}
+
+
+def leases_now() -> list[Lease] | None:
+    """Who holds which GPU now: the host daemon's answer where one runs (its ledger, reconciled with the
+    containers), else the ledger read directly (read-only, without a pending lease whose owner died: the next
+    'up' or 'gpus' deletes it); None where there is neither (a personal machine: nothing is leased)."""
+    import time
+
+    from torchrig.hostd.client import daemon_socket
+    from torchrig.runtime.ledger import Lease, read_leases, stale
+
+    sock = daemon_socket()
+    if sock is not None:
+        from torchrig.hostd.client import call
+        from torchrig.hostd.wire import from_jsonable
+
+        return [from_jsonable(Lease, x) for x in call(sock, "gpus", {"free": False})["leases"]]
+    found = read_leases()
+    return None if found is None else [x for x in found[1] if not stale(x, None, time.time())]
 
 
 def port_is_free(port: int, host: str = "") -> bool:

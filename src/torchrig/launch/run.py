@@ -34,7 +34,7 @@ from torchrig.errors import UsageError
 from torchrig.findings import Finding, Severity
 from torchrig.launch import preflight as pf
 from torchrig.launch import probe
-from torchrig.launch.plan import LaunchPlan, LaunchRequest, build_plan
+from torchrig.launch.plan import HostFacts, LaunchPlan, LaunchRequest, build_plan
 from torchrig.report import jsonable, table
 
 Progress = Callable[[str], None]
@@ -59,7 +59,7 @@ class LaunchReport:
 
     @property
     def exit_code(self) -> int:
-        if any(f.severity is Severity.ERROR for f in self.findings):
+        if any(f.severity.blocks for f in self.findings):
             return 1
         if self.result is not None and self.result.cancelled_by:
             return int(
@@ -72,13 +72,13 @@ class LaunchReport:
         appear here (and every one in a dry run's plan)."""
         out = _render_plan(self.plan) if self.dry_run else []
         for f in self.findings:
-            if f.severity is Severity.OK and not self.dry_run:
+            if f.severity.passed and not self.dry_run:
                 continue
             out.append(
                 f"pre-flight {f.id}: {f.severity.value}: {f.summary}"
-                + (f" — fix: {'; '.join(f.fix)}" if f.severity is not Severity.OK and f.fix else "")
+                + (f" — fix: {'; '.join(f.fix)}" if not f.severity.passed and f.fix else "")
             )
-            if f.severity is Severity.ERROR and f.evidence:
+            if f.severity.blocks and f.evidence:
                 out.append("  " + "\n".join(f.evidence).replace("\n", "\n  "))
         if self.result is not None:
             out += _render_result(self.result)
@@ -101,6 +101,7 @@ def _render_plan(p: LaunchPlan) -> list[str]:
     for e in p.env_settings:
         mark = " (yours kept)" if e.overridden_by_user else ""
         out.append(f"  {e.name}={e.value}{mark}  # {e.reason}")
+    out += [f"forced (--force): {line}" for line in p.forced_gpus]
     return out
 
 
@@ -157,12 +158,46 @@ def plan_for(req: LaunchRequest) -> tuple[LaunchPlan, tuple[str, ...]]:
     return plan, names
 
 
+@dataclass(frozen=True)
+class GpuChoice:
+    """What ``--gpus`` gets on this host, by the launch plan's own choice (for ``train`` and ``bench``, which
+    decide how to start their processes from it): the physical GPUs, the visible ones, what --force took."""
+
+    gpus: tuple[int, ...]
+    visible: tuple[int, ...]
+    forced: tuple[str, ...]
+
+
+def choose_gpus(gpus: str | None, *, force: bool = False) -> GpuChoice:
+    """The GPUs a launch with ``--gpus gpus`` would run on (NVML's answer where torch's is not cached: no
+    CUDA initialised); the same refusals as the launch itself, before any process starts."""
+    req = LaunchRequest(script="-", gpus=gpus, force=force)
+    host = _host(req, nvml_first=True)[0]
+    plan = build_plan(req, host)
+    chosen = tuple(r.physical_gpu for r in plan.ranks if r.physical_gpu is not None)
+    return GpuChoice(chosen, host.visible_gpus, plan.forced_gpus)
+
+
 def _plan(
     req: LaunchRequest, *, nvml_first: bool
 ) -> tuple[LaunchPlan, tuple[str, ...], probe.GpuAnswer | None]:
     """``plan_for``, and the GPU answer it used when torch has yet to confirm it (``nvml_first``: NVML may
     stand in for torch's probe when its answer is not cached)."""
     req = absolute(req)
+    host, answer = _host(req, nvml_first=nvml_first)
+    gpu = answer.gpus if answer else None
+    port = None if req.rdzv_endpoint else probe.free_port()
+    pre_port = probe.free_port() if beside(req) else None
+    while pre_port is not None and pre_port == port:
+        pre_port = probe.free_port()
+    plan = build_plan(req, host, free_port=port, preflight_port=pre_port)
+    # Only a plan on GPUs needs torch's word: with no GPU, or none chosen, there is nothing to check.
+    pending = answer if answer and answer.unconfirmed and plan.backend == "nccl" else None
+    return plan, (gpu.names if gpu else ()), pending
+
+
+def _host(req: LaunchRequest, *, nvml_first: bool) -> tuple[HostFacts, probe.GpuAnswer | None]:
+    """The host's facts for the plan: the GPUs (torch's answer, or NVML's), P2P, and the lease ledger's."""
     answer = None
     if not req.cpu:
         answer = probe.gpu_answer(nvml_first=nvml_first)
@@ -176,14 +211,9 @@ def _plan(
         # P2P pairs come back in torch's numbering; map them to the physical ids the plan uses.
         ids = host.visible_gpus
         host = dataclasses.replace(host, no_p2p=tuple((ids[i], ids[j]) for i, j in gpu.no_p2p))
-    port = None if req.rdzv_endpoint else probe.free_port()
-    pre_port = probe.free_port() if beside(req) else None
-    while pre_port is not None and pre_port == port:
-        pre_port = probe.free_port()
-    plan = build_plan(req, host, free_port=port, preflight_port=pre_port)
-    # Only a plan on GPUs needs torch's word: with no GPU, or none chosen, there is nothing to check.
-    pending = answer if answer and answer.unconfirmed and plan.backend == "nccl" else None
-    return plan, (gpu.names if gpu else ()), pending
+    if not req.cpu:  # who holds which GPU, read before any rank starts (read-only; nothing without a ledger)
+        host = dataclasses.replace(host, **probe.lease_facts(req.gpus, host.visible_gpus))  # type: ignore[arg-type]
+    return host, answer
 
 
 def _stderr(line: str) -> None:
@@ -205,6 +235,8 @@ def launch(
     # NVML may stand in for torch's GPU probe where that probe can then run beside the job: one node, with
     # the pre-flight on (it is one of its checks).
     plan, names, pending = _plan(req, nvml_first=preflight and beside(req))
+    for line in plan.forced_gpus:  # out loud, whatever the progress callback: someone else's GPU
+        print(f"torchrig launch: warning: --force: taking {line}", file=sys.stderr, flush=True)
     if dry_run:
         return LaunchReport(plan, (), None, True)
     # Say so now, not after a rendezvous: every rank would fail the same way.
@@ -217,7 +249,7 @@ def launch(
     findings = [pf.check_gpus(plan, names), pf.check_port(plan), pf.check_p2p(plan)]
     for f in findings:
         say(f"pre-flight {f.id}: {f.severity.value}: {f.summary}")
-    if any(f.severity is Severity.ERROR for f in findings):
+    if any(f.severity.blocks for f in findings):
         return LaunchReport(plan, tuple(findings), None, False)
     if not preflight:
         return LaunchReport(plan, tuple(findings), execute(plan), False)
@@ -226,7 +258,7 @@ def launch(
         found = pf.check_process_group(plan, preflight_timeout_s)
         say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
         findings.append(found)
-        if found.severity is Severity.ERROR:
+        if found.severity.blocks:
             return LaunchReport(plan, tuple(findings), None, False)
         return LaunchReport(plan, tuple(findings), execute(plan), False)
     checks: list[Check] = []
@@ -296,12 +328,12 @@ class _Beside:
                 )
             self._found.append(found)
             self._say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
-            if found.severity is Severity.ERROR:
+            if found.severity.blocks:
                 return
 
     def failure(self) -> str | None:
         """Why the job must stop (a check failed), or None."""
-        f = next((f for f in list(self._found) if f.severity is Severity.ERROR), None)
+        f = next((f for f in list(self._found) if f.severity.blocks), None)
         if f is not None:
             return f"the pre-flight {f.id} check failed beside the job: {f.summary}"
         return None

@@ -2,73 +2,23 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Set
 
-from torchrig.errors import JobFailed
+from torchrig.runtime import placement
 from torchrig.runtime.inventory import Inventory, Unit
 from torchrig.runtime.ledger import Lease, Ledger, stale
-from torchrig.runtime.placement import GpuRequest, pick, resolve_named
+from torchrig.runtime.placement import GpuRequest, NoFreeGpu, resolve_named
 
-
-class NoFreeGpu(JobFailed):
-    """The request is valid but the GPUs it needs are held by others (exit 1)."""
-
-
-def too_few(wanted: int, have: int, source: str) -> NoFreeGpu:
-    if have == 0:
-        return NoFreeGpu(
-            f"--gpus {wanted}: no NVIDIA GPU on this host ({source})",
-            hint="check the driver with 'torchrig doctor', or leave --gpus out",
-        )
-    return NoFreeGpu(
-        f"--gpus {wanted}: this host has only {have} whole GPU(s) ({source})", hint="ask for fewer"
-    )
-
-
-def describe_holders(units: tuple[Unit, ...] | list[Unit], held: dict[str, list[Lease]]) -> str:
-    parts = []
-    for u in units:
-        hs = held.get(u.uuid, [])
-        if hs:
-            who = "+".join(f"{h.user}/{h.container}{' (shared)' if h.shared else ''}" for h in hs)
-            parts.append(f"GPU {u.label} held by {who}")
-    return "; ".join(parts)
+__all__ = ["NoFreeGpu", "acquire", "choose", "preview", "reconcile"]
 
 
 def choose(inv: Inventory, req: GpuRequest, leases: list[Lease], *, share: bool) -> tuple[Unit, ...]:
     """The units ``req`` gets given the current ``leases``: the one choice ``up`` and ``up --dry-run`` make.
 
-    Pure: :class:`NoFreeGpu` names the holders when the GPUs are busy; ``--share`` admits GPUs whose every
-    holder shares too, and among those the least-shared win (the tie-break of :func:`pick`)."""
-    if not req.wants_gpus:
-        return ()
-    held: dict[str, list[Lease]] = defaultdict(list)
-    for lease in leases:
-        held[lease.unit_uuid].append(lease)
-
-    def available(u: Unit) -> bool:
-        hs = held.get(u.uuid, [])
-        return not hs or (share and all(h.shared for h in hs))
-
-    hint = "wait for one, 'torchrig down NAME' one of yours, or pass --share to share deliberately"
-    if req.kind != "count":
-        named = resolve_named(req, inv)
-        busy = [u for u in named if not available(u)]
-        if busy:
-            raise NoFreeGpu(f"no free GPU: {describe_holders(busy, held)}", hint=hint)
-        return named
-    whole = [u for u in inv.units() if not u.is_mig]
-    chosen = pick([u for u in whole if available(u)], req.count, {k: len(v) for k, v in held.items()})
-    if chosen is None:
-        if len(whole) < req.count:
-            raise too_few(req.count, len(whole), inv.source)
-        free = sum(1 for u in whole if available(u))
-        raise NoFreeGpu(
-            f"no free GPU: {req.count} wanted, {free} of {len(whole)} free; {describe_holders(whole, held)}",
-            hint=hint,
-        )
-    return chosen
+    The placement rule of every command (:func:`torchrig.runtime.placement.place`), for a new environment:
+    its lease is its own, so a GPU is free to it only when nobody holds it, or (``--share``) when every holder
+    shares too; among those the least-shared win (the tie-break of :func:`pick`)."""
+    return placement.place(req, inv.units(), leases, share=share, inventory=inv).units
 
 
 def acquire(

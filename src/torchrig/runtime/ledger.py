@@ -192,6 +192,38 @@ def stale(lease: Lease, live: Set[str] | None, listed_at_s: float) -> bool:
     return live is not None and lease.bound_at_s < listed_at_s and lease.container not in live
 
 
+def read_leases(directory: Path | None = None) -> tuple[Path, list[Lease]] | None:
+    """The leases, read without writing anything, for commands that only consult the ledger (``launch``,
+    ``train``, ``bench``); None when this host has no ledger (a personal machine: nothing is leased).
+
+    Opened read-only (``mode=ro``), so a user who may not write the ledger still sees who holds what; a
+    WAL database whose ``-shm`` file this user cannot create is read as ``immutable`` (a snapshot without
+    locks: a lease taken this very moment may be missed, as it would be a moment later anyway)."""
+    path = (directory or state_dir()) / "leases.sqlite3"
+    if not path.is_file():
+        return None
+    from urllib.parse import quote
+
+    last: sqlite3.Error | None = None
+    for flags in ("mode=ro", "mode=ro&immutable=1"):
+        try:
+            db = sqlite3.connect(f"file:{quote(str(path))}?{flags}", uri=True, timeout=5.0)
+            try:
+                db.row_factory = sqlite3.Row
+                rows = db.execute(
+                    "SELECT * FROM leases ORDER BY gpu_index, unit_uuid, acquired_at"
+                ).fetchall()
+                return path, [_row(r) for r in rows]
+            finally:
+                db.close()
+        except sqlite3.Error as err:
+            last = err
+    raise EngineUnavailable(
+        f"cannot read the GPU lease ledger {path}: {last}",
+        hint=f"ask an admin to make it readable to you, or set {STATE_ENV} to another ledger",
+    )
+
+
 class Ledger:
     """The SQLite ledger. Open with :meth:`open`; every method is one transaction."""
 

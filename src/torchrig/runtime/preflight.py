@@ -50,10 +50,10 @@ class Preflight:
 
     @property
     def ok(self) -> bool:
-        return not any(f.severity is Severity.FAIL for f in self.findings)
+        return not any(f.severity.blocks for f in self.findings)
 
     def failures(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity is Severity.FAIL]
+        return [f for f in self.findings if f.severity.blocks]
 
 
 def _split_archs(text: str) -> tuple[list[str], list[str]]:

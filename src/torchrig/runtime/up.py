@@ -173,7 +173,7 @@ def _wait_ready(engine: Engine, cid: str, ports: dict[str, int], timeout_s: floa
         if pending and time.monotonic() > deadline:
             raise JobFailed(
                 f"{', '.join(pending)} did not answer within {timeout_s:.0f}s",
-                hint="raise --wait, or start with --no-wait and check 'torchrig logs NAME'",
+                hint="raise --wait, or start with --wait 0 and check 'torchrig logs NAME'",
             )
         if pending:
             time.sleep(0.3)

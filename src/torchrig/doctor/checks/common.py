@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchrig.doctor.facts import Facts, ProbeStatus
-from torchrig.doctor.findings import Finding, Severity
+from torchrig.doctor.findings import Finding
 
 _GPU_NODE = re.compile(r"/dev/nvidia\d+")
 
@@ -34,7 +34,7 @@ class Context:
         return any(f.id in ids or any(f.id.startswith(i + ".") for i in ids) for f in self.found)
 
     def blocking(self) -> list[Finding]:
-        return [f for f in self.found if f.severity is Severity.ERROR]
+        return [f for f in self.found if f.severity.blocks]
 
     # ---- the host
     @property
