@@ -249,6 +249,10 @@ def test_dry_run_docker_run_line_is_the_create_call(cli, engine, env, tmp_path):
     finally:
         subprocess.run(["docker", "rm", "-f", "trt-same-cli"], capture_output=True, timeout=120)
         cli("down", "--volumes", "trt-same", env=env)
+        # 'docker create' made the workspace volume the line names before 'up' could (unlabelled, so
+        # 'down --volumes' does not know it as the environment's): removed here by its name
+        for v in engine.volumes.list(filters={"name": "trt-same-workspace"}):
+            v.remove(force=True)
 
 
 def test_dry_run_leases_what_a_real_up_would(cli, engine, env, tmp_path):
