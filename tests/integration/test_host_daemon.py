@@ -255,7 +255,7 @@ def test_team_flow_through_the_daemon(host, engine):
         )
     # a forged identity in the request: refused, the kernel decides who asks
     answer = raw(host, "bob", {"v": 1, "verb": "down", "args": {"names": [a_run], "force": True, "timeout_s": 1,
-                                                                 "uid": uid["alice"]}})  # fmt: skip
+                                                                 "volumes": False, "uid": uid["alice"]}})  # fmt: skip
     assert answer[-1]["error"]["exit_code"] == 2 and "unknown field" in answer[-1]["error"]["message"]
     # the ledger and the audit log are root's: bob can neither read nor forge them
     r = as_user(
@@ -273,7 +273,7 @@ def test_team_flow_through_the_daemon(host, engine):
         db.execute("DELETE FROM leases WHERE container=?", (a_gpu,))
     r = tr(host, "bob", *up_args(host, f"trh-{t}-b5", "--gpus", f"device={a_gpu_index}", "--create-only"))
     assert (
-        r.returncode == 1 and "no free GPU" in r.stderr and "(no lease)" in r.stderr and a_gpu in r.stderr
+        r.returncode == 2 and "held by" in r.stderr and "(no lease)" in r.stderr and a_gpu in r.stderr
     ), r.stderr
     board = json.loads(tr(host, "bob", "gpus", "--json").stdout)
     assert any("holds no lease" in n for n in board["notes"])
@@ -299,8 +299,9 @@ def test_team_flow_through_the_daemon(host, engine):
     assert {e["verb"] for e in refusals} >= {"exec", "logs", "down", "up"}
 
     # alice downs hers; the ledger is empty again
-    r = tr(host, "alice", "down", a_run, a_gpu)
+    r = tr(host, "alice", "down", "--volumes", a_run, a_gpu)
     assert r.returncode == 0, r.stderr
+    assert "deleted volume" in r.stdout, r.stdout  # through the daemon too, --volumes deletes her /workspace
     with sqlite3.connect(host["state"] / "leases.sqlite3") as db:
         assert db.execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
     assert tr(host, "alice", "host", "volumes", "--json").returncode == 0

@@ -141,7 +141,7 @@ def test_nvml_processes_on_an_unleased_gpu_hold_it_and_on_a_leased_one_do_not():
 def test_the_choice_of_gpus_skips_what_reality_holds():
     from torchrig.runtime.inventory import load_snapshot
     from torchrig.runtime.lease import NoFreeGpu, choose
-    from torchrig.runtime.placement import parse_gpus
+    from torchrig.runtime.placement import GpuHeld, parse_gpus
 
     inv = load_snapshot(FIXTURES / "driver-535-2xa100-pcie.json")
     leased = [_lease(GPU0, "alice-1")]
@@ -153,7 +153,7 @@ def test_the_choice_of_gpus_skips_what_reality_holds():
     with pytest.raises(NoFreeGpu, match=r"GPU 1 held by process \(no lease\)/pid 51777"):
         choose(inv, parse_gpus("1"), leased + extra, share=False)
     extra, _ = unaccounted([], envs, None, 5.0)  # the lease of alice-1 deleted from the ledger
-    with pytest.raises(NoFreeGpu, match=r"GPU 0 held by alice \(no lease\)/alice-1"):
+    with pytest.raises(GpuHeld, match=r"GPU 0 held by alice \(no lease\)/alice-1"):  # named: exit 2
         choose(inv, parse_gpus("device=0"), extra, share=False)
 
 

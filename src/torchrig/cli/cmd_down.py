@@ -47,10 +47,16 @@ def run(args: argparse.Namespace) -> SimpleReport:
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.lease import reconcile
     from torchrig.runtime.ledger import Ledger, owner_uid, user_name
+    from torchrig.runtime.workspace import volumes_left, workspace_volumes
 
     sock = daemon_socket()
     if sock is not None:  # the daemon checks ownership (an admin's --force) against the kernel's UID
-        args_ = {"names": list(args.names), "force": bool(args.force), "timeout_s": int(args.timeout)}
+        args_ = {
+            "names": list(args.names),
+            "force": bool(args.force),
+            "timeout_s": int(args.timeout),
+            "volumes": bool(args.volumes),
+        }
         return _report(call(sock, "down", args_)["removed"])
     ledger = Ledger.open()
     engine = Engine.connect()
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> SimpleReport:
         try:
             envs.append(engine.find(n))
         except InputError:  # down --volumes of an environment already down: its kept workspace volume
-            if not (args.volumes and _volumes_left(engine, n, None if admin and args.force else me)):
+            if not (args.volumes and volumes_left(engine, n, None if admin and args.force else me)):
                 raise
             gone.append(n)
     for env in envs:
@@ -96,7 +102,7 @@ def run(args: argparse.Namespace) -> SimpleReport:
     for n in gone:
         deleted = [
             v
-            for v in _volumes_left(engine, n, None if admin and args.force else me)
+            for v in volumes_left(engine, n, None if admin and args.force else me)
             if engine.remove_volume(v)
         ]
         done.append(
@@ -108,28 +114,6 @@ def run(args: argparse.Namespace) -> SimpleReport:
 
 def _report(done: list[dict[str, Any]]) -> SimpleReport:
     return SimpleReport({"removed": done}, "\n".join(_line(d) for d in done))
-
-
-def workspace_volumes(engine: Any, env: Any) -> list[str]:
-    """The workspace volume(s) of ``env``: labelled with its name and made by its owner."""
-    from torchrig.contract import ENV_LABEL_PREFIX
-
-    return [
-        name
-        for name, labels in engine.workspace_volumes(env.name)
-        if env.owner_uid is None or labels.get(f"{ENV_LABEL_PREFIX}uid") in (None, str(env.owner_uid))
-    ]
-
-
-def _volumes_left(engine: Any, name: str, owner: int | None) -> list[str]:
-    """The workspace volumes of ``name`` (whose container is gone) that ``owner`` made (None: anyone's)."""
-    from torchrig.contract import ENV_LABEL_PREFIX
-
-    return [
-        v
-        for v, labels in engine.workspace_volumes(name)
-        if owner is None or labels.get(f"{ENV_LABEL_PREFIX}uid") == str(owner)
-    ]
 
 
 def _line(d: dict[str, Any]) -> str:

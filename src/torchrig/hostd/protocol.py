@@ -35,7 +35,7 @@ VERBS: dict[str, dict[str, str]] = {
     "ps": {"mine": _BOOL},
     "gpus": {"free": _BOOL},
     "volumes": {},
-    "down": {"names": _STRS, "force": _BOOL, "timeout_s": _INT},
+    "down": {"names": _STRS, "force": _BOOL, "timeout_s": _INT, "volumes": _BOOL},
     "logs": {"name": _STR, "tail": _OPT_INT, "follow": _BOOL, "timestamps": _BOOL},
     "exec": {"name": _STR, "argv": _STRS, "root": _BOOL, "workdir": _OPT_STR},
     "up": {

@@ -137,6 +137,7 @@ class HostService:
 
     def down(self, caller: Caller, args: dict[str, Any], send: Send) -> dict[str, Any]:
         from torchrig.runtime.lease import reconcile
+        from torchrig.runtime.workspace import workspace_volumes
 
         if not args["names"]:
             raise UsageError("down: no environment named")
@@ -161,7 +162,19 @@ class HostService:
                     "owner" if why[env.name] == "owner" else f"admin, environment of {_owner(env.owner_uid)}"
                 )
                 self.audit(caller, "down", env.name, "allowed", reason)
-                done.append({"name": env.name, "user": env.user, "freed_gpus": [f.unit_label for f in freed]})
+                volumes = workspace_volumes(engine, env)  # kept unless asked: the files of its /workspace
+                deleted = [v for v in volumes if args.get("volumes") and engine.remove_volume(v)]
+                for v in deleted:
+                    self.audit(caller, "down", env.name, "allowed", f"deleted volume {v}")
+                done.append(
+                    {
+                        "name": env.name,
+                        "user": env.user,
+                        "freed_gpus": [f.unit_label for f in freed],
+                        "volumes_deleted": deleted,
+                        "volumes_kept": [v for v in volumes if v not in deleted],
+                    }
+                )
             reconcile(ledger, engine)
         finally:
             ledger.close()
