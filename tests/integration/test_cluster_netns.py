@@ -273,6 +273,7 @@ def test_rendered_slurm_job_on_two_nodes_reaches_the_single_node_losses(nodes, s
             "SLURM_NNODES": "2",
             "SLURM_NODEID": str(i),
             "SLURM_JOB_ID": "4242",
+            "SLURMD_NODENAME": node.hostname,
             # What the script computes from `scontrol show hostnames`: the first node's hostname.
             "RDZV_ENDPOINT": f"{nodes[0].hostname}:{port}",
         }
@@ -288,8 +289,10 @@ def test_rendered_slurm_job_on_two_nodes_reaches_the_single_node_losses(nodes, s
             in la.stdout + la.stderr_path.read_text(errors="replace")
         ), la.tail()
         assert "job finished" in la.stdout and f"/torchrig-logs/4242/node{i}/" in la.stdout, la.tail()
-    assert "host=node0" in launchers[0].stderr_path.read_text()
-    assert "host=node1" in launchers[1].stderr_path.read_text()
+    # the node command passes the launcher's stderr through its node-name prefix, onto stdout
+    for i, la in enumerate(launchers):
+        assert f"host=node{i}" in la.stdout + la.stderr_path.read_text(errors="replace"), la.tail()
+        assert f"[node{i}] " in la.stdout, la.tail()
     losses, _, end = read_metrics(out)
     ref_losses, _, ref_end = single_node
     assert sorted(losses) == list(range(1, STEPS + 1))

@@ -192,7 +192,8 @@ def test_files_on_volumes_belong_to_the_user(cli, engine, image, user_env, tmp_p
         st = (work / "mine").stat()
         assert (st.st_uid, st.st_gid) == (4321, 4322)
         # the owner is the UID (4321 has no account here), not SUDO_USER
-        assert [e["user"] for e in cli("ps", "--json", env=env).json()["environments"]] == ["4321"]
+        envs = cli("ps", "--json", env=env).json()["environments"]  # other tests' run beside it: this one's
+        assert [e["user"] for e in envs if e["name"] == name] == ["4321"]
     finally:
         assert cli("down", "--volumes", name, env=env).code == 0
 

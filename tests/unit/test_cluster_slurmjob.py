@@ -98,7 +98,7 @@ def test_cli_wait_needs_submit(cli):
 
 def test_cli_wait_timeout_must_be_positive(cli):
     r = cli("cluster", "slurm", "-o", "/dev/null", "--submit", "--wait-timeout", "0", "--", "t.py")
-    assert r.code == 2 and "--wait-timeout must be at least 1 second, got 0" in r.err
+    assert r.code == 2 and "--wait-timeout must be at least 1, got 0" in r.err
 
 
 def test_wait_says_a_cancelled_job_was_cancelled_with_scancel():

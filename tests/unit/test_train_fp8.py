@@ -177,6 +177,7 @@ def test_the_trainer_builds_fp8_layers_under_bf16_autocast_and_steps(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchao")
     from torchrig.train import loop
+    from torchrig.train.metrics import Metrics
     from torchrig.train.setup import Runtime
 
     cfg = TrainConfig(precision="fp8", fp8_recipe="tensorwise", steps=3, micro_batch=2, workers=0)
@@ -193,8 +194,9 @@ def test_the_trainer_builds_fp8_layers_under_bf16_autocast_and_steps(tmp_path):
     it = iter([(x, x.roll(1, dims=1)) for x in [torch.randint(0, 512, (2, 64))] * 3])  # one batch, memorised
     loss_sum = torch.zeros(())
     losses = []
+    metrics = Metrics(tmp_path / "run", 3, enabled=False, tensorboard=False)
     for step in (1, 2, 3):
-        loop._step(job, step, it, loss_sum)
+        loop._step(job, metrics, step, it, loss_sum)
         losses.append(float(loss_sum))
         loss_sum.zero_()
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses

@@ -143,6 +143,7 @@ def make_plan(req: InstallRequest) -> InstallPlan:
     plat, inferred = infer_platform(gpus, given, given or host_platform())
     notes: list[str] = [inferred] if inferred else []
     listed_cache: dict[str | None, Sequence[str] | None] = {}
+    unreachable: set[str | None] = set()
 
     def available(index: str | None) -> Sequence[str] | None:
         if index not in listed_cache:
@@ -154,6 +155,7 @@ def make_plan(req: InstallRequest) -> InstallPlan:
                     hint="check the network or proxy (HTTPS_PROXY), or pass --index-url with a reachable mirror",
                 )
             if why_not:
+                unreachable.add(index)
                 notes.append(
                     f"{index or PYPI_SIMPLE} is unreachable ({why_not}): the versions come from the installer's "
                     "configured sources ('pip config list': extra indexes, find-links)"
@@ -164,7 +166,13 @@ def make_plan(req: InstallRequest) -> InstallPlan:
     choice = choose_build(kb, req, gpus, target.driver, plat, facts.short_version, available)
     constraint = _constraint(req.constraint, choice.requirement)
     action = _action(facts, choice.requirement, choice.build.cuda is not None, req, notes)
-    argv = installer_argv(installer, facts.executable, choice.requirement, choice.index_url, constraint)
+    index_url = choice.index_url
+    if index_url in unreachable and req.index_url is None:
+        # the build's own index cannot be reached, so '--index-url' would leave the installer no place for
+        # torch's dependencies either: its default index and configured sources serve both
+        index_url = None
+        notes.append("installing from the installer's default index and configured sources instead")
+    argv = installer_argv(installer, facts.executable, choice.requirement, index_url, constraint)
     return InstallPlan(
         facts, choice, installer, argv, action, plat.label, tuple(g.name for g in gpus), target.driver,
         target.why, req.constraint, tuple(notes),
