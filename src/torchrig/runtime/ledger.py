@@ -267,18 +267,24 @@ class Ledger:
                 hint=f"sudo chmod o-w {self.path.parent} (the shared folder is 3775, group torchrig)",
             )
         shared = folder.st_mode & 0o020
-        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o664 if shared else 0o644)
+        # An existing database is checked by lstat alone, never opened here: closing any descriptor of a file
+        # drops every POSIX lock this process holds on it, SQLite's own included (another Ledger of this
+        # process, a thread of the host daemon), and SQLite's locking then breaks (lost commits, SIGBUS).
         try:
-            st = os.fstat(fd)
-            if st.st_uid == os.geteuid() and st.st_size == 0:
-                os.fchmod(fd, 0o664 if shared else 0o644)
-            elif st.st_mode & 0o002:
-                raise UnsafePath(
-                    f"the GPU lease ledger {self.path} may be written by everyone (mode {st.st_mode & 0o7777:o})",
-                    hint=f"sudo chmod o-w {self.path}; anyone could have forged leases: check 'torchrig gpus'",
-                )
-        finally:
-            os.close(fd)
+            st = os.lstat(self.path)  # check_file above: a regular file, no link
+        except FileNotFoundError:
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o664 if shared else 0o644)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid == os.geteuid() and st.st_size == 0:
+                    os.fchmod(fd, 0o664 if shared else 0o644)
+            finally:
+                os.close(fd)
+        if st.st_mode & 0o002:
+            raise UnsafePath(
+                f"the GPU lease ledger {self.path} may be written by everyone (mode {st.st_mode & 0o7777:o})",
+                hint=f"sudo chmod o-w {self.path}; anyone could have forged leases: check 'torchrig gpus'",
+            )
 
     def _share_mode(self) -> None:
         """In a group-writable (shared) state directory, keep the ledger files writable by that group."""
@@ -286,15 +292,15 @@ class Ledger:
             if os.lstat(self.path.parent).st_mode & 0o020:
                 for suffix in ("", "-wal", "-shm"):
                     p = Path(str(self.path) + suffix)
+                    # by lstat and path, never by opening: closing a descriptor would drop SQLite's POSIX
+                    # locks on the file (see _create_file); the folder is sticky, so no one else can swap
+                    # our own file for a link between the two calls
                     try:
-                        fd = open_nofollow(p, os.O_RDONLY)
-                    except (FileNotFoundError, UnsafePath):
+                        st = os.lstat(p)
+                    except FileNotFoundError:
                         continue
-                    try:
-                        if os.fstat(fd).st_uid == os.geteuid():
-                            os.fchmod(fd, 0o664)
-                    finally:
-                        os.close(fd)
+                    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                        os.chmod(p, 0o664)
         except OSError:
             pass
 
