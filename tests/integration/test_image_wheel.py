@@ -71,3 +71,20 @@ def test_a_failed_wheel_build_names_its_cause(fresh_venv):
     line = r.stderr.strip()
     assert "\n" not in line and "in an isolated build environment failed: Connection refused" in line, line
     assert "See above" not in line and "--torchrig-dist" in line
+
+
+def test_builds_at_once_do_not_collide_and_leave_the_checkout_alone(tmp_path):
+    """Two image builds at once (two users, or parallel tests) used to share setuptools' build/ folder in
+    the checkout: one of them failed with 'File exists'. Each now builds from a copy of the source."""
+    import concurrent.futures
+
+    from torchrig.image.context import build_torchrig_wheel
+
+    before = sorted(p.name for p in ROOT.iterdir())
+    outs = [tmp_path / str(i) for i in range(3)]
+    for out in outs:
+        out.mkdir()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        wheels = list(pool.map(build_torchrig_wheel, outs))
+    assert [w.parent for w in wheels] == outs and all(w.stat().st_size > 0 for w in wheels)
+    assert sorted(p.name for p in ROOT.iterdir()) == before

@@ -4,6 +4,8 @@ and port bindings in the engine's inspection, exec exit codes, and a volume that
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 from pathlib import Path
 
@@ -159,7 +161,10 @@ def test_up_with_no_flags_takes_what_the_engine_allows(cli, engine, env, test_la
     """Stock dockerd (Debian's, without CAP_SYS_RESOURCE, 8 MiB memlock) refuses memlock=-1: up takes the
     engine's most, says so, and leaves no probe container behind."""
     memlock = engine_memlock_max(engine, test_labels)
-    r = cli("up", "--image", BASE, "--name", "trt-stock", "--no-jupyter", "--no-ssh", env=env)
+    # a label of this test's own on its probe: other tests' ups probe at the same time
+    case = secrets.token_hex(6)
+    labels_env = {**env, "TORCHRIG_LABELS": ",".join([os.environ["TORCHRIG_LABELS"], f"trt.case={case}"])}
+    r = cli("up", "--image", BASE, "--name", "trt-stock", "--no-jupyter", "--no-ssh", env=labels_env)
     try:
         assert r.code == 0, r.err
         if memlock != -1:
@@ -168,7 +173,7 @@ def test_up_with_no_flags_takes_what_the_engine_allows(cli, engine, env, test_la
         assert ex.out.strip() == ("unlimited" if memlock == -1 else str(memlock // 1024))
     finally:
         assert cli("down", "--volumes", "trt-stock", env=env).code == 0
-    assert not engine.containers.list(all=True, filters={"label": "torchrig.probe"})
+    assert not engine.containers.list(all=True, filters={"label": ["torchrig.probe", f"trt.case={case}"]})
 
 
 def test_an_explicit_ulimit_the_engine_cannot_give_is_explained(cli, engine, env, test_labels):

@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -94,6 +95,21 @@ def wheel_command(root: Path, out_dir: Path, *, isolated: bool) -> list[str]:
     return [*cmd, "-w", str(out_dir), str(root)]
 
 
+_SOURCE_FILES = ("pyproject.toml", "README.md", "setup.cfg", "setup.py", "MANIFEST.in", "LICENSE")
+
+
+def _copy_source(root: Path, dest: Path) -> Path:
+    """What the wheel is built from (the project files and ``src/``), copied into ``dest``."""
+    dest.mkdir()
+    for name in _SOURCE_FILES:
+        if (root / name).is_file():
+            shutil.copy2(root / name, dest / name)
+    shutil.copytree(
+        root / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    )
+    return dest
+
+
 def build_torchrig_wheel(out_dir: Path) -> Path:
     """``pip wheel`` of the running torchrig's checkout (serve is torchrig code, so the image needs it).
 
@@ -109,9 +125,17 @@ def build_torchrig_wheel(out_dir: Path) -> Path:
     isolated = not _backend_installed(root)
     env = dict(os.environ, SOURCE_DATE_EPOCH=_EPOCH)
     with tempfile.TemporaryDirectory(prefix="torchrig-wheel-") as tmp:
+        # pip builds a local project in place (setuptools writes build/ and *.egg-info into it): two builds
+        # at once collided there, and a read-only checkout could not build at all. Build from a copy.
+        try:
+            source = _copy_source(root, Path(tmp) / "source")
+        except OSError as err:
+            raise EngineUnavailable(
+                f"copying torchrig's source for its wheel failed: {err}", hint="pass --torchrig-dist DIR"
+            ) from None
         try:
             proc = subprocess.run(
-                wheel_command(root, out_dir, isolated=isolated),
+                wheel_command(source, out_dir, isolated=isolated),
                 capture_output=True,
                 text=True,
                 env=env,
