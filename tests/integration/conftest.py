@@ -151,6 +151,46 @@ def wheelhouse() -> Path:
     return make_wheelhouse()
 
 
+def _stand_in_torch_wheel(folder: Path, version: str) -> Path:
+    """A pure-Python wheel named ``torch==version`` of a few hundred bytes (``import torch`` gives its
+    ``__version__``): what an image test installs when the question is not torch (a proxy's CA, the classic
+    builder's equivalence) and torch's ~800 MB would only cost minutes. Valid by the wheel spec: WHEEL,
+    METADATA and a RECORD with each file's sha256."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"torch-{version}.dist-info"
+    files = {
+        "torch/__init__.py": f'__version__ = "{version}"  # a stand-in for image tests\n',
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: torchrig-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
+    path = folder / f"torch-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def stand_in_wheelhouse(tmp_path_factory, wheelhouse) -> Path:
+    """A wheelhouse with a stand-in torch (:func:`_stand_in_torch_wheel`) and the real wheelhouse's NumPy
+    (the image installs NumPy beside torch). Byte-identical in every worker (the builder's cache is shared)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("stand-in-wheelhouse")
+    _stand_in_torch_wheel(folder, f"{TORCH_VERSION}+cpu")
+    for numpy in wheelhouse.glob("numpy-*.whl"):
+        shutil.copy2(numpy, folder / numpy.name)
+    return folder
+
+
 def run_image_build(spec: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
     """``torchrig image build SPEC --base <the local base image> ARGS`` from the repository root."""
     return subprocess.run(

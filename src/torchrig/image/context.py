@@ -155,9 +155,9 @@ def build_torchrig_wheel(out_dir: Path) -> Path:
         how = "in an isolated build environment" if isolated else "with this Python's setuptools"
         hint = (
             "let pip reach an index for the build backend (or PIP_FIND_LINKS with its wheels), or pip "
-            "install 'setuptools>=68' wheel into this Python, or pass --torchrig-dist DIR"
+            "install 'setuptools>=70.1' into this Python, or pass --torchrig-dist DIR"
             if isolated
-            else "pip install -U 'setuptools>=68' wheel, or pass --torchrig-dist DIR"
+            else "pip install -U 'setuptools>=70.1', or pass --torchrig-dist DIR"
         )
         raise EngineUnavailable(
             f"building torchrig's wheel {how} failed: {found.text if found else last}", hint=hint
