@@ -181,13 +181,14 @@ def _stand_in_torch_wheel(folder: Path, version: str) -> Path:
 @pytest.fixture(scope="session")
 def stand_in_wheelhouse(tmp_path_factory, wheelhouse) -> Path:
     """A wheelhouse with a stand-in torch (:func:`_stand_in_torch_wheel`) and the real wheelhouse's NumPy
-    (the image installs NumPy beside torch). Byte-identical in every worker (the builder's cache is shared)."""
+    (the image installs it beside torch) and packaging (torchrig's one dependency in the image).
+    Byte-identical in every worker (the builder's cache is shared)."""
     import shutil
 
     folder = tmp_path_factory.mktemp("stand-in-wheelhouse")
     _stand_in_torch_wheel(folder, f"{TORCH_VERSION}+cpu")
-    for numpy in wheelhouse.glob("numpy-*.whl"):
-        shutil.copy2(numpy, folder / numpy.name)
+    for wheel in [*wheelhouse.glob("numpy-*.whl"), *wheelhouse.glob("packaging-*.whl")]:
+        shutil.copy2(wheel, folder / wheel.name)
     return folder
 
 

@@ -172,8 +172,9 @@ def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build, image_bui
 
 
 def test_failing_step_shows_the_step_and_its_log(
-    tmp_path, engine, wheelhouse, image_build_cli, remove_classic_intermediates
+    tmp_path, engine, stand_in_wheelhouse, image_build_cli, remove_classic_intermediates
 ):
+    wheelhouse = stand_in_wheelhouse  # the build stops at apt: torch's wheels would only fill the context
     spec = tmp_path / "torchrig.toml"
     spec.write_text(
         '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[packages]\napt = ["no-such-package-torchrig"]\n'
@@ -193,7 +194,9 @@ def test_failing_step_shows_the_step_and_its_log(
 
 
 @pytest.mark.skipif(not HOST_BUNDLE.exists(), reason="no host CA bundle")
-def test_ca_cert_lets_pip_through_the_intercepting_proxy(tmp_path, engine, stand_in_wheelhouse, image_build_cli):
+def test_ca_cert_lets_pip_through_the_intercepting_proxy(
+    tmp_path, engine, stand_in_wheelhouse, image_build_cli
+):
     """Torch from a wheelhouse, one small package from PyPI: containers reach PyPI only through this
     machine's TLS-intercepting proxy, whose CA is in the host bundle, so pip needs --ca-cert. The question
     is the CA, not torch: a stand-in torch wheel keeps each build to seconds (a real one took minutes)."""
