@@ -124,6 +124,9 @@ def test_the_knowledge_bases_own_errors_are_gaps_not_crashes(monkeypatch, capsys
     assert kb.driver_support(kb.load(), facts.nvml.driver_version or "", "99.9") is None
     assert kb.find_gpus(kb.load(), ["NVIDIA Q9999 Imaginary"]) == []
     diagnose(facts)  # no exception: the unknown CUDA is a gap
+    from torchrig.doctor.checks.pytorch import _newer
+
+    assert _newer("2.9.0+cu128", "2.8.0") and not _newer("2.9.0+cu128", "2.1.0a0+git3f1a2b")  # no claim
 
     def damaged():
         raise InputError("knowledge base: cuda.toml has schema_version 9, expected 1")
