@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from torchrig import data
 from torchrig.compat import kb as kbmod
 from torchrig.compat import load_kb
 from torchrig.compat import versions as V
 from torchrig.compat.rules import arch_coverage
+from torchrig.errors import InputError
 
 
 def test_every_build_and_gpu_parses():
@@ -45,20 +47,29 @@ def test_nvml_names(name):
     assert load_kb().find_gpu(name).name == name
 
 
-def test_cache_is_written_reused_and_survives_corruption(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHRIG_CACHE_DIR", str(tmp_path))
-    build = kbmod.load_kb.__wrapped__  # past the per-process lru_cache
-    first = build()
-    files = list(tmp_path.glob("kb-*.pickle"))
-    assert len(files) == 1
-    again = build()
-    assert again == first and again is not first  # read back from the file
-    files[0].write_bytes(b"not a pickle")
-    assert build() == first  # rebuilt from the TOML files
-    assert (
-        kbmod.build_kb(*(kbmod._load_docs()[n] for n in ("gpus", "cuda", "drivers", "torch", "platforms")))
-        == first
-    )
+def test_parsed_from_the_data_files_on_each_start_with_nothing_written(tmp_path, monkeypatch):
+    """No cache on disk (the parse is ~40 ms): nothing under the cache folders, and the result is the data."""
+    monkeypatch.setenv("TORCHRIG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    fresh = kbmod.load_kb.__wrapped__()  # past the per-process lru_cache
+    assert list(tmp_path.iterdir()) == []
+    assert fresh == kbmod.build_kb(*(data.load(n) for n in ("gpus", "cuda", "drivers", "torch", "platforms")))
+    assert fresh == load_kb()
+
+
+def test_a_damaged_data_file_is_one_line_naming_it(monkeypatch):
+    """A row missing a key or a file of another schema: an InputError naming the row or file (exit 2)."""
+    gpus = dict(data.load("gpus"))
+    gpus["gpu"] = [{"name": "Broken GPU"}]
+    docs = [gpus, data.load("cuda"), data.load("drivers"), data.load("torch")]
+    with pytest.raises(InputError, match=r"bad gpu row 'Broken GPU': KeyError\('id'\)") as err:
+        kbmod.build_kb(*docs)
+    assert "reinstall torchrig" in err.value.one_line() and "\n" not in err.value.one_line()
+    with pytest.raises(InputError, match=r"cuda.toml has schema_version 9, expected 1"):
+        kbmod.build_kb(docs[0] | {"gpu": []}, {"schema_version": 9}, *docs[2:])
+    with pytest.raises(InputError, match=r"torchrig's data file 'torchrig.data/missing.toml'"):
+        data.packaged("torchrig.data", "missing.toml")
 
 
 def test_jetson_is_not_an_x86_wheel_target():

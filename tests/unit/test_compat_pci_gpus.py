@@ -12,7 +12,9 @@ import pytest
 
 from torchrig.cli import main
 from torchrig.compat import load_kb
-from torchrig.compat.kb import _norm, _strip_prefixes, pci_gpus
+from torchrig.compat.gpunames import norm as _norm
+from torchrig.compat.gpunames import pci_gpus
+from torchrig.compat.gpunames import strip_prefixes as _strip_prefixes
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "src" / "torchrig" / "data" / "pci_gpus.json").read_text())

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 from torchrig import contract as K
+from torchrig.compat import load_kb
 from torchrig.image import render
 from torchrig.runtime.inventory import load_snapshot
 from torchrig.runtime.placement import NO_GPUS
 from torchrig.runtime.plan import HostFacts, ImageFacts, UpRequest, make_plan
-from torchrig.runtime.preflight import load_host_kb, preflight
+from torchrig.runtime.preflight import preflight
 from torchrig.serve.config import make_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -84,9 +85,9 @@ def test_up_pre_flight_reads_the_labels_render_writes() -> None:
     """A rendered CUDA image's labels are recognised (checked, not 'unlabelled'); a CPU build is refused."""
     inv = load_snapshot(FIX / "runtime" / "inventory-8xh200.json")
     units = inv.units()[:1]
-    cuda = preflight(render.labels(plan_for(CUDA_CASE)), inv, units, load_host_kb)
+    cuda = preflight(render.labels(plan_for(CUDA_CASE)), inv, units, load_kb)
     assert cuda.findings and all(f.id not in ("image_unlabelled", "cpu_only_image") for f in cuda.findings)
-    cpu = preflight(render.labels(plan_for("cpu-only")), inv, units, load_host_kb)
+    cpu = preflight(render.labels(plan_for("cpu-only")), inv, units, load_kb)
     assert [f.id for f in cpu.failures()] == ["cpu_only_image"]
 
 

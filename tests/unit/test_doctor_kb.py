@@ -77,3 +77,62 @@ def test_without_the_kb_the_fix_points_to_resolve():
     f = next(f for f in diagnose(facts, use_kb=False).findings if f.id == "torch.cpu_build")
     assert facts.nvml.driver_version
     assert f.fix[1].startswith(f'torchrig resolve --gpu "NVIDIA H200" --driver {facts.nvml.driver_version}')
+
+
+# ---- what the bridge to compat catches: the knowledge base's own errors, never a bug
+
+
+def _doctor(capsys, facts: str) -> tuple[int, str, str]:
+    from torchrig.cli import main
+
+    code = main(["doctor", "--facts", str(FIX / facts)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _bug(*args, **kwargs):
+    return 1 / 0
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("torchrig.compat.rules", "driver_cuda_support"),  # the driver floor of the installed build
+        ("torchrig.compat", "resolve"),  # the build to install instead
+        ("torchrig.compat", "load_kb"),  # the knowledge base itself
+    ],
+)
+def test_a_bug_in_compat_reaches_the_internal_error_handler(monkeypatch, capsys, module, name):
+    """A ZeroDivisionError inside compat is no missing finding: exit 3, one line that says to report it."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(module), name, _bug)
+    code, out, err = _doctor(capsys, "driver-535-h200-cu130.json")
+    assert code == 3, (out, err)
+    assert err.startswith("torchrig: internal error: ZeroDivisionError: division by zero")
+    assert "report it" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_knowledge_bases_own_errors_are_gaps_not_crashes(monkeypatch, capsys):
+    """A damaged data file (InputError from compat) is the report's note; a CUDA the knowledge base does not
+    list is no driver floor; a GPU name it does not know is no suggestion: the other findings stay."""
+    from torchrig import compat
+    from torchrig.doctor import kb
+    from torchrig.errors import InputError
+
+    facts = h200(version="2.8.0+cu999", cuda_version="99.9")
+    assert kb.driver_support(kb.load(), facts.nvml.driver_version or "", "99.9") is None
+    assert kb.find_gpus(kb.load(), ["NVIDIA Q9999 Imaginary"]) == []
+    diagnose(facts)  # no exception: the unknown CUDA is a gap
+    from torchrig.doctor.checks.pytorch import _newer
+
+    assert _newer("2.9.0+cu128", "2.8.0") and not _newer("2.9.0+cu128", "2.1.0a0+git3f1a2b")  # no claim
+
+    def damaged():
+        raise InputError("knowledge base: cuda.toml has schema_version 9, expected 1")
+
+    monkeypatch.setattr(compat, "load_kb", damaged)
+    code, out, err = _doctor(capsys, "driver-535-h200-cu130.json")
+    assert code == 1 and err == "", err  # the driver finding is still there
+    assert "the compatibility knowledge base could not be loaded" in out
+    assert kb.preload() is None  # the background load drops it; the main thread's load says it again

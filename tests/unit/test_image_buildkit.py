@@ -327,3 +327,41 @@ def test_a_base_that_cannot_be_pulled_suggests_base_and_no_log_is_not_above():
     assert "above" not in (quiet.hint or "") and "printed no log" in (quiet.hint or "")
     loud = BuildFailed(BuildFailure(step="RUN pip install x", message="status 1", log_tail=["ERROR: boom"]))
     assert "log tail is above" in (loud.hint or "") and "--base" not in (loud.hint or "")
+
+
+# ---- the boundary with docker-py: BuildKit builds use private methods of its APIClient
+
+
+def test_the_installed_docker_py_has_the_private_api_and_is_in_the_pinned_range():
+    """The methods torchrig calls exist on the installed docker-py's APIClient, that docker-py is inside the
+    range pyproject pins, and the pin is the one the run-time error names."""
+    import sys
+
+    docker = pytest.importorskip("docker")
+    from packaging.requirements import Requirement
+
+    from torchrig.image.buildkit import SDK_PRIVATE_API, SDK_TESTED
+
+    for name in SDK_PRIVATE_API:
+        assert callable(getattr(docker.APIClient, name, None)), f"docker-py {docker.__version__} lacks {name}"
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["docker"] == [SDK_TESTED]
+    assert Requirement(SDK_TESTED).specifier.contains(docker.__version__)
+
+
+def test_a_docker_py_without_the_private_api_is_one_line_naming_it():
+    """A future docker-py that drops a method: EngineUnavailable (exit 2) naming it and the tested range."""
+    pytest.importorskip("docker")
+    from types import SimpleNamespace
+
+    from torchrig.image.buildkit import SDK_TESTED, engine_build_info
+
+    api = SimpleNamespace(_get=print, _post=print, _url=print, _raise_for_status=print)  # no _stream_helper
+    with pytest.raises(EngineUnavailable) as err:
+        engine_build_info(SimpleNamespace(api=api))
+    line = err.value.one_line()
+    assert "has no APIClient._stream_helper" in line and SDK_TESTED in line and "\n" not in line

@@ -150,3 +150,28 @@ def test_the_docs_show_the_dockerfile_as_it_renders(tmp_path, monkeypatch):
         ImageOptions(spec=Path("torchrig.toml"), wheelhouse=Path("wh"), base="torchrig-test/debian:bookworm")
     )
     assert render.render_dockerfile(plan).rstrip("\n") == shown
+
+
+def test_a_damaged_knowledge_base_leaves_the_wheelhouse_to_say_what_to_build(tmp_path, monkeypatch):
+    """The knowledge base's own error (a data file missing or damaged: InputError) is no plan without a
+    wheelhouse; with one, its torch wheel names the build."""
+    from torchrig.compat import kb as kbmod
+    from torchrig.errors import InputError
+    from torchrig.image.pipeline import ImageOptions, make_plan
+
+    def damaged():
+        raise InputError("cannot read torchrig's data file 'torchrig.data/torch.toml'")
+
+    monkeypatch.setattr(kbmod, "load_kb", damaged)
+    monkeypatch.chdir(tmp_path)
+    Path("torchrig.toml").write_text(
+        '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[python]\nversion = "3.11"\n'
+    )
+    with pytest.raises(InputError, match=r"torch\.toml"):
+        make_plan(ImageOptions(spec=Path("torchrig.toml"), base="torchrig-test/debian:bookworm"))
+    Path("wh").mkdir()
+    Path("wh/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    plan = make_plan(
+        ImageOptions(spec=Path("torchrig.toml"), wheelhouse=Path("wh"), base="torchrig-test/debian:bookworm")
+    )
+    assert plan.stack.label == "2.13.0+cpu"

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
-import sys
-import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchrig.compat import gpunames
 from torchrig.compat import versions as V
+from torchrig.compat.kbrows import FILES, kb_fields
 from torchrig.compat.platforms import (
     DEFAULT_PLATFORM,
     ArchOverride,
@@ -65,60 +64,6 @@ __all__ = [
 ]
 
 
-_PREFIXES = ("nvidia", "geforce", "tesla", "quadro")
-# NVML names carry the board's form factor and memory ("Tesla V100-SXM2-32GB", "NVIDIA H100 80GB HBM3");
-# when the exact spelling is not listed, these tokens are dropped and the name is looked up again.
-_BOARD_TOKENS = re.compile(r"[\s_-]+(sxm\d?|pcie|\d+gb|hbm\d?e?|nvl|mig|\d+g)\b", re.IGNORECASE)
-
-
-@functools.lru_cache(maxsize=1)
-def pci_gpus() -> dict[str, Gpu]:
-    """The PCI ID database's NVIDIA GPUs of compute capability >= 3.5 (``data/pci_gpus.json``, written by
-    tools/gen_pci_gpus.py), by normalised name: the fallback for names gpus.toml does not list. A name two
-    entries give different capabilities is left out (it cannot say which GPU it is)."""
-    import json
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pci_gpus.json")
-    with open(path, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    sources = {r["compute_capability"] + r["arch"]: r["source"] for r in doc["rules"]}
-    found: dict[str, Gpu] = {}
-    clash: set[str] = set()
-    for row in doc["gpu"]:
-        for spelling in row["names"]:
-            gpu = Gpu(
-                id=f"pci-{row['device_id'].replace(':', '-')}",
-                name=spelling,
-                arch=row["arch"],
-                compute_capability=row["compute_capability"],
-                segment=row["segment"],
-                family=row["arch"],
-                memory_gb=None,
-                memory_type=None,
-                aliases=(),
-                peaks=Peaks(),
-                source=f"{doc['source']}; compute capability: {sources[row['compute_capability'] + row['arch']]}",
-                verified=doc["verified"],
-            )
-            for key in (_norm(spelling), _strip_prefixes(spelling)):
-                have = found.get(key)
-                if have is not None and have.compute_capability != gpu.compute_capability:
-                    clash.add(key)
-                found.setdefault(key, gpu)
-    return {k: g for k, g in found.items() if k not in clash}
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[\s_\-]+", "", name.lower())
-
-
-def _strip_prefixes(name: str) -> str:
-    words = name.lower().replace("_", " ").replace("-", " ").split()
-    while words and words[0] in _PREFIXES:
-        words.pop(0)
-    return "".join(words)
-
-
 @dataclass(frozen=True)
 class KnowledgeBase:
     gpus: tuple[Gpu, ...]
@@ -139,19 +84,16 @@ class KnowledgeBase:
         """The GPU called ``name`` (any listed spelling, case/space/prefix-insensitive), else InputError."""
         if not name or not name.strip():
             raise InputError("empty GPU name", hint="e.g. --gpu 'RTX 4090' or --gpu 'NVIDIA H100 80GB HBM3'")
-        pci = re.fullmatch(
-            r"\s*[A-Z]{2}\d{3}[A-Z]*\s*\[(.+)\]\s*", name
-        )  # pci.ids' "GA102 [GeForce RTX 3090]"
-        name = pci.group(1) if pci else name
-        keys = (_norm(name), _strip_prefixes(name), _strip_prefixes(_BOARD_TOKENS.sub("", name)))
+        name = gpunames.marketing_name(name)
+        keys = gpunames.lookup_keys(name)
         for key in keys:
             if key in self._gpu_index:
                 return self._gpu_index[key]
-        listed = pci_gpus()
+        listed = gpunames.pci_gpus()
         for key in keys:
             if key in listed:
                 return listed[key]
-        short = _strip_prefixes(name)
+        short = gpunames.strip_prefixes(name)
         family = list(
             dict.fromkeys(g for k, g in self._gpu_index.items() if len(short) >= 3 and k.startswith(short))
         )
@@ -164,10 +106,10 @@ class KnowledgeBase:
                 f"GPU {name.strip()!r} is ambiguous",
                 hint=f"it matches {', '.join(g.name for g in family[:4])}; pass the full name",
             )
-        laptop = self._laptop_part(name)
+        laptop = gpunames.laptop_part(name, self._gpu_index)
         if laptop is not None:
             return laptop
-        near = closest(_strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
+        near = closest(gpunames.strip_prefixes(name), list(self._gpu_index), n=6, cutoff=0.6)
         names = list(dict.fromkeys(self._gpu_index[k].name for k in near))[:3]
         hint = (
             f"did you mean: {', '.join(names)}?"
@@ -175,31 +117,6 @@ class KnowledgeBase:
             else "see 'torchrig matrix' for the GPUs torchrig knows"
         )
         raise InputError(f"unknown GPU {name.strip()!r}", hint=hint)
-
-    def _laptop_part(self, name: str) -> Gpu | None:
-        """``NVIDIA GeForce RTX 4080 Laptop GPU`` (as nvidia-smi prints a laptop part) not listed: its desktop
-        namesake's architecture and compute capability, which NVIDIA's CUDA GPU list gives laptop GeForce parts
-        (https://developer.nvidia.com/cuda-gpus); memory and peaks unknown."""
-        m = re.fullmatch(r"(.+?)\s+(?:laptop(?:\s+gpu)?|max-q)(?:\s+gpu)?", name.strip(), re.IGNORECASE)
-        if not m:
-            return None
-        base = self._gpu_index.get(_norm(m.group(1))) or self._gpu_index.get(_strip_prefixes(m.group(1)))
-        if base is None or base.segment not in ("consumer", "workstation"):
-            return None
-        return Gpu(
-            id=f"{base.id}-laptop",
-            name=name.strip(),
-            arch=base.arch,
-            compute_capability=base.compute_capability,
-            segment=base.segment,
-            family=base.family,
-            memory_gb=None,
-            memory_type=None,
-            aliases=(),
-            peaks=Peaks(),
-            source="https://developer.nvidia.com/cuda-gpus",
-            verified=base.verified,
-        )
 
     def arch(self, name: str) -> GpuArch:
         for a in self.archs:
@@ -319,8 +236,6 @@ class KnowledgeBase:
         """``release`` + ``variant`` as the wheel for ``platform``: its kernels and its PyPI default."""
         plat = platform or Platform()
         pypi, pypi_ok = self.pypi_default(release, plat)
-        arch_platform = plat.arch_platform
-        arch_ok = arch_platform == DEFAULT_PLATFORM and plat.id != "windows"
         remarks: list[tuple[str, str]] = []
         if not variant.confirmed:
             remarks.append(
@@ -330,7 +245,26 @@ class KnowledgeBase:
                     f"or index ({variant.source})",
                 )
             )
-        if arch_platform != DEFAULT_PLATFORM and not variant.is_cpu:
+        variant, arch_ok, arch_remark = self._kernels(release, variant, plat)
+        remarks.extend(arch_remark)
+        if not pypi_ok and variant.name == pypi:
+            remarks.append(
+                (
+                    "pypi_default_not_confirmed",
+                    f"that PyPI serves {plat.label} the {pypi} build of torch {release.version} is not confirmed",
+                )
+            )
+        return Build(release, variant, plat.id, pypi, pypi_ok, arch_ok, remarks=tuple(remarks))
+
+    def _kernels(
+        self, release: Release, variant: Variant, plat: Platform
+    ) -> tuple[Variant, bool, tuple[tuple[str, str], ...]]:
+        """The kernels of ``variant``'s wheel for ``plat``: the variant (with another platform's arch list where
+        the knowledge base has one), whether they are confirmed, and the remark when they are not."""
+        arch_platform = plat.arch_platform
+        if variant.is_cpu or (arch_platform == DEFAULT_PLATFORM and plat.id != "windows"):
+            return variant, arch_platform == DEFAULT_PLATFORM and plat.id != "windows", ()
+        if arch_platform != DEFAULT_PLATFORM:
             row = next(
                 (
                     a
@@ -342,34 +276,16 @@ class KnowledgeBase:
                 None,
             )
             if row is not None:
-                variant = dataclasses.replace(
+                replaced = dataclasses.replace(
                     variant, arch_list=row.arch_list, ptx=row.ptx, source=row.source, verified=row.verified
                 )
-                arch_ok = True
-            else:
-                remarks.append(
-                    (
-                        "arch_list_not_confirmed",
-                        f"the kernels of torch {release.version}+{variant.name}'s {arch_platform} wheel are not "
-                        f"confirmed: the Linux x86_64 wheel's arch list was used",
-                    )
-                )
-        elif plat.id == "windows" and not variant.is_cpu:
-            remarks.append(
-                (
-                    "arch_list_not_confirmed",
-                    f"the kernels of torch {release.version}+{variant.name}'s Windows wheel are not confirmed: "
-                    f"the Linux x86_64 wheel's arch list was used",
-                )
-            )
-        if not pypi_ok and variant.name == pypi:
-            remarks.append(
-                (
-                    "pypi_default_not_confirmed",
-                    f"that PyPI serves {plat.label} the {pypi} build of torch {release.version} is not confirmed",
-                )
-            )
-        return Build(release, variant, plat.id, pypi, pypi_ok, arch_ok, remarks=tuple(remarks))
+                return replaced, True, ()
+        wheel = arch_platform if arch_platform != DEFAULT_PLATFORM else "Windows"
+        remark = (
+            f"the kernels of torch {release.version}+{variant.name}'s {wheel} wheel are not confirmed: "
+            f"the Linux x86_64 wheel's arch list was used"
+        )
+        return variant, False, (("arch_list_not_confirmed", remark),)
 
     def jetpack(self, version: str | None) -> JetPack | None:
         return next((j for j in self.jetpacks if j.version == version), None)
@@ -420,170 +336,6 @@ class KnowledgeBase:
 # ---------------------------------------------------------------- loading
 
 
-def _tuple(row: Mapping[str, Any], key: str) -> tuple[str, ...]:
-    return tuple(str(x) for x in row.get(key, ()))
-
-
-def _opt(row: Mapping[str, Any], key: str) -> Any:
-    value = row.get(key)
-    return None if value in (None, "") else value
-
-
-def _row(kind: str, row: Mapping[str, Any], build: Any) -> Any:
-    try:
-        return build(row)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(
-            f"knowledge base: bad {kind} row {dict(row).get('name') or dict(row)!r}: {err!r}"
-        ) from err
-
-
-def _gpu(row: Mapping[str, Any]) -> Gpu:
-    peaks = row.get("peaks") or {}
-    return Gpu(
-        id=row["id"],
-        name=row["name"],
-        arch=row["arch"],
-        compute_capability=row["compute_capability"],
-        segment=row.get("segment", ""),
-        family=row.get("family", row["arch"]),
-        memory_gb=_opt(row, "memory_gb"),
-        memory_type=_opt(row, "memory_type"),
-        aliases=_tuple(row, "aliases"),
-        peaks=Peaks(**{k: v for k, v in peaks.items() if k in Peaks.__dataclass_fields__}),
-        source=row.get("source", ""),
-        verified=str(row.get("verified", "")),
-        host_platform=row.get("host_platform"),
-    )
-
-
-def _variant(row: Mapping[str, Any]) -> Variant:
-    name = row["name"]
-    return Variant(
-        name=name,
-        cuda=_opt(row, "cuda"),
-        index_url=row.get("index_url", f"{PYTORCH_INDEX}/{name}"),
-        arch_list=_tuple(row, "arch_list"),
-        ptx=_tuple(row, "ptx"),
-        cudnn=_opt(row, "cudnn"),
-        nccl=_opt(row, "nccl"),
-        source=row.get("source", ""),
-        verified=str(row.get("verified", "")),
-        confirmed=bool(row.get("confirmed", True)),
-    )
-
-
-def _release(row: Mapping[str, Any]) -> Release:
-    return Release(
-        version=row["version"],
-        released=str(row["released"]) if row.get("released") else None,
-        python=_tuple(row, "python"),
-        torchvision=_opt(row, "torchvision"),
-        torchaudio=_opt(row, "torchaudio"),
-        pypi_variant=row["pypi_variant"],
-        variants=tuple(_row("variant", v, _variant) for v in row.get("variant", ())),
-        source=row.get("source", ""),
-        verified=str(row.get("verified", "")),
-    )
-
-
-def _index_gpus(gpus: Iterable[Gpu]) -> dict[str, Gpu]:
-    index: dict[str, Gpu] = {}
-    for g in gpus:
-        for spelling in (g.name, g.id, *g.aliases):
-            for key in (_norm(spelling), _strip_prefixes(spelling)):
-                index.setdefault(key, g)
-    return index
-
-
-def _sourced(r: Mapping[str, Any]) -> dict[str, str]:
-    return {"source": r.get("source", ""), "verified": str(r.get("verified", ""))}
-
-
-def _date(r: Mapping[str, Any]) -> str | None:
-    return str(r["released"]) if r.get("released") else None
-
-
-def _arch(r: Mapping[str, Any]) -> GpuArch:
-    return GpuArch(
-        name=r["name"],
-        compute_capabilities=_tuple(r, "compute_capabilities"),
-        last_driver_branch=_opt(r, "last_driver_branch"),
-        min_driver_branch=_opt(r, "min_driver_branch"),
-        **_sourced(r),
-    )
-
-
-def _toolkit(r: Mapping[str, Any]) -> Toolkit:
-    return Toolkit(
-        version=r["version"],
-        min_driver=_opt(r, "min_driver"),
-        min_driver_minor_compat=_opt(r, "min_driver_minor_compat"),
-        compute_capabilities=_tuple(r, "compute_capabilities"),
-        released=_date(r),
-        **_sourced(r),
-    )
-
-
-def _library_floor(r: Mapping[str, Any]) -> LibraryFloor:
-    return LibraryFloor(
-        r["library"], r["versions"], r["min_compute_capability"], r.get("workaround", ""), **_sourced(r)
-    )
-
-
-def _branch(r: Mapping[str, Any]) -> Branch:
-    return Branch(
-        branch=str(r["branch"]),
-        max_cuda=r["max_cuda"],
-        first_release=_opt(r, "first_release"),
-        released=_date(r),
-        lts=bool(r.get("lts", False)),
-        **_sourced(r),
-    )
-
-
-def _platform_rows(doc: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
-    def rows(key: str, make: Any) -> tuple[Any, ...]:
-        return tuple(_row(key, r, make) for r in doc.get(key, ()))
-
-    return {
-        "platforms": rows(
-            "platform",
-            lambda r: PlatformInfo(r["id"], r["name"], r["wheel_tag"], r["driver_numbering"], **_sourced(r)),
-        ),
-        "pypi_defaults": rows(
-            "pypi_default",
-            lambda r: PypiDefault(
-                r["platform"], r["releases"], r["variant"], bool(r.get("confirmed", True)), **_sourced(r)
-            ),
-        ),
-        "arch_overrides": rows(
-            "arch_list",
-            lambda r: ArchOverride(
-                r["platform"],
-                r["releases"],
-                r["variant"],
-                _tuple(r, "arch_list"),
-                _tuple(r, "ptx"),
-                r.get("evidence", ""),
-                **_sourced(r),
-            ),
-        ),
-        "jetpacks": rows(
-            "jetpack",
-            lambda r: JetPack(
-                str(r["version"]), str(r["l4t"]), r["max_cuda"], r["torch"], _opt(r, "driver"), **_sourced(r)
-            ),
-        ),
-        "ptxas_gaps": rows(
-            "ptxas_gap",
-            lambda r: PtxasGap(
-                r["compute_capability"], r["target"], r["releases"], r["workaround"], **_sourced(r)
-            ),
-        ),
-    }
-
-
 def build_kb(
     gpus: Mapping[str, Any],
     cuda: Mapping[str, Any],
@@ -591,99 +343,19 @@ def build_kb(
     torch: Mapping[str, Any],
     platforms: Mapping[str, Any] | None = None,
 ) -> KnowledgeBase:
-    """Build a KnowledgeBase from the parsed data files (tests pass small in-memory ones; platforms optional)."""
-    platforms = platforms if platforms is not None else {"schema_version": 1}
-    for name, doc in (
-        ("gpus", gpus),
-        ("cuda", cuda),
-        ("drivers", drivers),
-        ("torch", torch),
-        ("platforms", platforms),
-    ):
-        if doc.get("schema_version") != 1:
-            raise ValueError(
-                f"knowledge base: {name}.toml has schema_version {doc.get('schema_version')!r}, expected 1"
-            )
-    gpu_rows = tuple(_row("gpu", r, _gpu) for r in gpus.get("gpu", ()))
-    releases = sorted(
-        (_row("release", r, _release) for r in torch.get("release", ())),
-        key=lambda r: V.parse_release(r.version),
-        reverse=True,
-    )
-    return KnowledgeBase(
-        gpus=gpu_rows,
-        archs=tuple(_row("arch", r, _arch) for r in gpus.get("arch", ())),
-        toolkits=tuple(_row("toolkit", r, _toolkit) for r in cuda.get("toolkit", ())),
-        branches=tuple(_row("branch", r, _branch) for r in drivers.get("branch", ())),
-        releases=tuple(releases),
-        _gpu_index=_index_gpus(gpu_rows),
-        library_floors=tuple(_row("library_floor", r, _library_floor) for r in cuda.get("library_floor", ())),
-        **_platform_rows(platforms),
-    )
-
-
-_KB_FILES = ("gpus", "cuda", "drivers", "torch", "platforms")
-
-
-def _cache_dir() -> str:
-    return os.environ.get("TORCHRIG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchrig"
-    )
-
-
-def _sources() -> tuple[list[bytes], str]:
-    """The data files' bytes, and a cache key: their checksums, this module's and the Python version."""
-    here = os.path.abspath(__file__)
-    data_dir = os.path.join(os.path.dirname(os.path.dirname(here)), "data")
-    raws = []
-    for name in _KB_FILES:
-        with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:
-            raws.append(fh.read())
-    code = b""
-    for module in (here, *(os.path.join(os.path.dirname(here), m) for m in ("records.py", "platforms.py"))):
-        with open(module, "rb") as fh:
-            code += fh.read()
-    key = "-".join(f"{zlib.crc32(r):08x}" for r in (*raws, code))
-    return raws, f"kb-py{sys.version_info[0]}{sys.version_info[1]}-{key}.pickle"
-
-
-def _load_docs() -> dict[str, Any]:
-    """The four data files, parsed (tomllib)."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    raws, _ = _sources()
-    return {name: tomllib.loads(raw.decode("utf-8")) for name, raw in zip(_KB_FILES, raws, strict=True)}
+    """Build a KnowledgeBase from the parsed data files (tests pass small in-memory ones; platforms optional).
+    A malformed file or row is an InputError naming it (``torchrig.compat.kbrows``)."""
+    docs = {"gpus": gpus, "cuda": cuda, "drivers": drivers, "torch": torch}
+    return KnowledgeBase(**kb_fields(docs if platforms is None else {**docs, "platforms": platforms}))
 
 
 @functools.lru_cache(maxsize=1)
 def load_kb() -> KnowledgeBase:
     """The knowledge base from the package's data files (loaded once per process).
 
-    Parsing the TOML (tomllib is pure Python) and building the records takes ~70 ms, a third of `torchrig check`'s
-    budget, so the built knowledge base is cached with pickle under ~/.cache/torchrig (or $TORCHRIG_CACHE_DIR),
-    keyed by the data files' and this module's checksums: any change to either rebuilds it.
+    Parsed on every start, no cache on disk: tomllib and the records take ~40 ms in a fresh process (the
+    fastest of ten runs; 2026-12), a cache would save ~30 ms of that and is one more file read back at start.
     """
-    import pickle
+    from torchrig import data
 
-    _raws, name = _sources()
-    cache = os.path.join(_cache_dir(), name)
-    try:
-        with open(cache, "rb") as fh:
-            cached = pickle.load(fh)
-        if isinstance(cached, KnowledgeBase):
-            return cached
-    except Exception:  # a missing, partial or stale cache only costs the parse
-        pass
-    docs = _load_docs()
-    kb = build_kb(docs["gpus"], docs["cuda"], docs["drivers"], docs["torch"], docs["platforms"])
-    try:
-        os.makedirs(os.path.dirname(cache), exist_ok=True)
-        tmp = f"{cache}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            pickle.dump(kb, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, cache)
-    except OSError:
-        pass
-    return kb
+    return KnowledgeBase(**kb_fields({name: data.load(name) for name in FILES}))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torchrig.compat.kb import Build, Gpu, KnowledgeBase, Release, Variant
-from torchrig.compat.platforms import Platform
+from torchrig.compat.platforms import JetPack, Platform
 from torchrig.compat.reasons import Reason, Severity
 from torchrig.errors import UsageError
 
@@ -51,18 +51,10 @@ class WheelSource:
 
 @functools.lru_cache(maxsize=1)
 def load_sources() -> tuple[WheelSource, ...]:
-    import os
-    import sys
+    """``data/wheel_sources.toml`` as records (read once per process)."""
+    from torchrig import data
 
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wheel_sources.toml")
-    with open(path, "rb") as fh:
-        doc = tomllib.load(fh)
-    return tuple(_source(row) for row in doc["source"])
+    return tuple(_source(row) for row in data.load("wheel_sources")["source"])
 
 
 def _source(row: dict[str, Any]) -> WheelSource:
@@ -171,9 +163,28 @@ def judge(
     jetpack = jetpack_for(kb, gpus, driver, plat) if plat.id == "jetson" else None
     if plat.id == "jetson" and not plat.jetpack and jetpack is not None:
         plat = Platform("jetson", jetpack.version)
-    reasons: list[Reason] = [
-        Reason("wheel_source", Severity.INFO, f"torch {sb.text} from {s.name} ({s.index_url}): {sb.how}")
+    reasons = [
+        Reason("wheel_source", Severity.INFO, f"torch {sb.text} from {s.name} ({s.index_url}): {sb.how}"),
+        *_platform_reasons(s, plat, jetpack),
+        *_gpu_reasons(s, gpus),
     ]
+    if sb.version not in s.versions:
+        reasons.append(
+            Reason(
+                "source_version_not_confirmed",
+                Severity.CAVEAT,
+                f"torch {sb.version} from {s.name} is not confirmed: the cited page lists {', '.join(s.versions)} "
+                f"({s.source})",
+            )
+        )
+    if s.caveat:
+        reasons.append(Reason("wheel_source_caveat", Severity.CAVEAT, s.caveat))
+    return _build(kb, sb, plat), reasons, plat
+
+
+def _platform_reasons(s: WheelSource, plat: Platform, jetpack: JetPack | None) -> list[Reason]:
+    """Whether the source serves this platform and JetPack."""
+    reasons: list[Reason] = []
     if s.platform != plat.id:
         reasons.append(
             Reason(
@@ -199,6 +210,12 @@ def judge(
                 f"{s.name} needs JetPack {s.jetpack}: pass --platform jetson{s.jetpack} or --driver to check it",
             )
         )
+    return reasons
+
+
+def _gpu_reasons(s: WheelSource, gpus: Sequence[Gpu]) -> list[Reason]:
+    """Whether the source's kernels cover each GPU."""
+    reasons: list[Reason] = []
     for gpu in gpus:
         if gpu.compute_capability in s.compute_capabilities:
             reasons.append(
@@ -219,18 +236,7 @@ def judge(
                     gpu.name,
                 )
             )
-    if sb.version not in s.versions:
-        reasons.append(
-            Reason(
-                "source_version_not_confirmed",
-                Severity.CAVEAT,
-                f"torch {sb.version} from {s.name} is not confirmed: the cited page lists {', '.join(s.versions)} "
-                f"({s.source})",
-            )
-        )
-    if s.caveat:
-        reasons.append(Reason("wheel_source_caveat", Severity.CAVEAT, s.caveat))
-    return _build(kb, sb, plat), reasons, plat
+    return reasons
 
 
 def _build(kb: KnowledgeBase, sb: SourcedBuild, plat: Platform) -> Build:

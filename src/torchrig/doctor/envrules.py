@@ -13,18 +13,10 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-DATA = Path(__file__).with_name("data") / "env_vars.toml"
 RULES = frozenset(
     {
         "ifname",
@@ -68,7 +60,9 @@ class AllocKey:
 
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any]:
-    data = tomllib.loads(DATA.read_text())
+    from torchrig.data import packaged
+
+    doc = packaged("torchrig.doctor", "data/env_vars.toml")
     rules = {
         r["name"]: VarRule(
             r["name"],
@@ -80,13 +74,13 @@ def load() -> dict[str, Any]:
             tuple(r.get("on", ())),
             r.get("needs"),
         )
-        for r in data["var"]
+        for r in doc["var"]
     }
     keys = {
         k["name"]: AllocKey(
             k["name"], k["type"], k["source"], k.get("min"), k.get("max"), tuple(k.get("choices", ()))
         )
-        for k in data["alloc_key"]
+        for k in doc["alloc_key"]
     }
     return {"vars": rules, "alloc_keys": keys}
 

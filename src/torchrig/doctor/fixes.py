@@ -3,16 +3,7 @@
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-DATA = Path(__file__).with_name("data") / "fixes.toml"
 
 # NVIDIA's CUDA repository names one directory per distribution release.
 _CUDA_DIST = {
@@ -28,7 +19,10 @@ _CUDA_DIST = {
 
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any]:
-    return tomllib.loads(DATA.read_text())
+    from torchrig.data import packaged
+
+    doc: dict[str, Any] = packaged("torchrig.doctor", "data/fixes.toml")
+    return doc
 
 
 def thresholds() -> dict[str, Any]:

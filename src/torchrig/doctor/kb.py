@@ -1,12 +1,17 @@
 """doctor's bridge to the compatibility engine (``torchrig.compat``): what the knowledge base says about the
-probed driver, GPUs and installed build. Every call degrades to ``None`` when the KB cannot answer (an unknown
-GPU name, a CUDA version the KB does not list), so a gap in the data never hides a finding.
+probed driver, GPUs and installed build. A question the knowledge base cannot answer from its data (an
+unknown GPU name, a CUDA version it does not list, a malformed version in the facts, a damaged data file)
+degrades to ``None``: ``torchrig.compat`` says so with a :class:`~torchrig.errors.TorchrigError`, and a gap in
+the data never hides a finding. Any other exception is a bug in torchrig and is not caught here: it reaches
+the CLI's internal-error handler (exit 3, "rerun with --debug and report it") through ``run_checks``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from torchrig.errors import TorchrigError
 
 
 @dataclass(frozen=True)
@@ -18,12 +23,23 @@ class Suggestion:
 
 
 def load() -> Any | None:
-    try:
-        from torchrig.compat import load_kb
+    """The knowledge base, or None when its data files are damaged (the report then says so)."""
+    from torchrig.compat import load_kb
 
+    try:
         return load_kb()
-    except Exception:  # a missing or broken KB must not stop the diagnosis
+    except TorchrigError:  # a damaged installation must not stop the diagnosis
         return None
+
+
+def preload() -> None:
+    """:func:`load`, for a background thread that warms the per-process cache while the probes run. What it
+    raises is dropped there (a thread's exception would print a traceback and reach no handler); a check that
+    needs the knowledge base calls :func:`load` again on the main thread, where the same error is raised."""
+    try:
+        load()
+    except Exception:  # raised again on the main thread by the check that needs the KB
+        return
 
 
 def find_gpus(kb: Any, names: list[str]) -> list[Any]:
@@ -32,28 +48,28 @@ def find_gpus(kb: Any, names: list[str]) -> list[Any]:
     for name in names:
         try:
             found.append(kb.find_gpu(name))
-        except Exception:
+        except TorchrigError:  # unknown or ambiguous name
             continue
     return found
 
 
 def driver_support(kb: Any, driver: str, cuda: str) -> Any | None:
     """``compat.rules.driver_cuda_support``: NATIVE / MINOR_COMPAT / UNSUPPORTED, with the floors."""
-    try:
-        from torchrig.compat.rules import driver_cuda_support
+    from torchrig.compat.rules import driver_cuda_support
 
+    try:
         return driver_cuda_support(kb, driver, cuda)
-    except Exception:
+    except TorchrigError:  # a CUDA the KB does not list, a malformed version
         return None
 
 
 def coverage(cc: str, arch_list: tuple[str, ...]) -> Any | None:
     """``compat.rules.arch_coverage``: CUBIN_EXACT / CUBIN_FORWARD / PTX_JIT / NOT_COVERED."""
-    try:
-        from torchrig.compat.rules import arch_coverage
+    from torchrig.compat.rules import arch_coverage
 
+    try:
         return arch_coverage(cc, list(arch_list))
-    except Exception:
+    except TorchrigError:  # a malformed compute capability or arch name
         return None
 
 
@@ -61,6 +77,8 @@ def suggest(
     kb: Any, gpu_names: list[str], driver: str | None, python: str | None = None
 ) -> Suggestion | None:
     """The build ``torchrig resolve`` picks for these GPUs and this driver (and Python), with its pip command."""
+    from torchrig.compat import resolve
+
     if kb is None:
         return None
     gpus = find_gpus(kb, gpu_names)
@@ -69,10 +87,8 @@ def suggest(
     py = ".".join(python.split(".")[:2]) if python else None
     for attempt in (py, None):  # a Python the KB does not list must not lose the suggestion
         try:
-            from torchrig.compat import resolve
-
             res = resolve(kb, gpus=gpus, driver=driver, python=attempt)
-        except Exception:
+        except TorchrigError:  # no build fits, a Python or driver the KB cannot read
             continue
         label = getattr(res.build, "label", str(res.build))
         verdict = getattr(res.verdict, "value", str(res.verdict))

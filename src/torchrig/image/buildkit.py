@@ -40,6 +40,12 @@ from torchrig.image.steplog import ErrorScan
 # from 22.06 on also advertise "Builder-Version: 2" on Linux (https://github.com/moby/moby/pull/43992).
 # Windows engines have no BuildKit.
 BUILDKIT_MIN_API = (1, 39)
+# docker-py has no public call for a BuildKit build (its APIClient.build() sends no version=2), so these
+# methods of its APIClient carry the requests: not public API, so the docker extra in pyproject.toml is pinned
+# to the range they are tested with (SDK_TESTED: 7.1.0 runs the tests; 7.2.0's APIClient defines the same
+# methods, read from its source), and a docker-py without them is a one-line error (private_api).
+SDK_PRIVATE_API = ("_get", "_post", "_url", "_raise_for_status", "_stream_helper")
+SDK_TESTED = "docker>=7.1,<7.3"
 # A Dockerfile instruction's vertex: "[build 3/7] RUN ..." (named stage) or "[2/3] RUN ..." (single stage)
 _STEP_NAME_RE = re.compile(r"^\[(?:(\S+) )?(\d+)/(\d+)\] (.*)$", re.S)
 
@@ -106,9 +112,25 @@ def choose_builder(requested: str, info: EngineBuildInfo, docker_buildkit: str |
     return Builder.CLASSIC if why_not else Builder.BUILDKIT
 
 
+def private_api(client: Any) -> Any:
+    """``client.api`` (docker-py's APIClient), once it is known to have the private methods torchrig uses
+    (:data:`SDK_PRIVATE_API`); a docker-py without one is EngineUnavailable naming it and the tested range."""
+    api = client.api
+    missing = [name for name in SDK_PRIVATE_API if not callable(getattr(api, name, None))]
+    if missing:
+        import docker
+
+        raise EngineUnavailable(
+            f"docker-py {getattr(docker, '__version__', '(version unknown)')} has no APIClient."
+            f"{', '.join(missing)}, which torchrig's image builds use",
+            hint=f"install the docker-py torchrig is tested with: pip install '{SDK_TESTED}'",
+        )
+    return api
+
+
 def engine_build_info(client: Any) -> EngineBuildInfo:
     """Ask the engine (``GET /_ping``) through the SDK's APIClient; headers the engine leaves out are None."""
-    api = client.api
+    api = private_api(client)
     response = api._get(api._url("/_ping"))
     api._raise_for_status(response)
     headers = response.headers
@@ -289,7 +311,7 @@ def run_buildkit(
     Interrupted (Ctrl-C), it asks the engine to cancel the build (``POST /build/cancel``)."""
     from docker.errors import APIError
 
-    api = client.api
+    api = private_api(client)
     build_id = uuid.uuid4().hex
     context.seek(0)
     try:

@@ -19,11 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from torchrig.errors import EngineUnavailable, UsageError
 from torchrig.image import render
 from torchrig.image.stack import ImagePlan
@@ -69,10 +64,12 @@ def _backend_installed(root: Path) -> bool:
 
     from packaging.requirements import InvalidRequirement, Requirement
 
+    from torchrig.inputfiles import InputError, read_toml
+
     try:
-        doc = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+        doc = read_toml(root / "pyproject.toml", "the checkout's pyproject.toml")
         requires = [Requirement(r) for r in doc["build-system"]["requires"]]
-    except (OSError, KeyError, TypeError, ValueError, InvalidRequirement):
+    except (InputError, KeyError, TypeError, InvalidRequirement):
         return False
     for req in requires:
         if req.marker is not None and not req.marker.evaluate():

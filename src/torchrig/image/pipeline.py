@@ -144,13 +144,12 @@ def make_plan(opts: ImageOptions, kb: Any = None) -> ImagePlan:
             ) from None
     if kb is None:
         from torchrig.compat.kb import load_kb
+        from torchrig.errors import InputError
 
         try:
             kb = load_kb()
-        except (
-            FileNotFoundError
-        ):  # a data file missing: only a wheelhouse's torch wheel can say what to build
-            if opts.wheelhouse is None:
+        except InputError:  # a data file missing or damaged: then only a wheelhouse's torch wheel can
+            if opts.wheelhouse is None:  # say what to build
                 raise
             kb = None
     stack = resolve_stack(spec, kb, opts.wheelhouse)

@@ -2,8 +2,8 @@
 
 A container's sshd would otherwise make a new host key at every start, and the user's ssh client would
 rightly refuse the next environment of the same name ("REMOTE HOST IDENTIFICATION HAS CHANGED"). So ``up``
-keeps one ed25519 key per environment name in the user's own state directory
-(``$XDG_STATE_HOME/torchrig/hostkeys/NAME/``, else ``~/.local/state/…``; directory 0700, key 0600), copies
+keeps one ed25519 key per environment name in the user's own state directory (``hostkeys/NAME/`` in
+``torchrig.userdirs.state_dir()``, ``~/.local/state/torchrig`` by default; directory 0700, key 0600), copies
 it into the container before it starts (where ``torchrig serve`` looks: ``~/.torchrig/ssh/``), and records
 ``NAME ssh-ed25519 …`` in ``…/torchrig/known_hosts``. The printed ssh command names both
 (``-o HostKeyAlias=NAME -o UserKnownHostsFile=…``), so strict host-key checking works from the first login.
@@ -18,6 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchrig import userdirs
 from torchrig.contract import SSH_HOST_KEY_NAME
 from torchrig.errors import InputError
 
@@ -33,15 +34,9 @@ class HostKey:
         return f"{alias} {kind} {blob}"
 
 
-def user_state_dir() -> Path:
-    """This user's own torchrig state (never the shared ledger directory: these are private keys)."""
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "torchrig"
-
-
 def ensure(name: str, base: Path | None = None) -> HostKey | None:
     """The environment's host key, made on first use; None when this host has no ``ssh-keygen``."""
-    root = base or user_state_dir()
+    root = base or userdirs.state_dir()  # the user's own, never the shared ledger's: private keys
     d = root / "hostkeys" / name
     key = d / SSH_HOST_KEY_NAME  # the same file name as in the container
     if not key.exists():
@@ -71,7 +66,7 @@ def ensure(name: str, base: Path | None = None) -> HostKey | None:
 
 def known_hosts_file(base: Path | None = None) -> Path:
     """The known_hosts file :func:`record` writes (this user's)."""
-    return (base or user_state_dir()) / "known_hosts"
+    return (base or userdirs.state_dir()) / "known_hosts"
 
 
 def ssh_command(port: int, alias: str, user: str, host: str, known_hosts: Path | None) -> str:

@@ -1,7 +1,7 @@
 """Each environment's host ports, kept across ``down``/``up`` of the same name.
 
 The engine picks free host ports the first time; ``up`` records them in the user's own state directory
-(``$XDG_STATE_HOME/torchrig/ports/NAME.json``, beside the kept SSH host keys) and asks for the same ones
+(``ports/NAME.json`` in ``torchrig.userdirs.state_dir()``, beside the kept SSH host keys) and asks for the same ones
 the next time, so an ``~/.ssh/config`` entry (``Port 49153``) and a bookmarked Jupyter URL keep working.
 A recorded port that something else holds now is not fought for: the engine picks another and ``up``
 says which port changed and who holds the old one. Shell equivalent: ``docker run -p 127.0.0.1:PORT:8888``.
@@ -15,13 +15,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrig.runtime.hostkey import user_state_dir
+from torchrig import userdirs
 
 _MAX_FILE_BYTES = 4096
 
 
 def _path(name: str, base: Path | None) -> Path:
-    return (base or user_state_dir()) / "ports" / f"{name}.json"
+    return (base or userdirs.state_dir()) / "ports" / f"{name}.json"
 
 
 def remembered(name: str, base: Path | None = None) -> dict[str, int]:

@@ -26,14 +26,6 @@ from torchrig.runtime.inventory import Inventory, Unit
 UNKNOWN = ("", LABEL_UNKNOWN, LABEL_NONE)  # label values that carry no fact
 
 
-def load_host_kb() -> Any:
-    """The knowledge base's GPU, CUDA and driver facts (pre-flight needs no torch release table)."""
-    from torchrig import data
-    from torchrig.compat import build_kb
-
-    return build_kb(data.load("gpus"), data.load("cuda"), data.load("drivers"), {"schema_version": 1})
-
-
 def _finding(code: str, severity: Severity, summary: str, fix: str | None = None) -> Finding:
     """The shared record (:class:`torchrig.findings.Finding`) with pre-flight's one-line fix."""
     return Finding(code, severity, summary, fix=(fix,) if fix else ())

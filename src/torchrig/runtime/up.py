@@ -41,7 +41,7 @@ from torchrig.runtime.plan import (
     make_plan,
     volume_labels,
 )
-from torchrig.runtime.preflight import Preflight, load_host_kb, preflight
+from torchrig.runtime.preflight import Preflight, preflight
 
 SSH_KEY_NAMES = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
 LABEL_OWNER_UID = f"{ENV_LABEL_PREFIX}uid"
@@ -378,14 +378,15 @@ def run_up(
         ulimit_max=engine.ulimit_max(image.id, wanted, dict(req.extra_labels)),
         path_owners=path_owners(req),
     )
-    kb = load_host_kb
+    from torchrig.compat.kb import load_kb  # called only when pre-flight needs the facts
+
     ledger = daemon.ledger if daemon else Ledger.open()
     req, port_notes = stable_ports(engine, req)
     service_notes += port_notes
     if dry_run:  # the same choice a real up makes, recording nothing
         live, listed_at = engine.live_names()
         units = preview(ledger, inv, req.gpus, share=req.share, live=live, listed_at_s=listed_at)
-        pf = preflight(image.labels, inv, units, kb)
+        pf = preflight(image.labels, inv, units, load_kb)
         plan = make_plan(req, image, host, units)
         return UpResult(replace(plan, notes=plan.notes + tuple(service_notes)), "planned", pf.findings)
     if engine.exists(req.name):
@@ -407,7 +408,7 @@ def run_up(
     cid = None
     made: list[str] = []  # a workspace volume made by this up: removed with it when the up fails (empty)
     try:
-        pf = preflight(image.labels, inv, units, kb)
+        pf = preflight(image.labels, inv, units, load_kb)
         _check(pf)
         plan = make_plan(req, image, host, units)
         plan = replace(plan, notes=plan.notes + tuple(service_notes))

@@ -91,8 +91,9 @@ def run_checks(
     """All findings for ``facts``, most severe first, and whether the knowledge base was loaded/needed.
 
     ``kb_loader`` returns the compatibility knowledge base (or None); it is called only if a check needs it.
-    With ``strict=False`` (the CLI without --debug) a check that raises becomes a note instead of hiding
-    every other finding behind a traceback.
+    A check that raises is a bug and reaches the CLI's internal-error handler (exit 3, with a report). With
+    ``strict=False`` (the diagnosis ``torchrig install`` runs after installing) it becomes a note instead, so
+    a doctor bug does not hide an install that worked.
     """
     wanted = set(areas) if areas else set(AREAS)
     ctx = Context(facts, kb_loader)

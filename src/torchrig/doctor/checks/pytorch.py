@@ -354,10 +354,11 @@ def nvcc_mismatch(ctx: Context) -> Iterator[Finding]:
 
 def _newer(candidate: str, installed: str) -> bool:
     from torchrig.compat.versions import parse_release
+    from torchrig.errors import UsageError
 
     try:
         return parse_release(candidate.split("+")[0]) > parse_release(installed.split("+")[0])
-    except Exception:  # an unparseable local version: no claim
+    except UsageError:  # an unparseable local version (2.1.0a0+git…): no claim
         return False
 
 
