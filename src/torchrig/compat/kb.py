@@ -79,8 +79,8 @@ def pci_gpus() -> dict[str, Gpu]:
     import json
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pci_gpus.json")
-    with open(path, encoding="utf-8") as fh:
-        doc = json.load(fh)
+    with open(path, encoding="utf-8") as fh:  # raw-read: package data
+        doc = json.load(fh)  # raw-read: package data
     sources = {r["compute_capability"] + r["arch"]: r["source"] for r in doc["rules"]}
     found: dict[str, Gpu] = {}
     clash: set[str] = set()
@@ -637,11 +637,11 @@ def _sources() -> tuple[list[bytes], str]:
     data_dir = os.path.join(os.path.dirname(os.path.dirname(here)), "data")
     raws = []
     for name in _KB_FILES:
-        with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:
+        with open(os.path.join(data_dir, f"{name}.toml"), "rb") as fh:  # raw-read: package data
             raws.append(fh.read())
     code = b""
     for module in (here, *(os.path.join(os.path.dirname(here), m) for m in ("records.py", "platforms.py"))):
-        with open(module, "rb") as fh:
+        with open(module, "rb") as fh:  # raw-read: package source
             code += fh.read()
     key = "-".join(f"{zlib.crc32(r):08x}" for r in (*raws, code))
     return raws, f"kb-py{sys.version_info[0]}{sys.version_info[1]}-{key}.pickle"

@@ -60,8 +60,8 @@ def load_sources() -> tuple[WheelSource, ...]:
         import tomli as tomllib
 
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wheel_sources.toml")
-    with open(path, "rb") as fh:
-        doc = tomllib.load(fh)
+    with open(path, "rb") as fh:  # raw-read: package data
+        doc = tomllib.load(fh)  # raw-read: package data
     return tuple(_source(row) for row in doc["source"])
 
 

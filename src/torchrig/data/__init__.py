@@ -20,5 +20,6 @@ else:  # pragma: no cover
 @functools.cache
 def load(name: str) -> dict[str, Any]:
     """Load ``torchrig/data/<name>.toml`` (cached)."""
-    text = resources.files(__package__).joinpath(f"{name}.toml").read_text(encoding="utf-8")
+    data_file = resources.files(__package__).joinpath(f"{name}.toml")
+    text = data_file.read_text(encoding="utf-8")  # raw-read: package data
     return tomllib.loads(text)

@@ -68,7 +68,7 @@ class AllocKey:
 
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any]:
-    data = tomllib.loads(DATA.read_text())
+    data = tomllib.loads(DATA.read_text())  # raw-read: package data
     rules = {
         r["name"]: VarRule(
             r["name"],

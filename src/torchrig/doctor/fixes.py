@@ -28,7 +28,7 @@ _CUDA_DIST = {
 
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any]:
-    return tomllib.loads(DATA.read_text())
+    return tomllib.loads(DATA.read_text())  # raw-read: package data
 
 
 def thresholds() -> dict[str, Any]:
