@@ -237,3 +237,49 @@ def test_a_log_tail_reads_in_bounded_steps(tmp_path):
     found = [tail.find(attempt, "Watchdog") for _ in range(4)]
     assert found[:3] == [None, None, None]  # one bounded step a look
     assert found[3] == (0, "Watchdog caught collective operation timeout")
+
+
+# ---------------------------------------------------------------- the bounded readers themselves
+
+
+def test_read_head_reads_kernel_files_whatever_their_size_says():
+    from torchrig import inputfiles
+
+    assert os.stat("/proc/self/status").st_size == 0
+    text = inputfiles.read_head("/proc/self/status", "kernel file", max_bytes=1 << 20).decode()
+    assert text.startswith("Name:") and "Pid:" in text
+    assert len(inputfiles.read_head("/proc/self/status", "kernel file", max_bytes=10)) == 10
+    assert inputfiles.read_proc("/proc/self/no-such-file") is None
+    assert "Pid:" in (inputfiles.read_proc("/proc/self/status") or "")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_readers_refuse_or_bound_each_kind_at_once(tmp_path, kind):
+    from torchrig import inputfiles
+
+    p = tmp_path / "f"
+    KINDS[kind](p)
+    if kind == "sparse-8g":  # a regular file: read in bounded steps, never whole
+        assert inputfiles.read_head(p, "f", max_bytes=100) == b"\0" * 100
+        assert inputfiles.read_from(p, "f", -100, max_bytes=100) == b"\0" * 100
+        assert len(inputfiles.read_from(p, "f", 5, max_bytes=1 << 20)) == 1 << 20
+        with pytest.raises(inputfiles.InputError, match="bytes, more than"):
+            inputfiles.read_bytes(p, "f")
+    else:
+        for read in (
+            lambda: inputfiles.read_head(p, "f", max_bytes=100),
+            lambda: inputfiles.read_from(p, "f", 0, max_bytes=100),
+        ):
+            with pytest.raises(inputfiles.InputError, match="not a regular file"):
+                read()
+        assert inputfiles.read_proc(p) is None
+
+
+def test_read_from_a_negative_offset_is_the_tail(tmp_path):
+    from torchrig import inputfiles
+
+    p = tmp_path / "log"
+    p.write_bytes(b"0123456789")
+    assert inputfiles.read_from(p, "log", -4, max_bytes=4) == b"6789"
+    assert inputfiles.read_from(p, "log", -40, max_bytes=40) == b"0123456789"
+    assert inputfiles.read_from(p, "log", 8, max_bytes=40) == b"89"
