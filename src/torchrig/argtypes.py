@@ -60,6 +60,7 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
         return n
 
     parse.__name__ = "int"
+    parse.bounds = lo, hi  # type: ignore[attr-defined]  # a function attribute, read beside --help
     return parse
 
 
@@ -75,6 +76,7 @@ def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Callable[[str], 
         return x
 
     parse.__name__ = "float"
+    parse.bounds = lo, hi  # type: ignore[attr-defined]  # a function attribute, read beside --help
     return parse
 
 

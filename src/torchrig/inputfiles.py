@@ -1,7 +1,8 @@
 """Reading the files a user hands torchrig (facts, inventories, specs, locks, reports) and the small files of a
 run folder (``checkpoints/latest``, ``meta.json``, ``run.json``, ``summary.json``): bounded and decoded
-safely. Every small file torchrig reads goes through :func:`read_bytes` (or :func:`open_regular` for the
-one it streams, ``metrics.jsonl``).
+safely. Every small file torchrig reads goes through :func:`read_bytes`; the streams (logs,
+``metrics.jsonl``) are read in bounded steps by :func:`read_from`, kernel files (``st_size`` 0) by
+:func:`read_head` or :func:`read_proc`. A test (tests/unit/test_raw_reads.py) refuses a raw read anywhere else.
 
 Every reader here turns what can go wrong with a file into one ``InputError`` line that names the file and
 what to do: missing, a folder or a device, unreadable, larger than the reader accepts (so ``/dev/zero`` or
@@ -87,6 +88,44 @@ def read_bytes(
     if len(data) > max_bytes:  # it grew while we read it
         raise InputError(f"{what} {str(p)!r} is larger than the {max_bytes:,} bytes torchrig reads")
     return data
+
+
+def read_head(path: str | os.PathLike[str], what: str, *, max_bytes: int, follow: bool = True) -> bytes:
+    """At most ``max_bytes`` from the start of a regular file, whatever its ``st_size`` says: for ``/proc``
+    and ``/sys`` files (``st_size`` 0, yet they hold text) and the header of a log. What lies past
+    ``max_bytes`` is left unread, not an error (:func:`open_regular`'s checks first)."""
+    p = Path(path).expanduser()
+    with open_regular(p, what, follow=follow) as fh:
+        try:
+            return fh.read(max_bytes)
+        except OSError as err:
+            raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
+
+
+def read_from(
+    path: str | os.PathLike[str], what: str, offset: int, *, max_bytes: int, follow: bool = True
+) -> bytes:
+    """At most ``max_bytes`` of a regular file from byte ``offset`` on: the new part of a growing stream (a
+    log, ``metrics.jsonl``) read in bounded steps. A negative ``offset`` counts from the end, so
+    ``read_from(p, w, -n, max_bytes=n)`` is the file's last ``n`` bytes (its tail), never the whole file."""
+    p = Path(path).expanduser()
+    with open_regular(p, what, follow=follow) as fh:
+        try:
+            if offset < 0:
+                offset = max(0, os.fstat(fh.fileno()).st_size + offset)
+            fh.seek(offset)
+            return fh.read(max_bytes)
+        except OSError as err:
+            raise InputError(f"cannot read {what} {str(p)!r}: {err.strerror or err}") from None
+
+
+def read_proc(path: str | os.PathLike[str], *, max_bytes: int = 2**20) -> str | None:
+    """A ``/proc`` or ``/sys`` file's text (at most ``max_bytes``, undecodable bytes replaced), or None where
+    it cannot be read (a process gone, a file this kernel lacks): the probes' view of the kernel."""
+    try:
+        return read_head(path, "kernel file", max_bytes=max_bytes).decode("utf-8", errors="replace")
+    except InputError:
+        return None
 
 
 def decode_text(data: bytes, what: str, where: str) -> str:

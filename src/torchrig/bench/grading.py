@@ -62,7 +62,7 @@ class Threshold:
 
 
 def load_thresholds() -> dict[str, Threshold]:
-    text = resources.files("torchrig.bench").joinpath("thresholds.toml").read_text()
+    text = resources.files("torchrig.bench").joinpath("thresholds.toml").read_text()  # raw-read: package data
     rows = _toml.loads(text)["threshold"]
     return {r["metric"]: Threshold(**r) for r in rows}
 

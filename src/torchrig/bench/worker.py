@@ -305,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the run's BenchConfig as a JSON file")
     parser.add_argument("--out", required=True, help="where rank 0 writes the measurements JSON")
     args = parser.parse_args(argv)
-    with open(args.config) as f:
-        cfg = BenchConfig.from_json(f.read())
+    from torchrig.inputfiles import read_text
+
+    cfg = BenchConfig.from_json(read_text(args.config, "bench config", max_bytes=2**20))  # bench wrote it
     run(cfg, args.out)
     return 0
 

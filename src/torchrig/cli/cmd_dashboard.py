@@ -20,20 +20,26 @@ testing hook: TORCHRIG_GPU_INVENTORY=FILE (or --inventory FILE) shows a recorded
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import sys
 import threading
 from typing import Any
 
+from torchrig.argtypes import float_in, int_in
 from torchrig.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=8265, help="TCP port (8265; 0 picks a free one)")
+    parser.add_argument(
+        "--port", type=int_in(0, 65535), default=8265, help="TCP port (8265; 0 picks a free one)"
+    )
     parser.add_argument("--public", action="store_true", help="bind every address instead of 127.0.0.1")
     parser.add_argument(
-        "--interval", type=float, default=5.0, metavar="S", help="refresh every S seconds (5; 1 to 3600)"
+        "--interval",
+        type=float_in(1, 3600),
+        default=5.0,
+        metavar="S",
+        help="refresh every S seconds (5; 1 to 3600)",
     )
     parser.add_argument("--bench", metavar="DIR", help="the folder 'torchrig bench --out DIR' wrote")
     parser.add_argument("--inventory", metavar="FILE", help="use a recorded GPU inventory (testing hook)")
@@ -41,18 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print what the page shows now, and exit")
 
 
-def _check(args: argparse.Namespace) -> None:
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be 0..65535, got {args.port}")
-    if not (math.isfinite(args.interval) and 1.0 <= args.interval <= 3600.0):
-        raise UsageError(f"--interval must be 1 to 3600 seconds, got {args.interval}")
-
-
 def run(args: argparse.Namespace) -> Any:
     from torchrig.dashboard import state as st
     from torchrig.report import SimpleReport
 
-    _check(args)
     viewer = st.Viewer.current()
     if args.once:
         doctor = None if args.no_doctor else st.doctor_verdict()

@@ -9,22 +9,15 @@ import platform as _platform
 from dataclasses import dataclass
 
 from torchrig.compat.platforms import HostFacts, Platform, detect_platform
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(4096)
-    except OSError:
-        return None
+from torchrig.inputfiles import read_proc
 
 
 def read_host_facts() -> HostFacts:
     return HostFacts(
         system=_platform.system() or None,
         machine=_platform.machine() or None,
-        proc_version=_read("/proc/version"),
-        tegra_release=_read("/etc/nv_tegra_release"),
+        proc_version=read_proc("/proc/version", max_bytes=4096),
+        tegra_release=read_proc("/etc/nv_tegra_release", max_bytes=4096),
     )
 
 

@@ -21,6 +21,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from torchrig.dashboard import page
+from torchrig.errors import InputError
+from torchrig.inputfiles import read_bytes
 
 COOKIE = "torchrig_dashboard"
 HEADERS = {
@@ -93,6 +95,20 @@ class Dashboard:
         )
 
 
+MAX_PNG_BYTES = 32 * 2**20  # bench's plot is ~100 KB
+
+
+def _bench_png(bench_dir: str) -> bytes | None:
+    """bench's plot beside its report, or None (missing, or not a regular file of at most MAX_PNG_BYTES)."""
+    path = Path(bench_dir) / "bench.png"
+    if not path.is_file():
+        return None
+    try:
+        return read_bytes(path, "bench plot", max_bytes=MAX_PNG_BYTES)
+    except InputError:
+        return None
+
+
 def handler_for(board: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "torchrig-dashboard"
@@ -138,12 +154,8 @@ def handler_for(board: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
                 self._send(200, page.fragment(state, board.forward).encode(), "text/html; charset=utf-8")
             elif url.path == "/state.json":
                 self._send(200, json.dumps(state).encode(), "application/json")
-            elif (
-                url.path == "/bench.png"
-                and board.bench_dir
-                and (Path(board.bench_dir) / "bench.png").is_file()
-            ):
-                self._send(200, (Path(board.bench_dir) / "bench.png").read_bytes(), "image/png")
+            elif url.path == "/bench.png" and board.bench_dir and (png := _bench_png(board.bench_dir)):
+                self._send(200, png, "image/png")
             else:
                 self._send(404, b"404: not here\n", "text/plain; charset=utf-8")
 

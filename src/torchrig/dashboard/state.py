@@ -8,7 +8,6 @@ environments, read from that environment's secrets inside the container. No othe
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import time
@@ -16,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchrig.errors import EngineUnavailable, TorchrigError
+from torchrig.errors import EngineUnavailable, InputError, TorchrigError
+from torchrig.inputfiles import read_json
+
+MAX_BENCH_FILE_BYTES = 64 * 2**20  # a bench report is ~1 MB
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def bench_summary(bench_dir: str | None) -> dict[str, Any] | None:
         return None
     path = Path(bench_dir) / "bench.json"
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "bench report", max_bytes=MAX_BENCH_FILE_BYTES)
         meta = data["measurements"]["meta"]
         return {
             "verdict": str(data.get("verdict", "")),
@@ -181,6 +183,8 @@ def bench_summary(bench_dir: str | None) -> dict[str, Any] | None:
             "failed": [f["id"] for f in data.get("findings", []) if f.get("grade") == "fail"][:20],
             "has_plot": (Path(bench_dir) / "bench.png").is_file(),
         }
+    except InputError as err:  # a FIFO, a device or a runaway file there: said on the page, never waited on
+        return {"verdict": f"no readable bench report: {err.one_line()}", "summary": {}, "has_plot": False}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {"verdict": f"no readable bench report in {bench_dir}", "summary": {}, "has_plot": False}
 

@@ -26,7 +26,7 @@ def packaged(package: str, path: str) -> Any:
 
     what, where = "torchrig's data file", f"{package}/{path}"
     try:
-        raw = resources.files(package).joinpath(path).read_bytes()
+        raw = resources.files(package).joinpath(path).read_bytes()  # raw-read: package data
     except OSError as err:
         raise InputError(
             f"cannot read {what} {where!r}: {err.strerror or err}", hint="reinstall torchrig"

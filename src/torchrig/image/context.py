@@ -22,6 +22,7 @@ from typing import IO
 from torchrig.errors import EngineUnavailable, UsageError
 from torchrig.image import render
 from torchrig.image.stack import ImagePlan
+from torchrig.inputfiles import open_regular, read_bytes
 
 # Reproducible wheels: setuptools/wheel stamp zip entries with SOURCE_DATE_EPOCH (1980-01-01, zip's floor).
 _EPOCH = "315532800"
@@ -40,7 +41,7 @@ class ContextPlan:
             h.update(f"{name}\0{self.texts[name]}\0".encode())
         for name in sorted(self.files):
             h.update(f"{name}\0".encode())
-            with open(self.files[name], "rb") as f:
+            with open_regular(self.files[name], "build context file") as f:  # streamed: a wheel is GBs
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     h.update(chunk)
         return h.hexdigest()
@@ -52,7 +53,8 @@ def source_checkout() -> Path | None:
 
     root = Path(torchrig.__file__).resolve().parents[2]
     pyproject = root / "pyproject.toml"
-    if pyproject.is_file() and 'name = "torchrig"' in pyproject.read_text(encoding="utf-8"):
+    text = pyproject.read_text(encoding="utf-8") if pyproject.is_file() else ""  # raw-read: own source
+    if 'name = "torchrig"' in text:
         return root
     return None
 
@@ -212,8 +214,8 @@ def write_context_tar(ctx: ContextPlan, out: IO[bytes]) -> None:
             tar.addfile(_info(name, len(data)), io.BytesIO(data))
         for name in sorted(ctx.files):
             path = ctx.files[name]
-            with open(path, "rb") as f:
-                tar.addfile(_info(name, path.stat().st_size), f)
+            with open_regular(path, "build context file") as f:  # streamed in the tar, never held whole
+                tar.addfile(_info(name, os.fstat(f.fileno()).st_size), f)
 
 
 def check_inputs(wheelhouse: Path | None, ca_cert: Path | None) -> None:
@@ -239,12 +241,9 @@ _PRIVATE_KEY_RE = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User
 def certificates(ca_cert: Path) -> str:
     """The PEM certificates of ``--ca-cert`` and nothing else (what goes into the build context). A file
     that also holds a private key is refused: a key must never reach an image layer."""
-    try:
-        data = ca_cert.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"--ca-cert {ca_cert}: no such file") from None
-    except OSError as err:
-        raise UsageError(f"--ca-cert {ca_cert}: cannot read ({err.strerror})") from None
+    if not os.path.lexists(ca_cert):
+        raise UsageError(f"--ca-cert {ca_cert}: no such file")
+    data = read_bytes(ca_cert, "--ca-cert file", max_bytes=16 * 2**20)  # a CA bundle is ~200 KB
     if _PRIVATE_KEY_RE.search(data):
         raise UsageError(
             f"--ca-cert {ca_cert}: the file holds a PRIVATE KEY; torchrig will not put it in a build",

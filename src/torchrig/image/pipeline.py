@@ -22,6 +22,7 @@ from torchrig.image import context as ctx_mod
 from torchrig.image import render
 from torchrig.image.spec import load_spec
 from torchrig.image.stack import ImagePlan, LockPins, choose_base, content_tag, load_bases, resolve_stack
+from torchrig.inputfiles import read_bytes
 
 LOCK_NAME = "torchrig.lock.json"  # the lock of the default spec, torchrig.toml
 
@@ -36,7 +37,7 @@ def lock_path(spec_path: Path) -> Path:
 def spec_digest(spec_path: Path) -> str:
     """sha256 of the spec file's bytes, recorded in its lock: a lock of another (or an edited) spec is
     refused rather than run."""
-    return hashlib.sha256(spec_path.read_bytes()).hexdigest()
+    return hashlib.sha256(read_bytes(spec_path, "image spec")).hexdigest()
 
 
 @dataclass(frozen=True)

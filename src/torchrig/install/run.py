@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.errors import EngineUnavailable, InputError, UsageError
+from torchrig.inputfiles import read_text
 from torchrig.install import host
 from torchrig.install.plan import (
     PYPI_SIMPLE,
@@ -22,6 +23,8 @@ from torchrig.install.plan import (
     pin_of,
     pinned_in,
 )
+
+_MAX_CONSTRAINT_BYTES = 16 * 2**20  # a pip constraints file is a few KB
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,7 @@ def _constraint(path: str | None, requirement: str) -> str | None:
         if not file.parent.is_dir():
             raise InputError(f"--constraint {path!r}: directory {str(file.parent)!r} does not exist")
         return None  # written after the install
-    pinned = pinned_in(file.read_text(errors="replace"))
+    pinned = pinned_in(read_text(file, "--constraint file", max_bytes=_MAX_CONSTRAINT_BYTES))
     if pinned and pinned != requirement:
         raise InputError(
             f"{path} pins {pinned}, not {requirement}",
@@ -239,7 +242,7 @@ def run_install(req: InstallRequest) -> InstallResult:
     written = None
     if req.constraint:
         file = Path(req.constraint).expanduser()
-        old = file.read_text(errors="replace") if file.exists() else ""
+        old = read_text(file, "--constraint file", max_bytes=_MAX_CONSTRAINT_BYTES) if file.exists() else ""
         file.write_text(constraint_text(old, plan.choice.requirement))
         written = str(file)
     verified = host.verify(plan.python.executable, plan.choice.build.cuda is not None, req.verify_timeout_s)

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from torchrig import safepickle
+from torchrig.errors import InputError
+from torchrig.inputfiles import read_bytes
 from torchrig.launch.summary import Frame, user_frame
 
 PREFIX = "nccl_trace_rank_"  # + global rank: PyTorch's file name for a dump, and what torchfrtrace reads
@@ -38,13 +40,10 @@ MAX_ENTRIES, MAX_FRAMES, MAX_TENSORS = 100_000, 64, 16
 
 def load(path: str | Path) -> dict[str, Any]:
     """One rank's dump. Raises ``ValueError`` (with the reason) for a file that is not a flight record."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RECORD_BYTES + 1)
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(data) > MAX_RECORD_BYTES:
-        raise ValueError(f"{Path(path).name} is larger than {MAX_RECORD_BYTES:,} bytes: not a flight record")
+    try:  # a FIFO, a device or a file past the bound is refused before any byte is read
+        data = read_bytes(path, "flight record", max_bytes=MAX_RECORD_BYTES)
+    except InputError as e:
+        raise ValueError(e.message) from None
     return loads(data, Path(path).name)
 
 

@@ -106,8 +106,8 @@ def descendants(root: int, proc_dir: str = "/proc") -> list[int]:
         if not name.isdigit():
             continue
         try:
-            with open(f"{proc_dir}/{name}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
+            with open(f"{proc_dir}/{name}/stat", "rb") as f:  # raw-read: stdlib only; the kernel's stat line
+                stat = f.read(4096).decode(errors="replace")
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.

@@ -6,15 +6,21 @@ and ``error.json`` (written by torchelastic's ``record`` when a rank raises).
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from pathlib import Path
 
+from torchrig.errors import InputError
+from torchrig.inputfiles import open_regular, read_from, read_head, read_json, read_proc
 from torchrig.launch.summary import RankLog, parse_header, parse_stack
 
 OUTPUT_LOG = "output.log"  # the worker's merged, timestamped stream (``worker.OUTPUT_LOG``)
 # in an error file's extraInfo: the worker wrote it (a caught exception, or a failing sys.exit), with the status
 EXIT_CODE_KEY = "torchrig_exit_code"
+# What is read of one rank's log: its head (the worker's header) and its tail (the traceback, the last
+# output); a log past the two is read as those two ends, so a runaway log cannot exhaust memory.
+LOG_HEAD_BYTES = 64 * 1024
+LOG_TAIL_BYTES = 8 * 2**20
 
 _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _SIGTERM_RE = re.compile(r"Sending process (\d+) closing signal SIGTERM")
@@ -57,26 +63,44 @@ def closed_by_agent(agent_output: str) -> frozenset[int]:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
+    """A rank's log as text: the whole of it up to ``LOG_HEAD_BYTES + LOG_TAIL_BYTES``, else its head (the
+    worker's header) and its tail (the traceback), never the whole of a runaway log. A missing log is "";
+    one that cannot be read (a FIFO, a device, unreadable) is a one-line note in its place."""
+    if not os.path.lexists(path):
         return ""
+    try:
+        with open_regular(path, "rank log") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            data = fh.read(LOG_HEAD_BYTES + LOG_TAIL_BYTES)
+            if size > len(data):  # more than the bound: keep the head, then the last LOG_TAIL_BYTES
+                fh.seek(max(size - LOG_TAIL_BYTES, LOG_HEAD_BYTES))
+                left_out = fh.tell() - LOG_HEAD_BYTES
+                data = (
+                    data[:LOG_HEAD_BYTES]
+                    + f"\n[{left_out:,} bytes left out]\n".encode()
+                    + fh.read(LOG_TAIL_BYTES)
+                )
+    except InputError as err:
+        return f"[torchrig: {err.message}]"
+    except OSError as err:
+        return f"[torchrig: cannot read {path}: {err.strerror or err}]"
+    return data.decode(errors="replace")
 
 
 def _error_file(path: Path) -> tuple[str | None, str | None, bool]:
     """(message, traceback, handled) from torchelastic's error.json; ``handled``: the script caught the exception
     itself and then exited with a failing status (the worker recorded it so)."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None, None, False
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "error file", max_bytes=LOG_TAIL_BYTES)
         msg = data.get("message", {})
         if not isinstance(msg, dict):
             return str(msg), None, False
         extra = msg.get("extraInfo") or {}
         trace = extra.get("py_callstack")
         return str(msg.get("message")), str(trace) if trace else None, EXIT_CODE_KEY in extra
-    except (OSError, ValueError, AttributeError):
+    except (InputError, AttributeError):
         return None, None, False
 
 
@@ -86,9 +110,8 @@ def rank_pids(attempt_dir: Path) -> dict[int, int | None]:
     out: dict[int, int | None] = {}
     for f in attempt_dir.glob("*/stderr.log"):
         try:
-            with f.open("rb") as fh:
-                head = parse_header(fh.read(65536).decode(errors="replace")) or {}
-        except OSError:
+            head = parse_header(read_head(f, "rank log", max_bytes=65536).decode(errors="replace")) or {}
+        except InputError:
             continue
         if head.get("pid", "").isdigit():
             out[int(head["pid"])] = int(head["rank"]) if head.get("rank", "").isdigit() else None
@@ -99,9 +122,8 @@ def process_state(pid: int | None) -> str | None:
     """The state letter of ``/proc/PID/stat`` (R, S, D, T stopped, t traced, Z zombie), or None if gone."""
     if pid is None:
         return None
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    text = read_proc(f"/proc/{pid}/stat", max_bytes=4096)
+    if text is None or ")" not in text:
         return None
     return text[text.rindex(")") + 2 :].split(" ", 1)[0] or None
 
@@ -160,17 +182,15 @@ class LogTail:
         for f in sorted(attempt_dir.glob("*/*.log")):
             if not f.parent.name.isdigit():
                 continue
-            try:
-                with f.open("rb") as fh:
-                    fh.seek(self._pos.get(f, 0))
-                    data = fh.read()
-            except OSError:
+            try:  # at most LOG_TAIL_BYTES a look: a rank that writes faster is read on at the next
+                data = read_from(f, "rank log", self._pos.get(f, 0), max_bytes=LOG_TAIL_BYTES)
+            except InputError:
                 continue
             if not data:
                 continue
             self._pos[f] = self._pos.get(f, 0) + len(data)
             lines = (self._rest.pop(f, "") + data.decode(errors="replace")).split("\n")
-            self._rest[f] = lines.pop()  # the last, unfinished line
+            self._rest[f] = lines.pop()[-65536:]  # the last, unfinished line (a line past 64 KiB: its end)
             for line in lines:
                 if needle in line:
                     return int(f.parent.name), line.strip()

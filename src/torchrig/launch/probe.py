@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair
 from torchrig.hw.visible import visible_ids
+from torchrig.inputfiles import read_proc
 from torchrig.launch.plan import GpuProbe, HostFacts
 from torchrig.runtime.inventory import Unit
 
@@ -65,11 +66,7 @@ def probe_key() -> dict[str, object]:
     """What the GPU probe's answer depends on, read without CUDA: the interpreter and its torch, the driver
     (``/proc/driver/nvidia/version``), the GPU device nodes, and the variables that choose and order the GPUs
     CUDA sees. Any change to one of them probes again."""
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            driver: str | None = f.read()
-    except OSError:
-        driver = None
+    driver = read_proc("/proc/driver/nvidia/version", max_bytes=4096)
     nodes = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
     return {
         "python": sys.executable,

@@ -19,6 +19,7 @@ from typing import Any
 
 from torchrig.contract import ENV_LABEL_PREFIX
 from torchrig.errors import EngineUnavailable, InputError
+from torchrig.inputfiles import read_bytes
 from torchrig.runtime.plan import ImageFacts, Ulimit, UpPlan
 
 PROBE_LABEL = f"{ENV_LABEL_PREFIX}probe"
@@ -128,10 +129,10 @@ class Engine:
             return False
         for d in dirs:
             for spec in sorted(Path(d).glob("*")) if Path(d).is_dir() else []:
-                try:
-                    if "nvidia.com/gpu" in spec.read_text(errors="replace"):
+                try:  # a CDI spec is a few KB; a FIFO or a device there is skipped, not waited on
+                    if b"nvidia.com/gpu" in read_bytes(spec, "CDI spec", max_bytes=16 * 2**20):
                         return True
-                except OSError:
+                except InputError:
                     continue
         return False
 

@@ -21,6 +21,9 @@ from pathlib import Path
 from torchrig import userdirs
 from torchrig.contract import SSH_HOST_KEY_NAME
 from torchrig.errors import InputError
+from torchrig.inputfiles import read_bytes, read_text
+
+_MAX_KEY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -56,12 +59,16 @@ def ensure(name: str, base: Path | None = None) -> HostKey | None:
                 f"ssh-keygen could not make a host key in {d}: {proc.stderr.strip() or proc.returncode}",
                 hint=f"check that {root} is yours and writable",
             )
-    try:
-        return HostKey(key.read_bytes(), Path(str(key) + ".pub").read_text().strip(), known_hosts_file(root))
-    except OSError as err:
-        raise InputError(
-            f"cannot read the host key of {name!r}: {err}", hint=f"remove {d} to make a new one"
-        ) from None
+    try:  # an ed25519 key is ~400 bytes, its public half ~100
+        private = read_bytes(key, "host key", max_bytes=_MAX_KEY_BYTES, follow=False)
+        public = read_text(
+            Path(str(key) + ".pub"), "host key", max_bytes=_MAX_KEY_BYTES, follow=False
+        ).strip()
+    except InputError as err:
+        raise InputError(err.message, hint=f"remove {d} to make a new one") from None
+    if len(public.split()) < 2:
+        raise InputError(f"the host key {str(key) + '.pub'!r} is not an SSH public key", hint=f"remove {d}")
+    return HostKey(private, public, known_hosts_file(root))
 
 
 def known_hosts_file(base: Path | None = None) -> Path:
@@ -84,7 +91,7 @@ def record(hk: HostKey, alias: str) -> str:
     """Put ``alias``'s line into the known_hosts file (replacing an older one); the line."""
     line = hk.known_hosts_line(alias)
     path = hk.known_hosts_file
-    old = path.read_text().splitlines() if path.exists() else []
+    old = read_text(path, "known_hosts file", follow=False).splitlines() if os.path.lexists(path) else []
     kept = [x for x in old if x.split(" ", 1)[0] != alias]
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

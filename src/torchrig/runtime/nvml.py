@@ -15,6 +15,7 @@ from pathlib import Path
 
 from torchrig.hw import nvml
 from torchrig.hw.nvml import NvlinkRemote, NvmlDevice, NvmlFabric, NvmlLink, NvmlSystem
+from torchrig.inputfiles import read_proc
 from torchrig.runtime.inventory import INVENTORY_ENV, GpuRecord, Inventory, MigRecord, load_snapshot
 
 
@@ -25,8 +26,8 @@ def numa_node_of(pci_bus_id: str | None) -> int | None:
     domain, _, rest = pci_bus_id.lower().partition(":")
     path = Path("/sys/bus/pci/devices") / f"{domain[-4:]}:{rest}" / "numa_node"
     try:
-        node = int(path.read_text().strip())
-    except (OSError, ValueError):
+        node = int((read_proc(path, max_bytes=64) or "").strip())
+    except ValueError:
         return None
     return node if node >= 0 else None
 

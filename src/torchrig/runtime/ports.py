@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchrig import userdirs
+from torchrig.errors import InputError
+from torchrig.inputfiles import read_json
 
 _MAX_FILE_BYTES = 4096
 
@@ -28,11 +31,12 @@ def remembered(name: str, base: Path | None = None) -> dict[str, int]:
     """The host ports ``name`` had (service -> port); {} when none were recorded or the file is damaged
     (a damaged record costs the stable ports, never the ``up``)."""
     path = _path(name, base)
+    if not os.path.lexists(path):
+        return {}
     try:
-        if path.stat().st_size > _MAX_FILE_BYTES:
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(path, "ports record", max_bytes=_MAX_FILE_BYTES, follow=False)
+    except InputError as err:
+        print(f"torchrig: warning: {err.message}; the ports are picked afresh", file=sys.stderr)
         return {}
     ports = data.get("ports") if isinstance(data, dict) else None
     if not isinstance(ports, dict):

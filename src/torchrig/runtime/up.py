@@ -24,6 +24,7 @@ from torchrig.contract import (
 )
 from torchrig.errors import InputError, JobFailed
 from torchrig.findings import Finding
+from torchrig.inputfiles import read_text
 from torchrig.runtime import hostkey
 from torchrig.runtime import ports as kept_ports
 from torchrig.runtime.engine import Engine
@@ -71,8 +72,8 @@ def find_ssh_key(explicit: str | None) -> str:
     else:
         candidates = [Path.home() / ".ssh" / n for n in SSH_KEY_NAMES]
     for p in candidates:
-        if p.is_file():
-            text = p.read_text(errors="replace").strip()
+        if p.is_file() or (explicit and os.path.lexists(p)):  # a FIFO or a device given: said, not waited on
+            text = read_text(p, "SSH public key", max_bytes=2**20).strip()
             if not text.startswith(("ssh-", "ecdsa-", "sk-")):
                 raise InputError(
                     f"{p} is not an SSH public key",

@@ -9,12 +9,15 @@ socket listens on its port (``/proc/net/tcp``, what ``ss -ltn`` reads)."""
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchrig.contract import SERVE_STATE_FILE
+from torchrig.errors import InputError
+from torchrig.inputfiles import field, read_json, read_proc
 from torchrig.serve.config import ServeConfig
 
 TIMEOUT_S = 3.0
@@ -37,6 +40,7 @@ def probe_jupyter(port: int) -> Probe:
         return Probe("jupyter", False, f"no answer on :{port} ({err})")
 
 
+_MAX_PROC_NET_BYTES = 64 * 2**20  # /proc/net/tcp: ~150 bytes a socket
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
 
 
@@ -44,10 +48,10 @@ def listening_ports(proc_net: Path = Path("/proc/net")) -> set[int]:
     """The TCP ports with a listening socket in this network namespace (IPv4 and IPv6)."""
     ports: set[int] = set()
     for name in ("tcp", "tcp6"):
-        try:
-            lines = (proc_net / name).read_text().splitlines()[1:]
-        except OSError:
+        text = read_proc(proc_net / name, max_bytes=_MAX_PROC_NET_BYTES)
+        if text is None:
             continue
+        lines = text.splitlines()[1:]
         for line in lines:
             fields = line.split()
             if len(fields) > 3 and fields[3] == _LISTEN:
@@ -57,9 +61,8 @@ def listening_ports(proc_net: Path = Path("/proc/net")) -> set[int]:
 
 def pid_alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return (read_proc(f"/proc/{pid}/stat", max_bytes=4096) or "").rsplit(")", 1)[1].split()[0] != "Z"
+    except IndexError:  # gone (nothing read) or not a stat line
         return False
 
 
@@ -74,10 +77,13 @@ def probe_ssh(port: int, pid: int | None, proc_net: Path = Path("/proc/net")) ->
 def check(cfg: ServeConfig) -> list[Probe]:
     """Probe the services serve started (from its state file), else those the config names."""
     state = cfg.state_dir / SERVE_STATE_FILE
-    try:
-        started = dict(json.loads(Path(state).read_text(encoding="utf-8"))["services"])
-    except (OSError, ValueError, KeyError, TypeError):
+    if not os.path.lexists(state):
         return [Probe("serve", False, f"{state} missing: torchrig serve is not running (yet)")]
+    try:  # serve writes a few hundred bytes; a FIFO, a device or a runaway file there is said, not read
+        data = read_json(state, "serve state file", max_bytes=2**20)
+        started = field(data, "services", dict, f"serve state file {str(state)!r}")
+    except InputError as err:
+        return [Probe("serve", False, err.one_line())]
     probes = []
     for name, pid in started.items():
         if name == "jupyter":

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import FrameType
 
 from torchrig.contract import SERVE_STATE_FILE
+from torchrig.errors import InputError
+from torchrig.inputfiles import read_json
 from torchrig.serve.plan import ServicePlan
 
 STOP_GRACE_S = 10.0
@@ -63,9 +65,9 @@ def hold_serve_lock(state_dir: Path) -> int:
     except OSError:
         os.close(fd)
         try:
-            running = json.loads((state_dir / SERVE_STATE_FILE).read_text(encoding="utf-8"))
+            running = read_json(state_dir / SERVE_STATE_FILE, "serve state file", max_bytes=2**20)
             what = ", ".join(running.get("services", {})) or "no services"
-        except (OSError, ValueError, AttributeError):
+        except (InputError, AttributeError, TypeError):
             what = "its services"
         raise UsageError(
             f"torchrig serve is already running in this container ({what})",

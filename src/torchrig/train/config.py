@@ -39,7 +39,8 @@ NONFINITE_ACTIONS = ("stop", "skip")
 @cache
 def sizes() -> dict[str, dict[str, dict[str, Any]]]:
     """``sizes()["gpt"]["small"]`` -> ``{"layers": 12, ...}`` from ``sizes.toml``."""
-    text = resources.files("torchrig.train").joinpath("sizes.toml").read_text(encoding="utf-8")
+    data_file = resources.files("torchrig.train").joinpath("sizes.toml")
+    text = data_file.read_text(encoding="utf-8")  # raw-read: package data
     data = tomllib.loads(text)
     return {k: v for k, v in data.items() if k in MODELS}
 

@@ -15,8 +15,10 @@ The profiled steps are left out of the run's throughput (the profiler slows the 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,9 @@ Interval = tuple[float, float]
 
 # Kernel-like trace categories: kernels, device copies and memsets (kineto's names for them).
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+# a profiled window of a few steps writes tens to hundreds of MB of JSON; a larger trace is refused
+MAX_TRACE_BYTES = 2**30
 
 
 def _union(spans: list[Interval]) -> list[Interval]:
@@ -125,9 +130,24 @@ def kernel_groups(events: list[dict[str, Any]], steps: int, top: int = 12) -> di
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
+    """The events of a Chrome trace (``.json`` or ``.json.gz``), read and unpacked within MAX_TRACE_BYTES."""
+    from torchrig import inputfiles
+
+    raw = inputfiles.read_bytes(path, "profiler trace", max_bytes=MAX_TRACE_BYTES)
+    if path.suffix == ".gz":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(MAX_TRACE_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as err:
+            raise inputfiles.InputError(f"profiler trace {str(path)!r} is not gzip data: {err}") from None
+        if len(raw) > MAX_TRACE_BYTES:
+            raise inputfiles.InputError(
+                f"profiler trace {str(path)!r} unpacks to more than {MAX_TRACE_BYTES:,} bytes"
+            )
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise inputfiles.InputError(f"profiler trace {str(path)!r} is not JSON: {err}") from None
     return list(data.get("traceEvents", []) if isinstance(data, dict) else data)
 
 

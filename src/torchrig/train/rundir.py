@@ -195,7 +195,7 @@ def resume_order(root: Path) -> list[Saved]:
 
 def digest(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with inputfiles.open_regular(path, "checkpoint file") as f:  # streamed: a shard is GBs; a FIFO refused
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.doctor.facts import ContainerFacts, DockerFacts, ProbeStatus
+from torchrig.inputfiles import read_proc
 
 CGROUP_HINTS = {
     "docker": "docker",
@@ -42,10 +43,7 @@ CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 
 def _read(path: str | Path) -> str | None:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return None
+    return read_proc(path, max_bytes=4 * 2**20)  # mountinfo of a host with thousands of mounts fits
 
 
 def root_fs_type() -> str | None:

@@ -14,6 +14,8 @@ import subprocess
 from collections.abc import Mapping
 
 from torchrig.doctor.facts import EnvFacts, EnvVar, IbDevice, ProbeStatus
+from torchrig.errors import InputError
+from torchrig.inputfiles import read_head
 
 # Libraries PyTorch's CUDA wheels ship in site-packages/nvidia/*/lib; the same names earlier on the search
 # path (LD_LIBRARY_PATH beats the wheel's RUNPATH, see ld.so(8)) replace them.
@@ -118,9 +120,8 @@ def where_set(
     )
     for path in [*_profile_paths(home), *extra]:
         try:
-            with open(path, "rb") as fh:
-                text = fh.read(_MAX_PROFILE_BYTES).decode("utf-8", "replace")
-        except OSError:
+            text = read_head(path, "shell profile", max_bytes=_MAX_PROFILE_BYTES).decode("utf-8", "replace")
+        except InputError:  # missing, unreadable, or not a regular file (a FIFO would block a plain open)
             continue
         for lineno, line in enumerate(text.splitlines(), 1):
             m = pattern.match(line)
@@ -138,9 +139,8 @@ def _container_env() -> dict[str, str] | None:
     if not (os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")):
         return None
     try:
-        with open("/proc/1/environ", "rb") as fh:
-            raw = fh.read(_MAX_PROFILE_BYTES)
-    except OSError:
+        raw = read_head("/proc/1/environ", "PID 1's environment", max_bytes=_MAX_PROFILE_BYTES)
+    except InputError:
         return None
     out = {}
     for item in raw.split(b"\0"):

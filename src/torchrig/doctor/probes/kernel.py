@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 
 from torchrig.doctor.facts import DeviceNode, DriverLibrary, KernelFacts, PciDevice, ProbeStatus
+from torchrig.errors import InputError
+from torchrig.inputfiles import read_head, read_proc
 
 NVIDIA_PCI_VENDOR = "0x10de"
 # PCI class codes (PCI Code and ID Assignment spec): 0x0300 VGA, 0x0302 3D controller -> GPUs;
@@ -43,10 +45,7 @@ _VERSION_RE = re.compile(r"\b(\d{3}\.\d{1,3}(?:\.\d{1,3})?)\b")
 
 
 def _read(path: str | Path) -> str | None:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return None
+    return read_proc(path, max_bytes=4 * 2**20)  # /proc/modules, os-release, a PCI attribute: far smaller
 
 
 def _run(argv: list[str], timeout_s: float = 2.0) -> str | None:
@@ -210,8 +209,8 @@ def secure_boot() -> bool | None:
     """``mokutil --sb-state`` from the EFI variable (the 5th byte is the state)."""
     for path in glob.glob("/sys/firmware/efi/efivars/SecureBoot-*"):
         try:
-            data = Path(path).read_bytes()
-        except OSError:
+            data = read_head(path, "EFI variable", max_bytes=64)  # 4 attribute bytes, then the value
+        except InputError:
             return None
         return bool(data[4]) if len(data) > 4 else None
     return None

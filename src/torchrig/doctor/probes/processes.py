@@ -8,7 +8,8 @@ from __future__ import annotations
 import pwd
 import re
 from collections.abc import Callable, Iterable
-from pathlib import Path
+
+from torchrig.inputfiles import read_proc
 
 # /proc/PID/cgroup of a Docker container's process: ".../docker-<64 hex>.scope" (systemd cgroup driver) or
 # ".../docker/<64 hex>" (cgroupfs driver).
@@ -16,10 +17,7 @@ _DOCKER_ID = re.compile(r"docker[-/]([0-9a-f]{64})")
 
 
 def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return None
+    return read_proc(path)
 
 
 def user_of(pid: int) -> str | None:

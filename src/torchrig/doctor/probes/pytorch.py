@@ -81,7 +81,7 @@ def probe_torch(
             python_version=platform.python_version(),
             wheel_libraries=tuple(wheel_libraries()),
         )
-    script = SCRIPT.read_text()
+    script = SCRIPT.read_text()  # raw-read: package source
     env = dict(os.environ)
     try:
         code, out, err = _run(exe, script, env, timeout_s)

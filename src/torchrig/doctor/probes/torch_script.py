@@ -44,7 +44,7 @@ def loaded_libraries():
     """CUDA libraries mapped into this process (what the loader really picked), from /proc/self/maps."""
     paths = set()
     try:
-        with open("/proc/self/maps") as fh:
+        with open("/proc/self/maps") as fh:  # raw-read: runs without torchrig; this process's own maps
             for line in fh:
                 parts = line.split(None, 5)
                 if len(parts) == 6:
