@@ -91,7 +91,7 @@ def test_complete_facts_have_nothing_absent():
     ("mutate", "message"),
     [
         (lambda d: d.update(torch=[]), "torch: expected an object"),
-        (lambda d: d.pop("schema_version"), "not a doctor facts record"),
+        (lambda d: d.pop("schema_version"), "not a torchrig recording"),
         (lambda d: d["kernel"]["device_nodes"][0].pop("path"), "kernel.device_nodes[0].path: missing"),
         (lambda d: d["nvml"].update(status="bogus"), "is not a valid ProbeStatus"),
         (lambda d: d["nvml"]["gpus"][0].update(index="zero"), "nvml.gpus[0].index: expected int"),
