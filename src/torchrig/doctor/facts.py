@@ -19,30 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchrig.hw.record import (
-    AREAS,
-    GpuFacts,
-    GpuProcess,
-    MigInstance,
-    NvmlFacts,
-    P2PPair,
-    ProbeStatus,
-    build,
-    check_document,
-    to_json,
-)
-from torchrig.hw.record import RECORDING_SCHEMA_VERSION as FACTS_SCHEMA_VERSION
-
-__all__ = [  # the GPUs' records are torchrig.hw.record's, named here for the checks and probes
-    "AREAS",
-    "FACTS_SCHEMA_VERSION",
-    "GpuFacts",
-    "GpuProcess",
-    "MigInstance",
-    "NvmlFacts",
-    "P2PPair",
-    "ProbeStatus",
-]
+# The GPUs' records are torchrig.hw.record's (the one record of a GPU); named here too, for the probes and checks.
+from torchrig.hw.record import AREAS as AREAS
+from torchrig.hw.record import RECORDING_SCHEMA_VERSION as RECORDING_SCHEMA_VERSION
+from torchrig.hw.record import GpuFacts as GpuFacts
+from torchrig.hw.record import GpuProcess as GpuProcess
+from torchrig.hw.record import MigInstance as MigInstance
+from torchrig.hw.record import NvmlFacts as NvmlFacts
+from torchrig.hw.record import P2PPair as P2PPair
+from torchrig.hw.record import ProbeStatus as ProbeStatus
+from torchrig.hw.record import build, check_document, to_json
 
 
 # ---------------------------------------------------------------- kernel side
@@ -297,7 +283,7 @@ class Facts:
     env: EnvFacts
     container: ContainerFacts
     docker: DockerFacts
-    schema_version: int = FACTS_SCHEMA_VERSION
+    schema_version: int = RECORDING_SCHEMA_VERSION
     recorded_at: str | None = field(default=None, metadata={"bookkeeping": True})
     torchrig_version: str | None = field(default=None, metadata={"bookkeeping": True})
     # "probed" | "recorded on ..." | "derived from X: ..."
