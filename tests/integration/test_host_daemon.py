@@ -78,7 +78,7 @@ def host(engine, test_labels):
         # GPUs of this test's own: the daemon counts every torchrig container on the engine as a holder
         # (its reality check), and other tests on this engine lease the fixture's UUIDs
         inventory = json.loads(INVENTORY.read_text())
-        for g in inventory["gpus"]:
+        for g in inventory["nvml"]["gpus"]:
             g["uuid"] = g["uuid"][: -len(tag)] + tag
         (scratch / "inventory.json").write_text(json.dumps(inventory))
         (scratch / "run").mkdir(mode=0o755)

@@ -11,7 +11,7 @@ import pytest
 from torchrig.doctor import diagnose
 from torchrig.doctor.checks.visibility import visible_prefix
 from torchrig.doctor.facts import (
-    FACTS_SCHEMA_VERSION,
+    RECORDING_SCHEMA_VERSION,
     Facts,
     ProbeStatus,
     facts_from_json,
@@ -38,7 +38,7 @@ NEWER = {
 @pytest.mark.parametrize("path", sorted(FIX.glob("*.json")), ids=lambda p: p.stem)
 def test_fixtures_round_trip(path):
     facts = load_facts(path)
-    assert isinstance(facts, Facts) and facts.schema_version == FACTS_SCHEMA_VERSION
+    assert isinstance(facts, Facts) and facts.schema_version == RECORDING_SCHEMA_VERSION
     again = facts_from_json(json.loads(json.dumps(facts_to_json(facts))))
     assert again == dataclasses.replace(facts, absent=())  # what the file lacked is written now, as unknown
 
@@ -91,7 +91,7 @@ def test_complete_facts_have_nothing_absent():
     ("mutate", "message"),
     [
         (lambda d: d.update(torch=[]), "torch: expected an object"),
-        (lambda d: d.pop("schema_version"), "not a doctor facts record"),
+        (lambda d: d.pop("schema_version"), "not a torchrig recording"),
         (lambda d: d["kernel"]["device_nodes"][0].pop("path"), "kernel.device_nodes[0].path: missing"),
         (lambda d: d["nvml"].update(status="bogus"), "is not a valid ProbeStatus"),
         (lambda d: d["nvml"]["gpus"][0].update(index="zero"), "nvml.gpus[0].index: expected int"),

@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,utili
   --format=csv,noheader,nounits | tee "$out/nvidia-smi.csv"
 nvidia-smi topo -m >"$out/topo.txt" 2>&1
 
-echo "== torchrig gpus --record (NVML through torchrig.hw.nvml, mapped by torchrig.runtime.nvml)"
+echo "== torchrig gpus --record (NVML through torchrig.hw.nvml, as torchrig.hw.gpus records it)"
 $py -m torchrig gpus --record "$out/inventory-recorded.json"; rc_record=$?
 cat "$out/inventory-recorded.json" 2>/dev/null | head -40
 
@@ -23,7 +23,7 @@ echo "== adapter vs nvidia-smi"
 $py - "$out" <<'PY' | tee "$out/compare.txt"
 import csv, json, sys
 out = sys.argv[1]
-inv = json.load(open(f"{out}/inventory-recorded.json"))
+inv = json.load(open(f"{out}/inventory-recorded.json"))["nvml"]  # a recording: NVML's facts in "nvml"
 rows = list(csv.reader(open(f"{out}/nvidia-smi.csv")))
 bad = 0
 for row, g in zip(rows, inv["gpus"]):
@@ -35,7 +35,7 @@ for row, g in zip(rows, inv["gpus"]):
         ok = (str(got).lower() == str(v).lower())
         bad += not ok
         print(f"{'ok  ' if ok else 'DIFF'} gpu{row[0]} {k}: nvml={got!r} nvidia-smi={v!r}")
-    print(f"     gpu{row[0]} numa_node={g.get('numa_node')} nvlink_domain={g.get('nvlink_domain')} mig={g.get('mig_enabled')}")
+    print(f"     gpu{row[0]} numa_node={g.get('numa_node')} nvlink_domain={g.get('nvlink_domain')} mig={g.get('mig_mode')}")
 print(f"driver: nvml={inv['driver_version']} nvidia-smi={rows[0][8].strip() if rows else None}; cuda={inv['cuda_driver_version']}")
 print("RESULT", "match" if bad == 0 and len(rows) == len(inv["gpus"]) else f"{bad} differences")
 PY

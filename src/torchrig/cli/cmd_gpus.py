@@ -7,9 +7,10 @@ examples:
   torchrig gpus
   torchrig gpus --free                      # only the GPUs nobody holds
   torchrig gpus --json
-  torchrig gpus --record host-snapshot.json # record this host's NVML inventory (a test fixture)
+  torchrig gpus --record host-snapshot.json # record this host's GPU facts (NVML; a test fixture)
 
-testing hook: TORCHRIG_GPU_INVENTORY=FILE (or --inventory FILE) shows a recorded inventory instead.
+testing hook: TORCHRIG_GPU_INVENTORY=FILE (or --inventory FILE) shows a recorded inventory instead: a
+recording of 'torchrig gpus --record' or 'torchrig doctor --record' (one format, torchrig.hw.record).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--free", action="store_true", help="only the GPUs nobody holds")
     parser.add_argument("--inventory", metavar="FILE", help="use a recorded GPU inventory (testing hook)")
     parser.add_argument(
-        "--record", metavar="FILE", help="write this host's inventory (NVML) to FILE and exit"
+        "--record", metavar="FILE", help="write this host's GPU facts (NVML) to FILE and exit"
     )
 
 
@@ -54,8 +55,12 @@ class Board:
         labels = {u.uuid: u.label for u in self.inventory.units()}
         for g in self.inventory.gpus:
             units = (
-                [(m.uuid, labels.get(m.uuid, m.uuid), m.name, None, m.memory_total_mib) for m in g.mig]
-                if g.mig_enabled
+                [
+                    (m.uuid, labels[m.uuid], m.name, None, m.memory_total_mib)
+                    for m in g.mig_instances
+                    if m.uuid in labels
+                ]
+                if g.mig_mode
                 else [(g.uuid, str(g.index), g.name, g.memory_used_mib, g.memory_total_mib)]
             )
             for uuid, label, name, used, total in units:
@@ -67,7 +72,7 @@ class Board:
                         "name": name,
                         "memory_used_mib": used,
                         "memory_total_mib": total,
-                        "utilization_gpu_pct": g.utilization_gpu_pct,
+                        "utilization_gpu_pct": g.utilization_pct,
                         "numa_node": g.numa_node,
                         "nvlink_domain": g.nvlink_domain,
                         "holders": [
@@ -119,22 +124,15 @@ class Board:
 
 
 def run(args: argparse.Namespace) -> Any:
-    from torchrig.errors import EngineUnavailable, InputError
+    from torchrig.errors import EngineUnavailable
     from torchrig.report import SimpleReport
-    from torchrig.runtime.inventory import to_dict
     from torchrig.runtime.ledger import Ledger
     from torchrig.runtime.nvml import current
 
     if args.record:
-        from torchrig.runtime import nvml
-
-        inv = nvml.probe()
-        if not inv.gpus:
-            raise InputError(f"no GPU to record: {inv.source}", hint="run this on the GPU host")
-        Path(args.record).write_text(json.dumps(to_dict(inv), indent=2) + "\n")
+        count = _record(args.record)
         return SimpleReport(
-            {"recorded": args.record, "gpus": len(inv.gpus)},
-            f"recorded {len(inv.gpus)} GPU(s) to {args.record}",
+            {"recorded": args.record, "gpus": count}, f"recorded {count} GPU(s) to {args.record}"
         )
     from torchrig.hostd.client import daemon_socket
 
@@ -156,6 +154,35 @@ def run(args: argparse.Namespace) -> Any:
     except EngineUnavailable as err:
         notes.append(f"holders not reconciled with the engine: {err.one_line()}")
     return Board(inv, ledger.leases(), notes, args.free)
+
+
+def _record(path: str) -> int:
+    """Write NVML's facts of this host's GPUs (health included, as doctor probes them) to ``path`` as a
+    recording (torchrig.hw.record); the number of GPUs recorded."""
+    import datetime
+
+    from torchrig import __version__
+    from torchrig.errors import InputError
+    from torchrig.hw import gpus
+    from torchrig.hw.record import ProbeStatus, recording
+
+    facts = gpus.probe(health=True)
+    if facts.status is not ProbeStatus.OK or not facts.gpus:
+        raise InputError(
+            f"no GPU to record: nvml ({facts.error or 'no GPU'})", hint="run this on the GPU host"
+        )
+    at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    data = recording(
+        facts,
+        source=f"recorded by torchrig gpus --record at {at}",
+        recorded_at=at,
+        torchrig_version=__version__,
+    )
+    try:
+        Path(path).expanduser().write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as err:
+        raise InputError(f"cannot write --record {path!r}: {err.strerror or err}") from None
+    return len(facts.gpus)
 
 
 def _via_daemon(sock: Any, args: argparse.Namespace) -> Board:

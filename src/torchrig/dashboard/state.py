@@ -54,11 +54,22 @@ def _user_of(pid: int) -> str | None:
         return None
 
 
+def _readings(temperature_c: int | None, power_w: float | None, processes: Any) -> dict[str, Any]:
+    """One GPU's row readings; ``processes`` are GpuProcess records or (pid, user, memory MiB, name)."""
+    rows = [p if isinstance(p, tuple) else (p.pid, p.user, p.used_memory_mib, p.name) for p in processes]
+    return {
+        "temperature_c": temperature_c,
+        "power_w": None if power_w is None else round(power_w),
+        "processes": [{"pid": a, "user": u, "memory_mib": m, "name": n} for a, u, m, n in rows],
+    }
+
+
 def live_readings(inv: Any) -> dict[int, dict[str, Any]]:
     """Temperature, power and the processes of each GPU, read now through torchrig's NVML adapter
-    (``nvidia-smi``'s figures and process table); {} for a recorded inventory or when NVML cannot start."""
+    (``nvidia-smi``'s figures and process table); for a recorded inventory, what the recording holds; {}
+    when NVML cannot start."""
     if not str(inv.source).startswith("nvml"):
-        return {}
+        return {g.index: _readings(g.temperature_c, g.power_draw_w, g.processes) for g in inv.gpus}
     from torchrig.hw import nvml as hw
 
     out: dict[int, dict[str, Any]] = {}
@@ -66,19 +77,8 @@ def live_readings(inv: Any) -> dict[int, dict[str, Any]]:
         with hw.session() as nv:
             for g in inv.gpus:
                 now, health = nv.sensors(g.index), nv.health(g.index)
-                out[g.index] = {
-                    "temperature_c": now.temperature_c,
-                    "power_w": None if now.power_draw_w is None else round(now.power_draw_w),
-                    "processes": [
-                        {
-                            "pid": p.pid,
-                            "user": _user_of(p.pid),
-                            "memory_mib": p.used_memory_mib,
-                            "name": p.name,
-                        }
-                        for p in health.processes
-                    ],
-                }
+                procs = [(p.pid, _user_of(p.pid), p.used_memory_mib, p.name) for p in health.processes]
+                out[g.index] = _readings(now.temperature_c, now.power_draw_w, procs)
     except hw.NvmlError:
         return {}
     return out
@@ -92,7 +92,7 @@ def _gpus(inv: Any, leases: list[Any]) -> list[dict[str, Any]]:
     live = live_readings(inv)
     for g in inv.gpus:
         now = live.get(g.index, {})
-        uuids = [m.uuid for m in g.mig] if g.mig_enabled else [g.uuid]
+        uuids = [m.uuid for m in g.mig_instances] if g.mig_mode else [g.uuid]
         holders = [
             {
                 "user": lease.user,
@@ -110,11 +110,11 @@ def _gpus(inv: Any, leases: list[Any]) -> list[dict[str, Any]]:
                 "name": g.name,
                 "memory_used_mib": g.memory_used_mib,
                 "memory_total_mib": g.memory_total_mib,
-                "utilization_gpu_pct": g.utilization_gpu_pct,
+                "utilization_gpu_pct": g.utilization_pct,
                 "temperature_c": now.get("temperature_c"),
                 "power_w": now.get("power_w"),
                 "processes": now.get("processes", []),
-                "mig": [m.name for m in g.mig] if g.mig_enabled else [],
+                "mig": [m.name for m in g.mig_instances] if g.mig_mode else [],
                 "holders": holders,
             }
         )

@@ -2,8 +2,11 @@
 
 Probes (``torchrig.doctor.probes``) are the only code that touches the host; they return these records.
 Checks (``torchrig.doctor.checks``) are pure functions of them. A ``Facts`` record round-trips through
-JSON (:func:`facts_to_json` / :func:`facts_from_json`): that JSON is what ``torchrig doctor --record FILE``
-writes, what ``--facts FILE`` replays, and the fixture format of the tests.
+JSON (:func:`facts_to_json` / :func:`facts_from_json`): that JSON is the one recording format
+(:mod:`torchrig.hw.record`), what ``torchrig doctor --record FILE`` writes, what ``--facts FILE`` replays
+(a recording of ``torchrig gpus --record`` too: its other areas read as not probed), and the fixture format of
+the tests. The GPUs' records (``nvml``: :class:`NvmlFacts`, :class:`GpuFacts`) are the one record of a GPU
+that every area reads; they live in :mod:`torchrig.hw.record`.
 
 ``None`` always means "unknown / not probed", never zero or "no".
 """
@@ -11,112 +14,21 @@ writes, what ``--facts FILE`` replays, and the fixture format of the tests.
 from __future__ import annotations
 
 import dataclasses
-import enum
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-FACTS_SCHEMA_VERSION = 1
-AREAS = ("nvml", "kernel", "torch", "env", "container", "docker")  # the probed parts of Facts
-
-
-class ProbeStatus(str, enum.Enum):
-    OK = "ok"
-    MISSING = "missing"  # the tool/library/package is not installed
-    FAILED = "failed"  # it is there but returned an error (the error text is kept)
-    DENIED = "denied"  # permission denied
-    TIMEOUT = "timeout"
-    SKIPPED = "skipped"  # not run (--only) or not applicable
-
-
-# ---------------------------------------------------------------- NVML (nvidia-ml-py)
-@dataclass(frozen=True)
-class MigInstance:
-    uuid: str | None
-    name: str | None  # e.g. "NVIDIA H200 MIG 1g.18gb"
-    memory_total_mib: int | None
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """A process NVML lists on a GPU (``nvidia-smi``'s process table). ``user`` comes from /proc/PID/status
-    and ``container`` from the Docker Engine API where the process runs in a Docker container; the pid is the
-    host's, so inside a container both stay unknown."""
-
-    pid: int
-    used_memory_mib: int | None
-    name: str | None
-    sm_util_pct: int | None = None  # nvmlDeviceGetProcessUtilization over the last samples
-    user: str | None = None
-    container: str | None = None  # the Docker container's name (or its short id when the API does not say)
-    kind: str = "compute"  # compute | graphics
-
-
-@dataclass(frozen=True)
-class GpuFacts:
-    index: int
-    uuid: str | None = None
-    name: str | None = None
-    compute_capability: str | None = None  # "9.0"
-    memory_total_mib: int | None = None
-    memory_used_mib: int | None = None
-    pci_bus_id: str | None = None  # "00000000:18:00.0"
-    persistence_mode: bool | None = None
-    mig_mode: bool | None = None  # current MIG mode
-    mig_pending: bool | None = None  # pending MIG mode (differs until reset)
-    mig_instances: tuple[MigInstance, ...] = ()
-    ecc_enabled: bool | None = None
-    ecc_uncorrected_volatile: int | None = None
-    ecc_uncorrected_aggregate: int | None = None
-    retired_pages: int | None = None  # pre-Ampere dynamic page retirement
-    retired_pages_pending: bool | None = None
-    remapped_rows_uncorrectable: int | None = None  # Ampere+ row remapping
-    remapped_rows_pending: bool | None = None
-    remapped_rows_failed: bool | None = None
-    utilization_pct: int | None = None
-    temperature_c: int | None = None
-    power_draw_w: float | None = None
-    power_limit_w: float | None = None
-    sm_clock_mhz: int | None = None
-    sm_clock_max_mhz: int | None = None
-    throttle_reasons: tuple[str, ...] = ()  # names, see torchrig.hw.nvml_records.THROTTLE_REASONS
-    nvlink_active: int | None = None
-    nvlink_inactive: int | None = None
-    fabric_state: str | None = None  # not_supported | not_started | in_progress | completed
-    fabric_status: str | None = None  # NVML return text of the fabric status ("Success")
-    processes: tuple[GpuProcess, ...] = ()
-    # PCIe link (nvidia-smi -q "GPU Link Info"): current and the most the GPU and its slot both support
-    pcie_gen_current: int | None = None
-    pcie_gen_max: int | None = None
-    pcie_width_current: int | None = None
-    pcie_width_max: int | None = None
-
-
-@dataclass(frozen=True)
-class P2PPair:
-    a: int
-    b: int
-    read: (
-        str | None
-    )  # ok | chipset_not_supported | gpu_not_supported | topology_not_supported | disabled_by_regkey | not_supported | unknown
-    write: str | None
-    nvlink: str | None  # same vocabulary, NVML_P2P_CAPS_INDEX_NVLINK
-    topology: (
-        str | None
-    )  # internal | single | multiple | hostbridge | node | system (nvidia-smi topo -m: PIX PXB PHB NODE SYS)
-
-
-@dataclass(frozen=True)
-class NvmlFacts:
-    status: ProbeStatus
-    error: str | None = None
-    driver_version: str | None = None
-    cuda_driver_version: str | None = None  # the newest CUDA the driver supports ("13.0")
-    nvml_version: str | None = None
-    gpus: tuple[GpuFacts, ...] = ()
-    p2p: tuple[P2PPair, ...] = ()
+# The GPUs' records are torchrig.hw.record's (the one record of a GPU); named here too, for the probes and checks.
+from torchrig.hw.record import AREAS as AREAS
+from torchrig.hw.record import RECORDING_SCHEMA_VERSION as RECORDING_SCHEMA_VERSION
+from torchrig.hw.record import GpuFacts as GpuFacts
+from torchrig.hw.record import GpuProcess as GpuProcess
+from torchrig.hw.record import MigInstance as MigInstance
+from torchrig.hw.record import NvmlFacts as NvmlFacts
+from torchrig.hw.record import P2PPair as P2PPair
+from torchrig.hw.record import ProbeStatus as ProbeStatus
+from torchrig.hw.record import build, check_document, to_json
 
 
 # ---------------------------------------------------------------- kernel side
@@ -371,7 +283,7 @@ class Facts:
     env: EnvFacts
     container: ContainerFacts
     docker: DockerFacts
-    schema_version: int = FACTS_SCHEMA_VERSION
+    schema_version: int = RECORDING_SCHEMA_VERSION
     recorded_at: str | None = field(default=None, metadata={"bookkeeping": True})
     torchrig_version: str | None = field(default=None, metadata={"bookkeeping": True})
     # "probed" | "recorded on ..." | "derived from X: ..."
@@ -383,123 +295,43 @@ class Facts:
 
 # ---------------------------------------------------------------- JSON codec
 def facts_to_json(facts: Facts) -> dict[str, Any]:
-    from torchrig.report import jsonable
-
-    data = typing.cast(dict[str, Any], jsonable(facts))
+    """The recording of these facts; fields added after the recorded fixtures are written only when known."""
+    data = typing.cast(dict[str, Any], to_json(facts))
     data.pop("absent", None)  # a property of the file it was read from, not a fact about the machine
-    for area, kind in (("kernel", KernelFacts), ("torch", TorchFacts), ("env", EnvFacts)):
-        for f in dataclasses.fields(kind):  # fields added later are written only when known
-            if f.metadata.get("added_later") and data.get(area, {}).get(f.name) is None:
-                data.get(area, {}).pop(f.name, None)
     return data
 
 
-def _convert(tp: Any, value: Any, where: str, absent: list[str]) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _convert(args[0], value, where, absent)
-    if value is None:  # a JSON null where the record has no None: named, not a crash in a check later
-        raise ValueError(f"{where}: null where {getattr(tp, '__name__', 'a value')} belongs")
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
-        return _build(tp, value, where, absent)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(value)
-    if origin is tuple:
-        (inner, *_rest) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: expected a list")
-        return tuple(_convert(inner, v, f"{where}[{i}]", absent) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected an object")
-        return dict(value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float, str, bool) and not isinstance(value, tp):
-        raise ValueError(f"{where}: expected {tp.__name__}, got {value!r:.60}")
-    if (
-        tp is int
-        and not (0 if where.endswith("count") else -(2**53)) <= value <= _MAX_INT[where.endswith("count")]
-    ):
-        # a count sizes loops and tables (device_count: one entry per GPU): bounded, so a file cannot
-        # make doctor allocate without end
-        raise ValueError(f"{where}: {value} is out of range")
-    return value
-
-
-_MAX_INT = {False: 2**53, True: 65536}  # any integer fact; a count (GPUs, CPUs, links)
-
-
-def _accepts_none(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
-
-
-def _build(cls: type, data: dict[str, Any], where: str, absent: list[str]) -> Any:
-    """One record from its JSON object. A key the record lacks (written by an older probe) is unknown: its
-    default, or None for the few fields without one; only a key that cannot be unknown fails, by name."""
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}", absent)
-            continue
-        if not f.metadata.get("bookkeeping") and not f.metadata.get("added_later"):
-            absent.append(f"{where}.{f.name}")
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            if hints[f.name] is ProbeStatus:
-                kwargs[f.name] = ProbeStatus.SKIPPED  # an area without a status was not probed
-            elif _accepts_none(hints[f.name]):
-                kwargs[f.name] = None
-            else:
-                raise ValueError(f"{where}.{f.name}: missing")
-    return cls(**kwargs)
-
-
 def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
-    """Rebuild :class:`Facts` from its JSON form; unknown keys are ignored, missing ones take defaults.
+    """Rebuild :class:`Facts` from a recording; unknown keys are ignored, missing ones take defaults.
 
     Facts recorded by an older probe load: a missing field is unknown (None or empty), a missing area is
-    ``skipped`` (as with ``--only``). Raises ``ValueError`` with the path of the offending key when a value
-    has the wrong type.
+    ``skipped`` (as with ``--only``; a ``torchrig gpus --record`` recording has the ``nvml`` area alone).
+    Raises ``ValueError`` with the path of the offending key when a value has the wrong type.
     """
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a JSON object")
-    if "schema_version" not in data or not any(part in data for part in AREAS):
-        raise ValueError(f"{where}: not a doctor facts record (it needs schema_version and the probed areas)")
-    version = data["schema_version"]
-    if version != FACTS_SCHEMA_VERSION:
-        raise ValueError(f"{where}: facts schema_version {version} is not {FACTS_SCHEMA_VERSION}")
-    data = dict(data)
+    data = dict(check_document(data, where))
     absent: list[str] = [part for part in AREAS if data.get(part) is None]  # a null area: not probed
     for part in absent:
         data[part] = {"status": ProbeStatus.SKIPPED.value}
-    facts = _build(Facts, data, where, absent)
+    # an area recorded as not probed (doctor --only, or the areas of a gpus --record recording) lacks nothing
+    skipped = [p for p in AREAS if p not in absent and data[p] == {"status": ProbeStatus.SKIPPED.value}]
+    facts = build(Facts, data, where, absent)
     if not absent:
         return typing.cast(Facts, facts)
     whole = [f"{where}.{part}." for part in AREAS if part in absent]  # listed once, not field by field
-    relative = tuple(a.removeprefix(f"{where}.") for a in absent if not a.startswith(tuple(whole)))
+    quiet = tuple(whole + [f"{where}.{part}." for part in skipped])
+    relative = tuple(a.removeprefix(f"{where}.") for a in absent if not a.startswith(quiet))
     return typing.cast(Facts, dataclasses.replace(facts, absent=relative))
 
 
 def load_facts(path: str | Path) -> Facts:
-    """Read a facts snapshot; UsageError (exit 2) with a one-line message when it is unreadable or malformed."""
+    """Read a recording; InputError (exit 2) with a one-line message when it is unreadable or malformed."""
     from torchrig.errors import InputError
-    from torchrig.inputfiles import read_json
+    from torchrig.hw.record import read_recording
 
     p = Path(path)
-    try:
-        data = read_json(p, "facts file")  # bounded size and depth, UTF-8, no NaN
-    except InputError as err:
-        raise InputError(err.message, hint="record one with 'torchrig doctor --record FILE'") from None
+    hint = "record one with 'torchrig doctor --record FILE'"
+    data = read_recording(p, "facts file", hint=hint)  # bounded size and depth, UTF-8, no NaN
     try:
         return facts_from_json(data, where=p.name)
     except (ValueError, TypeError) as err:
-        raise InputError(
-            f"facts file {str(p)!r} is malformed: {err}",
-            hint="record one with 'torchrig doctor --record FILE'",
-        ) from None
+        raise InputError(f"facts file {str(p)!r} is malformed: {err}", hint=hint) from None

@@ -283,7 +283,7 @@ def resolve_named(req: GpuRequest, inv: Inventory, among: Sequence[Unit] | None 
                 out.append(whole[i])
                 continue
             gpu = inv.gpu(i)
-            if gpu is not None and gpu.mig_enabled:
+            if gpu is not None and gpu.mig_mode:
                 raise InputError(
                     f"GPU {i} is in MIG mode and cannot be leased whole",
                     hint="lease one of its instances by MIG-UUID (see 'torchrig gpus')",
@@ -298,8 +298,8 @@ def resolve_named(req: GpuRequest, inv: Inventory, among: Sequence[Unit] | None 
         for raw in req.uuids:
             u = by_uuid.get(raw.lower())
             if u is None:
-                gpu = next((g for g in inv.gpus if g.uuid.lower() == raw.lower()), None)
-                if gpu is not None and gpu.mig_enabled:
+                gpu = next((g for g in inv.gpus if (g.uuid or "").lower() == raw.lower()), None)
+                if gpu is not None and gpu.mig_mode:
                     raise InputError(
                         f"{raw} is in MIG mode and cannot be leased whole",
                         hint="lease one of its instances by MIG-UUID (see 'torchrig gpus')",

@@ -123,7 +123,7 @@ def _gpu_findings(
     seen: set[str] = set()
     for u in units:
         gpu = inv.gpu(u.gpu_index)
-        if gpu is None or gpu.name in seen:
+        if gpu is None or gpu.name is None or gpu.name in seen:  # the inventory holds named GPUs only
             continue
         seen.add(gpu.name)
         try:
