@@ -9,7 +9,8 @@ Every shell block with a command carries one mark, an HTML comment on the line r
 ``<!-- doctest -->``
     run by tests/integration/test_docs_tutorials.py, in order, in one scratch folder per document; the
     lines a ``$ `` command shows after it are its key lines, asserted in its output (see
-    :func:`shown_lines`). ``<!-- doctest: slurm-login -->`` runs the lines on the Slurm cluster's login node.
+    :func:`shown_lines`). ``<!-- doctest: slurm-login -->`` runs the lines on the Slurm cluster's login node;
+    ``<!-- doctest: gpu -->`` on the GPU machine, by tests/gpu/test_docs_gpu.py (skipped without CUDA).
 ``<!-- tested-by: tests/PATH.py::test_name -->``
     run by that test (several nodes: separated by spaces), which reads the block from this document.
 ``<!-- not-run: why -->``

@@ -46,7 +46,7 @@ def steps(doc: Path) -> list[Step]:
     """Every doctest block's commands of ``doc``, in order."""
     out = []
     for block in docblocks.shell_blocks(doc):
-        if block.kind != "doctest":
+        if block.kind != "doctest" or block.detail == "gpu":  # tests/gpu/test_docs_gpu.py runs those
             continue
         assert block.detail in PLACES, f"{doc.name}: unknown doctest place {block.detail!r}"
         for line, shown in block.steps():

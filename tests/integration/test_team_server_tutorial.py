@@ -4,13 +4,14 @@ each starts the team's image, saves work in /workspace over ssh (strict host-key
 dashboard's ssh command logs in the same way, its Jupyter link answers, and its one ``ssh -L`` line names
 every port its links use; ``down --volumes`` deletes the work and says so.
 
-Not as written, and why: step 1's ``image build`` needs a registry for its base and PyPI for torch, which
-this machine does not have; the session's test image (built by the same ``image build``, from a local base
-and wheelhouse) is tagged ``team/pytorch:<unique>`` instead of ``:latest``, and each user's environment
-name is unique (tests run in parallel). Step 2's ``up --gpus 2`` runs as printed with the GPUs at the
-hardware boundary replaced by a recorded 8x H200 inventory (``TORCHRIG_GPU_INVENTORY``): its dry run leases
-two GPUs of one NVLink domain and NUMA node, and the real engine, which has no NVIDIA runtime, is refused
-with the one line that says how to give it one, leaving no container, volume or lease behind. The
+Not as written, and why: step 1's ``image build`` of the H200 spec needs a registry for its CUDA base and
+PyPI for CUDA torch, which this machine does not have; the session's test image (a CPU build, made by the
+same ``image build`` from a local base and wheelhouse) is tagged ``team/pytorch:<unique>`` instead of
+``:latest``, and each user's environment name is unique (tests run in parallel). Step 2's ``up --gpus 2``
+runs as printed with the GPUs at the hardware boundary replaced by a recorded 8x H200 inventory
+(``TORCHRIG_GPU_INVENTORY``): its dry run leases two GPUs of one NVLink domain and NUMA node; the real one
+refuses the CPU image in one line before the engine is asked (the GPUs would go unused), leaving no
+container, volume or lease behind (an engine without the NVIDIA runtime is test_runtime_gpus' case). The
 environments that then start, go down and come back are the ones without ``--gpus``.
 """
 
@@ -140,7 +141,7 @@ def test_the_team_server_tutorial_as_two_users(server, engine):
     text = DOC.read_text()
     assert "torchrig image build team.toml --tag team/pytorch:latest" in text  # step 1 makes what step 2 runs
     assert "torchrig up --image team/pytorch:latest --gpus 2 --name alice-exp" in text
-    # step 2 as printed (`--gpus 2`), on the recorded 8x H200 inventory: the plan, then the engine's refusal
+    # step 2 as printed (`--gpus 2`), on the recorded 8x H200 inventory: the plan, then the refusal
     node = "tests/integration/test_team_server_tutorial.py::test_the_team_server_tutorial_as_two_users"
     (step2,) = docblocks.tested_by(DOC, node)
     ((printed, _),) = step2.steps()
@@ -157,10 +158,10 @@ def test_the_team_server_tutorial_as_two_users(server, engine):
     gpus = json.loads(torchrig(server, "alice", "gpus", "--json", env=fake_gpus).stdout)["gpus"]
     two = [g for g in gpus if g["gpu"] in picked.groups()]
     assert len(two) == 2 and len({(g["nvlink_domain"], g["numa_node"]) for g in two}) == 1, two
-    refused = torchrig(server, "alice", *argv, env=fake_gpus)
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.startswith("torchrig: error: this Docker engine cannot give containers GPUs")
-    assert "NVIDIA Container Toolkit" in refused.stderr and refused.stderr.count("\n") == 1
+    refused = torchrig(server, "alice", *argv, env=fake_gpus)  # the test image is a CPU build
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith("torchrig: error: pre-flight refused the image: ")
+    assert "CPU-only build: the GPUs would go unused" in refused.stderr and refused.stderr.count("\n") == 1
     assert not engine.containers.list(all=True, filters={"name": name})
     assert not engine.volumes.list(filters={"label": f"torchrig.workspace={name}"})
     after = json.loads(torchrig(server, "alice", "gpus", "--json", env=fake_gpus).stdout)["gpus"]

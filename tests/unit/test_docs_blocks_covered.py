@@ -20,7 +20,7 @@ import docblocks  # tests/docblocks.py
 ROOT = docblocks.ROOT
 DOCS = docblocks.documents()
 KINDS = ("doctest", "tested-by", "not-run")
-DOCTEST_PLACES = ("", "slurm-login")
+DOCTEST_PLACES = ("", "slurm-login", "gpu")  # gpu: tests/gpu/test_docs_gpu.py runs them
 GPU_RUNNER = re.compile(r"(tests/gpu/[\w/]+\.py::\w+|tools/gpu/[\w./-]+)")
 
 
