@@ -3,7 +3,9 @@ against a real ledger and real environments on the real engine, with the recorde
 
 Shown: the tables say what 'torchrig gpus --json' and 'torchrig ps --json' say; a lease taken by 'up'
 appears within the refresh interval; the page needs the printed key; the viewer's own environment shows its
-Jupyter token and another user's environment never does.
+Jupyter token and another user's environment never does; from a "laptop" (a network namespace of its own,
+reaching this host only over a veth pair), the one ``ssh -L`` line the page prints, run through a real sshd,
+makes the page and its Jupyter link work in the laptop's Chromium.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import importlib.util
 import json
 import os
 import pwd
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+import docblocks  # tests/docblocks.py
 
 # one chromium at a time (its memory on the 2-core CI machine)
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chromium")]
@@ -267,8 +273,138 @@ def test_a_long_name_wraps_and_the_links_work_from_the_page(engine, env, names, 
                 port,
             )
             assert link and "token=" in link, link
-        browser.get(link)
-        assert _wait(lambda: "JupyterLab" in browser.title or "jupyter" in browser.page_source.lower(), 30)
+            browser.get(link)
+            assert _wait(
+                lambda: "JupyterLab" in browser.title or "jupyter" in browser.page_source.lower(), 30
+            )
+            browser.quit()
+            browser = None
+            # from the laptop, through a real sshd, in the laptop's own Chromium: docs/dashboard.md's ssh -L
+            # of the dashboard's port alone gives the page but a dead Jupyter link; the one line the page
+            # prints makes the link work
+            node = "tests/integration/test_dashboard_browser.py::test_a_long_name_wraps_and_the_links_work_from_the_page"
+            (block,) = docblocks.tested_by(ROOT / "docs" / "dashboard.md", node)
+            ((doc_ssh, _),) = block.steps()
+            dash = url.split("://", 1)[1].split("/")[0].rsplit(":", 1)[1]
+            only = doc_ssh.replace("8265", dash).replace("gpu-server", shlex.split(forward)[-1])
+            said = _from_a_laptop(url, only, port, Path(env["SCRATCH"]))
+            assert "page: ok" in said and "jupyterlab: ok" not in said, said
+            said = _from_a_laptop(url, forward, port, Path(env["SCRATCH"]))
+            assert "page: ok" in said and "jupyterlab: ok" in said, said
     finally:
-        browser.quit()
+        if browser is not None:
+            browser.quit()
         assert _torchrig(["down", "--volumes", name], env).returncode == 0
+
+
+# Runs in the laptop's namespace: its Chromium opens the dashboard's URL (through the forwarded port), takes
+# the Jupyter link of the environment on PORT from the page, and follows it.
+LAPTOP_BROWSER = r"""
+import shutil, sys, time
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+url, port = sys.argv[1], sys.argv[2]
+opts = webdriver.ChromeOptions()
+opts.binary_location = shutil.which("chromium")
+for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+    opts.add_argument(flag)
+b = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+try:
+    b.get(url)
+    link, end = None, time.monotonic() + 30
+    while not link and time.monotonic() < end:
+        link = b.execute_script(
+            "return [...document.querySelectorAll('#envs a')].map(a => a.href)"
+            ".find(h => h.includes(':' + arguments[0] + '/'))", port)
+        time.sleep(0.3)
+    print("page: ok" if link else "page: no link", flush=True)
+    b.set_page_load_timeout(30)
+    try:
+        b.get(link)
+    except Exception as err:  # a dead link: nothing listens on the laptop's end
+        print(f"jupyterlab: {type(err).__name__}", flush=True)
+        sys.exit(0)
+    end = time.monotonic() + 60
+    while "JupyterLab" not in b.title and time.monotonic() < end:
+        time.sleep(0.5)
+    print("jupyterlab: ok" if "JupyterLab" in b.title else f"jupyterlab: title {b.title!r}", flush=True)
+finally:
+    b.quit()
+"""
+
+
+def _run(*argv: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
+
+
+def _from_a_laptop(url: str, forward: str, jupyter_port: int, scratch: Path) -> str:
+    """Run the page's ssh -L line in a fresh network namespace (the laptop) against a private sshd on this
+    host's end of a veth pair, then the laptop's Chromium on the page's URL; what the browser reported."""
+    if not (shutil.which("ip") and Path("/usr/sbin/sshd").exists() and shutil.which("ssh")):
+        pytest.skip("needs ip, sshd and ssh for the laptop")
+    tag = uuid.uuid4().hex[:6]
+    ns, host_if, laptop_if = f"trlap{tag}", f"trl{tag}h", f"trl{tag}l"
+    net = f"10.213.{int(tag[:2], 16)}"  # a /30 of its own
+    host_ip, laptop_ip = f"{net}.1", f"{net}.2"
+    keys = scratch / f"laptop-{tag}"
+    keys.mkdir()
+    procs: list[subprocess.Popen] = []
+    try:
+        assert _run("ip", "netns", "add", ns).returncode == 0
+        for argv in (
+            ["ip", "link", "add", host_if, "type", "veth", "peer", "name", laptop_if],
+            ["ip", "link", "set", laptop_if, "netns", ns],
+            ["ip", "addr", "add", f"{host_ip}/30", "dev", host_if],
+            ["ip", "link", "set", host_if, "up"],
+            ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{laptop_ip}/30", "dev", laptop_if],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", laptop_if, "up"],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+        ):
+            r = _run(*argv)
+            assert r.returncode == 0, (argv, r.stderr)
+        for key in ("host", "client"):
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / key))
+        (keys / "authorized_keys").write_text((keys / "client.pub").read_text())
+        with socket.socket() as s:  # a free port on the host's end
+            s.bind((host_ip, 0))
+            sshd_port = s.getsockname()[1]
+        (keys / "sshd_config").write_text(
+            f"Port {sshd_port}\nListenAddress {host_ip}\nHostKey {keys / 'host'}\n"
+            f"AuthorizedKeysFile {keys / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "AllowTcpForwarding yes\nPidFile none\n"
+        )
+        procs.append(subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(keys / "sshd_config")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+        assert _wait(lambda: _connects(host_ip, sshd_port), 15), "the laptop's sshd did not start"
+        # the printed line, as the laptop runs it: its destination is this host's end of the veth
+        argv = shlex.split(forward)
+        assert argv[0] == "ssh" and "@" in argv[-1], argv
+        login = ["-p", str(sshd_port), "-i", str(keys / "client"), "-o", "BatchMode=yes",
+                 "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={keys / 'known_hosts'}",
+                 "-o", "ExitOnForwardFailure=yes"]  # fmt: skip
+        argv = [argv[0], *login, *argv[1:-1], f"{argv[-1].split('@')[0]}@{host_ip}"]
+        # stdin held open: a line without -N keeps its (remote shell) session, and so its forward, while it is
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+        dash_port = int(url.split("://", 1)[1].split("/")[0].rsplit(":", 1)[1])
+        probe = ["ip", "netns", "exec", ns, "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{dash_port}"]
+        assert _wait(lambda: _run(*probe).returncode == 0, 20), "the forward did not come up"
+        r = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", LAPTOP_BROWSER, url, str(jupyter_port)],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        return r.stdout + r.stderr[-2000:]
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        _run("ip", "netns", "del", ns)
+        _run("ip", "link", "del", host_if)
+
+
+def _connects(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, port)) == 0

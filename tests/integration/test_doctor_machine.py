@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import docblocks  # tests/docblocks.py
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
@@ -52,6 +54,19 @@ def cli():  # module-scoped twin of the conftest fixture (pytest's `cli` is func
         )
 
     return run
+
+
+def test_the_doctor_page_shows_what_doctor_says_on_this_machine(tmp_path):
+    """docs/doctor.md's "Real output" of this machine: the command as the page writes it, every line it
+    shows (the interpreter's path, /dev/shm's size and the run's time differ between machines)."""
+    node = "tests/integration/test_doctor_machine.py::test_the_doctor_page_shows_what_doctor_says_on_this_machine"
+    (block,) = docblocks.tested_by(ROOT / "docs" / "doctor.md", node)
+    ((cmd, shown),) = block.steps()
+    r = docblocks.run(cmd, tmp_path)
+    assert r.returncode == 0, r.stderr
+    vary = {r"in /\S+/python3\b": "in PYTHON", r"/dev/shm is [\d.]+ GiB": "/dev/shm is N GiB",
+            r"\([\d.]+ s, exit": "(T s, exit"}  # fmt: skip
+    assert not docblocks.missing(r.stdout, shown, vary), r.stdout
 
 
 def test_no_gpu_leads_to_the_cpu_build(machine):

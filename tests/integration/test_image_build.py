@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import pytest
+
+import docblocks  # tests/docblocks.py
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -150,25 +153,35 @@ def test_image_has_no_baked_host_keys_or_wheelhouse(engine, test_image):
     assert out.strip().splitlines()[-1].startswith("sha256:")
 
 
-def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build, image_build_cli):
-    r = image_build_cli(
-        Path(test_image_build["spec_path"]),
-        "--wheelhouse",
-        str(ROOT / ".ci-work" / "wheelhouse"),
-        "--json",
-        "--verbose",
-        timeout=600,
-    )
+def test_rebuild_with_the_same_inputs_hits_the_cache(test_image_build, tmp_path):
+    """docs/images.md's real render and build, as the page writes them, in a folder holding the page's spec
+    (the session image's): the render is the page's, and the build reuses every layer up to torchrig's own
+    and prints the lines the page shows (sizes, times, hashes and paths are this build's)."""
+    node = "tests/integration/test_image_build.py::test_rebuild_with_the_same_inputs_hits_the_cache"
+    (block,) = docblocks.tested_by(ROOT / "docs" / "images.md", node)
+    (tmp_path / "torchrig.toml").write_text(Path(test_image_build["spec_path"]).read_text())
+    (tmp_path / ".ci-work").symlink_to(ROOT / ".ci-work")
+    (render, render_shown), (build, build_shown) = block.steps()
+    r = docblocks.run(render, tmp_path)
+    assert r.returncode == 0 and not docblocks.missing(r.stdout, render_shown), r.stdout[-3000:] + r.stderr
+    r = docblocks.run(build, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    again = json.loads(r.stdout)
-    assert again["tags"][0] == test_image_build["tags"][0]
-    assert again["builder"] == test_image_build["builder"]
+    vary = {
+        r"\([\d,]+ MiB, \d+ s, (\w+), \d+ steps, \d+ cached\)": r"(SIZE, \1, STEPS)",
+        r"runtime-[0-9a-f]{10}\b": "runtime-HASH",
+        r"sha256:[0-9a-f]{64}": "sha256:ID",
+        r"lock\s+\S+": "lock PATH",
+    }
+    assert not docblocks.missing(r.stdout + r.stderr, build_shown, vary), r.stdout + r.stderr[-3000:]
+    said = f"{r.stdout}\n{r.stderr}"
+    built = re.search(r"^built (\S+) +\([\d,]+ MiB, (\d+) s, (\w+), \d+ steps", said, re.M)
+    assert built, said[-3000:]
+    assert built.group(1) == test_image_build["tags"][0] and built.group(3) == test_image_build["builder"]
     # every step up to torchrig's own layer is reused (torchrig's wheel is the only input that may change)
-    steps = again["steps"]
-    venv_steps = [s for s in steps if s["name"].split("] ", 1)[-1].startswith(("RUN", "COPY wheelhouse"))]
-    assert len(venv_steps) >= 4, steps  # apt, the wheelhouse, torch, the tools (then torchrig's own)
-    assert all(s["state"] == "cached" for s in venv_steps[:4]), steps
-    assert again["elapsed_s"] < 180
+    venv_steps = re.findall(r"step \d+/\d+: (CACHED )?\[[\w-]+\] (?:RUN|COPY wheelhouse)", said)
+    assert len(venv_steps) >= 4 and all(venv_steps[:4]), said[-3000:]
+    assert int(built.group(2)) < 180
+    assert (tmp_path / "torchrig.lock.json").is_file()
 
 
 def test_failing_step_shows_the_step_and_its_log(

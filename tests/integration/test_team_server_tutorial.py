@@ -4,10 +4,15 @@ each starts the team's image, saves work in /workspace over ssh (strict host-key
 dashboard's ssh command logs in the same way, its Jupyter link answers, and its one ``ssh -L`` line names
 every port its links use; ``down --volumes`` deletes the work and says so.
 
-Not as written, and why: step 1's ``image build`` needs a registry for its base and PyPI for torch, which
-this machine does not have; the session's test image (built by the same ``image build``, from a local base
-and wheelhouse) is tagged ``team/pytorch:<unique>`` instead of ``:latest`` (tests run in parallel). Step 2's
-``--gpus 2`` is left out on a machine without GPUs.
+Not as written, and why: step 1's ``image build`` of the H200 spec needs a registry for its CUDA base and
+PyPI for CUDA torch, which this machine does not have; the session's test image (a CPU build, made by the
+same ``image build`` from a local base and wheelhouse) is tagged ``team/pytorch:<unique>`` instead of
+``:latest``, and each user's environment name is unique (tests run in parallel). Step 2's ``up --gpus 2``
+runs as printed with the GPUs at the hardware boundary replaced by a recorded 8x H200 inventory
+(``TORCHRIG_GPU_INVENTORY``): its dry run leases two GPUs of one NVLink domain and NUMA node; the real one
+refuses the CPU image in one line before the engine is asked (the GPUs would go unused), leaving no
+container, volume or lease behind (an engine without the NVIDIA runtime is test_runtime_gpus' case). The
+environments that then start, go down and come back are the ones without ``--gpus``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+import docblocks  # tests/docblocks.py
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "tutorials" / "team-server.md"
@@ -103,6 +110,9 @@ def server(engine, request):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+INVENTORY = ROOT / "tests" / "fixtures" / "runtime" / "inventory-8xh200.json"
+
+
 def _env(server, who: str) -> dict[str, str]:
     return {
         "HOME": str(server["scratch"] / who),
@@ -114,8 +124,9 @@ def _env(server, who: str) -> dict[str, str]:
     }
 
 
-def torchrig(server, who: str, *args: str) -> subprocess.CompletedProcess:
-    return _run_as(server["users"][who], [server["python"], "-m", "torchrig", *args], _env(server, who))
+def torchrig(server, who: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {**_env(server, who), **(env or {})}
+    return _run_as(server["users"][who], [server["python"], "-m", "torchrig", *args], full)
 
 
 def ssh(server, who: str, printed: str, remote: str) -> subprocess.CompletedProcess:
@@ -130,6 +141,32 @@ def test_the_team_server_tutorial_as_two_users(server, engine):
     text = DOC.read_text()
     assert "torchrig image build team.toml --tag team/pytorch:latest" in text  # step 1 makes what step 2 runs
     assert "torchrig up --image team/pytorch:latest --gpus 2 --name alice-exp" in text
+    # step 2 as printed (`--gpus 2`), on the recorded 8x H200 inventory: the plan, then the refusal
+    node = "tests/integration/test_team_server_tutorial.py::test_the_team_server_tutorial_as_two_users"
+    (step2,) = docblocks.tested_by(DOC, node)
+    ((printed, _),) = step2.steps()
+    assert printed == "torchrig up --image team/pytorch:latest --gpus 2 --name alice-exp"
+    name = f"{server['users']['alice']}-gpus"
+    argv = shlex.split(printed)[1:]
+    argv[argv.index("team/pytorch:latest")] = server["image"]
+    argv[argv.index("alice-exp")] = name
+    fake_gpus = {"TORCHRIG_GPU_INVENTORY": str(INVENTORY)}
+    plan = torchrig(server, "alice", *argv, "--dry-run", env=fake_gpus)
+    assert plan.returncode == 0, plan.stderr
+    picked = re.search(r"^  GPUs +(\d+), (\d+)$", plan.stdout, re.M)
+    assert picked, plan.stdout
+    gpus = json.loads(torchrig(server, "alice", "gpus", "--json", env=fake_gpus).stdout)["gpus"]
+    two = [g for g in gpus if g["gpu"] in picked.groups()]
+    assert len(two) == 2 and len({(g["nvlink_domain"], g["numa_node"]) for g in two}) == 1, two
+    refused = torchrig(server, "alice", *argv, env=fake_gpus)  # the test image is a CPU build
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith("torchrig: error: pre-flight refused the image: ")
+    assert "CPU-only build: the GPUs would go unused" in refused.stderr and refused.stderr.count("\n") == 1
+    assert not engine.containers.list(all=True, filters={"name": name})
+    assert not engine.volumes.list(filters={"label": f"torchrig.workspace={name}"})
+    after = json.loads(torchrig(server, "alice", "gpus", "--json", env=fake_gpus).stdout)["gpus"]
+    assert all(not g["holders"] for g in after), "the refused up holds no lease"
+
     results = {}
     for who in ("alice", "bob"):
         name = f"{server['users'][who]}-exp"

@@ -1,6 +1,7 @@
 """Checkpoints used as a careless or unlucky user would, through the real CLI (one process, and 2 gloo
 ranks through torchrun): a second run in the same folder, a typo in --out with --resume, flipped bytes in a
-shard, a crafted .metadata, another run's checkpoint in the folder, a disk that fills during a save."""
+shard, a crafted .metadata, another run's checkpoint in the folder, a disk that fills during a save. The
+refusals docs/checkpoints.md shows run as the page writes them, and print the line it shows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+import docblocks  # tests/docblocks.py
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.integration
@@ -34,6 +38,18 @@ def torchrig(*args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "torchrig", *args], capture_output=True, text=True, env=env, timeout=timeout
     )
+
+
+def doc_says(node: str, cwd: Path) -> tuple[str, subprocess.CompletedProcess]:
+    """Run the docs/checkpoints.md command that names ``node`` (its one ``$`` line, through bash, in
+    ``cwd``); return the line the page shows after it and the result."""
+    (block,) = docblocks.tested_by(docblocks.ROOT / "docs" / "checkpoints.md", f"tests/integration/{node}")
+    ((cmd, shown),) = block.steps()
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    r = subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, env=env, timeout=400)
+    (line,) = docblocks.shown_lines(shown)
+    return line, r
 
 
 def error_line(r: subprocess.CompletedProcess) -> str:
@@ -89,6 +105,19 @@ def test_a_second_run_in_the_same_folder_is_refused_and_overwrite_is_explicit(ru
         assert word in line
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # metrics.jsonl too
     old_id = json.loads((run / "run.json").read_text())["run_id"]
+
+    # as docs/checkpoints.md shows it (its run's id and last step are this run's)
+    run1 = run.rename(run.parent / "run1")
+    shown, r = doc_says(
+        "test_train_checkpoints.py::test_a_second_run_in_the_same_folder_is_refused_and_overwrite_is_explicit",
+        run1.parent,
+    )
+    run = run1.rename(run1.parent / "run")
+    ck = run / "checkpoints"
+    shown = re.sub(
+        r"\(run \S+, checkpoints up to step-\d+\)", f"(run {old_id}, checkpoints up to step-000006)", shown
+    )
+    assert r.returncode == 2 and error_line(r) == shown
 
     r = torchrig(*TRAIN, "--out", str(run), "--overwrite", "--steps", "4")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -185,6 +214,15 @@ def test_a_crafted_metadata_is_refused_by_export_and_resume_and_never_runs(run, 
     assert "refused" in line and "system" in line and str(ck / "step-000006" / ".metadata") in line
     r = torchrig(*TRAIN, "--out", str(run), "--resume", "--steps", "8")
     assert r.returncode == 2 and "refused" in error_line(r)
+    assert not marker.exists()
+
+    # as docs/checkpoints.md shows it
+    suspicious = run.rename(run.parent / "suspicious-run")
+    shown, r = doc_says(
+        "test_train_checkpoints.py::test_a_crafted_metadata_is_refused_by_export_and_resume_and_never_runs",
+        suspicious.parent,
+    )
+    assert r.returncode == 2 and error_line(r) == shown.replace("step-000500", "step-000006")
     assert not marker.exists()
 
 

@@ -634,3 +634,34 @@ def test_cli_cpu_render_runs_through_launch_dry_run(cli, tmp_path, kind, api):
     assert plan["log_dir"] == str(tmp_path / "torchrig-logs/torchrig-train/node0")  # made absolute
     assert plan["argv"][-4:] == ["--module", "torchrig.train", "--size", "tiny"]
     assert "--rdzv-conf=join_timeout=60,is_host=true" in plan["argv"]
+
+
+def test_the_cluster_page_shows_what_cluster_renders(tmp_path):
+    """docs/cluster.md's renders (and docs/tutorials/cluster.md's with a spec), as the pages write them, in
+    one folder with a spec that names the pages' registry: each command prints the lines the page shows, and
+    the script and the `srun` line the page shows are what the command before them wrote."""
+    import docblocks  # tests/docblocks.py
+
+    (tmp_path / "torchrig.toml").write_text(SPEC + '[python]\nversion = "3.11"\n')
+    node = "tests/unit/test_cluster_render.py::test_the_cluster_page_shows_what_cluster_renders"
+    docs = [docblocks.ROOT / "docs" / "cluster.md", docblocks.ROOT / "docs" / "tutorials" / "cluster.md"]
+    ran = 0
+    for block in [b for doc in docs for b in docblocks.shell_blocks(doc)]:
+        if block.kind == "doctest" and "-o job.sbatch" in block.body:  # the script shown next is its output
+            (cmd, _), *_ = block.steps()
+            assert docblocks.run(cmd, tmp_path).returncode == 0
+        if node not in block.detail.split() or block.kind != "tested-by":
+            continue
+        ran += 1
+        if block.lang == "console":
+            for cmd, shown in block.steps():
+                r = docblocks.run(cmd, tmp_path)
+                assert r.returncode == 0, f"{block.where}: {cmd}\n{r.stderr}"
+                assert not docblocks.missing(r.stdout + r.stderr, shown), f"{block.where}: {r.stdout}"
+        elif block.body.startswith("#!/bin/bash"):
+            assert (tmp_path / "job.sbatch").read_text() == block.body, (
+                f"{block.where}: not the rendered script"
+            )
+        else:
+            assert block.body in (tmp_path / "job.sbatch").read_text(), f"{block.where}: not in the script"
+    assert ran == 7

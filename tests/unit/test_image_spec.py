@@ -229,3 +229,22 @@ def test_locked_refuses_a_missing_or_stale_lock(cli, tmp_path):
 def test_init_into_an_unwritable_place_is_one_line_exit_2(cli):
     r = cli("init", "--force", "/proc/no-such-dir/torchrig.toml")
     assert r.code == 2 and r.err.count("\n") == 1 and "cannot write /proc/no-such-dir/torchrig.toml" in r.err
+
+
+def test_the_images_page_shows_the_errors_render_gives(tmp_path):
+    """docs/images.md's two mistakes, each in a torchrig.toml of its own, and `torchrig image render` as the
+    page writes it: exit 2 and the page's line."""
+    import docblocks  # tests/docblocks.py
+
+    node = "tests/unit/test_image_spec.py::test_the_images_page_shows_the_errors_render_gives"
+    (block,) = docblocks.tested_by(docblocks.ROOT / "docs" / "images.md", node)
+    specs = [
+        '[torch]\nversion = "2.13.0"\nvariant = "cpu"\n[image]\nvariant = "dev"\n',
+        '[torch]\nversoin = "2.13.0"\nvariant = "cpu"\n',
+    ]
+    steps = block.steps()
+    assert len(steps) == len(specs)
+    for spec, (cmd, shown) in zip(specs, steps, strict=True):
+        (tmp_path / "torchrig.toml").write_text(spec)
+        r = docblocks.run(cmd, tmp_path)
+        assert r.returncode == 2 and r.stderr.splitlines() == docblocks.shown_lines(shown), r.stderr
