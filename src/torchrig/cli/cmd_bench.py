@@ -26,6 +26,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import pathlib
 import shlex
 import sys
 import tempfile
@@ -171,32 +172,42 @@ def run(args: argparse.Namespace) -> Any:
     cfg = make_config(device_kind=kind, quick=args.quick, command_line=command_line, **chosen)
     nproc = len(placed.gpus) if placed is not None else (args.nproc or (count if kind == "cuda" else 2))
     from torchrig.bench.config import Part
-    from torchrig.bench.launch import execute, plan_launch
+    from torchrig.bench.launch import log_folder, run_workers, worker_job
 
-    visible = ",".join(map(str, placed.gpus)) if placed is not None else None
-    for line in placed.forced if placed is not None else ():
-        print(f"torchrig bench: warning: --force: taking {line}", file=sys.stderr, flush=True)
+    gpus = ",".join(map(str, placed.gpus)) if placed is not None else None
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
-        plan = plan_launch(cfg, nproc, work, visible_devices=visible)
+        logs = str(pathlib.Path(work) / "logs") if args.dry_run else log_folder()
+        job = worker_job(cfg, nproc, work, logs, gpus=gpus, force=bool(args.force))
         if args.dry_run:
-            from torchrig.report import SimpleReport
-
-            return SimpleReport(
-                {
-                    "plan": {"argv": list(plan.argv), "env": plan.env_additions, "nproc": nproc},
-                    "forced_gpus": list(placed.forced if placed is not None else ()),
-                    "config": __import__("json").loads(cfg.to_json()),
-                },
-                plan.shell(),
-            )
+            return _dry_run(job, cfg)
         if kind == "cpu":
             print("torchrig: no GPU in use: running the CPU/gloo path at small sizes", file=sys.stderr)
         on_line = (lambda line: print(line, file=sys.stderr)) if args.debug else None
         with ProgressDisplay() as display:
-            m = execute(plan, cfg, display.update, on_line)
+            m = run_workers(job, cfg, display.update, on_line)
             if Part.SCALING.value in cfg.parts:
-                m = _scaling(m, cfg, nproc, work, display, on_line, plan.env_additions, bool(args.force))
+                env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
+                m = _scaling(m, cfg, nproc, work, display, on_line, env, bool(args.force))
     return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
+
+
+def _dry_run(job: Any, cfg: Any) -> Any:
+    """The workers' plan, by the launch API's own dry run (the same function, stopped before acting)."""
+    import json
+
+    from torchrig.launch import launch
+    from torchrig.report import SimpleReport
+
+    plan = launch(job.request, dry_run=True, progress=None).plan
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
+    return SimpleReport(
+        {
+            "plan": {"argv": list(plan.argv), "env": plan.env, "nproc": plan.nproc_per_node},
+            "forced_gpus": list(plan.forced_gpus),
+            "config": json.loads(cfg.to_json()),
+        },
+        f"{env} {shlex.join(plan.argv)}",
+    )
 
 
 def _placed(args: argparse.Namespace) -> Any | None:
