@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrig import safepickle
-from torchrig.launch.summary import Frame, user_frame
+from torchrig.launch.ranklog import Frame, user_frame
 
 PREFIX = "nccl_trace_rank_"  # + global rank: PyTorch's file name for a dump, and what torchfrtrace reads
 _RANK_RE = re.compile(rf"{PREFIX}(\d+)$")
@@ -155,7 +155,7 @@ def _group_of(entry: Mapping[str, Any]) -> str:
 
 
 def _where(frames: Any) -> str | None:
-    """The caller's innermost frame in user code, as the stack summary picks it (``summary.user_frame``)."""
+    """The caller's innermost frame in user code, as the stack summary picks it (``ranklog.user_frame``)."""
     stack = tuple(
         Frame(_text(f.get("filename"), ""), _int(f.get("line"), 0), _text(f.get("name")))
         for f in _items(frames, MAX_FRAMES)
