@@ -238,6 +238,18 @@ def _rank_plans(req: LaunchRequest, gpus: tuple[int, ...], nproc: int) -> tuple[
 def _env(
     req: LaunchRequest, host: HostFacts, gpus: tuple[int, ...], nproc: int
 ) -> tuple[dict[str, str], tuple[EnvSetting, ...]]:
+    """The environment the ranks get on top of the parent's, and each setting with its reason."""
+    settings = _host_settings(host, gpus, nproc) + _torchrig_settings(req, host, gpus)
+    for k, v in req.extra_env:
+        settings.append(EnvSetting(k, v, "given with --env", None))
+    env = {s.name: s.value for s in settings if not s.overridden_by_user}
+    env.update(dict(req.extra_env))
+    return env, tuple(settings)
+
+
+def _host_settings(host: HostFacts, gpus: tuple[int, ...], nproc: int) -> list[EnvSetting]:
+    """The field's defaults (each with its reason), and what this host's GPUs need: P2P off for a pair
+    that cannot use it, the chosen GPUs."""
     settings: list[EnvSetting] = []
     omp = max(1, host.cpu_count // max(1, nproc))
     for d in defaults_for(uses_nccl=bool(gpus), omp_threads=omp, torch_version=host.torch_version):
@@ -266,7 +278,12 @@ def _env(
                 None,
             )
         )
-    settings.append(
+    return settings
+
+
+def _torchrig_settings(req: LaunchRequest, host: HostFacts, gpus: tuple[int, ...]) -> list[EnvSetting]:
+    """What torchrig's own parts read in the ranks: the collective timeout, where logs and flight records go."""
+    settings = [
         EnvSetting(
             "TORCHRIG_COLLECTIVE_TIMEOUT_S",
             str(req.collective_timeout_s),
@@ -274,7 +291,7 @@ def _env(
             "init_process_group (read it in your script too)",
             None,
         )
-    )
+    ]
     if gpus:
         old, renamed = FR_DUMP_FILE
         settings.append(
@@ -298,11 +315,7 @@ def _env(
             None,
         )
     )
-    for k, v in req.extra_env:
-        settings.append(EnvSetting(k, v, "given with --env", None))
-    env = {s.name: s.value for s in settings if not s.overridden_by_user}
-    env.update(dict(req.extra_env))
-    return env, tuple(settings)
+    return settings
 
 
 def _torchrun_argv(
