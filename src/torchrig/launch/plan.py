@@ -33,6 +33,10 @@ _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+# torchrun's options for the per-rank logs: stdout and stderr in files under --log-dir (which the failure
+# summary reads), and a copy on the console prefixed by rank. `torchrig cluster`'s plain torchrun renders them too.
+RANK_LOG_FLAGS = ("--redirects=3", "--tee=3")
+
 FLIGHT_RECORD_REQUEST = (
     ".flight-record-request"  # + ".<attempt>": the launcher asks the ranks for their records
 )
@@ -341,10 +345,8 @@ def _torchrun_argv(
         f"--rdzv-conf={','.join(conf)}",
         f"--max-restarts={max_restarts}",
         f"--monitor-interval={req.monitor_interval_s:g}",
-        # Per-rank stdout/stderr files under the log dir, and a copy on the console (prefixed by rank).
         f"--log-dir={req.log_dir}",
-        "--redirects=3",
-        "--tee=3",
+        *RANK_LOG_FLAGS,
         # Every worker starts in torchrig's thin shim: stack dumps on demand, error file, then the script.
         "-m",
         "torchrig.launch.worker",
