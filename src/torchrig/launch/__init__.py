@@ -21,7 +21,7 @@ The pieces, each usable on its own (``torchrig cluster`` calls the plan's):
   of ending), from what each rank's log says (``ranklog``).
 - ``worker`` — the shim each rank starts in (header line, stack dumps on SIGUSR1/SIGTERM, error file).
 - ``guard`` — the process between the launcher and torchrun: one SIGTERM for torchrun however many stops
-  come, SIGKILL for what is left after the grace, no orphaned rank.
+  come, SIGKILL for what is left after the grace, no orphaned rank (also around bench's scaling runs).
 
 - ``run.launch(LaunchRequest) -> LaunchReport`` — the steps above in order; the process-group check runs
   beside the job on one node.
