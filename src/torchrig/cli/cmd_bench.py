@@ -7,10 +7,11 @@ broadcast, all_to_all, sendrecv) over a size sweep with algbw and busbw as nccl-
 (doc/PERFORMANCE.md), every result checked. Training scaling: 'torchrig train' itself (GPT-2 small,
 bf16, compiled) on 1, 2, 4 ... N GPUs and the scaling efficiency, so the figure is the trainer's own.
 
-Workers start through torchrun (torch.distributed.run), one process per GPU. Every figure is shown as a
-percentage of the GPU's datasheet peak from the knowledge base and graded pass / warn / fail; a GPU pair
-far below its link is flagged and points to 'torchrig doctor'. Without a GPU the same code runs on the CPU
-with gloo at small sizes and the grading says 'no GPU'.
+Workers start through torchrun (torch.distributed.run), one process per GPU, by the launcher of 'torchrig
+launch': its pre-flight checks run first, and a worker that dies is named with its cause and last lines.
+Every figure is shown as a percentage of the GPU's datasheet peak from the knowledge base and graded
+pass / warn / fail; a GPU pair far below its link is flagged and points to 'torchrig doctor'. Without a
+GPU the same code runs on the CPU with gloo at small sizes and the grading says 'no GPU'.
 
 Exit status: 0 when nothing failed, 1 when a figure failed its grade or a result was wrong, 2 on bad usage.
 
