@@ -55,7 +55,7 @@ def test_the_workers_are_a_launch_request_and_the_parent_env_is_untouched(tmp_pa
     """bench's ranks start through the launch API: its plan, its shim (``torchrig.launch.worker``), its logs."""
     before = dict(os.environ)
     cfg = make_config(device_kind="cpu", quick=True)
-    job = worker_job(cfg, 2, str(tmp_path), str(tmp_path / "logs"))
+    job = worker_job(cfg, 2, str(tmp_path))
     req = job.request
     assert (req.cpu, req.nproc_per_node, req.gpus, req.module) == (True, 2, None, True)
     assert req.script == "torchrig.bench.worker"
@@ -72,7 +72,7 @@ def test_the_workers_are_a_launch_request_and_the_parent_env_is_untouched(tmp_pa
 
 def test_the_gpu_workers_run_on_the_gpus_placement_chose(tmp_path):
     cfg = make_config(device_kind="cuda", quick=True)
-    job = worker_job(cfg, 2, str(tmp_path), str(tmp_path / "logs"), gpus="1,3", force=True)
+    job = worker_job(cfg, 2, str(tmp_path), gpus="1,3", force=True)
     assert (job.request.cpu, job.request.nproc_per_node, job.request.gpus) == (False, None, "1,3")
     assert job.request.force
     host = HostFacts(visible_gpus=(0, 1, 2, 3), cpu_count=8, python="python3", env={})

@@ -32,7 +32,7 @@ def test_progress_lines_drive_the_display_and_the_rest_goes_to_on_line():
 
 
 def _job(tmp_path):
-    return worker_job(make_config(device_kind="cpu", quick=True), 2, str(tmp_path), str(tmp_path / "logs"))
+    return worker_job(make_config(device_kind="cpu", quick=True), 2, str(tmp_path))
 
 
 def _report(tmp_path, findings=(), result=None) -> LaunchReport:

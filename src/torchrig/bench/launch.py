@@ -53,13 +53,13 @@ def worker_job(
     cfg: BenchConfig,
     nproc: int,
     workdir: str,
-    log_dir: str,
     *,
     gpus: str | None = None,
     force: bool = False,
 ) -> WorkerJob:
     """The workers' launch request: ``nproc`` gloo ranks on the CPU path, else one rank on each of ``gpus``
-    (the physical ids placement chose; ``--force`` as the user gave it)."""
+    (the physical ids placement chose; ``--force`` as the user gave it). The logs go to ``workdir/logs``
+    here; :func:`run_workers` gives them a folder that outlives the workdir."""
     config_path = str(Path(workdir) / "bench-config.json")
     out_path = str(Path(workdir) / "measurements.json")
     cpu = cfg.device_kind != "cuda"
@@ -72,7 +72,7 @@ def worker_job(
         gpus=None if cpu else gpus,
         force=force,
         rdzv_id=RDZV_ID,
-        log_dir=log_dir,
+        log_dir=str(Path(workdir) / "logs"),
     )
     return WorkerJob(request, config_path, out_path)
 
@@ -120,10 +120,17 @@ def run_workers(
     from torchrig.launch import launch
 
     Path(job.config_path).write_text(cfg.to_json())
+    # the logs outlive the bench's scratch folder: kept after a failure, for the summary names them
+    logs = tempfile.mkdtemp(prefix="torchrig-bench-logs-")
+    job = dataclasses.replace(job, request=dataclasses.replace(job.request, log_dir=logs))
     say = (lambda line: on_line(f"torchrig launch: {line}")) if on_line else None
-    report = launch(job.request, progress=say, checks_beside=False, echo=_Console(on_progress, on_line))
+    try:
+        report = launch(job.request, progress=say, checks_beside=False, echo=_Console(on_progress, on_line))
+    except BaseException:  # refused before any rank ran, or interrupted: nothing worth keeping
+        shutil.rmtree(logs, ignore_errors=True)
+        raise
     _raise_unless_done(report, job)
-    shutil.rmtree(job.request.log_dir, ignore_errors=True)  # kept only after a failure
+    shutil.rmtree(logs, ignore_errors=True)
     from torchrig.inputfiles import read_json
 
     return measurements_from_json(read_json(job.out_path, "bench workers' result"))  # bounded, regular
@@ -136,7 +143,7 @@ def _raise_unless_done(report: LaunchReport, job: WorkerJob) -> None:
         f = blocking[0]
         raise JobFailed(
             f"bench workers not started: the pre-flight {f.id} check failed: {f.summary}",
-            hint="; ".join(f.fix) or "run 'torchrig doctor'",
+            hint="; ".join((*f.fix, f"logs: {job.request.log_dir}")),
         )
     r: Any = report.result
     if r is not None and r.cancelled_by:  # the job is stopped: its logs tell nothing of a fault
@@ -158,8 +165,3 @@ def _raise_unless_done(report: LaunchReport, job: WorkerJob) -> None:
         f"bench workers failed: {what}",
         hint=f"the summary above gives each rank's last lines; logs: {job.request.log_dir}",
     )
-
-
-def log_folder() -> str:
-    """A folder for the workers' logs that outlives the bench's scratch folder (kept after a failure)."""
-    return tempfile.mkdtemp(prefix="torchrig-bench-logs-")

@@ -27,7 +27,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import pathlib
 import shlex
 import sys
 import tempfile
@@ -173,12 +172,11 @@ def run(args: argparse.Namespace) -> Any:
     cfg = make_config(device_kind=kind, quick=args.quick, command_line=command_line, **chosen)
     nproc = len(placed.gpus) if placed is not None else (args.nproc or (count if kind == "cuda" else 2))
     from torchrig.bench.config import Part
-    from torchrig.bench.launch import log_folder, run_workers, worker_job
+    from torchrig.bench.launch import run_workers, worker_job
 
     gpus = ",".join(map(str, placed.gpus)) if placed is not None else None
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
-        logs = str(pathlib.Path(work) / "logs") if args.dry_run else log_folder()
-        job = worker_job(cfg, nproc, work, logs, gpus=gpus, force=bool(args.force))
+        job = worker_job(cfg, nproc, work, gpus=gpus, force=bool(args.force))
         if args.dry_run:
             return _dry_run(job, cfg)
         if kind == "cpu":

@@ -55,14 +55,15 @@ class FailureSummary:
     evidence: str | None = None  # what a hang verdict rests on (flight records, process states, silence)
 
 
-def _verdict(log: RankLog, role: str, status: str, cause: str | None) -> RankVerdict:
+def _verdict(log: RankLog, role: str, how: str, cause: str | None) -> RankVerdict:
+    """One rank's line in the summary: its role, how it ended (``how``), its cause, where and last lines."""
     where = where_of(log)
     return RankVerdict(
         rank=log.global_rank,
         local_rank=log.local_rank,
         host=log.host,
         role=role,
-        status=status,
+        status=how,
         cause=cause,
         where=str(where) if where else None,
         last_lines=tail(log.output or log.text),
