@@ -4,6 +4,7 @@ every result is checked, and busbw follows nccl-tests' arithmetic."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,55 +148,9 @@ def test_a_stopped_bench_leaves_no_torchrun_or_worker_behind(tmp_path, how, aliv
 def test_a_bench_rank_that_dies_is_named_with_its_cause(tmp_path):
     """The workers start through the launch API: a rank killed mid-run is reported by launch's failure
     summary (which rank, how it ended, the likely cause), not as torchrun's bare exit status."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import rankkill
 
-    from torchrig.launch.guard import descendants
-
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the logs kept after the failure stay in tmp_path
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torchrig", "bench", "--cpu", "--nproc-per-node", "2", "--only", "collectives",
-         "--collectives", "all_reduce", "--max-size", "64MiB", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
-    )  # fmt: skip
-
-    def rank_one(pids: list[int]) -> int | None:
-        """Rank 1's worker, once launch's shim has written its header (it is known by its rank then)."""
-        logs = [p for p in tmp_path.rglob("1/stderr.log") if "-preflight_" not in str(p)]  # not the check's
-        if not any("torchrig-worker: rank=1 " in p.read_text() for p in logs):
-            return None
-        for pid in pids:
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            if b"torchrig.bench.worker" in cmd and b"\0RANK=1\0" in environ:
-                return pid
-        return None
-
-    deadline, victim = time.monotonic() + 180, None
-    try:
-        while victim is None:
-            assert proc.poll() is None, f"bench exited early: {proc.communicate()[1][-2000:]}"
-            assert time.monotonic() < deadline, "bench never started its rank 1"
-            time.sleep(0.2)
-            victim = rank_one(descendants(proc.pid))
-        os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 1, err[-3000:]
-    message = json.loads(out)["error"]["message"]
-    assert message.startswith("bench workers failed: rank 1 failed (killed by SIGKILL"), message
-    assert "likely cause: the process was killed with SIGKILL" in message
-    # the summary itself, on stderr: the rank, its role and status, and where its logs are kept
-    assert "rank 1 (local 1" in err and "culprit: killed by SIGKILL from outside the job" in err, err[-3000:]
-    kept = [p for p in tmp_path.iterdir() if p.name.startswith("torchrig-bench-logs-")]
-    assert len(kept) == 1 and str(kept[0]) in message
-    assert any(kept[0].rglob("stderr.log")), "the ranks' logs are kept after the failure"
+    options = ("--cpu", "--nproc-per-node", "2", "--only", "collectives", "--collectives", "all_reduce",
+               "--max-size", "64MiB")  # fmt: skip
+    rankkill.check_the_summary_names_it(tmp_path, *rankkill.bench_with_a_killed_rank(tmp_path, *options))
