@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -29,15 +28,13 @@ from torchrig.bench.config import BenchConfig
 from torchrig.bench.records import Measurements, measurements_from_json
 from torchrig.bench.worker import PROGRESS_TAG
 from torchrig.errors import JobFailed
-from torchrig.launch.plan import LaunchRequest
+from torchrig.launch.plan import TEE_PREFIX, LaunchRequest
 
 if TYPE_CHECKING:
     from torchrig.launch.run import LaunchReport
 
 WORKER_MODULE = "torchrig.bench.worker"
 RDZV_ID = "torchrig-bench"
-# torchrun's prefix on a rank's line it copies to the console (``--tee``): "[default0]:" or "[rank0]:"
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +85,7 @@ class _Console:
 
     def write(self, text: str) -> int:
         for line in text.splitlines():
-            body = _RANK_PREFIX.sub("", line, count=1)
+            body = TEE_PREFIX.sub("", line, count=1)  # torchrun's prefix on the rank's line
             with self._lock:
                 if body.startswith(PROGRESS_TAG) and self._progress(body[len(PROGRESS_TAG) :]):
                     continue

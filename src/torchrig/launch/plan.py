@@ -36,6 +36,8 @@ _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # torchrun's options for the per-rank logs: stdout and stderr in files under --log-dir (which the failure
 # summary reads), and a copy on the console prefixed by rank. `torchrig cluster`'s plain torchrun renders them too.
 RANK_LOG_FLAGS = ("--redirects=3", "--tee=3")
+# what --tee puts in front of a rank's line on torchrun's console: "[default0]:" (or "[rank0]:")
+TEE_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 
 FLIGHT_RECORD_REQUEST = (
     ".flight-record-request"  # + ".<attempt>": the launcher asks the ranks for their records

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.launch import flightrec, guard, logs
-from torchrig.launch.plan import FLIGHT_RECORD_REQUEST, LaunchPlan
+from torchrig.launch.plan import FLIGHT_RECORD_REQUEST, TEE_PREFIX, LaunchPlan
 from torchrig.launch.summary import (
     RDZV_TIMEOUT,
     FailureSummary,
@@ -64,9 +64,6 @@ class Stop:
     flight: flightrec.FlightVerdict | None = None  # the records read before the stop (stopped-rank)
 
 
-_RANK_LINE = re.compile(r"^\[(?:rank|default)\d+\]:")  # torchrun's tee prefix of a rank's own line
-
-
 _HEADER_LINE = re.compile(
     r"^\[(?:rank|default)(\d+)\]:torchrig-worker: rank="
 )  # a rank's shim is about to run the script
@@ -100,9 +97,9 @@ def _pump(stream, sink, keep: collections.deque, started: _Started | None = None
         keep.append(line)
         if started is not None:
             started.saw(line)
-        if not _RANK_LINE.match(line) and line.startswith("Traceback (most recent call last):"):
+        if not TEE_PREFIX.match(line) and line.startswith("Traceback (most recent call last):"):
             own_report = True
-        if own_report and not _RANK_LINE.match(line):
+        if own_report and not TEE_PREFIX.match(line):
             continue
         sink.write(line)
         sink.flush()
