@@ -66,6 +66,7 @@ def test_a_failed_preflight_and_a_missing_result_are_said(tmp_path, capsys):
     bad = Finding("port", Severity.ERROR, "port 29999 is taken", fix=("pick another",))
     with pytest.raises(JobFailed, match="not started: the pre-flight port check failed: port 29999 is taken"):
         _raise_unless_done(_report(tmp_path, findings=(bad,)), _job(tmp_path))
+    assert "pre-flight port: error: port 29999 is taken — fix: pick another" in capsys.readouterr().err
     with pytest.raises(JobFailed, match="bench workers failed: rank 0 wrote no result"):
         _raise_unless_done(_report(tmp_path, result=_result(exit_code=0)), _job(tmp_path))
     with pytest.raises(KeyboardInterrupt):

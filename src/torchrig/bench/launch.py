@@ -138,6 +138,7 @@ def _raise_unless_done(report: LaunchReport, job: WorkerJob) -> None:
     blocking = [f for f in report.findings if f.severity.blocks]
     if report.result is None and blocking:
         f = blocking[0]
+        print(report.render_text(), file=sys.stderr, flush=True)  # the finding with its evidence
         raise JobFailed(
             f"bench workers not started: the pre-flight {f.id} check failed: {f.summary}",
             hint="; ".join((*f.fix, f"logs: {job.request.log_dir}")),
