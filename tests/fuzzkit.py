@@ -139,7 +139,7 @@ def install_boundaries(real: tuple[str, ...] = ()) -> None:
         "torchrig.train.loop": ["train"],
         "torchrig.launch.supervise": ["execute"],
         "torchrig.launch.preflight": ["check_process_group"],
-        "torchrig.bench.launch": ["execute"],
+        "torchrig.bench.launch": ["run_workers"],
         "torchrig.image.pipeline": ["build"],
         "torchrig.serve.supervisor": ["Supervisor"],
         "torchrig.cluster.slurm": ["submit"],

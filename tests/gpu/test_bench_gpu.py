@@ -113,3 +113,18 @@ def test_two_gpu_links_and_collectives_are_checked(cli):
     assert all(c["check_ok"] for c in m["collectives"]) and {c["ranks"] for c in m["collectives"]} == {2}
     assert sorted((p["src"], p["dst"]) for p in m["p2p"]) == [(0, 1), (1, 0)]
     assert all(p["check_ok"] and p["oneway_gbps"] > 1 for p in m["p2p"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_dead_gpu_rank_is_named_by_the_launchers_summary(tmp_path):
+    """On NCCL as on gloo: bench's workers start through the launch API, so a worker killed mid-run is named
+    with how it ended and the likely cause (tests/integration/test_bench_gloo.py does the same on the CPU)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import rankkill
+
+    options = ("--nproc-per-node", "2", "--only", "collectives", "--collectives", "all_reduce",
+               "--min-size", "1GiB", "--max-size", "4GiB")  # fmt: skip
+    rankkill.check_the_summary_names_it(tmp_path, *rankkill.bench_with_a_killed_rank(tmp_path, *options))

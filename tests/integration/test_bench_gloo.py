@@ -4,6 +4,7 @@ every result is checked, and busbw follows nccl-tests' arithmetic."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,14 @@ def test_a_stopped_bench_leaves_no_torchrun_or_worker_behind(tmp_path, how, aliv
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, f"processes outlived the bench: {left}"
+
+
+def test_a_bench_rank_that_dies_is_named_with_its_cause(tmp_path):
+    """The workers start through the launch API: a rank killed mid-run is reported by launch's failure
+    summary (which rank, how it ended, the likely cause), not as torchrun's bare exit status."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import rankkill
+
+    options = ("--cpu", "--nproc-per-node", "2", "--only", "collectives", "--collectives", "all_reduce",
+               "--max-size", "64MiB")  # fmt: skip
+    rankkill.check_the_summary_names_it(tmp_path, *rankkill.bench_with_a_killed_rank(tmp_path, *options))

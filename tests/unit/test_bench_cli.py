@@ -87,11 +87,15 @@ def test_dry_run_prints_the_torchrun_plan(cli):
     r = cli("bench", "--cpu", "--dry-run", "--json")
     assert r.code == 0, r.err
     plan = r.json()["plan"]
-    assert plan["argv"][1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    assert "torchrig.bench.worker" in plan["argv"]
+    # the launch API's plan: torchrun, launch's rank shim, then the bench's worker module
+    assert plan["argv"][1:4] == ["-m", "torch.distributed.run", "--nnodes=1"]
+    assert "--nproc-per-node=2" in plan["argv"] and plan["nproc"] == 2
+    shim = plan["argv"].index("torchrig.launch.worker")
+    assert plan["argv"][shim : shim + 3] == ["torchrig.launch.worker", "--module", "torchrig.bench.worker"]
+    assert plan["env"]["TORCHRIG_LOG_DIR"].endswith("/logs")
     assert r.json()["config"]["device_kind"] == "cpu"
     text = cli("bench", "--cpu", "--dry-run", "--nproc-per-node", "3")
-    assert "torch.distributed.run" in text.out and "--nproc-per-node 3" in text.out
+    assert "torch.distributed.run" in text.out and "--nproc-per-node=3" in text.out
 
 
 def test_help_is_the_manual_and_imports_nothing_heavy(cli):

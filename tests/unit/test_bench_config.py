@@ -7,10 +7,11 @@ import os
 import pytest
 
 from torchrig.bench.config import BenchConfig, collective_iterations, make_config
-from torchrig.bench.launch import plan_launch
+from torchrig.bench.launch import worker_job
 from torchrig.bench.scaling import group_sizes
 from torchrig.bench.timing import rotation_sets
 from torchrig.errors import UsageError
+from torchrig.launch.plan import HostFacts, build_plan
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -50,22 +51,33 @@ def test_config_round_trips_and_validates():
         make_config(device_kind="cpu", quick=True, parts=("bogus",))
 
 
-def test_plan_is_torchrun_and_leaves_the_parent_env_alone(tmp_path):
+def test_the_workers_are_a_launch_request_and_the_parent_env_is_untouched(tmp_path):
+    """bench's ranks start through the launch API: its plan, its shim (``torchrig.launch.worker``), its logs."""
     before = dict(os.environ)
     cfg = make_config(device_kind="cpu", quick=True)
-    plan = plan_launch(cfg, 2, str(tmp_path), python="/usr/bin/python3")
-    assert plan.argv[:6] == (
-        "/usr/bin/python3",
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-    )
-    assert plan.argv[6:8] == ("-m", "torchrig.bench.worker")
-    assert plan.env_additions["PYTHONPATH"].split(os.pathsep)[0].endswith("src")
-    assert "torch.distributed.run" in plan.shell()
+    job = worker_job(cfg, 2, str(tmp_path))
+    req = job.request
+    assert (req.cpu, req.nproc_per_node, req.gpus, req.module) == (True, 2, None, True)
+    assert req.script == "torchrig.bench.worker"
+    assert req.script_args == ("--config", job.config_path, "--out", job.out_path)
+    host = HostFacts(visible_gpus=(), cpu_count=4, python="/usr/bin/python3", env={})
+    plan = build_plan(req, host, free_port=29999)
+    assert plan.argv[:3] == ("/usr/bin/python3", "-m", "torch.distributed.run")
+    assert "--nproc-per-node=2" in plan.argv and plan.backend == "gloo"
+    tail = plan.argv[plan.argv.index("torchrig.launch.worker") :]
+    assert tail[:3] == ("torchrig.launch.worker", "--module", "torchrig.bench.worker")
+    assert plan.env["TORCHRIG_LOG_DIR"] == str(tmp_path / "logs")
     assert dict(os.environ) == before
+
+
+def test_the_gpu_workers_run_on_the_gpus_placement_chose(tmp_path):
+    cfg = make_config(device_kind="cuda", quick=True)
+    job = worker_job(cfg, 2, str(tmp_path), gpus="1,3", force=True)
+    assert (job.request.cpu, job.request.nproc_per_node, job.request.gpus) == (False, None, "1,3")
+    assert job.request.force
+    host = HostFacts(visible_gpus=(0, 1, 2, 3), cpu_count=8, python="python3", env={})
+    plan = build_plan(job.request, host, free_port=29999)
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "1,3" and plan.backend == "nccl" and plan.nproc_per_node == 2
 
 
 def test_group_sizes_and_rotation():

@@ -11,15 +11,8 @@ import sys
 from pathlib import Path
 
 from torchrig.launch import flightrec, probe
-from torchrig.launch.summary import (
-    Frame,
-    RankLog,
-    parse_traceback,
-    summarize_failure,
-    summarize_hang,
-    tail,
-    where_of,
-)
+from torchrig.launch.ranklog import Frame, RankLog, parse_traceback, tail, where_of
+from torchrig.launch.summary import summarize_failure, summarize_hang
 
 TRACEBACK = """\
 [rank1]: Traceback (most recent call last):

@@ -207,7 +207,7 @@ def test_a_rank_whose_recorder_was_off_writes_nothing(tmp_path):
 
 
 def test_parse_stack_skips_the_flight_record_thread():
-    from torchrig.launch.summary import parse_stack, user_frame
+    from torchrig.launch.ranklog import parse_stack, user_frame
 
     # Recorded: rank 0's SIGUSR1 dump in the gloo hang above, the helper thread listed first.
     text = (FIX / "gloo-2rank-rank1-sleeps-flight-record" / "stack.txt").read_text()

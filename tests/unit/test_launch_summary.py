@@ -8,16 +8,8 @@ from pathlib import Path
 import pytest
 
 from torchrig.launch import logs
-from torchrig.launch.summary import (
-    Frame,
-    RankLog,
-    in_collective,
-    parse_stack,
-    render,
-    summarize_failure,
-    summarize_hang,
-    user_frame,
-)
+from torchrig.launch.ranklog import Frame, RankLog, in_collective, parse_stack, user_frame
+from torchrig.launch.summary import render, summarize_failure, summarize_hang
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 
@@ -129,7 +121,7 @@ Current thread 0x00007f00 (most recent call first):
 
 
 def test_lost_peer_named_in_both_gloo_forms():
-    from torchrig.launch.summary import lost_peers
+    from torchrig.launch.ranklog import lost_peers
 
     # Seen in the two-namespace run: which form gloo prints depends on which side saw the reset first.
     assert lost_peers(

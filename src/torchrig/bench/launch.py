@@ -1,125 +1,165 @@
-"""Starting the workers: a plan (the torchrun command line and environment), then its execution.
+"""Starting the workers through the launch API, the one torchrun launcher of ``torchrig launch`` and ``train``.
 
-The plan is plain data (``--dry-run`` prints it); :func:`execute` runs it as a subprocess —
-``python -m torch.distributed.run --standalone --nproc-per-node N -m torchrig.bench.worker`` — reads the
-workers' progress lines from their stderr, and loads rank 0's JSON. The parent's environment is never
-changed: the child gets a copy with ``PYTHONPATH`` extended so it imports this same torchrig.
+The workers are a launch request (:func:`worker_job`): ``torchrig.bench.worker`` as the module each rank
+runs, on the GPUs placement chose (or gloo ranks on the CPU). :func:`run_workers` hands it to
+:func:`torchrig.launch.launch`, so the bench gets launch's plan (``--dry-run`` prints it), its pre-flight
+checks, its supervision and its failure summary: a rank that dies is reported with which rank it was, why it
+ended and its last lines, not as torchrun's exit status. The process-group check runs *before* the workers,
+not beside them as for a training job: it would share the GPUs and CPUs the bench is measuring.
+
+Rank 0's progress lines (``PROGRESS_TAG``, on its stderr) drive the live display; the rest of the output goes
+to ``on_line`` (``--debug``) or nowhere, as the failure summary reads the rank logs. The logs live in a folder
+of their own, removed after a run that succeeded and kept (the summary names it) after one that failed.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
-import os
-import pathlib
-import subprocess
+import shutil
 import sys
+import tempfile
+import threading
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torchrig
 from torchrig.bench.config import BenchConfig
 from torchrig.bench.records import Measurements, measurements_from_json
 from torchrig.bench.worker import PROGRESS_TAG
 from torchrig.errors import JobFailed
-from torchrig.launch import guard
+from torchrig.launch.plan import TEE_PREFIX, LaunchRequest
+
+if TYPE_CHECKING:
+    from torchrig.launch.run import LaunchReport
+
+WORKER_MODULE = "torchrig.bench.worker"
+RDZV_ID = "torchrig-bench"
 
 
 @dataclasses.dataclass(frozen=True)
-class LaunchPlan:
-    argv: tuple[str, ...]
-    env_additions: dict[str, str]
-    nproc: int
+class WorkerJob:
+    """The workers as a launch request, and the files they read and write."""
+
+    request: LaunchRequest
     config_path: str
     out_path: str
 
-    def shell(self) -> str:
-        import shlex
 
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_additions.items())
-        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
-
-
-def plan_launch(
+def worker_job(
     cfg: BenchConfig,
     nproc: int,
     workdir: str,
-    python: str = sys.executable,
     *,
-    visible_devices: str | None = None,
-) -> LaunchPlan:
-    """The workers' command; ``visible_devices``: the GPUs placement chose (``CUDA_VISIBLE_DEVICES``)."""
-    config_path = str(pathlib.Path(workdir) / "bench-config.json")
-    out_path = str(pathlib.Path(workdir) / "measurements.json")
-    src = str(pathlib.Path(torchrig.__file__).resolve().parents[1])
-    pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
-    argv = (
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "torchrig.bench.worker",
-        "--config",
-        config_path,
-        "--out",
-        out_path,
+    gpus: str | None = None,
+    force: bool = False,
+) -> WorkerJob:
+    """The workers' launch request: ``nproc`` gloo ranks on the CPU path, else one rank on each of ``gpus``
+    (the physical ids placement chose; ``--force`` as the user gave it). The logs go to ``workdir/logs``
+    here; :func:`run_workers` gives them a folder that outlives the workdir."""
+    config_path = str(Path(workdir) / "bench-config.json")
+    out_path = str(Path(workdir) / "measurements.json")
+    cpu = cfg.device_kind != "cuda"
+    request = LaunchRequest(
+        script=WORKER_MODULE,
+        module=True,
+        script_args=("--config", config_path, "--out", out_path),
+        cpu=cpu,
+        nproc_per_node=nproc if cpu else None,
+        gpus=None if cpu else gpus,
+        force=force,
+        rdzv_id=RDZV_ID,
+        log_dir=str(Path(workdir) / "logs"),
     )
-    env = {"PYTHONPATH": pythonpath}
-    if visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible_devices
-    return LaunchPlan(
-        argv=argv,
-        env_additions=env,
-        nproc=nproc,
-        config_path=config_path,
-        out_path=out_path,
-    )
+    return WorkerJob(request, config_path, out_path)
 
 
-def _failure_line(tail: collections.deque[str]) -> str:
-    for line in reversed(tail):
-        text = line.strip()
-        if text and ("Error" in text or "error:" in text) and not text.startswith(("File ", "raise ")):
-            return text[:300]
-    return tail[-1].strip()[:300] if tail else "no output"
+class _Console:
+    """Where launch's supervisor copies torchrun's and the ranks' output: progress lines drive the display,
+    the others go to ``on_line`` (or nowhere). Written to from two threads (torchrun's stdout and stderr)."""
+
+    def __init__(
+        self, on_progress: Callable[[int, int, str], None], on_line: Callable[[str], None] | None
+    ) -> None:
+        self._on_progress, self._on_line, self._lock = on_progress, on_line, threading.Lock()
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            body = TEE_PREFIX.sub("", line, count=1)  # torchrun's prefix on the rank's line
+            with self._lock:
+                if body.startswith(PROGRESS_TAG) and self._progress(body[len(PROGRESS_TAG) :]):
+                    continue
+                if self._on_line and line.strip():
+                    self._on_line(line)
+        return len(text)
+
+    def _progress(self, payload: str) -> bool:
+        try:
+            event = json.loads(payload)
+            done, total, label = int(event["done"]), int(event["total"]), str(event["label"])
+        except (ValueError, KeyError, TypeError):  # a line cut short: shown as it is
+            return False
+        self._on_progress(done, total, label)
+        return True
+
+    def flush(self) -> None:
+        pass
 
 
-def execute(
-    plan: LaunchPlan,
+def run_workers(
+    job: WorkerJob,
     cfg: BenchConfig,
     on_progress: Callable[[int, int, str], None],
     on_line: Callable[[str], None] | None = None,
 ) -> Measurements:
-    """Run the plan; ``on_progress(done, total, label)`` for each step, ``on_line`` for other output."""
-    pathlib.Path(plan.config_path).write_text(cfg.to_json())
-    env = dict(os.environ)
-    env.update(plan.env_additions)
-    tail: collections.deque[str] = collections.deque(maxlen=60)
-    # Under torchrig's launch guard, in a session of its own: a bench killed in any way takes torchrun and its
-    # workers with it, and Ctrl-C stops them through the guard (one SIGTERM for torchrun, bounded).
-    proc = guard.start(plan.argv, env=env, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
+    """Run the workers through the launch API; ``on_progress(done, total, label)`` for each step, ``on_line``
+    for the other output. A failed pre-flight or rank raises ``JobFailed`` after the summary is printed."""
+    from torchrig.launch import launch
+
+    Path(job.config_path).write_text(cfg.to_json())
+    # the logs outlive the bench's scratch folder: kept after a failure, for the summary names them
+    logs = tempfile.mkdtemp(prefix="torchrig-bench-logs-")
+    job = dataclasses.replace(job, request=dataclasses.replace(job.request, log_dir=logs))
+    say = (lambda line: on_line(f"torchrig launch: {line}")) if on_line else None
     try:
-        for line in proc.stdout:
-            if line.startswith(PROGRESS_TAG):
-                event = json.loads(line[len(PROGRESS_TAG) :])
-                on_progress(int(event["done"]), int(event["total"]), str(event["label"]))
-                continue
-            tail.append(line)
-            if on_line:
-                on_line(line.rstrip("\n"))
-    except BaseException:  # Ctrl-C, or a progress callback that failed: the workers must not run on
-        guard.stop(proc)
+        report = launch(job.request, progress=say, checks_beside=False, echo=_Console(on_progress, on_line))
+    except BaseException:  # refused before any rank ran, or interrupted: nothing worth keeping
+        shutil.rmtree(logs, ignore_errors=True)
         raise
-    code = proc.wait()
-    if code != 0 or not pathlib.Path(plan.out_path).exists():
-        raise JobFailed(
-            f"bench workers failed (exit {code}): {_failure_line(tail)}",
-            hint="rerun with --debug to see the workers' output",
-        )
+    _raise_unless_done(report, job)
+    shutil.rmtree(logs, ignore_errors=True)
     from torchrig.inputfiles import read_json
 
-    return measurements_from_json(read_json(plan.out_path, "bench workers' result"))  # bounded, regular
+    return measurements_from_json(read_json(job.out_path, "bench workers' result"))  # bounded, regular
+
+
+def _raise_unless_done(report: LaunchReport, job: WorkerJob) -> None:
+    """Nothing when the workers ran to the end and rank 0 wrote its result; else the launcher's own words."""
+    blocking = [f for f in report.findings if f.severity.blocks]
+    if report.result is None and blocking:
+        f = blocking[0]
+        print(report.render_text(), file=sys.stderr, flush=True)  # the finding with its evidence
+        raise JobFailed(
+            f"bench workers not started: the pre-flight {f.id} check failed: {f.summary}",
+            hint="; ".join((*f.fix, f"logs: {job.request.log_dir}")),
+        )
+    r: Any = report.result
+    if r is not None and r.cancelled_by:  # the job is stopped: its logs tell nothing of a fault
+        shutil.rmtree(job.request.log_dir, ignore_errors=True)
+    if r is not None and r.cancelled_by == "SIGINT":
+        raise KeyboardInterrupt  # the CLI says "interrupted" and exits 130, as before
+    if r is not None and r.cancelled_by:
+        raise JobFailed(f"bench cancelled: {r.stop_reason}", hint="torchrun and the workers were stopped")
+    if r is not None and r.exit_code == 0 and Path(job.out_path).is_file():
+        return
+    print(report.render_text(), file=sys.stderr, flush=True)  # which rank, why, its last lines
+    if r is not None and r.summary is not None:
+        what = f"{r.summary.headline}; likely cause: {r.summary.likely_cause}"
+    elif r is not None and r.exit_code != 0:
+        what = f"torchrun exit {r.exit_code}"
+    else:
+        what = "rank 0 wrote no result"
+    raise JobFailed(
+        f"bench workers failed: {what}",
+        hint=f"the summary above gives each rank's last lines; logs: {job.request.log_dir}",
+    )

@@ -33,6 +33,9 @@ RECORDED_ENV = (
     "TORCH_SYMM_MEM_DISABLE_MULTICAST",
     "NVSHMEM_DISABLE_NVLS",
     "CUDA_VISIBLE_DEVICES",
+    # the launcher keeps NCCL's flight recorder on (torchrig.launch.envdefaults): a record per collective
+    "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
 )
 
 

@@ -7,10 +7,11 @@ broadcast, all_to_all, sendrecv) over a size sweep with algbw and busbw as nccl-
 (doc/PERFORMANCE.md), every result checked. Training scaling: 'torchrig train' itself (GPT-2 small,
 bf16, compiled) on 1, 2, 4 ... N GPUs and the scaling efficiency, so the figure is the trainer's own.
 
-Workers start through torchrun (torch.distributed.run), one process per GPU. Every figure is shown as a
-percentage of the GPU's datasheet peak from the knowledge base and graded pass / warn / fail; a GPU pair
-far below its link is flagged and points to 'torchrig doctor'. Without a GPU the same code runs on the CPU
-with gloo at small sizes and the grading says 'no GPU'.
+Workers start through torchrun (torch.distributed.run), one process per GPU, by the launcher of 'torchrig
+launch': its pre-flight checks run first, and a worker that dies is named with its cause and last lines.
+Every figure is shown as a percentage of the GPU's datasheet peak from the knowledge base and graded
+pass / warn / fail; a GPU pair far below its link is flagged and points to 'torchrig doctor'. Without a
+GPU the same code runs on the CPU with gloo at small sizes and the grading says 'no GPU'.
 
 Exit status: 0 when nothing failed, 1 when a figure failed its grade or a result was wrong, 2 on bad usage.
 
@@ -171,32 +172,41 @@ def run(args: argparse.Namespace) -> Any:
     cfg = make_config(device_kind=kind, quick=args.quick, command_line=command_line, **chosen)
     nproc = len(placed.gpus) if placed is not None else (args.nproc or (count if kind == "cuda" else 2))
     from torchrig.bench.config import Part
-    from torchrig.bench.launch import execute, plan_launch
+    from torchrig.bench.launch import run_workers, worker_job
 
-    visible = ",".join(map(str, placed.gpus)) if placed is not None else None
-    for line in placed.forced if placed is not None else ():
-        print(f"torchrig bench: warning: --force: taking {line}", file=sys.stderr, flush=True)
+    gpus = ",".join(map(str, placed.gpus)) if placed is not None else None
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
-        plan = plan_launch(cfg, nproc, work, visible_devices=visible)
+        job = worker_job(cfg, nproc, work, gpus=gpus, force=bool(args.force))
         if args.dry_run:
-            from torchrig.report import SimpleReport
-
-            return SimpleReport(
-                {
-                    "plan": {"argv": list(plan.argv), "env": plan.env_additions, "nproc": nproc},
-                    "forced_gpus": list(placed.forced if placed is not None else ()),
-                    "config": __import__("json").loads(cfg.to_json()),
-                },
-                plan.shell(),
-            )
+            return _dry_run(job, cfg)
         if kind == "cpu":
             print("torchrig: no GPU in use: running the CPU/gloo path at small sizes", file=sys.stderr)
         on_line = (lambda line: print(line, file=sys.stderr)) if args.debug else None
         with ProgressDisplay() as display:
-            m = execute(plan, cfg, display.update, on_line)
+            m = run_workers(job, cfg, display.update, on_line)
             if Part.SCALING.value in cfg.parts:
-                m = _scaling(m, cfg, nproc, work, display, on_line, plan.env_additions, bool(args.force))
+                env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
+                m = _scaling(m, cfg, nproc, work, display, on_line, env, bool(args.force))
     return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
+
+
+def _dry_run(job: Any, cfg: Any) -> Any:
+    """The workers' plan, by the launch API's own dry run (the same function, stopped before acting)."""
+    import json
+
+    from torchrig.launch import launch
+    from torchrig.report import SimpleReport
+
+    plan = launch(job.request, dry_run=True, progress=None).plan
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
+    return SimpleReport(
+        {
+            "plan": {"argv": list(plan.argv), "env": plan.env, "nproc": plan.nproc_per_node},
+            "forced_gpus": list(plan.forced_gpus),
+            "config": json.loads(cfg.to_json()),
+        },
+        f"{env} {shlex.join(plan.argv)}",
+    )
 
 
 def _placed(args: argparse.Namespace) -> Any | None:

@@ -17,6 +17,7 @@ from torchrig.cluster import fields
 from torchrig.errors import UsageError
 from torchrig.launch import options
 from torchrig.launch.envdefaults import defaults_for
+from torchrig.launch.plan import RANK_LOG_FLAGS
 
 NAME_MAX = 52  # a DNS label of 63, less room for the suffixes the controllers add to pod names
 # Set by `torchrig launch` on each node from that node's core count (and by torchrun to 1 when unset), so
@@ -223,10 +224,9 @@ def _torchrun_argv(
     argv += [
         f"--max-restarts={job.max_restarts}",
         # Per-rank stdout/stderr files under the log dir and a rank-prefixed copy on the console, as
-        # `torchrig launch` does.
+        # `torchrig launch` does (its own flags).
         _flag("--log-dir", log_dir),
-        "--redirects=3",
-        "--tee=3",
+        *RANK_LOG_FLAGS,
     ]
     if job.module:
         argv.append("-m")

@@ -1,6 +1,6 @@
 """Run a script on 1..N GPUs and nodes through ``torch.distributed.run``: plan, pre-flight, run, summary.
 
-The API every front end calls (``torchrig launch``, ``torchrig train``)::
+The API every front end calls (``torchrig launch``, ``torchrig train``, ``torchrig bench``'s workers)::
 
     from torchrig.launch import LaunchRequest, launch
     report = launch(LaunchRequest(script="train.py", gpus="all"))   # -> run.LaunchReport
@@ -16,10 +16,12 @@ The pieces, each usable on its own (``torchrig cluster`` calls the plan's):
 - ``preflight.check_*`` — findings ``(id, severity, summary, cause, fix, evidence)``: gpus, port, p2p,
   process-group (a real all_reduce on every rank through torchrun).
 - ``supervise.execute(plan) -> LaunchResult`` — runs torchrun with the plan, watches for hangs
-  (``plan.hang_timeout_s``), and on failure reads the rank logs into ``summary.FailureSummary``.
+  (``plan.hang_timeout_s``), and on failure reads the rank logs into ``summary.FailureSummary``: who failed
+  first and what the others were doing (``summary``), why each rank ended (``causes``, one small rule per kind
+  of ending), from what each rank's log says (``ranklog``).
 - ``worker`` — the shim each rank starts in (header line, stack dumps on SIGUSR1/SIGTERM, error file).
 - ``guard`` — the process between the launcher and torchrun: one SIGTERM for torchrun however many stops
-  come, SIGKILL for what is left after the grace, no orphaned rank (also used by ``torchrig bench``).
+  come, SIGKILL for what is left after the grace, no orphaned rank (also around bench's scaling runs).
 
 - ``run.launch(LaunchRequest) -> LaunchReport`` — the steps above in order; the process-group check runs
   beside the job on one node.

@@ -24,7 +24,7 @@ from typing import Any
 from torchrig import safepickle
 from torchrig.errors import InputError
 from torchrig.inputfiles import read_bytes
-from torchrig.launch.summary import Frame, user_frame
+from torchrig.launch.ranklog import Frame, user_frame
 
 PREFIX = "nccl_trace_rank_"  # + global rank: PyTorch's file name for a dump, and what torchfrtrace reads
 _RANK_RE = re.compile(rf"{PREFIX}(\d+)$")
@@ -154,7 +154,7 @@ def _group_of(entry: Mapping[str, Any]) -> str:
 
 
 def _where(frames: Any) -> str | None:
-    """The caller's innermost frame in user code, as the stack summary picks it (``summary.user_frame``)."""
+    """The caller's innermost frame in user code, as the stack summary picks it (``ranklog.user_frame``)."""
     stack = tuple(
         Frame(_text(f.get("filename"), ""), _int(f.get("line"), 0), _text(f.get("name")))
         for f in _items(frames, MAX_FRAMES)
@@ -273,13 +273,16 @@ def _find(states: Mapping[int, GroupState], seq: int) -> Call | None:
     return None
 
 
+GroupFinding = tuple[int, str, tuple[int, ...], str, tuple[int, ...]]
+
+
 def _group_finding(
     pg: str,
     states: dict[int, GroupState],
     expected: tuple[int, ...] | None,
     label: str,
     present: set[int] | None = None,
-) -> tuple[int, str, tuple[int, ...], str, tuple[int, ...]] | None:
+) -> GroupFinding | None:
     """(severity, headline, culprits, detail, waiting ranks) for one group, or None when nothing is pending in it.
     Severity orders the findings across groups: a named culprit first, then a desync, then a stuck call.
     ``present``: the ranks that ran here (the others' records are on their own nodes)."""
@@ -292,26 +295,43 @@ def _group_finding(
     detail = f"{label}: {positions}" + (f"; no record from {_names(missing)}" if missing else "")
     if not waiting:
         return None
+    return _never_called(states, label, detail) or _desync_or_pending(states, waiting, missing, label, detail)
+
+
+def _never_called(states: dict[int, GroupState], label: str, detail: str) -> GroupFinding | None:
+    """Some ranks called fewer collectives than the others: they never called the one the others wait in."""
     top = max(st.enqueued for st in states.values())
     behind = sorted(r for r, st in states.items() if st.enqueued < top)
-    if behind:
-        ahead = sorted(r for r, st in states.items() if st.enqueued == top)
-        first = min(states[r].enqueued for r in behind) + 1
-        call = _find({r: states[r] for r in ahead}, first)
-        last = {r: states[r].enqueued for r in behind}
-        lasts = ", ".join(f"rank {r} last called #{n}" for r, n in sorted(last.items()))
-        what, at = (str(call), call.at()) if call else (f"#{first}", "")
-        return (
-            0,
-            f"{_names(behind)} never called collective {what} of {label}, which {_names(ahead)} "
-            f"{_verb(ahead, 'waits', 'wait')} in{at} ({lasts})",
-            tuple(behind),
-            detail,
-            tuple(ahead),
-        )
-    # Every rank called the same number of collectives: do they agree on the first pending one?
+    if not behind:
+        return None
+    ahead = sorted(r for r, st in states.items() if st.enqueued == top)
+    first = min(states[r].enqueued for r in behind) + 1
+    call = _find({r: states[r] for r in ahead}, first)
+    last = {r: states[r].enqueued for r in behind}
+    lasts = ", ".join(f"rank {r} last called #{n}" for r, n in sorted(last.items()))
+    what, at = (str(call), call.at()) if call else (f"#{first}", "")
+    return (
+        0,
+        f"{_names(behind)} never called collective {what} of {label}, which {_names(ahead)} "
+        f"{_verb(ahead, 'waits', 'wait')} in{at} ({lasts})",
+        tuple(behind),
+        detail,
+        tuple(ahead),
+    )
+
+
+def _desync_or_pending(
+    states: dict[int, GroupState],
+    waiting: dict[int, GroupState],
+    missing: list[int],
+    label: str,
+    detail: str,
+) -> GroupFinding:
+    """Every rank called the same number of collectives: do they agree on the first pending one? If they do,
+    a rank without a record is the culprit; else the call is stuck (on the GPU or on the link)."""
     first = min(st.completed for st in waiting.values()) + 1
     seen = {r: c for r, st in states.items() for c in st.calls if c.seq == first}
+    pending = tuple(sorted(waiting))
     if len({(c.op, c.shapes) for c in seen.values()}) > 1:
         calls = "; ".join(f"rank {r}: {c.op} {c.shapes}{c.at()}" for r, c in sorted(seen.items()))
         return (
@@ -319,7 +339,7 @@ def _group_finding(
             f"the ranks called collective #{first} of {label} differently ({calls}): a desync",
             (),
             detail,
-            tuple(sorted(waiting)),
+            pending,
         )
     call = next(iter(seen.values()), None)
     what, at = (str(call), call.at()) if call else (f"#{first}", "")
@@ -330,26 +350,29 @@ def _group_finding(
             f"{_names(missing)} left no flight record (died, or hung where it could not write one)",
             tuple(missing),
             detail,
-            tuple(sorted(waiting)),
+            pending,
         )
-    nccl = call is not None and call.op.startswith("nccl:")
-    not_started = sorted(r for r, st in waiting.items() if nccl and st.started < first)
-    if not_started and len(not_started) == len(states):
-        why = "it never started on the GPU: the work queued ahead of it there has not finished"
-    elif not_started:
-        why = (
-            f"it never started on {_names(not_started)}'s GPU (the work queued ahead of it there has not "
-            "finished), while the others wait for it"
-        )
-    else:
-        why = "every rank called it and it did not complete: a slow or stuck link, or a peer outside the records"
+    why = _why_stuck(states, waiting, call, first)
     return (
         2,
         f"collective {what} of {label}{at} is pending on {_names(sorted(waiting))}: {why}",
         (),
         detail,
-        tuple(sorted(waiting)),
+        pending,
     )
+
+
+def _why_stuck(states: dict[int, GroupState], waiting: dict[int, GroupState], call: Any, first: int) -> str:
+    nccl = call is not None and call.op.startswith("nccl:")
+    not_started = sorted(r for r, st in waiting.items() if nccl and st.started < first)
+    if not_started and len(not_started) == len(states):
+        return "it never started on the GPU: the work queued ahead of it there has not finished"
+    if not_started:
+        return (
+            f"it never started on {_names(not_started)}'s GPU (the work queued ahead of it there has not "
+            "finished), while the others wait for it"
+        )
+    return "every rank called it and it did not complete: a slow or stuck link, or a peer outside the records"
 
 
 def analyze(

@@ -103,6 +103,27 @@ def _physical(found: GpuProbe, env: Mapping[str, str]) -> tuple[tuple[int, ...],
     return ids, {(ids[i], ids[j]) for i, j in found.no_p2p if i < len(ids) and j < len(ids)}
 
 
+def _p2p_finding(
+    blocked: set[tuple[int, int]], chosen: list[int], plan: LaunchPlan, env: Mapping[str, str]
+) -> Finding | None:
+    """A WARNING when torch finds a pair of the job's GPUs without P2P that NVML said had it (and the job
+    runs without NCCL_P2P_DISABLE); None otherwise."""
+    p2p_off = any(e.name == "NCCL_P2P_DISABLE" for e in plan.env_settings) or "NCCL_P2P_DISABLE" in env
+    new = sorted((i, j) for i, j in blocked if i in chosen and j in chosen)
+    if not new or p2p_off:
+        return None
+    i, j = new[0]
+    return Finding(
+        "cuda",
+        Severity.WARNING,
+        f"torch: GPU {i} cannot access GPU {j}'s memory, where NVML said it could; this job runs "
+        "without NCCL_P2P_DISABLE, the next launch sets it",
+        cause="NCCL asks CUDA the same question and sends that pair's traffic through host memory",
+        fix=("expect lower all_reduce bandwidth; check IOMMU/ACS settings ('torchrig doctor')",),
+        evidence=(f"torch.cuda.can_device_access_peer: False for {len(new)} pair(s)", NCCL_P2P_CHECK),
+    )
+
+
 def judge(planned: GpuProbe, found: GpuProbe, plan: LaunchPlan, env: Mapping[str, str]) -> Finding:
     """torch's answer (``found``, from the ranks' interpreter) against NVML's (``planned``) that the job
     started on: ERROR when torch cannot use a GPU the ranks were given (the job is stopped), WARNING when the
@@ -139,19 +160,9 @@ def judge(planned: GpuProbe, found: GpuProbe, plan: LaunchPlan, env: Mapping[str
             fix=fix_torch,
             evidence=(f"torch.cuda.device_count() = {found.count}", listed),
         )
-    p2p_off = any(e.name == "NCCL_P2P_DISABLE" for e in plan.env_settings) or "NCCL_P2P_DISABLE" in env
-    new = sorted((i, j) for i, j in blocked if i in chosen and j in chosen)
-    if new and not p2p_off:
-        i, j = new[0]
-        return Finding(
-            "cuda",
-            Severity.WARNING,
-            f"torch: GPU {i} cannot access GPU {j}'s memory, where NVML said it could; this job runs "
-            "without NCCL_P2P_DISABLE, the next launch sets it",
-            cause="NCCL asks CUDA the same question and sends that pair's traffic through host memory",
-            fix=("expect lower all_reduce bandwidth; check IOMMU/ACS settings ('torchrig doctor')",),
-            evidence=(f"torch.cuda.can_device_access_peer: False for {len(new)} pair(s)", NCCL_P2P_CHECK),
-        )
+    p2p = _p2p_finding(blocked, chosen, plan, env)
+    if p2p is not None:
+        return p2p
     if found.count != planned.count:
         return Finding(
             "cuda",

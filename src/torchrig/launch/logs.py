@@ -1,4 +1,4 @@
-"""Read what torchrun leaves on disk and on its console into ``summary.RankLog`` records.
+"""Read what torchrun leaves on disk and on its console into ``ranklog.RankLog`` records.
 
 torchrun's ``--log-dir D`` layout: ``D/<rdzv_id>_<suffix>/attempt_<k>/<local_rank>/{stdout,stderr}.log``
 and ``error.json`` (written by torchelastic's ``record`` when a rank raises).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchrig.errors import InputError
 from torchrig.inputfiles import open_regular, read_from, read_head, read_json, read_proc
-from torchrig.launch.summary import RankLog, parse_header, parse_stack
+from torchrig.launch.ranklog import RankLog, parse_header, parse_stack
 
 OUTPUT_LOG = "output.log"  # the worker's merged, timestamped stream (``worker.OUTPUT_LOG``)
 # in an error file's extraInfo: the worker wrote it (a caught exception, or a failing sys.exit), with the status

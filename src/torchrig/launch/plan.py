@@ -33,6 +33,12 @@ _ENDPOINT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+)(?::(?P<
 _ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+# torchrun's options for the per-rank logs: stdout and stderr in files under --log-dir (which the failure
+# summary reads), and a copy on the console prefixed by rank. `torchrig cluster`'s plain torchrun renders them too.
+RANK_LOG_FLAGS = ("--redirects=3", "--tee=3")
+# what --tee puts in front of a rank's line on torchrun's console: "[default0]:" (or "[rank0]:")
+TEE_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
+
 FLIGHT_RECORD_REQUEST = (
     ".flight-record-request"  # + ".<attempt>": the launcher asks the ranks for their records
 )
@@ -238,6 +244,18 @@ def _rank_plans(req: LaunchRequest, gpus: tuple[int, ...], nproc: int) -> tuple[
 def _env(
     req: LaunchRequest, host: HostFacts, gpus: tuple[int, ...], nproc: int
 ) -> tuple[dict[str, str], tuple[EnvSetting, ...]]:
+    """The environment the ranks get on top of the parent's, and each setting with its reason."""
+    settings = _host_settings(host, gpus, nproc) + _torchrig_settings(req, host, gpus)
+    for k, v in req.extra_env:
+        settings.append(EnvSetting(k, v, "given with --env", None))
+    env = {s.name: s.value for s in settings if not s.overridden_by_user}
+    env.update(dict(req.extra_env))
+    return env, tuple(settings)
+
+
+def _host_settings(host: HostFacts, gpus: tuple[int, ...], nproc: int) -> list[EnvSetting]:
+    """The field's defaults (each with its reason), and what this host's GPUs need: P2P off for a pair
+    that cannot use it, the chosen GPUs."""
     settings: list[EnvSetting] = []
     omp = max(1, host.cpu_count // max(1, nproc))
     for d in defaults_for(uses_nccl=bool(gpus), omp_threads=omp, torch_version=host.torch_version):
@@ -266,7 +284,12 @@ def _env(
                 None,
             )
         )
-    settings.append(
+    return settings
+
+
+def _torchrig_settings(req: LaunchRequest, host: HostFacts, gpus: tuple[int, ...]) -> list[EnvSetting]:
+    """What torchrig's own parts read in the ranks: the collective timeout, where logs and flight records go."""
+    settings = [
         EnvSetting(
             "TORCHRIG_COLLECTIVE_TIMEOUT_S",
             str(req.collective_timeout_s),
@@ -274,7 +297,7 @@ def _env(
             "init_process_group (read it in your script too)",
             None,
         )
-    )
+    ]
     if gpus:
         old, renamed = FR_DUMP_FILE
         settings.append(
@@ -298,11 +321,7 @@ def _env(
             None,
         )
     )
-    for k, v in req.extra_env:
-        settings.append(EnvSetting(k, v, "given with --env", None))
-    env = {s.name: s.value for s in settings if not s.overridden_by_user}
-    env.update(dict(req.extra_env))
-    return env, tuple(settings)
+    return settings
 
 
 def _torchrun_argv(
@@ -328,10 +347,8 @@ def _torchrun_argv(
         f"--rdzv-conf={','.join(conf)}",
         f"--max-restarts={max_restarts}",
         f"--monitor-interval={req.monitor_interval_s:g}",
-        # Per-rank stdout/stderr files under the log dir, and a copy on the console (prefixed by rank).
         f"--log-dir={req.log_dir}",
-        "--redirects=3",
-        "--tee=3",
+        *RANK_LOG_FLAGS,
         # Every worker starts in torchrig's thin shim: stack dumps on demand, error file, then the script.
         "-m",
         "torchrig.launch.worker",

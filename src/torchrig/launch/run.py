@@ -21,6 +21,7 @@ GPUs the job was given, the job is stopped with that finding; if it agrees, its 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torchrig.errors import UsageError
 from torchrig.findings import Finding, Severity
@@ -38,6 +39,14 @@ from torchrig.launch.plan import HostFacts, LaunchPlan, LaunchRequest, build_pla
 from torchrig.report import jsonable, table
 
 Progress = Callable[[str], None]
+
+
+class Echo(Protocol):
+    """Where the job's output is copied, line by line: a text stream, or a reader of the lines."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -227,56 +236,71 @@ def launch(
     preflight: bool = True,
     preflight_timeout_s: int = 60,
     progress: Progress | None = _stderr,
+    checks_beside: bool = True,
+    echo: Echo | None = None,
 ) -> LaunchReport:
-    """Plan, check and run the job; ``progress`` gets one line per step (None: silent)."""
+    """Plan, check and run the job; ``progress`` gets one line per step (None: silent). ``checks_beside``
+    False runs the process-group check before the job even on one node (a benchmark must not share its GPUs
+    and CPUs with it); ``echo`` gets torchrun's and the ranks' output (default stderr)."""
     from torchrig.launch.supervise import execute
 
     say = progress or (lambda _line: None)
+    beside_job = checks_beside and beside(req)
     # NVML may stand in for torch's GPU probe where that probe can then run beside the job: one node, with
     # the pre-flight on (it is one of its checks).
-    plan, names, pending = _plan(req, nvml_first=preflight and beside(req))
+    plan, names, pending = _plan(req, nvml_first=preflight and beside_job)
     for line in plan.forced_gpus:  # out loud, whatever the progress callback: someone else's GPU
         print(f"torchrig launch: warning: --force: taking {line}", file=sys.stderr, flush=True)
     if dry_run:
         return LaunchReport(plan, (), None, True)
-    # Say so now, not after a rendezvous: every rank would fail the same way.
-    if not req.module and not Path(req.script).is_file():
-        raise UsageError(f"no script at {req.script}", hint="check the path, or pass -m for a module name")
-    if req.module and not _module_exists(req.script):
-        raise UsageError(
-            f"no module named {req.script}", hint="check the name and that its package is installed"
-        )
+    _check_target(req)
     findings = [pf.check_gpus(plan, names), pf.check_port(plan), pf.check_p2p(plan)]
     for f in findings:
         say(f"pre-flight {f.id}: {f.severity.value}: {f.summary}")
     if any(f.severity.blocks for f in findings):
         return LaunchReport(plan, tuple(findings), None, False)
+    run = functools.partial(execute, plan, echo=echo or sys.stderr)
     if not preflight:
-        return LaunchReport(plan, tuple(findings), execute(plan), False)
-    if not beside(req):
+        return LaunchReport(plan, tuple(findings), run(), False)
+    if not beside_job:
         say(f"pre-flight process-group: all_reduce on {plan.world_size} rank(s) before the job...")
         found = pf.check_process_group(plan, preflight_timeout_s)
         say(f"pre-flight {found.id}: {found.severity.value}: {found.summary}")
         findings.append(found)
         if found.severity.blocks:
             return LaunchReport(plan, tuple(findings), None, False)
-        return LaunchReport(plan, tuple(findings), execute(plan), False)
+        return LaunchReport(plan, tuple(findings), run(), False)
+    # The checks start once the job's ranks are about to run the script: started with the job, they compete
+    # with its start-up for the CPU (on a 2-core machine the script's first line came up to 2 s later).
+    side = _Beside(_checks_beside(plan, pending, preflight_timeout_s, say), say, RANKS_UP_WAIT_S)
+    result = run(abort=side.failure, started=side.ranks_started)
+    side.job_ended()
+    findings += side.wait()
+    return LaunchReport(plan, tuple(findings), result, False)
+
+
+def _check_target(req: LaunchRequest) -> None:
+    """Say so now, not after a rendezvous: every rank would fail the same way."""
+    if not req.module and not Path(req.script).is_file():
+        raise UsageError(f"no script at {req.script}", hint="check the path, or pass -m for a module name")
+    if req.module and not _module_exists(req.script):
+        raise UsageError(
+            f"no module named {req.script}", hint="check the name and that its package is installed"
+        )
+
+
+def _checks_beside(
+    plan: LaunchPlan, pending: probe.GpuAnswer | None, timeout_s: int, say: Progress
+) -> list[Check]:
+    """The checks that run beside the job: torch's word on GPUs NVML chose, then the process group."""
     checks: list[Check] = []
     if pending is not None:
         answer = pending
         say("pre-flight cuda: the plan's GPUs came from NVML; torch checks them beside the job")
-        checks.append(
-            Check("cuda", lambda: pf.check_cuda(plan, answer, dict(os.environ), preflight_timeout_s))
-        )
+        checks.append(Check("cuda", lambda: pf.check_cuda(plan, answer, dict(os.environ), timeout_s)))
     say(f"pre-flight process-group: all_reduce on {plan.world_size} rank(s), beside the job")
-    checks.append(Check("process-group", lambda: pf.check_process_group(plan, preflight_timeout_s)))
-    # The checks start once the job's ranks are about to run the script: started with the job, they compete
-    # with its start-up for the CPU (on a 2-core machine the script's first line came up to 2 s later).
-    side = _Beside(checks, say, RANKS_UP_WAIT_S)
-    result = execute(plan, abort=side.failure, started=side.ranks_started)
-    side.job_ended()
-    findings += side.wait()
-    return LaunchReport(plan, tuple(findings), result, False)
+    checks.append(Check("process-group", lambda: pf.check_process_group(plan, timeout_s)))
+    return checks
 
 
 @dataclass(frozen=True)

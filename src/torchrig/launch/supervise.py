@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.launch import flightrec, guard, logs
-from torchrig.launch.plan import FLIGHT_RECORD_REQUEST, LaunchPlan
+from torchrig.launch.plan import FLIGHT_RECORD_REQUEST, TEE_PREFIX, LaunchPlan
 from torchrig.launch.summary import (
     RDZV_TIMEOUT,
     FailureSummary,
@@ -64,9 +64,6 @@ class Stop:
     flight: flightrec.FlightVerdict | None = None  # the records read before the stop (stopped-rank)
 
 
-_RANK_LINE = re.compile(r"^\[(?:rank|default)\d+\]:")  # torchrun's tee prefix of a rank's own line
-
-
 _HEADER_LINE = re.compile(
     r"^\[(?:rank|default)(\d+)\]:torchrig-worker: rank="
 )  # a rank's shim is about to run the script
@@ -100,9 +97,9 @@ def _pump(stream, sink, keep: collections.deque, started: _Started | None = None
         keep.append(line)
         if started is not None:
             started.saw(line)
-        if not _RANK_LINE.match(line) and line.startswith("Traceback (most recent call last):"):
+        if not TEE_PREFIX.match(line) and line.startswith("Traceback (most recent call last):"):
             own_report = True
-        if own_report and not _RANK_LINE.match(line):
+        if own_report and not TEE_PREFIX.match(line):
             continue
         sink.write(line)
         sink.flush()
@@ -151,37 +148,11 @@ def _watch(
       writes only to TensorBoard is never stopped by default;
     - past the wall timeout ("wall-timeout", the pre-flight's deadline).
     """
-    last_mark, last_change = (0, 0.0), time.monotonic()
-    tail, tail_of = logs.LogTail(), None
-    nccl: tuple[float, str] | None = None  # when the current attempt's first NCCL timeout was seen, and where
-    stopped_since: dict[int, float] = {}  # pid -> when it was first seen stopped
+    w = _Watch(time.monotonic())
     while proc.poll() is None:
         time.sleep(0.5)
-        found = logs.run_dirs(log_dir, plan.rdzv_id, start)
-        run_dir = found[-1] if found else None
-        mark, now = logs.activity_mark(run_dir), time.monotonic()
-        if mark != last_mark:
-            last_mark, last_change = mark, now
-        att = logs.attempts(run_dir) if run_dir else []
-        stop: Stop | None = None
-        if att and att[-1] != tail_of:  # a new attempt (a restart): watch its logs afresh
-            tail, tail_of, nccl, stopped_since = logs.LogTail(), att[-1], None, {}
-        if plan.nccl_timeout_grace_s and att:
-            if nccl is None and (hit := tail.find(att[-1], logs.NCCL_WATCHDOG_TIMEOUT)):
-                nccl = (now, _rank_name(att[-1], hit[0]))
-            if nccl and now - nccl[0] > plan.nccl_timeout_grace_s:
-                stop = Stop(
-                    "nccl-timeout",
-                    f"{nccl[1]}'s NCCL watchdog caught a collective timeout and the job was still running "
-                    f"{plan.nccl_timeout_grace_s} s later (--nccl-timeout-grace)",
-                )
-        if plan.stopped_grace_s and att and stop is None:
-            stop = _stopped_rank(plan, log_dir, att[-1], stopped_since, now)
-        if plan.hang_timeout_s and run_dir and now - last_change > plan.hang_timeout_s and stop is None:
-            stop = Stop(
-                "hang-timeout",
-                f"no rank wrote to its log for {plan.hang_timeout_s} s (--hang-timeout, as asked)",
-            )
+        att, now = w.look(log_dir, plan.rdzv_id, start)
+        stop = _hang_stop(plan, log_dir, w, att, now)
         if abort is not None and (why := abort()):
             _stop(proc)  # not a hang: no records or stacks to gather
             return Stop("preflight", why)
@@ -196,6 +167,55 @@ def _watch(
             _stop(proc)
             return stop
     return None
+
+
+class _Watch:
+    """What the watcher has seen of the current attempt: when a rank last wrote, the first NCCL timeout, the
+    ranks stopped by a signal. A new attempt (a restart) is watched afresh."""
+
+    def __init__(self, now: float) -> None:
+        self.last_mark, self.last_change = (0, 0.0), now
+        self.run_dir: Path | None = None
+        self.tail = logs.LogTail()
+        self.tail_of: Path | None = None  # the attempt whose logs ``tail`` reads
+        self.nccl: tuple[float, str] | None = (
+            None  # when the attempt's first NCCL timeout was seen, and where
+        )
+        self.stopped_since: dict[int, float] = {}  # pid -> when it was first seen stopped
+
+    def look(self, log_dir: Path, rdzv_id: str, start: float) -> tuple[list[Path], float]:
+        """The run's attempts so far, and now (monotonic)."""
+        found = logs.run_dirs(log_dir, rdzv_id, start)
+        self.run_dir = found[-1] if found else None
+        mark, now = logs.activity_mark(self.run_dir), time.monotonic()
+        if mark != self.last_mark:
+            self.last_mark, self.last_change = mark, now
+        att = logs.attempts(self.run_dir) if self.run_dir else []
+        if att and att[-1] != self.tail_of:
+            self.tail, self.tail_of, self.nccl, self.stopped_since = logs.LogTail(), att[-1], None, {}
+        return att, now
+
+
+def _hang_stop(plan: LaunchPlan, log_dir: Path, w: _Watch, att: list[Path], now: float) -> Stop | None:
+    """A Stop when the evidence says the job hangs (in ``_watch``'s order), else None."""
+    stop: Stop | None = None
+    if plan.nccl_timeout_grace_s and att:
+        if w.nccl is None and (hit := w.tail.find(att[-1], logs.NCCL_WATCHDOG_TIMEOUT)):
+            w.nccl = (now, _rank_name(att[-1], hit[0]))
+        if w.nccl and now - w.nccl[0] > plan.nccl_timeout_grace_s:
+            stop = Stop(
+                "nccl-timeout",
+                f"{w.nccl[1]}'s NCCL watchdog caught a collective timeout and the job was still running "
+                f"{plan.nccl_timeout_grace_s} s later (--nccl-timeout-grace)",
+            )
+    if plan.stopped_grace_s and att and stop is None:
+        stop = _stopped_rank(plan, log_dir, att[-1], w.stopped_since, now)
+    if plan.hang_timeout_s and w.run_dir and now - w.last_change > plan.hang_timeout_s and stop is None:
+        stop = Stop(
+            "hang-timeout",
+            f"no rank wrote to its log for {plan.hang_timeout_s} s (--hang-timeout, as asked)",
+        )
+    return stop
 
 
 def _stopped_rank(
@@ -296,6 +316,62 @@ def execute(
     log_dir = Path(plan.log_dir).absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
+    ran = _run_torchrun(plan, log_dir, start, echo, wall_timeout_s, abort, started)
+    _clear_requests(log_dir)
+    found = logs.run_dirs(log_dir, plan.rdzv_id, start)
+    run_dir = found[-1] if found else None
+    agent_log = None
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            (run_dir / "torchrun.log").write_text(ran.agent_text)
+            agent_log = str(run_dir / "torchrun.log")
+    records = flight_records(log_dir, start)
+    flight = _flight_verdict(ran, run_dir, records)
+    stopped = ran.stopped
+    if ran.cancelled:
+        result = LaunchResult(
+            exit_code=128 + signal.Signals[ran.cancelled].value,
+            attempts=len(logs.attempts(run_dir) if run_dir else []),
+            hung=False,
+            elapsed_s=round(time.time() - start, 2),
+            run_dir=str(run_dir) if run_dir else None,
+            summary=None,  # the ranks ended because the job was stopped, not by a fault of their own
+            earlier_failures=(),
+        )
+    else:
+        result = _result(plan, run_dir, ran.code, stopped, ran.agent_text, time.time() - start, flight)
+    return replace(
+        result,
+        flight_records=records,
+        flight=flight,
+        stopped_by=stopped.by if stopped else None,
+        stop_reason=stopped.reason if stopped else None,
+        agent_log=agent_log,
+        cancelled_by=ran.cancelled,
+    )
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """How torchrun ended: its exit status, why the watcher stopped it, the signal that cancelled the
+    launcher, and torchrun's own output."""
+
+    code: int
+    stopped: Stop | None
+    cancelled: str | None
+    agent_text: str
+
+
+def _run_torchrun(
+    plan: LaunchPlan,
+    log_dir: Path,
+    start: float,
+    echo: Any,
+    wall_timeout_s: float | None,
+    abort: Callable[[], str | None] | None,
+    started: Callable[[], None] | None,
+) -> _Ran:
+    """Start torchrun with the plan, copy its output to ``echo``, watch it to its end."""
     env = {**os.environ, **plan.env}
     # torchrun runs under a guard (``torchrig.launch.guard``): one stop signal for torchrun however many come,
     # a bounded stop, and no rank left behind.
@@ -329,46 +405,24 @@ def execute(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    agent_text = "".join(agent_out)
-    _clear_requests(log_dir)
-    found = logs.run_dirs(log_dir, plan.rdzv_id, start)
-    run_dir = found[-1] if found else None
-    agent_log = None
-    if run_dir is not None:
-        with contextlib.suppress(OSError):
-            (run_dir / "torchrun.log").write_text(agent_text)
-            agent_log = str(run_dir / "torchrun.log")
-    records = flight_records(log_dir, start)
-    att = logs.attempts(run_dir) if run_dir else []
-    here = (
-        {r.global_rank for r in logs.read_attempt(att[-1], {}) if r.global_rank is not None} if att else None
-    )
-    flight = None
-    if stopped is not None and stopped.flight is not None:
-        flight = stopped.flight  # what the records said before the stop, when the verdict rests on them
-    elif (code != 0 or stopped) and not cancelled:
-        flight = read_flight_records(records, here or None)
-    if cancelled:
-        result = LaunchResult(
-            exit_code=128 + signal.Signals[cancelled].value,
-            attempts=len(att),
-            hung=False,
-            elapsed_s=round(time.time() - start, 2),
-            run_dir=str(run_dir) if run_dir else None,
-            summary=None,  # the ranks ended because the job was stopped, not by a fault of their own
-            earlier_failures=(),
+    return _Ran(code, stopped, cancelled, "".join(agent_out))
+
+
+def _flight_verdict(
+    ran: _Ran, run_dir: Path | None, records: tuple[str, ...]
+) -> flightrec.FlightVerdict | None:
+    """What the flight records say, after a failure or a stop (not after a cancel)."""
+    if ran.stopped is not None and ran.stopped.flight is not None:
+        return ran.stopped.flight  # what the records said before the stop, when the verdict rests on them
+    if (ran.code != 0 or ran.stopped) and not ran.cancelled:
+        att = logs.attempts(run_dir) if run_dir else []
+        here = (
+            {r.global_rank for r in logs.read_attempt(att[-1], {}) if r.global_rank is not None}
+            if att
+            else None
         )
-    else:
-        result = _result(plan, run_dir, code, stopped, agent_text, time.time() - start, flight)
-    return replace(
-        result,
-        flight_records=records,
-        flight=flight,
-        stopped_by=stopped.by if stopped else None,
-        stop_reason=stopped.reason if stopped else None,
-        agent_log=agent_log,
-        cancelled_by=cancelled,
-    )
+        return read_flight_records(records, here or None)
+    return None
 
 
 class _Cancel(BaseException):

@@ -31,7 +31,7 @@ import time
 
 from torchrig.launch.flightrec import PREFIX, loads
 from torchrig.launch.logs import EXIT_CODE_KEY, OUTPUT_LOG
-from torchrig.launch.summary import SYS_EXIT_PREFIX
+from torchrig.launch.ranklog import SYS_EXIT_PREFIX
 
 HEADER = "torchrig-worker:"
 
