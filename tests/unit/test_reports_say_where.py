@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from torchrig.cli.cmd_export import ExportReport
-from torchrig.train.run import TrainResult
 from torchrig.export.core import Artifact, ExportResult
+from torchrig.train.run import TrainResult
 
 
 @pytest.mark.parametrize("size", ["1000000TiB", "257GiB", "0"])
