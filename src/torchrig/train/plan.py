@@ -70,7 +70,9 @@ class TrainFacts:
     not_folder: str | None  # out, or the first of its parents that exists, when that is no folder
     under_torchrun: bool  # this process is one rank of a torchrun job: it trains in place
     restart: int  # torchelastic's restart count, under torchrun
-    placed: GpuChoice | None  # where --gpus puts the run; without it, the first GPU yours where others hold some
+    placed: (
+        GpuChoice | None
+    )  # where --gpus puts the run; without it, the first GPU yours where others hold some
     gpu_refusal: TorchrigError | None  # why --gpus cannot be placed (someone holds it, no GPU visible)
     holder: str  # this process as the folder's lock records it (rundir.holder_token)
 

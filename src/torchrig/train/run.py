@@ -112,7 +112,9 @@ def train(request: TrainRequest) -> TrainResult:
 
 def run(plan: TrainPlan) -> TrainResult:
     """Carry out ``plan``: in this process, or its ranks through the launch API."""
-    if plan.config.precision == "fp8":  # before any rank starts (the ranks check the GPU's compute capability)
+    if (
+        plan.config.precision == "fp8"
+    ):  # before any rank starts (the ranks check the GPU's compute capability)
         from torchrig.train.fp8 import require_torchao
 
         require_torchao()
