@@ -220,7 +220,9 @@ def from_env(out: Path, value: str) -> Start:
 
 
 def _valid_start(data: dict[str, Any]) -> bool:
-    mode, run_id, names = data.get("mode"), data.get("run_id"), data.get("remove")
+    if set(data) != {"mode", "run_id", "remove"}:
+        return False
+    mode, run_id, names = data["mode"], data["run_id"], data["remove"]
     if mode not in MODES or not isinstance(names, list) or not all(n in REPLACED for n in names):
         return False
     return run_id is None or (isinstance(run_id, str) and run_id.isprintable() and len(run_id) <= 200)
