@@ -7,14 +7,12 @@ each rank) or call :func:`train` with a :class:`~torchrig.train.config.TrainConf
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import math
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
 from torchrig.train.finite import MAX_SKIPPED_IN_A_ROW, Diverged, NonFiniteWatch, any_rank, weights_finite
 from torchrig.train.gpuwatch import GpuWatch
+from torchrig.train.job import Job, Run
 from torchrig.train.lategrads import LateGrads
 from torchrig.train.metrics import Metrics, peak_tflops
 from torchrig.train.models import build_model, model_spec
@@ -131,38 +130,6 @@ def train(cfg: TrainConfig, start: Start | None = None) -> dict[str, Any]:
             return _train(cfg, rt, held, start)
     finally:
         teardown()
-
-
-@dataclass
-class Job:
-    """Everything one rank's loop works with, built once by :func:`_build`."""
-
-    cfg: TrainConfig
-    rt: Runtime
-    model: nn.Module  # the raw module: state dicts, clipping, the optimizer
-    run_model: nn.Module  # what the loop calls: compiled and/or DDP/FSDP-wrapped
-    opt: torch.optim.Optimizer
-    dataset: Any
-    spec: dict[str, Any]
-    global_batch: int
-    params: int
-    flops_per_unit: float
-    unit: str  # "tokens" or "images"
-    units_per_step: int
-    scaler: Any
-    autocast: Any
-    out: Path
-    root: Path
-    watch: GpuWatch | None = None  # this rank's GPU clocks and power (NVML); None on CPU or without NVML
-    run_id: str = ""  # this run's id (OUT/run.json; every checkpoint's meta.json)
-    late: LateGrads | None = None  # DDP only: gradients all-reduced outside DDP (--ddp-overlap-embeddings)
-    fp8_layers: list[str] = dataclasses.field(
-        default_factory=list
-    )  # --precision fp8: the Float8Linear layers
-    weight_copies: int = 0  # TORCHRIG_BF16_WEIGHTS=1: Linear layers using bf16 weight copies (train/optim.py)
-    nonfinite: NonFiniteWatch | None = None  # the first step whose loss or gradients were NaN/inf
-    skipped: list[int] = dataclasses.field(default_factory=list)  # --on-nonfinite skip: the steps skipped
-    skipped_in_a_row: int = 0
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -340,21 +307,6 @@ def _check_weights(job: Job, metrics: Metrics, step: int) -> None:
     if not weights_finite(job.model):
         metrics.event(event="nonfinite", step=step, action="stop", found_at=f"save of step {step}")
         raise _diverged(job, step, "the weights to save hold NaN/inf")
-
-
-@dataclass
-class Run:
-    """Where this attempt of the run stands: set by :func:`_begin`, filled in by :func:`_steps`."""
-
-    start: int  # the step it resumed from (0: a new run)
-    device_name: str | None  # the GPU's name; None on the CPU
-    peak: float | None  # peak TFLOP/s for MFU (None: unknown)
-    peak_source: str
-    prof_first: int | None  # --profile-steps: the first profiled step
-    final_loss: float | None = None
-    profile: dict[str, Any] | None = None
-    gpu: dict[str, Any] | None = None  # this rank's GPU clocks and power over the steady steps
-    elapsed_s: float = 0.0
 
 
 def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack, given: Start | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torchrig.train import rundir, setup
 
 if TYPE_CHECKING:
-    from torchrig.train.loop import Job, Run
+    from torchrig.train.job import Job, Run
     from torchrig.train.metrics import Metrics
 
 
