@@ -245,3 +245,16 @@ def test_the_cli_only_parses_and_hands_the_request_to_the_api(monkeypatch, tmp_p
     cmd_train.run(args)
     (req,) = seen
     assert req.config.steps == 3 and dict(req.launch_options)["max_restarts"] == 2 and req.preflight
+
+
+def test_observing_the_host_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    out = tmp_path / "typo" / "run"
+    facts = plan.observe(TrainRequest(TrainConfig(out=str(out), device="cpu")))
+    assert not (tmp_path / "typo").exists()
+    assert facts.folder.outputs == () and facts.folder.run_id is None and not facts.under_torchrun
+    assert facts.holder == rundir.holder_token() and facts.placed is None
+    with pytest.raises(UsageError, match="--resume: no checkpoint to resume from"):
+        build_plan(TrainRequest(TrainConfig(out=str(out), device="cpu", resume=True)), facts)
+    assert not (tmp_path / "typo").exists()
