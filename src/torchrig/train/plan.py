@@ -107,7 +107,7 @@ def observe(request: TrainRequest) -> TrainFacts:
     if not torchrun:
         try:
             placed = _place(request)
-        except UsageError as e:  # said after the folder's refusals, as before any GPU was looked at
+        except TorchrigError as e:  # held, none free, none visible: said after the folder's refusals
             refusal = e
     return TrainFacts(
         folder=runstart.observe(request.out),
