@@ -29,7 +29,6 @@ from torchrig.train.run import TrainResult
 def _facts(out: Path, *, placed: GpuChoice | None = None, torchrun: bool = False, restart: int = 0):
     return TrainFacts(
         folder=runstart.observe(out),
-        not_folder=None,
         under_torchrun=torchrun,
         restart=restart,
         placed=placed,
@@ -225,7 +224,7 @@ def test_an_out_under_a_file_is_refused_as_before(tmp_path):
     (tmp_path / "f").write_text("x")
     out = tmp_path / "f" / "run"
     request = TrainRequest(TrainConfig(out=str(out)))
-    facts = dataclasses.replace(_facts(out), not_folder=plan._not_folder(out))
+    facts = _facts(out)
     with pytest.raises(UsageError, match=r"is not a folder") as e:
         build_plan(request, facts)
     assert str(tmp_path / "f") in e.value.one_line()

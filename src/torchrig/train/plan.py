@@ -67,7 +67,6 @@ class TrainFacts:
     """What the plan rests on, read by :func:`observe`."""
 
     folder: runstart.Folder  # what the run folder holds
-    not_folder: str | None  # out, or the first of its parents that exists, when that is no folder
     under_torchrun: bool  # this process is one rank of a torchrun job: it trains in place
     restart: int  # torchelastic's restart count, under torchrun
     placed: (
@@ -111,20 +110,12 @@ def observe(request: TrainRequest) -> TrainFacts:
             refusal = e
     return TrainFacts(
         folder=runstart.observe(request.out),
-        not_folder=_not_folder(request.out),
         under_torchrun=torchrun,
         restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) if torchrun else 0,
         placed=placed,
         gpu_refusal=refusal,
         holder=holder_token(),
     )
-
-
-def _not_folder(out: Path) -> str | None:
-    for path in (out, *out.parents):
-        if path.exists():
-            return None if path.is_dir() else str(path)
-    return None
 
 
 def _place(request: TrainRequest) -> GpuChoice | None:
@@ -153,9 +144,9 @@ def build_plan(request: TrainRequest, facts: TrainFacts) -> TrainPlan:
     an --out that is no folder, a folder that holds another run, --resume with nothing to resume, a GPU
     someone else holds."""
     cfg, out = request.config, request.out
-    if facts.not_folder is not None:
+    if facts.folder.not_folder is not None:
         raise UsageError(
-            f"--out {str(out)!r}: {facts.not_folder!r} is not a folder",
+            f"--out {str(out)!r}: {facts.folder.not_folder!r} is not a folder",
             hint="give a folder for the run (it is created if missing)",
         )
     start = runstart.decide(

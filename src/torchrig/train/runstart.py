@@ -49,6 +49,7 @@ REPLACED = (RUN_FILE, CHECKPOINTS, *RUN_OUTPUTS)
 class Folder:
     """What a run folder holds, as :func:`observe` read it: the facts every start decision rests on."""
 
+    not_folder: str | None  # out, or the first of its parents that exists, when that is no folder
     problem: tuple[str, str] | None  # (message, hint): out is no folder, or none can be made or written
     run_id: str | None  # OUT/run.json's run (None: none, or unreadable as JSON)
     run_file_error: tuple[str, str | None] | None  # run.json is no small regular file: (message, hint)
@@ -90,10 +91,14 @@ def run_id_of(out: Path) -> str | None:
     return rid if isinstance(rid, str) and rid.isprintable() and len(rid) <= 200 else None
 
 
-def _problem(out: Path) -> tuple[str, str] | None:
+def _base(out: Path) -> Path | None:
+    """Where ``out`` is, or would be made: ``out`` or the first of its parents that exists."""
+    return next((p for p in (out, *out.parents) if p.exists()), None)
+
+
+def _problem(out: Path, base: Path | None) -> tuple[str, str] | None:
     if out.exists() and not out.is_dir():
         return f"--out {out} is not a folder", "give a folder for the run's outputs"
-    base = next((p for p in (out, *out.parents) if p.exists()), None)
     if base is not None and (not base.is_dir() or not os.access(base, os.W_OK | os.X_OK)):
         return f"--out {out}: cannot create or write in {base}", "give a folder you can write to"
     return None
@@ -102,14 +107,15 @@ def _problem(out: Path) -> tuple[str, str] | None:
 def observe(out: Path) -> Folder:
     """Read what ``out`` holds (nothing is changed; a damaged run.json is a fact, raised by the decision)."""
     root = out / CHECKPOINTS
-    problem = _problem(out)
+    base = _base(out)
     run_id, run_file_error = None, None
     try:
         run_id = run_id_of(out)
     except InputError as e:
         run_file_error = (e.message, e.hint)
     return Folder(
-        problem=problem,
+        not_folder=str(base) if base is not None and not base.is_dir() else None,
+        problem=_problem(out, base),
         run_id=run_id,
         run_file_error=run_file_error,
         saved=tuple(checkpoints(root)),
