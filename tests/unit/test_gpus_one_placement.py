@@ -244,13 +244,20 @@ def test_no_ledger_changes_nothing(monkeypatch, tmp_path):
     assert not (tmp_path / "none-here").exists()  # consulting creates nothing
 
 
-def test_train_without_gpus_takes_the_first_gpu_that_is_yours(shared_h200x2):
+def test_train_without_gpus_takes_the_first_gpu_that_is_yours(shared_h200x2, tmp_path, monkeypatch):
     """No --gpus: one GPU, as always, but where another user holds GPU 0 it is GPU 1, started through the
     launcher (a process training in place would get GPU 0: CUDA's first)."""
-    from torchrig.cli import cmd_train
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    from torchrig.train import plan
+    from torchrig.train.config import TrainConfig
 
-    args = __import__("argparse").Namespace(force=False, gpus=None, nproc_per_node=None)
-    assert cmd_train._others_hold_gpus()
-    placed = cmd_train._first_yours(args)
-    assert placed.gpus == (1,) and placed.visible == (0, 1) and cmd_train._wants_launch(args, placed)
+    request = plan.TrainRequest(TrainConfig(out=str(tmp_path / "run")))
+    assert plan._others_hold_gpus()
+    placed = plan._place(request)
+    assert placed.gpus == (1,) and placed.visible == (0, 1) and plan.wants_launch(request, placed, False)
+    facts = plan.observe(request)
+    assert facts.placed == placed
+    launch = plan.build_plan(request, facts).launch
+    assert launch is not None and launch.gpus == "1,"  # the launcher starts the one rank on GPU 1
     assert "place all" in shared_h200x2

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from torchrig.cli.cmd_export import ExportReport
-from torchrig.cli.cmd_train import TrainReport
 from torchrig.export.core import Artifact, ExportResult
+from torchrig.train.run import TrainResult
 
 
 @pytest.mark.parametrize("size", ["1000000TiB", "257GiB", "0"])
@@ -33,6 +33,6 @@ def test_export_names_the_onnx_weights_file():
 
 
 def test_train_says_where_the_run_is():
-    text = TrainReport(None, None, "/runs/a").render_text()
+    text = TrainResult(None, None, "/runs/a").render_text()
     assert text == "the run is in /runs/a (metrics.jsonl, checkpoints/, summary.json)"
-    assert TrainReport(None, None, "/runs/a").to_json()["out"] == "/runs/a"
+    assert TrainResult(None, None, "/runs/a").to_json()["out"] == "/runs/a"

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from torchrig.errors import InputError, UsageError  # noqa: E402
 from torchrig.train import checkpoint as ckpt  # noqa: E402
-from torchrig.train import rundir  # noqa: E402
+from torchrig.train import rundir, runstart  # noqa: E402
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -161,7 +161,7 @@ def _folder_with_a_run(tmp_path: Path) -> Path:
 def test_a_new_run_in_a_folder_with_another_run_is_refused_naming_the_ways_out(tmp_path):
     out = _folder_with_a_run(tmp_path)
     with pytest.raises(UsageError) as e:
-        rundir.plan_start(out, resume=False, if_possible=False, overwrite=False)
+        runstart.plan_start(out, resume=False, if_possible=False, overwrite=False)
     line = e.value.one_line()
     assert "\n" not in line and e.value.exit_code == 2
     for word in ("--resume", "--overwrite", "fresh --out", "run-a", "step-000004"):
@@ -172,38 +172,38 @@ def test_a_new_run_in_a_folder_with_another_run_is_refused_naming_the_ways_out(t
 def test_a_folder_with_only_metrics_is_a_run_too(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(UsageError, match=r"a metrics\.jsonl"):
-        rundir.plan_start(tmp_path, resume=False, if_possible=False, overwrite=False)
+        runstart.plan_start(tmp_path, resume=False, if_possible=False, overwrite=False)
 
 
 def test_overwrite_removes_the_previous_runs_outputs_and_says_so(tmp_path):
     out = _folder_with_a_run(tmp_path)
     (out / "logs").mkdir()
-    start = rundir.plan_start(out, resume=False, if_possible=False, overwrite=True)
-    said = rundir.claim(out, start, "run-b")
+    start = runstart.plan_start(out, resume=False, if_possible=False, overwrite=True)
+    said = runstart.claim(out, start, "run-b")
     assert sorted(p.name for p in out.iterdir()) == ["logs", "run.json"]
-    assert rundir.run_id_of(out) == "run-b"
+    assert runstart.run_id_of(out) == "run-b"
     assert any("metrics.jsonl" in s for s in said) and any("checkpoints" in s for s in said)
 
 
 def test_resume_with_nothing_to_resume_is_an_error_unless_if_possible(tmp_path):
     with pytest.raises(UsageError, match="--resume: no checkpoint to resume from") as e:
-        rundir.plan_start(tmp_path / "typo", resume=True, if_possible=False, overwrite=False)
+        runstart.plan_start(tmp_path / "typo", resume=True, if_possible=False, overwrite=False)
     assert "--resume-if-possible" in e.value.one_line()
-    start = rundir.plan_start(tmp_path / "typo", resume=True, if_possible=True, overwrite=False)
+    start = runstart.plan_start(tmp_path / "typo", resume=True, if_possible=True, overwrite=False)
     assert start.mode == "resume-if-possible"
     with pytest.raises(UsageError, match="--overwrite replaces") as e2:
-        rundir.plan_start(tmp_path, resume=True, if_possible=False, overwrite=True)
+        runstart.plan_start(tmp_path, resume=True, if_possible=False, overwrite=True)
     assert "choose one" in e2.value.one_line()
 
 
 def test_out_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(UsageError, match="not a folder"):
-        rundir.plan_start(tmp_path / "f", resume=False, if_possible=False, overwrite=False)
+        runstart.plan_start(tmp_path / "f", resume=False, if_possible=False, overwrite=False)
     with pytest.raises(UsageError, match="cannot create or write in"):
-        rundir.plan_start(tmp_path / "f" / "run", resume=False, if_possible=False, overwrite=False)
+        runstart.plan_start(tmp_path / "f" / "run", resume=False, if_possible=False, overwrite=False)
     with pytest.raises(UsageError, match="not a folder"):
-        rundir.plan_start(Path("/dev/null"), resume=False, if_possible=False, overwrite=False)
+        runstart.plan_start(Path("/dev/null"), resume=False, if_possible=False, overwrite=False)
 
 
 # ---------------------------------------------------------------- durability

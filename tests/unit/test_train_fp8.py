@@ -163,11 +163,11 @@ def test_an_fp8_checkpoint_resumes_in_bf16_and_exports(tmp_path):
 
 
 def test_the_summary_line_names_the_recipe_and_the_converted_layers():
-    from torchrig.cli.cmd_train import TrainReport
+    from torchrig.train.run import TrainResult
 
     s = {"steps": 60, "world_size": 1, "parallel": "none", "precision": "fp8", "compile": True}
     s |= {"final_loss": 5.25, "tokens_per_s": 1000.0, "mfu": 0.4, "fp8": {"recipe": "rowwise", "layers": 48}}
-    line = TrainReport(s, None).render_text()
+    line = TrainResult(s, None).render_text()
     assert "(none, fp8 rowwise: 48 Linear layers, compiled): final loss 5.2500" in line
 
 

@@ -302,17 +302,17 @@ def test_compile_mode_defaults_to_auto_and_attention_to_pytorchs_choice():
 
 @pytest.mark.parametrize("content", [None, b"", b"{", b"\xff\xfe", b"[1, 2]", b'"text"', b'{"steps": 3}'])
 def test_a_missing_or_damaged_summary_json_is_no_summary_not_a_crash(tmp_path, content):
-    from torchrig.cli.cmd_train import _read_summary
+    from torchrig.train.run import read_summary
 
     path = tmp_path / "summary.json"
     if content is not None:
         path.write_bytes(content)
-    assert _read_summary(path) == ({"steps": 3} if content == b'{"steps": 3}' else None)
-    assert _read_summary(tmp_path) is None  # a folder where the file should be
+    assert read_summary(path) == ({"steps": 3} if content == b'{"steps": 3}' else None)
+    assert read_summary(tmp_path) is None  # a folder where the file should be
 
 
 def test_other_model_names_what_differs_in_the_weights_shapes_only():
-    from torchrig.train.loop import other_model
+    from torchrig.train.resume import other_model
 
     saved = {
         "model": "gpt",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -112,6 +113,8 @@ class TrainConfig:
     test_hang_rank: int = 1
 
     def __post_init__(self) -> None:
+        """Each option against its row of the tables below, in their order: the first broken one is the
+        error (one line, exit 2)."""
         if self.model not in MODELS:
             raise UsageError(f"unknown --model {self.model!r}", hint=f"choose from {', '.join(MODELS)}")
         if self.size not in sizes()[self.model]:
@@ -122,80 +125,18 @@ class TrainConfig:
                 f"unknown --size {self.size!r} for {self.model}",
                 hint=did_you_mean(self.size, names) or f"choose from {', '.join(names)}",
             )
-        for name, allowed in (
-            ("parallel", PARALLEL),
-            ("precision", PRECISION),
-            ("device", DEVICES),
-            ("ddp_compile", DDP_COMPILE),
-            ("ddp_comm_hook", DDP_COMM_HOOKS),
-            ("compile_mode", COMPILE_MODES),
-            ("attention", ATTENTION),
-            ("loss", LOSSES),
-            ("fp8_recipe", FP8_RECIPES),
-            ("on_nonfinite", NONFINITE_ACTIONS),
-        ):
+        for name, allowed in CHOICES:
             if getattr(self, name) not in allowed:
                 raise UsageError(
-                    f"unknown --{name.replace('_', '-')} {getattr(self, name)!r}",
-                    hint=f"choose from {', '.join(allowed)}",
+                    f"unknown {_flag(name)} {getattr(self, name)!r}", hint=f"choose from {', '.join(allowed)}"
                 )
-        for name in ("micro_batch", "grad_accum", "steps", "log_every", "image_size", "num_classes"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in (
-            "ckpt_every",
-            "warmup_steps",
-            "workers",
-            "keep_ckpts",
-            "clip_grad",
-            "weight_decay",
-            "profile_steps",
-            "gc_every",
-        ):
-            if getattr(self, name) < 0:
-                raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise UsageError("--lr must be > 0 and --min-lr-ratio in 0..1")
-        if self.seq_len is not None and not 2 <= self.seq_len <= self.size_info.get("block_size", 1 << 30):
-            raise UsageError(
-                f"--seq-len must be 2..{self.size_info.get('block_size')} for this size, got {self.seq_len}"
-            )
-        if self.ddp_comm_hook == "bf16" and self.device == "cpu":
-            raise UsageError(
-                "--ddp-comm-hook bf16 needs GPUs (PyTorch's bf16 hook runs on NCCL only)",
-                hint="leave --ddp-comm-hook none with --device cpu",
-            )
-        if self.precision == "fp8" and self.device == "cpu":
-            raise UsageError(
-                "--precision fp8 needs a CUDA GPU with fp8 tensor cores (compute capability 8.9 or newer)",
-                hint="use --precision bf16 on the CPU",
-            )
-        if self.precision == "fp8" and self.model != "gpt":
-            raise UsageError(
-                f"--precision fp8 converts a model's Linear layers to float8; --model {self.model} has none "
-                "to convert (its convolutions and classifier stay bf16)",
-                hint="use --precision bf16",
-            )
-        if self.fp8_recipe != "rowwise" and self.precision != "fp8":
-            raise UsageError(
-                f"--fp8-recipe {self.fp8_recipe} applies only with --precision fp8",
-                hint="add --precision fp8, or leave --fp8-recipe out",
-            )
-        if self.profile_steps and self.profile_steps >= self.steps:
-            raise UsageError(
-                f"--profile-steps {self.profile_steps} leaves no unprofiled step of --steps {self.steps}",
-                hint="profile fewer steps than the run has (the profiled ones are left out of the throughput)",
-            )
-        if self.parallel == "fsdp" and self.compile_mode in ("reduce-overhead", "max-autotune"):
-            raise UsageError(
-                f"--compile-mode {self.compile_mode} uses CUDA graphs, which need fixed addresses; FSDP2 frees "
-                "and gathers the parameters again every step",
-                hint="use --compile-mode default or max-autotune-no-cudagraphs with --parallel fsdp",
-            )
-        if not self.ddp_bucket_mb > 0:
-            raise UsageError(f"--ddp-bucket-mb must be positive, got {self.ddp_bucket_mb}")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            raise UsageError("--peak-tflops must be positive")
+        for name, least in AT_LEAST:
+            if getattr(self, name) < least:
+                wording = "at least 1" if least == 1 else "0 or more"
+                raise UsageError(f"{_flag(name)} must be {wording}, got {getattr(self, name)}")
+        for rule in RULES:
+            if rule.broken(self):
+                raise UsageError(rule.message(self), hint=rule.hint)
 
     @property
     def size_info(self) -> dict[str, Any]:
@@ -218,3 +159,108 @@ class TrainConfig:
             else:
                 out += [flag, str(value)]
         return out
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# The closed sets: each option and the values it takes.
+CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("parallel", PARALLEL),
+    ("precision", PRECISION),
+    ("device", DEVICES),
+    ("ddp_compile", DDP_COMPILE),
+    ("ddp_comm_hook", DDP_COMM_HOOKS),
+    ("compile_mode", COMPILE_MODES),
+    ("attention", ATTENTION),
+    ("loss", LOSSES),
+    ("fp8_recipe", FP8_RECIPES),
+    ("on_nonfinite", NONFINITE_ACTIONS),
+)
+# The lower bounds of the numbers (their upper bounds are the parser's: train/options.py).
+AT_LEAST: tuple[tuple[str, int], ...] = (
+    *((n, 1) for n in ("micro_batch", "grad_accum", "steps", "log_every", "image_size", "num_classes")),
+    *(
+        (n, 0)
+        for n in (
+            "ckpt_every",
+            "warmup_steps",
+            "workers",
+            "keep_ckpts",
+            "clip_grad",
+            "weight_decay",
+            "profile_steps",
+            "gc_every",
+        )
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between options: when ``broken`` holds for a config, it is refused with ``message``."""
+
+    broken: Callable[[TrainConfig], bool]
+    message: Callable[[TrainConfig], str]
+    hint: str | None = None
+
+
+def _seq_len_broken(c: TrainConfig) -> bool:
+    return c.seq_len is not None and not 2 <= c.seq_len <= c.size_info.get("block_size", 1 << 30)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        lambda c: not c.lr > 0 or not 0 <= c.min_lr_ratio <= 1,
+        lambda c: "--lr must be > 0 and --min-lr-ratio in 0..1",
+    ),
+    Rule(
+        _seq_len_broken,
+        lambda c: f"--seq-len must be 2..{c.size_info.get('block_size')} for this size, got {c.seq_len}",
+    ),
+    Rule(
+        lambda c: c.ddp_comm_hook == "bf16" and c.device == "cpu",
+        lambda c: "--ddp-comm-hook bf16 needs GPUs (PyTorch's bf16 hook runs on NCCL only)",
+        "leave --ddp-comm-hook none with --device cpu",
+    ),
+    Rule(
+        lambda c: c.precision == "fp8" and c.device == "cpu",
+        lambda c: "--precision fp8 needs a CUDA GPU with fp8 tensor cores (compute capability 8.9 or newer)",
+        "use --precision bf16 on the CPU",
+    ),
+    Rule(
+        lambda c: c.precision == "fp8" and c.model != "gpt",
+        lambda c: (
+            f"--precision fp8 converts a model's Linear layers to float8; --model {c.model} has none "
+            "to convert (its convolutions and classifier stay bf16)"
+        ),
+        "use --precision bf16",
+    ),
+    Rule(
+        lambda c: c.fp8_recipe != "rowwise" and c.precision != "fp8",
+        lambda c: f"--fp8-recipe {c.fp8_recipe} applies only with --precision fp8",
+        "add --precision fp8, or leave --fp8-recipe out",
+    ),
+    Rule(
+        lambda c: bool(c.profile_steps) and c.profile_steps >= c.steps,
+        lambda c: f"--profile-steps {c.profile_steps} leaves no unprofiled step of --steps {c.steps}",
+        "profile fewer steps than the run has (the profiled ones are left out of the throughput)",
+    ),
+    Rule(
+        lambda c: c.parallel == "fsdp" and c.compile_mode in ("reduce-overhead", "max-autotune"),
+        lambda c: (
+            f"--compile-mode {c.compile_mode} uses CUDA graphs, which need fixed addresses; FSDP2 "
+            "frees and gathers the parameters again every step"
+        ),
+        "use --compile-mode default or max-autotune-no-cudagraphs with --parallel fsdp",
+    ),
+    Rule(
+        lambda c: not c.ddp_bucket_mb > 0,
+        lambda c: f"--ddp-bucket-mb must be positive, got {c.ddp_bucket_mb}",
+    ),
+    Rule(
+        lambda c: c.peak_tflops is not None and c.peak_tflops <= 0,
+        lambda c: "--peak-tflops must be positive",
+    ),
+)

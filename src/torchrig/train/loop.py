@@ -7,15 +7,12 @@ each rank) or call :func:`train` with a :class:`~torchrig.train.config.TrainConf
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
-import json
 import math
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +20,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchrig.errors import InputError, UsageError
 from torchrig.train import checkpoint as ckpt
-from torchrig.train import finite, rundir, setup
+from torchrig.train import finite, resume, rundir, setup, summary
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
 from torchrig.train.finite import MAX_SKIPPED_IN_A_ROW, Diverged, NonFiniteWatch, any_rank, weights_finite
 from torchrig.train.gpuwatch import GpuWatch
+from torchrig.train.job import Job, Run
 from torchrig.train.lategrads import LateGrads
-from torchrig.train.metrics import Metrics, peak_tflops, rewind_jsonl
+from torchrig.train.metrics import Metrics, peak_tflops
 from torchrig.train.models import build_model, model_spec
 from torchrig.train.profile import StepProfiler
+from torchrig.train.runstart import Start
 from torchrig.train.setup import Runtime, init, optimizer, outside_ddp, teardown, wrap
 
 
@@ -122,181 +120,16 @@ def _test_hooks(cfg: TrainConfig, rt: Runtime, step: int) -> None:
             time.sleep(3600)
 
 
-def _start(
-    cfg: TrainConfig, rt: Runtime, out: Path, root: Path, held: contextlib.ExitStack
-) -> tuple[str, Path | None]:
-    """Rank 0 takes the folder's lock (until the run ends) and decides how the run starts in it
-    (train/rundir.py's rules), every rank follows: the run's id and the verified checkpoint to resume from
-    (None: step 0)."""
-    plan: Any = None
-    if rt.is_main:
-        try:
-            held.enter_context(rundir.hold(out))  # another live run in this folder: refused, exit 2
-            plan = rundir.plan_start(
-                out,
-                resume=cfg.resume,
-                if_possible=cfg.resume_if_possible,
-                overwrite=cfg.overwrite,
-                restart=rt.restart,
-            )
-        except UsageError as e:
-            plan = (e.message, e.hint)
-    plan = ckpt.agree(plan)
-    if isinstance(plan, tuple):
-        raise UsageError(plan[0], hint=plan[1])
-    if plan.mode == "new":
-        run_id = ckpt.agree(rundir.new_run_id())
-        _claim(rt, out, plan, run_id)  # --overwrite: the previous run's outputs go first
-        ckpt.clean_partial(root)
-        return run_id, None
-    ckpt.clean_partial(root)
-    found, skipped = ckpt.find_intact(root)
-    if found is None and (rundir.checkpoints(root) or rundir.unreadable(root)):
-        raise UsageError(
-            f"no intact checkpoint to resume from in {root}: {'; '.join(skipped)}",
-            hint="restore the files, or start a new run with --overwrite or a fresh --out",
-        )
-    if skipped and rt.is_main:
-        print(
-            f"torchrig train: resuming from {found}, not a newer one: {'; '.join(skipped)}",
-            file=sys.stderr,
-            flush=True,
-        )
-    run_id = (ckpt.read_meta(found).get("run_id") if found else None) or plan.run_id
-    run_id = ckpt.agree(run_id or rundir.new_run_id())
-    _claim(rt, out, plan, run_id)
-    return run_id, found
-
-
-def _claim(rt: Runtime, out: Path, plan: rundir.Start, run_id: str) -> None:
-    if rt.is_main:
-        for line in rundir.claim(out, plan, run_id):
-            print(f"torchrig train: {line}", file=sys.stderr, flush=True)
-    if dist.is_initialized():
-        dist.barrier()
-
-
-_SAME_MODEL = "resume with the model options it was saved with, or train a new run in another --out"
-# what the weights' shapes follow: the spec's own keys, and these of its size_info (not its sources, dates)
-_SHAPE_KEYS = ("model", "context", "vocab", "num_classes")
-_SIZE_SHAPE_KEYS = ("layers", "heads", "width", "vocab", "blocks")
-
-
-def other_model(meta: dict[str, Any], spec: dict[str, Any]) -> str | None:
-    """How the model a checkpoint was saved with (its meta.json's ``model_spec`` and ``config``) differs from
-    this run's, as "what: saved vs this run" items; None when they agree or the checkpoint records none."""
-    saved = meta.get("model_spec")
-    if not isinstance(saved, dict):
-        return None
-
-    def flat(s: dict[str, Any]) -> dict[str, Any]:
-        got = s.get("size_info")
-        info: dict[str, Any] = got if isinstance(got, dict) else {}
-        out = {k: s.get(k) for k in _SHAPE_KEYS}
-        out.update({k: info.get(k) for k in _SIZE_SHAPE_KEYS if k in info})
-        if out.get("model") == "gpt":
-            out.pop("num_classes", None)  # a GPT's weights do not depend on it
-        return out
-
-    was, now = flat(saved), flat(spec)
-
-    def show(v: Any) -> str:  # one line whatever a meta.json holds
-        return (repr(v) if isinstance(v, str) else str(v))[:40].encode("ascii", "replace").decode()
-
-    diff = [f"{k} {show(was.get(k))} (saved) vs {show(now.get(k))}" for k in now if was.get(k) != now.get(k)]
-    config = meta.get("config")
-    size = config.get("size") if isinstance(config, dict) else None
-    if diff and isinstance(size, str) and size.isprintable():
-        diff.append(f"it was saved with --size {size[:40]}")
-    return "; ".join(diff) or None
-
-
-def _resume(
-    cfg: TrainConfig,
-    rt: Runtime,
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    found: Path | None,
-    resuming: bool,
-    metrics: Metrics,
-    global_batch: int,
-    spec: dict[str, Any],
-) -> tuple[int, dict[str, Any]]:
-    # After an elastic restart (torchrun's --max-restarts) the group always continues from the last good
-    # checkpoint: starting again from step 0 would repeat steps and throw the metrics away.
-    if rt.is_main and resuming:
-        rewind_jsonl(metrics.path, (found and ckpt.read_meta(found)["step"]) or 0)
-    if found is None:
-        return 0, {}
-    try:
-        meta = ckpt.load(found, model, opt)
-    except InputError:
-        try:
-            other = other_model(ckpt.read_meta(found), spec)
-        except (InputError, OSError, ValueError):  # its meta.json is the damage: the load's error says so
-            other = None
-        if other:  # not damage: the options build another model than the one saved
-            raise UsageError(
-                f"{found} holds another model than this run builds: {other}", hint=_SAME_MODEL
-            ) from None
-        raise
-    if meta.get("global_batch") != global_batch:
-        raise UsageError(
-            f"{found} was saved with a global batch of {meta.get('global_batch')}, this run has "
-            f"{global_batch}",
-            hint="keep micro-batch x grad-accum x GPUs equal to resume exactly",
-        )
-    metrics.event(
-        event="resume",
-        step=meta["step"],
-        checkpoint=found.name,
-        restart=rt.restart,
-        world_size=rt.world,
-        saved_world_size=meta.get("world_size"),
-    )
-    return int(meta["step"]), meta
-
-
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train to ``cfg.steps``; returns the run's summary (also written to ``OUT/summary.json`` by rank 0)."""
+def train(cfg: TrainConfig, start: Start | None = None) -> dict[str, Any]:
+    """Train to ``cfg.steps``; returns the run's summary (also written to ``OUT/summary.json`` by rank 0).
+    ``start``: how the run starts in its folder, as ``torchrig train``'s plan decided it (train/plan.py);
+    None: rank 0 follows the launcher's decision, or decides (train/resume.py)."""
     rt = init(cfg)
     try:
-        with contextlib.ExitStack() as held:  # the run folder's lock, taken by rank 0 in _start
-            return _train(cfg, rt, held)
+        with contextlib.ExitStack() as held:  # the run folder's lock, taken by rank 0 in resume.start
+            return _train(cfg, rt, held, start)
     finally:
         teardown()
-
-
-@dataclass
-class Job:
-    """Everything one rank's loop works with, built once by :func:`_build`."""
-
-    cfg: TrainConfig
-    rt: Runtime
-    model: nn.Module  # the raw module: state dicts, clipping, the optimizer
-    run_model: nn.Module  # what the loop calls: compiled and/or DDP/FSDP-wrapped
-    opt: torch.optim.Optimizer
-    dataset: Any
-    spec: dict[str, Any]
-    global_batch: int
-    params: int
-    flops_per_unit: float
-    unit: str  # "tokens" or "images"
-    units_per_step: int
-    scaler: Any
-    autocast: Any
-    out: Path
-    root: Path
-    watch: GpuWatch | None = None  # this rank's GPU clocks and power (NVML); None on CPU or without NVML
-    run_id: str = ""  # this run's id (OUT/run.json; every checkpoint's meta.json)
-    late: LateGrads | None = None  # DDP only: gradients all-reduced outside DDP (--ddp-overlap-embeddings)
-    fp8_layers: list[str] = dataclasses.field(
-        default_factory=list
-    )  # --precision fp8: the Float8Linear layers
-    weight_copies: int = 0  # TORCHRIG_BF16_WEIGHTS=1: Linear layers using bf16 weight copies (train/optim.py)
-    nonfinite: NonFiniteWatch | None = None  # the first step whose loss or gradients were NaN/inf
-    skipped: list[int] = dataclasses.field(default_factory=list)  # --on-nonfinite skip: the steps skipped
-    skipped_in_a_row: int = 0
 
 
 def _build(cfg: TrainConfig, rt: Runtime) -> Job:
@@ -476,12 +309,22 @@ def _check_weights(job: Job, metrics: Metrics, step: int) -> None:
         raise _diverged(job, step, "the weights to save hold NaN/inf")
 
 
-def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack) -> dict[str, Any]:
+def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack, given: Start | None) -> dict[str, Any]:
     job = _build(cfg, rt)
-    job.run_id, found = _start(cfg, rt, job.out, job.root, held)
+    job.run_id, found = resume.start(cfg, rt, job.out, job.root, held, given)
     metrics = Metrics(job.out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)
+    run = _begin(job, metrics, found)
+    _steps(job, metrics, run)
+    return summary.finish(job, metrics, run)
+
+
+def _begin(job: Job, metrics: Metrics, found: Path | None) -> Run:
+    """Load the checkpoint to resume from (if any) and log the run's start."""
+    cfg, rt = job.cfg, job.rt
     resuming = cfg.resume or cfg.resume_if_possible or rt.restart > 0
-    start, meta = _resume(cfg, rt, job.model, job.opt, found, resuming, metrics, job.global_batch, job.spec)
+    start, meta = resume.resume(
+        cfg, rt, job.model, job.opt, found, resuming, metrics, job.global_batch, job.spec
+    )
     if job.scaler is not None and meta.get("grad_scale"):
         job.scaler.update(float(meta["grad_scale"]))
     device_name = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else None
@@ -500,6 +343,14 @@ def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack) -> dict[st
         peak_tflops=peak,
         peak_source=peak_source,
     )
+    # --profile-steps N: the last N steps run under torch.profiler, in a log interval of their own.
+    prof_first = max(cfg.steps - cfg.profile_steps + 1, start + 1) if cfg.profile_steps else None
+    return Run(start, device_name, peak, peak_source, prof_first)
+
+
+def _steps(job: Job, metrics: Metrics, run: Run) -> None:
+    """Steps ``run.start + 1 .. cfg.steps``: log, profile and checkpoint on their steps."""
+    cfg, rt = job.cfg, job.rt
     it = batches(
         job.dataset,
         micro_batch=cfg.micro_batch,
@@ -507,131 +358,41 @@ def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack) -> dict[st
         rank=rt.rank,
         seed=cfg.seed,
         global_batch=job.global_batch,
-        start_sample=start * job.global_batch,
+        start_sample=run.start * job.global_batch,
         workers=cfg.workers,
         pin=rt.device.type == "cuda",
     )
     loss_sum = torch.zeros((), device=rt.device)
-    last: dict[str, Any] = {"step": start, "t": time.perf_counter()}
-    final_loss, t0 = None, time.perf_counter()
-    # --profile-steps N: the last N steps run under torch.profiler, in a log interval of their own.
-    prof_first = max(cfg.steps - cfg.profile_steps + 1, start + 1) if cfg.profile_steps else None
-    profiler: StepProfiler | None = None
-    profile: dict[str, Any] | None = None
+    last: dict[str, Any] = {"step": run.start, "t": time.perf_counter()}
+    t0, profiler = time.perf_counter(), None
     collector = Collector(cfg.gc_every)
     job.watch = GpuWatch.open(torch, rt.device)
     try:
-        for step in range(start + 1, cfg.steps + 1):
+        for step in range(run.start + 1, cfg.steps + 1):
             _test_hooks(cfg, rt, step)
-            if step == prof_first:
+            if step == run.prof_first:
                 profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
                 profiler.start()
             grad_norm = _step(job, metrics, step, it, loss_sum)
-            collector.after_step(step, start + 1)
+            collector.after_step(step, run.start + 1)
             if step == cfg.steps and profiler is not None:
-                profile = profiler.stop(cfg.steps - (prof_first or step) + 1)
-            if (
-                step % cfg.log_every == 0
-                or step == cfg.steps
-                or (prof_first is not None and step == prof_first - 1)
-            ):
-                logged = _log(step, last, loss_sum, grad_norm, job, metrics, peak)
-                final_loss = logged if logged is not None else final_loss
+                run.profile = profiler.stop(cfg.steps - (run.prof_first or step) + 1)
+            if step % cfg.log_every == 0 or step == cfg.steps or step == (run.prof_first or 0) - 1:
+                logged = _log(step, last, loss_sum, grad_norm, job, metrics, run.peak)
+                run.final_loss = logged if logged is not None else run.final_loss
                 loss_sum.zero_()
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
                 _check_finite(job, metrics, f"save of step {step}")
                 _check_weights(job, metrics, step)
                 _save(job, step)
                 last["t"] = time.perf_counter()  # checkpoint time is not training throughput
-        warm = start + min(cfg.timing_warmup_steps, cfg.steps // 3)
-        gpu = job.watch.result(from_step=warm) if job.watch is not None else None
+        warm = run.start + min(cfg.timing_warmup_steps, cfg.steps // 3)
+        run.gpu = job.watch.result(from_step=warm) if job.watch is not None else None
     finally:
         collector.close()
         if job.watch is not None:
             job.watch.close()
-    elapsed = time.perf_counter() - t0
-    return _finish(
-        job, metrics, start, final_loss, elapsed, device_name, peak, peak_source, prof_first, profile, gpu
-    )
-
-
-def _finish(
-    job: Job,
-    metrics: Metrics,
-    start: int,
-    final_loss: float | None,
-    elapsed_s: float,
-    device_name: str | None,
-    peak: float | None,
-    peak_source: str,
-    prof_first: int | None = None,
-    profile: dict[str, Any] | None = None,
-    gpu: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The run's summary: steady throughput (warm-up, compile and profiled steps excluded), MFU, profile."""
-    cfg, rt = job.cfg, job.rt
-    steady = metrics.steady(min(cfg.timing_warmup_steps, cfg.steps // 3), before_step=prof_first)
-    gpus = [gpu]
-    if dist.is_initialized() and rt.world > 1:  # every rank's GPU, in rank order (one small collective)
-        gpus = [None] * rt.world
-        dist.all_gather_object(gpus, gpu)
-    summary = {
-        "steps": cfg.steps,
-        "resumed_from": start,
-        "final_loss": final_loss,
-        "world_size": rt.world,
-        "precision": rt.precision,
-        "parallel": rt.parallel,
-        "compile": cfg.compile,
-        "compile_mode": setup.compile_mode(cfg, rt) if cfg.compile else None,
-        "attention": cfg.attention,
-        "loss": ("fused" if setup.fused_loss(cfg, rt) else "plain") if cfg.model == "gpt" else None,
-        "fp8": {"recipe": cfg.fp8_recipe, "layers": len(job.fp8_layers), "torchao": _torchao_version()}
-        if rt.precision == "fp8"
-        else None,
-        "ddp": {
-            "compile": cfg.ddp_compile,
-            "bucket_mb": cfg.ddp_bucket_mb,
-            "static_graph": cfg.ddp_static_graph,
-            "comm_hook": cfg.ddp_comm_hook,
-            "outside_ddp": [
-                n
-                for n, p in job.model.named_parameters()
-                if job.late and any(p is q for q in job.late.params)
-            ],
-        }
-        if rt.parallel == "ddp"
-        else None,
-        "bf16_weight_copies": job.weight_copies or None,
-        "gc_every": cfg.gc_every,
-        "on_nonfinite": cfg.on_nonfinite,
-        "skipped_steps": job.skipped,
-        "micro_batch": cfg.micro_batch,
-        "grad_accum": cfg.grad_accum,
-        "global_batch": job.global_batch,
-        "params": job.params,
-        "device": device_name or "cpu",
-        f"{job.unit}_per_s": steady,
-        "mfu": steady * job.flops_per_unit / (rt.world * peak * 1e12) if steady and peak else None,
-        "peak_tflops": peak,
-        "peak_source": peak_source,
-        "elapsed_s": round(elapsed_s, 2),
-        "profile": profile,
-        "gpus": gpus if any(gpus) else None,
-    }
-    if rt.is_main:
-        metrics.event(event="end", **summary)
-        rundir.atomic_write(
-            job.out / "summary.json", json.dumps(summary, indent=2) + "\n"
-        )  # replaces a FIFO too
-    metrics.close()
-    return summary
-
-
-def _torchao_version() -> str | None:
-    from torchrig.train.fp8 import torchao_version
-
-    return torchao_version()
+    run.elapsed_s = time.perf_counter() - t0
 
 
 def _log(

@@ -2,12 +2,9 @@
 to prune, and durable writes.
 
 A run folder (``--out``) belongs to one run. ``OUT/run.json`` holds the run's id; every checkpoint's
-``meta.json`` repeats it and records the size and SHA-256 of each file DCP wrote. The rules:
+``meta.json`` repeats it and records the size and SHA-256 of each file DCP wrote. How a run starts in a
+folder (new, ``--resume``, ``--overwrite``) is train/runstart.py's; here:
 
-- a new run (no ``--resume``) in a folder that already holds a run is refused: continue it with
-  ``--resume``, replace it with ``--overwrite``, or give a fresh ``--out``;
-- ``--resume`` needs a checkpoint to resume from; ``--resume-if-possible`` starts at step 0 when there is
-  none (an elastic restart, ``--max-restarts``, behaves the same);
 - pruning keeps the ``--keep-ckpts`` newest checkpoints of this run by step, never the one ``latest``
   names and never one another run wrote.
 
@@ -275,106 +272,6 @@ def verify(folder: Path, meta: dict[str, Any] | None = None) -> list[str]:
     return check_files(folder, files, sorted(files)) if files else []
 
 
-# ---------------------------------------------------------------- starting a run
-
-
-@dataclass(frozen=True)
-class Start:
-    """How a run starts in its folder: decided by :func:`plan_start` (which changes nothing)."""
-
-    mode: str  # "new" | "resume" (a checkpoint must be found) | "resume-if-possible"
-    run_id: str | None  # the folder's run (None: a new run gets a new id)
-    remove: tuple[Path, ...] = ()  # what --overwrite removes: the previous run's outputs
-
-
-def describe(out: Path) -> str | None:
-    """What earlier run the folder holds, in a few words; None when it holds none."""
-    root = out / CHECKPOINTS
-    saved = checkpoints(root)
-    rid = run_id_of(out)
-    parts = []
-    if rid:
-        parts.append(f"run {rid}")
-    if saved:
-        parts.append(f"checkpoints up to {saved[-1].name}")
-    elif (out / "metrics.jsonl").exists():
-        parts.append("a metrics.jsonl")
-    if not parts and root.is_dir() and any(root.glob("step-*")):
-        parts.append("checkpoint folders")
-    return ", ".join(parts) or None
-
-
-def run_id_of(out: Path) -> str | None:
-    """``run.json``'s run id; None when it is missing or holds none. :class:`InputError` when it is no small
-    regular file (a FIFO, a device, over :data:`MAX_RUN_FILE_BYTES`)."""
-    path = out / RUN_FILE
-    if not os.path.lexists(path):
-        return None
-    try:
-        data = inputfiles.read_bytes(path, "run file", max_bytes=MAX_RUN_FILE_BYTES)
-    except InputError as e:
-        raise InputError(e.message, hint="it must be the small file torchrig wrote: remove it") from None
-    try:
-        rid = inputfiles.loads_json(data.decode("utf-8"), "run file", str(path)).get("run_id")
-    except (InputError, UnicodeDecodeError, AttributeError):
-        return None
-    return rid if isinstance(rid, str) and rid.isprintable() and len(rid) <= 200 else None
-
-
-def plan_start(out: Path, *, resume: bool, if_possible: bool, overwrite: bool, restart: int = 0) -> Start:
-    """Decide how a run starts in ``out``; :class:`UsageError` (exit 2) when it must not start at all."""
-    if overwrite and (resume or if_possible):
-        raise UsageError("--overwrite replaces the folder's run; --resume continues it", hint="choose one")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is not a folder", hint="give a folder for the run's outputs")
-    base = next((p for p in (out, *out.parents) if p.exists()), None)
-    if base is not None and (not base.is_dir() or not os.access(base, os.W_OK | os.X_OK)):
-        raise UsageError(
-            f"--out {out}: cannot create or write in {base}", hint="give a folder you can write to"
-        )
-    if restart > 0 or if_possible:
-        return Start("resume-if-possible", run_id_of(out))
-    if resume:
-        damaged = unreadable(out / CHECKPOINTS)
-        if not checkpoints(out / CHECKPOINTS) and damaged:
-            raise UsageError(
-                f"--resume: no intact checkpoint in {out / CHECKPOINTS}: "
-                + "; ".join(f"{step_name(n)}: {why}" for n, why in damaged[-3:]),
-                hint="restore the files, or start a new run with --overwrite or a fresh --out",
-            )
-        if not checkpoints(out / CHECKPOINTS):
-            raise UsageError(
-                f"--resume: no checkpoint to resume from in {out / CHECKPOINTS}",
-                hint=f"check --out (is {out} the run's folder?); --resume-if-possible starts at step 0 "
-                "when there is none",
-            )
-        return Start("resume", run_id_of(out))
-    held = describe(out)
-    if held and not overwrite:
-        raise UsageError(
-            f"{out} already holds another run ({held})",
-            hint="continue it with --resume, replace it with --overwrite, or give this run a fresh --out",
-        )
-    remove = [out / RUN_FILE, out / CHECKPOINTS, *(out / n for n in RUN_OUTPUTS)]
-    return Start("new", None, tuple(p for p in remove if p.exists() or p.is_symlink()))
-
-
-def claim(out: Path, start: Start, run_id: str) -> list[str]:
-    """Carry out a start in the folder (rank 0 only): remove what ``--overwrite`` replaces, write
-    ``run.json``. Returns one line per thing removed, for the log."""
-    said = []
-    for p in start.remove:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-        said.append(f"--overwrite: removed the previous run's {p}")
-    out.mkdir(parents=True, exist_ok=True)
-    if run_id_of(out) != run_id:
-        atomic_write(out / RUN_FILE, json.dumps({"schema_version": 1, "run_id": run_id}, indent=2) + "\n")
-    return said
-
-
 # ---------------------------------------------------------------- one run holds a folder
 
 # OUT/.torchrig.lock: an advisory lock (flock) held by the run that writes OUT, for as long as it lives. The
@@ -481,6 +378,13 @@ def _user() -> str:
         return pwd.getpwuid(os.getuid()).pw_name
     except (ImportError, KeyError):
         return str(os.getuid())
+
+
+def launcher_holds(out: Path) -> bool:
+    """Whether this process holds ``out`` through its launcher's lock (:data:`LOCK_HOLDER_ENV`): then the
+    launcher decided how the run starts, and rank 0 follows that decision."""
+    entry = _held.get(os.path.realpath(out))
+    return entry is not None and entry[0] < 0
 
 
 @contextlib.contextmanager

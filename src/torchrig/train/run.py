@@ -1,0 +1,151 @@
+"""Carry out a train plan: ``run(TrainPlan) -> TrainResult``, and ``train(TrainRequest)``, plan and run.
+
+The run folder's lock is taken first (unless this process is one rank of a torchrun job: rank 0 takes it),
+and the plan's start is checked against the folder under it; then the run trains in this process
+(``loop.train``, handed the plan's start) or its ranks start through the launch API, with rank 0 running
+under this process's lock and following the same start. Nothing here imports the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchrig.errors import JobFailed
+from torchrig.train.plan import TrainPlan, TrainRequest, plan_for
+
+if TYPE_CHECKING:
+    from torchrig.launch.plan import LaunchRequest
+    from torchrig.launch.run import LaunchReport
+
+SUMMARY_FILE = "summary.json"
+MAX_SUMMARY_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a train run did: the ranks' summary (``OUT/summary.json``; None when the run wrote none), the
+    launch's report when its ranks were launched, the run folder, and the GPUs --force took in place."""
+
+    summary: dict[str, Any] | None
+    launch: LaunchReport | None
+    out: str | None = None  # the run folder (metrics, checkpoints, summary)
+    forced_gpus: tuple[str, ...] = ()  # trained in place on a GPU leased to someone else (--force)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"summary": self.summary, "out": self.out}
+        if self.launch is not None:
+            out["launch"] = self.launch.to_json()
+        if self.forced_gpus:
+            out["forced_gpus"] = list(self.forced_gpus)
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        return self.launch.exit_code if self.launch is not None else 0
+
+    def render_text(self) -> str:
+        lines = []
+        if self.launch is not None:
+            lines.append(self.launch.render_text())
+        if self.summary:
+            lines += render_summary(self.summary)
+        if self.out is not None:
+            lines.append(f"the run is in {self.out} (metrics.jsonl, checkpoints/, summary.json)")
+        return "\n".join(lines)
+
+
+def render_summary(s: dict[str, Any]) -> list[str]:
+    """The summary's lines: what was trained and how fast, the profile, the GPUs' clocks."""
+    from torchrig.train.gpuwatch import render as render_gpus
+
+    unit = "tokens" if "tokens_per_s" in s else "images"
+    rate, mfu = s.get(f"{unit}_per_s"), s.get("mfu")
+    lines = [
+        f"trained {s['steps']} steps on {s['world_size']} rank(s) ({s['parallel']}, {s['precision']}"
+        + (f" {s['fp8']['recipe']}: {s['fp8']['layers']} Linear layers" if s.get("fp8") else "")
+        + f"{', compiled' if s['compile'] else ''}): final loss "
+        + (f"{s['final_loss']:.4f}" if isinstance(s.get("final_loss"), float) else "none")
+        + (f", {len(s['skipped_steps'])} NaN/inf step(s) skipped" if s.get("skipped_steps") else "")
+        + (f", {rate:,.0f} {unit}/s" if rate else "")
+        + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
+    ]
+    if s.get("profile"):
+        lines.append(render_profile(s["profile"]))
+    clocks = render_gpus(s.get("gpus") or [])
+    if clocks:
+        lines.append(clocks)
+    return lines
+
+
+def render_profile(p: dict[str, Any]) -> str:
+    """One line of ``--profile-steps``' breakdown (rank 0's GPU), and where its trace is."""
+    head = f"profile, {p['steps']} step(s) on rank 0: {p['step_ms']:.2f} ms/step"
+    if not p.get("device_events"):
+        return head + " (no GPU kernels recorded)" + (f"; trace {p['trace']}" if p.get("trace") else "")
+    return (
+        f"{head}: compute {p['compute_ms']:.2f} ms, communication {p['comm_ms']:.2f} ms "
+        f"({p['comm_exposed_ms']:.2f} ms of it not hidden behind compute), GPU idle {p['idle_ms']:.2f} ms"
+        + (f"; trace {p['trace']}" if p.get("trace") else "")
+    )
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The ranks' summary.json; None (the launch report still printed) when it is missing or unreadable."""
+    from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
+
+    try:  # bounded, a regular file only: a FIFO or /dev/zero in its place is no summary, not a hang
+        data = read_json(path, "run summary", max_bytes=MAX_SUMMARY_BYTES)
+    except InputError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def train(request: TrainRequest) -> TrainResult:
+    """Plan ``request`` on this host and run it."""
+    return run(plan_for(request))
+
+
+def run(plan: TrainPlan) -> TrainResult:
+    """Carry out ``plan``: in this process, or its ranks through the launch API."""
+    if (
+        plan.config.precision == "fp8"
+    ):  # before any rank starts (the ranks check the GPU's compute capability)
+        from torchrig.train.fp8 import require_torchao
+
+        require_torchao()
+    from torchrig.train import runstart
+    from torchrig.train.rundir import hold
+
+    # one run per folder: a second one (even two --resume-if-possible) is refused. Run as one rank of a
+    # torchrun job, rank 0 takes it in the loop instead (every rank runs this).
+    with hold(plan.out) if plan.holds_folder else contextlib.nullcontext():
+        if plan.holds_folder:
+            runstart.confirm(plan.out, plan.start)  # decided before the lock: the folder is still as seen
+        if plan.launch is None:
+            return _in_place(plan)
+        return _launched(plan, plan.launch)
+
+
+def _in_place(plan: TrainPlan) -> TrainResult:
+    from torchrig.train import loop
+
+    for line in plan.forced_gpus:
+        print(f"torchrig train: warning: --force: taking {line}", file=sys.stderr, flush=True)
+    return TrainResult(loop.train(plan.config, plan.start), None, str(plan.out), plan.forced_gpus)
+
+
+def _launched(plan: TrainPlan, request: LaunchRequest) -> TrainResult:
+    from torchrig.launch import launch
+
+    report = launch(request, preflight=plan.preflight, preflight_timeout_s=60)
+    summary = read_summary(plan.out / SUMMARY_FILE) if report.exit_code == 0 else None
+    if report.exit_code != 0 and report.result is None:
+        raise JobFailed(
+            "pre-flight failed: " + "; ".join(f.summary for f in report.findings if f.severity.is_problem)
+        )
+    return TrainResult(summary, report, str(plan.out))
