@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[2] / "src" / "torchrig"
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 600
@@ -52,6 +50,5 @@ def test_launch_has_no_long_function_or_module():
     assert too_long("launch") == []
 
 
-@pytest.mark.xfail(strict=False, reason="train/ is being split on another branch")
 def test_train_has_no_long_function_or_module():
     assert too_long("train") == []
