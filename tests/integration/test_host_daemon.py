@@ -272,9 +272,9 @@ def test_team_flow_through_the_daemon(host, engine):
     with sqlite3.connect(host["state"] / "leases.sqlite3") as db:
         db.execute("DELETE FROM leases WHERE container=?", (a_gpu,))
     r = tr(host, "bob", *up_args(host, f"trh-{t}-b5", "--gpus", f"device={a_gpu_index}", "--create-only"))
-    assert (
-        r.returncode == 2 and "held by" in r.stderr and "(no lease)" in r.stderr and a_gpu in r.stderr
-    ), r.stderr
+    assert r.returncode == 2 and "held by" in r.stderr and "(no lease)" in r.stderr and a_gpu in r.stderr, (
+        r.stderr
+    )
     board = json.loads(tr(host, "bob", "gpus", "--json").stdout)
     assert any("holds no lease" in n for n in board["notes"])
     assert any(e["verb"] == "reality" and e["target"].startswith(f"container {a_gpu}") for e in audit(host))
