@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> SimpleReport:
     from torchrig.runtime.engine import Engine
     from torchrig.runtime.lease import reconcile
     from torchrig.runtime.ledger import Ledger, owner_uid, user_name
-    from torchrig.runtime.workspace import volumes_left, workspace_volumes
+    from torchrig.runtime.workspace import take_down, volumes_left
 
     sock = daemon_socket()
     if sock is not None:  # the daemon checks ownership (an admin's --force) against the kernel's UID
@@ -86,19 +86,7 @@ def run(args: argparse.Namespace) -> SimpleReport:
         raise InputError(f"{env.name!r} belongs to {owner}, not you ({user_name(me)}, UID {me})", hint=hint)
     done: list[dict[str, Any]] = []
     for env in envs:
-        engine.remove(env.id, stop_timeout_s=args.timeout)
-        freed = ledger.release(env.name)
-        volumes = workspace_volumes(engine, env)
-        deleted = [v for v in volumes if args.volumes and engine.remove_volume(v)]
-        done.append(
-            {
-                "name": env.name,
-                "user": env.user,
-                "freed_gpus": [f.unit_label for f in freed],
-                "volumes_deleted": deleted,
-                "volumes_kept": [v for v in volumes if v not in deleted],
-            }
-        )
+        done.append(take_down(engine, ledger, env, timeout_s=args.timeout, delete_volumes=args.volumes))
     for n in gone:
         deleted = [
             v

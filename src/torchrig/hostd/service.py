@@ -137,7 +137,7 @@ class HostService:
 
     def down(self, caller: Caller, args: dict[str, Any], send: Send) -> dict[str, Any]:
         from torchrig.runtime.lease import reconcile
-        from torchrig.runtime.workspace import workspace_volumes
+        from torchrig.runtime.workspace import take_down
 
         if not args["names"]:
             raise UsageError("down: no environment named")
@@ -156,25 +156,16 @@ class HostService:
         done = []
         try:
             for env in envs:
-                engine.remove(env.id, stop_timeout_s=args["timeout_s"])
-                freed = ledger.release(env.name)
+                record = take_down(
+                    engine, ledger, env, timeout_s=args["timeout_s"], delete_volumes=bool(args.get("volumes"))
+                )
                 reason = (
                     "owner" if why[env.name] == "owner" else f"admin, environment of {_owner(env.owner_uid)}"
                 )
                 self.audit(caller, "down", env.name, "allowed", reason)
-                volumes = workspace_volumes(engine, env)  # kept unless asked: the files of its /workspace
-                deleted = [v for v in volumes if args.get("volumes") and engine.remove_volume(v)]
-                for v in deleted:
+                for v in record["volumes_deleted"]:
                     self.audit(caller, "down", env.name, "allowed", f"deleted volume {v}")
-                done.append(
-                    {
-                        "name": env.name,
-                        "user": env.user,
-                        "freed_gpus": [f.unit_label for f in freed],
-                        "volumes_deleted": deleted,
-                        "volumes_kept": [v for v in volumes if v not in deleted],
-                    }
-                )
+                done.append(record)
             reconcile(ledger, engine)
         finally:
             ledger.close()

@@ -26,3 +26,22 @@ def volumes_left(engine: Any, name: str, owner: int | None) -> list[str]:
     return [
         v for v, labels in engine.workspace_volumes(name) if owner is None or labels.get(_UID) == str(owner)
     ]
+
+
+def take_down(
+    engine: Any, ledger: Any, env: Any, *, timeout_s: float, delete_volumes: bool
+) -> dict[str, Any]:
+    """Remove ``env``'s container, free its GPU lease and (only when asked) delete its workspace volumes:
+    what ``down`` does for one environment, by the CLI and by the host daemon alike. The record ``down``
+    reports: the GPUs freed, the volumes deleted and those kept."""
+    engine.remove(env.id, stop_timeout_s=timeout_s)
+    freed = ledger.release(env.name)
+    volumes = workspace_volumes(engine, env)  # kept unless asked: the files of its /workspace
+    deleted = [v for v in volumes if delete_volumes and engine.remove_volume(v)]
+    return {
+        "name": env.name,
+        "user": env.user,
+        "freed_gpus": [f.unit_label for f in freed],
+        "volumes_deleted": deleted,
+        "volumes_kept": [v for v in volumes if v not in deleted],
+    }
