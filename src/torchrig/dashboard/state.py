@@ -240,14 +240,29 @@ def collect(
         envs = engine.environments()
     except EngineUnavailable as err:
         notes.append(f"environments unknown: {err.one_line()}")
+    gpus = _gpus(inv, ledger.leases())
+    environments = _environments(engine, envs, viewer) if engine is not None else []
+    return _page(viewer, inv, gpus, environments, bench_dir, doctor, notes)
+
+
+def _page(
+    viewer: Viewer,
+    inv: Any,
+    gpus: list[dict[str, Any]],
+    environments: list[dict[str, Any]],
+    bench_dir: str | None,
+    doctor: dict[str, Any] | None,
+    notes: list[str],
+) -> dict[str, Any]:
+    """The page's data, whichever way it was collected (the engine and ledger, or the host daemon)."""
     return {
         "viewer": viewer.name,
         "at_s": time.time(),
         "driver": inv.driver_version,
         "cuda": inv.cuda_driver_version,
         "inventory": inv.source,
-        "gpus": _gpus(inv, ledger.leases()),
-        "environments": _environments(engine, envs, viewer) if engine is not None else [],
+        "gpus": gpus,
+        "environments": environments,
         "bench": bench_summary(bench_dir),
         "doctor": doctor,
         "notes": notes,
@@ -281,15 +296,5 @@ def _collect_via_daemon(
         *board["notes"],
         "through the host daemon: your environments only; Jupyter tokens as 'up' printed them",
     ]
-    return {
-        "viewer": viewer.name,
-        "at_s": time.time(),
-        "driver": inv.driver_version,
-        "cuda": inv.cuda_driver_version,
-        "inventory": inv.source,
-        "gpus": _gpus(inv, [from_jsonable(Lease, x) for x in board["leases"]]),
-        "environments": _environments(_NoSecrets(), envs, viewer),
-        "bench": bench_summary(bench_dir),
-        "doctor": doctor,
-        "notes": notes,
-    }
+    gpus = _gpus(inv, [from_jsonable(Lease, x) for x in board["leases"]])
+    return _page(viewer, inv, gpus, _environments(_NoSecrets(), envs, viewer), bench_dir, doctor, notes)

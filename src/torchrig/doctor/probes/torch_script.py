@@ -11,6 +11,8 @@ import sys
 import time
 import warnings
 
+# The loaded CUDA libraries to report. Beside env.py's list of the wheels' libraries (plus the driver's own
+# libcuda and libnvidia-ml): this script runs with the standard library alone, so it cannot import that one.
 CUDA_LIB_PREFIXES = (
     "libcudnn",
     "libcublas",
