@@ -31,6 +31,8 @@ from torchrig.compat.platforms import (
     PlatformInfo,
     PtxasGap,
     PypiDefault,
+    TritonPin,
+    TritonPtxas,
 )
 from torchrig.compat.records import (
     PYTORCH_INDEX,
@@ -131,7 +133,8 @@ class KnowledgeBase:
     pypi_defaults: tuple[PypiDefault, ...] = ()
     arch_overrides: tuple[ArchOverride, ...] = ()
     jetpacks: tuple[JetPack, ...] = ()
-    ptxas_gaps: tuple[PtxasGap, ...] = ()
+    triton_pins: tuple[TritonPin, ...] = ()
+    triton_ptxas: tuple[TritonPtxas, ...] = ()
     library_floors: tuple[LibraryFloor, ...] = ()
 
     # ---- GPUs
@@ -388,16 +391,80 @@ class KnowledgeBase:
         below = [b for b in self.branches if int(b.branch) <= major]
         return max(below, key=lambda b: int(b.branch)) if below else None
 
-    def ptxas_gap(self, gpu: Gpu, release: Release) -> PtxasGap | None:
-        return next(
+    def triton_of(self, release: Release) -> TritonPtxas | None:
+        """The Triton a release's wheels require and what it bundles (None: not in the data)."""
+        pin = next((p for p in self.triton_pins if p.torch == release.version), None)
+        return next((t for t in self.triton_ptxas if pin and t.version == pin.triton), None)
+
+    def ptxas_gap(self, gpu: Gpu, release: Release, prerelease: bool = False) -> PtxasGap | None:
+        """The GPU's target when the ptxas of the release's Triton does not know it (torch.compile fails).
+
+        A nightly or source build (``prerelease``) may carry a Triton without the separate Blackwell ptxas (the
+        nightlies' pytorch-triton before it was added, a Triton built from source): it is judged by the ptxas
+        for every target too, and the gap is not certain."""
+        cc = gpu.compute_capability
+        if V.parse_cc(cc) < (7, 0):  # Triton itself refuses these GPUs ("Triton only supports ... >= 7.0")
+            return None
+        triton = self.triton_of(release)
+        if triton is None:
+            return None
+        ptxas, override = triton.ptxas_for(cc)
+        certain = True
+        if prerelease and ptxas != triton.ptxas and not self._knows(triton.ptxas, cc):
+            ptxas, override, certain = triton.ptxas, "TRITON_PTXAS_PATH", False
+        if ptxas is None or self._knows(ptxas, cc):
+            return None
+        first = next(
             (
-                g
-                for g in self.ptxas_gaps
-                if g.compute_capability == gpu.compute_capability
-                and V.parse_spec(g.releases).admits(release.version)
+                t.version
+                for t in sorted(self.toolkits, key=lambda t: V.parse_cuda(t.version))
+                if cc in t.compute_capabilities
             ),
             None,
         )
+        if first is None:
+            return None
+        fixed = next(
+            (
+                r.version
+                for r in sorted(self.releases, key=lambda r: V.parse_release(r.version))
+                if V.parse_release(r.version) > V.parse_release(release.version)
+                and (t := self.triton_of(r)) is not None
+                and (p := t.ptxas_for(cc)[0]) is not None
+                and self._knows(p, cc)
+            ),
+            None,
+        )
+        toolkit_ptxas = f"the ptxas of a CUDA {first} or newer toolkit"
+        if override:
+            workaround = f"{override}=/usr/local/cuda/bin/ptxas ({toolkit_ptxas})"
+        else:
+            workaround = (
+                f"TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas ({toolkit_ptxas}); a Triton {triton.version} that "
+                "ignores it for sm_100 and newer needs triton/backends/nvidia/bin/ptxas-blackwell replaced by that "
+                "ptxas"
+            )
+        if fixed:
+            workaround += f"; or torch {fixed} or newer, whose Triton's ptxas knows it"
+        major, minor = cc.split(".")
+        return PtxasGap(
+            cc,
+            f"sm_{major}{minor}{'a' if int(major) >= 9 else ''}",
+            triton.version,
+            ptxas,
+            workaround,
+            triton.source,
+            triton.verified,
+            certain,
+        )
+
+    def _knows(self, ptxas: str | None, cc: str) -> bool:
+        if ptxas is None:
+            return True  # not in the data: no claim
+        try:
+            return cc in self.toolkit(ptxas).compute_capabilities
+        except InputError:
+            return True
 
     def builds_for_release(self, version: str, platform: Platform | None = None) -> list[Build]:
         rel = self.release(version)
@@ -575,10 +642,17 @@ def _platform_rows(doc: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
                 str(r["version"]), str(r["l4t"]), r["max_cuda"], r["torch"], _opt(r, "driver"), **_sourced(r)
             ),
         ),
-        "ptxas_gaps": rows(
-            "ptxas_gap",
-            lambda r: PtxasGap(
-                r["compute_capability"], r["target"], r["releases"], r["workaround"], **_sourced(r)
+        "triton_pins": rows(
+            "triton_pin", lambda r: TritonPin(str(r["torch"]), str(r["triton"]), **_sourced(r))
+        ),
+        "triton_ptxas": rows(
+            "triton",
+            lambda r: TritonPtxas(
+                str(r["version"]),
+                _opt(r, "ptxas"),
+                _opt(r, "ptxas_blackwell"),
+                _opt(r, "blackwell_override"),
+                **_sourced(r),
             ),
         ),
     }
