@@ -122,6 +122,13 @@ def test_a_nightly_may_lack_the_blackwell_ptxas():
     gap = _gap("NVIDIA GB10", "2.10.0", prerelease=True)
     assert gap is not None and not gap.certain and gap.ptxas == "12.8"
     assert _gap("NVIDIA GB10", "2.10.0") is None
+    # a nightly carries the previous line's Triton until its own pin lands: 2.7.0.dev20250305 came with
+    # pytorch-triton 3.2.0, whose ptxas 12.4 fails on sm_120 (pytorch#148551); the 2.7.0 release's 3.3.0 does not
+    rtx5090 = _gap("NVIDIA GeForce RTX 5090", "2.7.0", prerelease=True)
+    assert (
+        rtx5090 is not None and not rtx5090.certain and (rtx5090.triton, rtx5090.ptxas) == ("3.2.0", "12.4")
+    )
+    assert _gap("NVIDIA GeForce RTX 5090", "2.7.0") is None
     # a release whose every ptxas knows the target stays clean as a nightly too
     assert _gap("NVIDIA H100 80GB HBM3", "2.10.0", prerelease=True) is None
     assert _gap("NVIDIA GeForce RTX 5090", "2.12.0", prerelease=True) is None

@@ -214,8 +214,8 @@ def _ptxas_reason(kb: KnowledgeBase, gpu: Gpu, build: Build) -> Reason | None:
     which = (
         f"torch {build.release.version}'s Triton ({gap.triton}) bundles the ptxas of CUDA {gap.ptxas}"
         if gap.certain
-        else f"a {build.prerelease} build may carry a Triton without the release's Blackwell ptxas (Triton "
-        f"{gap.triton}'s other ptxas is CUDA {gap.ptxas}'s)"
+        else f"a {build.prerelease} build may carry an older Triton than the release's, or one without its "
+        f"Blackwell ptxas (Triton {gap.triton}, ptxas of CUDA {gap.ptxas})"
     )
     fails = "torch.compile fails" if gap.certain else "torch.compile may fail"
     return Reason(

@@ -410,8 +410,20 @@ class KnowledgeBase:
             return None
         ptxas, override = triton.ptxas_for(cc)
         certain = True
-        if prerelease and ptxas != triton.ptxas and not self._knows(triton.ptxas, cc):
-            ptxas, override, certain = triton.ptxas, "TRITON_PTXAS_PATH", False
+        if prerelease and self._knows(ptxas, cc):
+            # a nightly carries the previous release line's Triton until its own pin lands (2.7.0.dev20250305
+            # with pytorch-triton 3.2.0, 2.10.0.dev20251024 with 3.5.0), and a source build may lack the
+            # separate Blackwell ptxas
+            earlier = [
+                r for r in self.releases if V.parse_release(r.version) < V.parse_release(release.version)
+            ]
+            previous = (
+                self.triton_of(max(earlier, key=lambda r: V.parse_release(r.version))) if earlier else None
+            )
+            if previous is not None and not self._knows(previous.ptxas_for(cc)[0], cc):
+                triton, (ptxas, override), certain = previous, previous.ptxas_for(cc), False
+            elif ptxas != triton.ptxas and not self._knows(triton.ptxas, cc):
+                ptxas, override, certain = triton.ptxas, "TRITON_PTXAS_PATH", False
         if ptxas is None or self._knows(ptxas, cc):
             return None
         first = next(
