@@ -208,15 +208,22 @@ def _remark_reasons(build: Build) -> list[Reason]:
 
 
 def _ptxas_reason(kb: KnowledgeBase, gpu: Gpu, build: Build) -> Reason | None:
-    gap = kb.ptxas_gap(gpu, build.release) if build.cuda else None
+    gap = kb.ptxas_gap(gpu, build.release, prerelease=bool(build.prerelease)) if build.cuda else None
     if gap is None:
         return None
+    which = (
+        f"torch {build.release.version}'s Triton ({gap.triton}) bundles the ptxas of CUDA {gap.ptxas}"
+        if gap.certain
+        else f"a {build.prerelease} build may carry an older Triton than the release's, or one without its "
+        f"Blackwell ptxas (Triton {gap.triton}, ptxas of CUDA {gap.ptxas})"
+    )
+    fails = "torch.compile fails" if gap.certain else "torch.compile may fail"
     return Reason(
         "compile_ptxas_unsupported",
         Severity.CAVEAT,
-        f"{gpu.name} ({gpu.compute_capability}): eager mode runs, but torch.compile fails: the ptxas that "
-        f"torch {build.release.version}'s Triton bundles does not know {gap.target} (\"ptxas fatal : Value "
-        f"'{gap.target}' is not defined for option 'gpu-name'\"); workaround: {gap.workaround}",
+        f"{gpu.name} ({gpu.compute_capability}): eager mode runs, but {fails}: {which}, which does not know "
+        f"{gap.target} (\"ptxas fatal : Value '{gap.target}' is not defined for option 'gpu-name'\"); "
+        f"workaround: {gap.workaround}",
         gpu.name,
     )
 

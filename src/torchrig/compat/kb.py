@@ -30,6 +30,8 @@ from torchrig.compat.platforms import (
     PlatformInfo,
     PtxasGap,
     PypiDefault,
+    TritonPin,
+    TritonPtxas,
 )
 from torchrig.compat.records import (
     PYTORCH_INDEX,
@@ -76,7 +78,8 @@ class KnowledgeBase:
     pypi_defaults: tuple[PypiDefault, ...] = ()
     arch_overrides: tuple[ArchOverride, ...] = ()
     jetpacks: tuple[JetPack, ...] = ()
-    ptxas_gaps: tuple[PtxasGap, ...] = ()
+    triton_pins: tuple[TritonPin, ...] = ()
+    triton_ptxas: tuple[TritonPtxas, ...] = ()
     library_floors: tuple[LibraryFloor, ...] = ()
 
     # ---- GPUs
@@ -304,16 +307,17 @@ class KnowledgeBase:
         below = [b for b in self.branches if int(b.branch) <= major]
         return max(below, key=lambda b: int(b.branch)) if below else None
 
-    def ptxas_gap(self, gpu: Gpu, release: Release) -> PtxasGap | None:
-        return next(
-            (
-                g
-                for g in self.ptxas_gaps
-                if g.compute_capability == gpu.compute_capability
-                and V.parse_spec(g.releases).admits(release.version)
-            ),
-            None,
-        )
+    def triton_of(self, release: Release) -> TritonPtxas | None:
+        """The Triton a release's wheels require and what it bundles (None: not in the data)."""
+        pin = next((p for p in self.triton_pins if p.torch == release.version), None)
+        return next((t for t in self.triton_ptxas if pin and t.version == pin.triton), None)
+
+    def ptxas_gap(self, gpu: Gpu, release: Release, prerelease: bool = False) -> PtxasGap | None:
+        """The GPU's target when the ptxas of the release's Triton does not know it (torch.compile fails);
+        see :func:`torchrig.compat.ptxas.gap`."""
+        from torchrig.compat import ptxas
+
+        return ptxas.gap(self, gpu, release, prerelease)
 
     def builds_for_release(self, version: str, platform: Platform | None = None) -> list[Build]:
         rel = self.release(version)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from torchrig.compat import versions as V
 from torchrig.compat.gpunames import index_gpus
-from torchrig.compat.platforms import ArchOverride, JetPack, PlatformInfo, PtxasGap, PypiDefault
+from torchrig.compat.platforms import ArchOverride, JetPack, PlatformInfo, PypiDefault, TritonPin, TritonPtxas
 from torchrig.compat.records import (
     PYTORCH_INDEX,
     Branch,
@@ -179,8 +179,18 @@ def _jetpack(r: Mapping[str, Any]) -> JetPack:
     )
 
 
-def _ptxas_gap(r: Mapping[str, Any]) -> PtxasGap:
-    return PtxasGap(r["compute_capability"], r["target"], r["releases"], r["workaround"], **_sourced(r))
+def _triton_pin(r: Mapping[str, Any]) -> TritonPin:
+    return TritonPin(str(r["torch"]), str(r["triton"]), **_sourced(r))
+
+
+def _triton(r: Mapping[str, Any]) -> TritonPtxas:
+    return TritonPtxas(
+        str(r["version"]),
+        _opt(r, "ptxas"),
+        _opt(r, "ptxas_blackwell"),
+        _opt(r, "blackwell_override"),
+        **_sourced(r),
+    )
 
 
 def kb_fields(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -211,5 +221,6 @@ def kb_fields(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "pypi_defaults": _rows(plats, "pypi_default", _pypi_default),
         "arch_overrides": _rows(plats, "arch_list", _arch_override),
         "jetpacks": _rows(plats, "jetpack", _jetpack),
-        "ptxas_gaps": _rows(plats, "ptxas_gap", _ptxas_gap),
+        "triton_pins": _rows(plats, "triton_pin", _triton_pin),
+        "triton_ptxas": _rows(plats, "triton", _triton),
     }

@@ -75,13 +75,47 @@ class JetPack:
 
 
 @dataclass(frozen=True)
+class TritonPin:
+    """The Triton a torch release's Linux wheels require (``Requires-Dist: triton==X``)."""
+
+    torch: str
+    triton: str
+    source: str = ""
+    verified: str = ""
+
+
+@dataclass(frozen=True)
+class TritonPtxas:
+    """The ptxas a Triton release bundles: ``ptxas`` (the CUDA release it comes from) for every target, or, where
+    ``ptxas_blackwell`` is set, for targets below sm_100 only; ``blackwell_override`` is the variable that points
+    Triton at another ptxas for sm_100 and newer (None: the release has none that works)."""
+
+    version: str
+    ptxas: str | None
+    ptxas_blackwell: str | None = None
+    blackwell_override: str | None = None
+    source: str = ""
+    verified: str = ""
+
+    def ptxas_for(self, compute_capability: str) -> tuple[str | None, str]:
+        """(the CUDA release of the ptxas Triton runs for that GPU, the variable that overrides it)."""
+        if self.ptxas_blackwell and int(compute_capability.split(".")[0]) >= 10:
+            return self.ptxas_blackwell, self.blackwell_override or ""
+        return self.ptxas, "TRITON_PTXAS_PATH"
+
+
+@dataclass(frozen=True)
 class PtxasGap:
+    """A GPU target the ptxas of a build's Triton does not know: eager runs, torch.compile fails."""
+
     compute_capability: str
     target: str
-    releases: str
+    triton: str
+    ptxas: str
     workaround: str
     source: str = ""
     verified: str = ""
+    certain: bool = True
 
 
 @dataclass(frozen=True)
