@@ -4,15 +4,26 @@ Triton a torch release pins does not know the GPU (facts: ``[[triton_pin]]`` and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from torchrig.compat import versions as V
 from torchrig.compat.platforms import PtxasGap, TritonPtxas
+from torchrig.compat.records import Gpu, Release, Toolkit
 from torchrig.errors import InputError
 
-if TYPE_CHECKING:
-    from torchrig.compat.kb import KnowledgeBase
-    from torchrig.compat.records import Gpu, Release
+
+class KnowledgeBase(Protocol):
+    """What the rule reads of :class:`torchrig.compat.kb.KnowledgeBase` (which calls it: no import back)."""
+
+    @property
+    def releases(self) -> tuple[Release, ...]: ...
+
+    @property
+    def toolkits(self) -> tuple[Toolkit, ...]: ...
+
+    def toolkit(self, version: str) -> Toolkit: ...
+
+    def triton_of(self, release: Release) -> TritonPtxas | None: ...
 
 
 def knows(kb: KnowledgeBase, ptxas: str | None, cc: str) -> bool:
