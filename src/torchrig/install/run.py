@@ -139,6 +139,7 @@ def make_plan(req: InstallRequest) -> InstallPlan:
             hint="make a virtual environment: python3 -m venv .venv && . .venv/bin/activate, then torchrig install",
         )
     installer = host.which_installer(req.installer, facts)
+    given_constraint = _read_constraint(req.constraint)  # a bad file is refused before any index is asked
     kb = load_kb()
     target = choose_target(list(req.gpus), req.driver, "auto", None if req.gpus else detect_local_gpus())
     gpus = list({g.id: g for g in (kb.find_gpu(n) for n in target.gpus)}.values())
@@ -167,7 +168,7 @@ def make_plan(req: InstallRequest) -> InstallPlan:
         return listed_cache[index]
 
     choice = choose_build(kb, req, gpus, target.driver, plat, facts.short_version, available)
-    constraint = _constraint(req.constraint, choice.requirement)
+    constraint = _agreeing_constraint(req.constraint, given_constraint, choice.requirement)
     action = _action(facts, choice.requirement, choice.build.cuda is not None, req, notes)
     index_url = choice.index_url
     if index_url in unreachable and req.index_url is None:
@@ -182,8 +183,9 @@ def make_plan(req: InstallRequest) -> InstallPlan:
     )  # fmt: skip
 
 
-def _constraint(path: str | None, requirement: str) -> str | None:
-    """The constraints file to pass to the installer (an existing one), after checking it agrees."""
+def _read_constraint(path: str | None) -> tuple[str, str | None] | None:
+    """The constraints file to pass to the installer (an existing one) and the torch pin it holds; None when
+    there is none yet (it is written after the install)."""
     if path is None:
         return None
     file = Path(path).expanduser()
@@ -195,13 +197,22 @@ def _constraint(path: str | None, requirement: str) -> str | None:
         if not file.parent.is_dir():
             raise InputError(f"--constraint {path!r}: directory {str(file.parent)!r} does not exist")
         return None  # written after the install
-    pinned = pinned_in(read_text(file, "--constraint file", max_bytes=_MAX_CONSTRAINT_BYTES))
+    return str(file), pinned_in(read_text(file, "--constraint file", max_bytes=_MAX_CONSTRAINT_BYTES))
+
+
+def _agreeing_constraint(
+    path: str | None, given: tuple[str, str | None] | None, requirement: str
+) -> str | None:
+    """The constraints file for the installer, once its torch pin (if any) is known to be ``requirement``."""
+    if given is None:
+        return None
+    file, pinned = given
     if pinned and pinned != requirement:
         raise InputError(
             f"{path} pins {pinned}, not {requirement}",
             hint=f"pass --torch to match it, or remove torch's line from {path} to pin the new build",
         )
-    return str(file)
+    return file
 
 
 def _action(facts: PythonFacts, requirement: str, cuda: bool, req: InstallRequest, notes: list[str]) -> str:
