@@ -101,6 +101,8 @@ def _choices(text: str | None, valid: tuple[str, ...], option: str) -> tuple[str
 
 def _device(args: argparse.Namespace) -> tuple[str, int]:
     """('cuda' | 'cpu', visible GPU count)."""
+    if args.cpu and args.dry_run:
+        return "cpu", 0  # a plan on CPU needs no torch in this process (the workers import it)
     try:
         import torch
     except ImportError:
