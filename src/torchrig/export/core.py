@@ -67,20 +67,16 @@ def export_checkpoint(
     seq_len: int | None = None,
     tolerance: float = 1e-3,
 ) -> ExportResult:
-    import torch
-
-    from torchrig.train import checkpoint as ckpt
     from torchrig.train import rundir
-    from torchrig.train.models import model_from_spec
 
     try:
-        folder = ckpt.resolve(path)
+        folder = rundir.resolve(path)  # a path with no checkpoint is refused before torch is imported
     except FileNotFoundError:
         saved = rundir.checkpoints(path / rundir.CHECKPOINTS) or rundir.checkpoints(path)
         if saved:
             root = saved[-1].path.parent
             raise InputError(
-                f"no checkpoint at {path}: {root / ckpt.LATEST} names {rundir.pointer(root)!r}, which is not "
+                f"no checkpoint at {path}: {root / rundir.LATEST} names {rundir.pointer(root)!r}, which is not "
                 "a complete checkpoint",
                 hint=f"export one that is, e.g. {saved[-1].path}",
             ) from None
@@ -88,6 +84,11 @@ def export_checkpoint(
             f"no checkpoint at {path}",
             hint="give a run folder, its checkpoints/ folder, or a step-N folder with meta.json",
         ) from None
+    import torch
+
+    from torchrig.train import checkpoint as ckpt
+    from torchrig.train.models import model_from_spec
+
     meta = ckpt.read_meta(folder)
     _verify(folder, meta)
     spec = checked_spec(meta.get("model_spec"), str(folder / ckpt.META))

@@ -229,15 +229,7 @@ def verify(folder: Path, meta: dict[str, Any]) -> list[str]:
     return sorted(p for part in _gather(mine) for p in part)
 
 
-def resolve(path: Path) -> Path:
-    """A checkpoint folder from a run folder, a checkpoints folder or a checkpoint folder itself."""
-    for cand in (path, path / rundir.CHECKPOINTS):
-        if (cand / META).is_file():
-            return cand
-        found = latest(cand)
-        if found:
-            return found
-    raise FileNotFoundError(path)
+resolve = rundir.resolve  # a checkpoint folder from a run, checkpoints or checkpoint folder (no torch there)
 
 
 def clean_partial(root: Path) -> None:

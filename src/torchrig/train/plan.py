@@ -46,6 +46,12 @@ class TrainRequest:
     launch_options: tuple[tuple[str, Any], ...] = ()  # launch.options.FAILURE_OPTIONS' fields and values
 
     def __post_init__(self) -> None:
+        data = self.config.data
+        if data not in ("synthetic", "generated") and not Path(data).exists():  # before torch is imported
+            raise UsageError(
+                f"--data {data!r}: no such file or folder",
+                hint="use synthetic, generated, a token file (.bin/.npy) or an image folder",
+            )
         if self.gpus is None:
             return
         if self.config.device == "cpu" or self.nproc_per_node is not None:

@@ -434,6 +434,17 @@ class DiskFull(JobFailed):
     """The filesystem under ``--out`` filled up (exit 1: the run stopped; its last good checkpoint stays)."""
 
 
+def resolve(path: Path) -> Path:
+    """A checkpoint folder from a run folder, a checkpoints folder or a checkpoint folder itself."""
+    for cand in (path, path / CHECKPOINTS):
+        if (cand / META).is_file():
+            return cand
+        found = latest(cand)
+        if found:
+            return found
+    raise FileNotFoundError(path)
+
+
 def latest_or_none(root: Path) -> Path | None:
     """:func:`latest` for a message about another failure: a hostile ``latest`` is not that failure."""
     try:
