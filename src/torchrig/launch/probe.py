@@ -56,10 +56,9 @@ def probe_gpus(timeout_s: float = 60.0) -> GpuProbe:
 
 
 def _cache_path() -> str:
-    base = os.environ.get("TORCHRIG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchrig"
-    )
-    return os.path.join(base, "launch-gpu-probe.json")
+    from torchrig import userdirs
+
+    return str(userdirs.cache_dir() / "launch-gpu-probe.json")
 
 
 def probe_key() -> dict[str, object]:
