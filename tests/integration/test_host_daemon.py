@@ -352,3 +352,37 @@ def test_a_raw_request_that_is_too_long_or_not_json_is_refused(host):
                 s.sendall(payload)
             answer = json.loads(s.makefile("rb").readline())
         assert answer["ok"] is False and answer["error"]["exit_code"] == 2, answer
+
+
+def test_an_environment_keeps_its_ssh_host_key_through_the_daemon(host):
+    """Through the daemon the host key is kept across down/up of a name, in root's state, never in a folder
+    a user can write; the daemon sends the line and 'up' records it in the user's own known_hosts, which the
+    printed ssh command names."""
+    t = host["tag"]
+    name = f"trh-{t}-key"
+    home = host["scratch"] / "alice"
+    key = host["scratch"] / f"alice-{t}.pub"  # a public key alice can read (she has no ~/.ssh)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)[:-4]], check=True)
+    os.chmod(key, 0o644)
+    argv = ["up", "--image", host["image"], "--no-jupyter", "--name", name, "--ssh-key", str(key)]
+    lines = []
+    try:
+        for _ in range(2):
+            r = tr(host, "alice", *argv, "--create-only", "--json")
+            assert r.returncode == 0, r.stderr
+            lines.append(json.loads(r.stdout)["known_hosts_line"])
+            assert tr(host, "alice", "down", name).returncode == 0
+    finally:
+        tr(host, "alice", "down", "--volumes", name)
+    assert lines[0] and lines[0] == lines[1] and lines[0].startswith(f"{name} ssh-ed25519 ")
+    known = home / ".local" / "state" / "torchrig" / "known_hosts"
+    assert known.read_text().splitlines() == [lines[0]] and known.stat().st_uid == pwd_uid(host, "alice")
+    kept = host["state"] / "hostkeys"
+    assert kept.stat().st_uid == 0 and kept.stat().st_mode & 0o077 == 0  # root's, private
+    assert not list(home.rglob("ssh_host_ed25519_key"))  # the private key never in her folders
+
+
+def pwd_uid(host, who: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(host["names"][who]).pw_uid

@@ -330,4 +330,22 @@ def _via_daemon(sock: Any, args: argparse.Namespace) -> UpReport:
         "labels": [list(kv) for kv in labels_from_env()],
     }
     data = call(sock, "up", request)
-    return UpReport(from_jsonable(UpResult, data["result"]))
+    return UpReport(_known_host(from_jsonable(UpResult, data["result"])))
+
+
+def _known_host(r: Any) -> Any:
+    """The daemon keeps each environment's host key in its own state and sends the known_hosts line: it
+    goes into this user's known_hosts, and the ssh command checks the key there."""
+    from dataclasses import replace
+
+    from torchrig.runtime import hostkey
+
+    if not r.known_hosts_line:
+        return r
+    path = hostkey.record_line(r.known_hosts_line)
+    ports = r.host_ports
+    if r.ssh_command and "ssh" in ports:
+        where = r.ssh_command.rsplit("@", 1)[-1]
+        user = r.plan.container_user or "root"
+        return replace(r, ssh_command=hostkey.ssh_command(ports["ssh"], r.plan.name, user, where, path))
+    return r

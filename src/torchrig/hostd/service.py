@@ -226,7 +226,9 @@ class HostService:
         key = _ssh_key(args["ssh_key"]) if args["ssh"] else None
         ledger = self.ledger_for(engine, caller)
         try:
-            ctx = DaemonContext(ledger, owner.uid, owner.gid, key)
+            # the owner's environments keep their SSH host keys across down/up, in root's state (private keys)
+            hostkeys = ensure_private_dir(self.state_dir / "hostkeys") / str(owner.uid)
+            ctx = DaemonContext(ledger, owner.uid, owner.gid, key, hostkeys)
             result = run_up(
                 req,
                 inventory_path=self.inventory_path,

@@ -90,11 +90,25 @@ def ssh_command(port: int, alias: str, user: str, host: str, known_hosts: Path |
 def record(hk: HostKey, alias: str) -> str:
     """Put ``alias``'s line into the known_hosts file (replacing an older one); the line."""
     line = hk.known_hosts_line(alias)
-    path = hk.known_hosts_file
+    _replace_line(hk.known_hosts_file, alias, line)
+    return line
+
+
+def record_line(line: str, base: Path | None = None) -> Path:
+    """Put a known_hosts ``line`` (``ALIAS ssh-ed25519 AAAA…``, as the host daemon sends it) into this
+    user's known_hosts file, replacing the alias's older line; the file. A line that is not one is refused."""
+    parts = line.split()
+    if len(parts) != 3 or not parts[1].startswith("ssh-") or any(c in line for c in "\n\r"):
+        raise InputError(f"not a known_hosts line: {line!r:.80}")
+    path = known_hosts_file(base)
+    _replace_line(path, parts[0], line)
+    return path
+
+
+def _replace_line(path: Path, alias: str, line: str) -> None:
     old = read_text(path, "known_hosts file", follow=False).splitlines() if os.path.lexists(path) else []
     kept = [x for x in old if x.split(" ", 1)[0] != alias]
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(f"{x}\n" for x in [*kept, line]))
     os.replace(tmp, path)
-    return line

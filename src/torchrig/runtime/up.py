@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from torchrig import userdirs
 from torchrig.contract import (
     AUTHORIZED_KEYS_FILE,
     ENV_LABEL_PREFIX,
@@ -310,6 +311,9 @@ class DaemonContext:
     uid: int
     gid: int
     ssh_key: str | None
+    hostkeys: Path | None = (
+        None  # the owner's host keys in the daemon's root-only state (None: a new one per start)
+    )
 
     def host_facts(self, engine: Engine) -> HostFacts:
         return replace(host_facts(engine), uid=self.uid, gid=self.gid)
@@ -422,7 +426,8 @@ def run_up(
             if plan.container_uid is not None:
                 hand_over(path, plan.container_uid, plan.run_as[1] if plan.run_as else (plan.image_gid or 0))
         token = secrets.token_hex(24) if req.jupyter else None
-        hk = hostkey.ensure(plan.name) if req.ssh and not daemon else None
+        keys = daemon.hostkeys if daemon else userdirs.state_dir()
+        hk = hostkey.ensure(plan.name, base=keys) if req.ssh and keys is not None else None
         if req.ssh and hk is None:
             note = (
                 "started through the host daemon: the environment makes a new host key at every start"
@@ -431,12 +436,16 @@ def run_up(
             )
             plan = replace(plan, notes=(*plan.notes, note))
         _provision(engine, cid, plan, token, key if req.ssh else None, hk)
-        line = hostkey.record(hk, plan.name) if hk is not None else None
+        # through the daemon the key is kept in root's state: the caller records the line in their own
+        # known_hosts ('torchrig up' does), since the daemon writes nothing into a user's folders
+        line = (hk.known_hosts_line(plan.name) if daemon else hostkey.record(hk, plan.name)) if hk else None
         if create_only:
             return UpResult(plan, "created", pf.findings, known_hosts_line=line, workspace_new=workspace_new)
         ports = _start(engine, cid, plan, wait_s)
         kept_ports.remember(plan.name, ports)
-        jupyter, ssh = urls(plan, ports, host.hostname, token, hk.known_hosts_file if hk else None)
+        jupyter, ssh = urls(
+            plan, ports, host.hostname, token, hk.known_hosts_file if hk and not daemon else None
+        )
         return UpResult(plan, "running", pf.findings, jupyter, ssh, ports, line, workspace_new)
     except BaseException:
         if cid is not None:
