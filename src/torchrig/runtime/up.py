@@ -430,7 +430,7 @@ def run_up(
         hk = hostkey.ensure(plan.name, base=keys) if req.ssh and keys is not None else None
         if req.ssh and hk is None:
             note = (
-                "started through the host daemon: the environment makes a new host key at every start"
+                "no ssh-keygen where the host daemon runs: the environment makes a new host key at every start"
                 if daemon
                 else "no ssh-keygen on this host: the environment makes a new host key at every start"
             )
