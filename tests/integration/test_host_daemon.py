@@ -377,7 +377,7 @@ def test_an_environment_keeps_its_ssh_host_key_through_the_daemon(host):
     assert lines[0] and lines[0] == lines[1] and lines[0].startswith(f"{name} ssh-ed25519 ")
     known = home / ".local" / "state" / "torchrig" / "known_hosts"
     assert known.read_text().splitlines() == [lines[0]] and known.stat().st_uid == pwd_uid(host, "alice")
-    kept = host["state"] / "hostkeys"
+    kept = host["state"] / "users"
     assert kept.stat().st_uid == 0 and kept.stat().st_mode & 0o077 == 0  # root's, private
     assert not list(home.rglob("ssh_host_ed25519_key"))  # the private key never in her folders
 

@@ -226,9 +226,10 @@ class HostService:
         key = _ssh_key(args["ssh_key"]) if args["ssh"] else None
         ledger = self.ledger_for(engine, caller)
         try:
-            # the owner's environments keep their SSH host keys across down/up, in root's state (private keys)
-            hostkeys = ensure_private_dir(self.state_dir / "hostkeys") / str(owner.uid)
-            ctx = DaemonContext(ledger, owner.uid, owner.gid, key, hostkeys)
+            # the owner's environments keep their SSH host keys (private keys) and host ports across down/up,
+            # in root's state
+            owner_state = ensure_private_dir(self.state_dir / "users") / str(owner.uid)
+            ctx = DaemonContext(ledger, owner.uid, owner.gid, key, owner_state)
             result = run_up(
                 req,
                 inventory_path=self.inventory_path,

@@ -311,18 +311,19 @@ class DaemonContext:
     uid: int
     gid: int
     ssh_key: str | None
-    hostkeys: Path | None = (
-        None  # the owner's host keys in the daemon's root-only state (None: a new one per start)
-    )
+    # the owner's folder in the daemon's root-only state: the environments' kept host keys and ports
+    owner_state: Path | None = None
 
     def host_facts(self, engine: Engine) -> HostFacts:
         return replace(host_facts(engine), uid=self.uid, gid=self.gid)
 
 
-def stable_ports(engine: Engine, req: UpRequest) -> tuple[UpRequest, tuple[str, ...]]:
+def stable_ports(
+    engine: Engine, req: UpRequest, base: Path | None = None
+) -> tuple[UpRequest, tuple[str, ...]]:
     """Ask for the host ports this environment name had before, where no one else holds them now."""
     services = tuple(s for s, on in (("jupyter", req.jupyter), ("ssh", req.ssh)) if on)
-    recorded = kept_ports.remembered(req.name)
+    recorded = kept_ports.remembered(req.name, base)
     if not recorded or not services:
         return req, ()
     holders = {
@@ -386,7 +387,7 @@ def run_up(
     from torchrig.compat.kb import load_kb  # called only when pre-flight needs the facts
 
     ledger = daemon.ledger if daemon else Ledger.open()
-    req, port_notes = stable_ports(engine, req)
+    req, port_notes = stable_ports(engine, req, daemon.owner_state if daemon else None)
     service_notes += port_notes
     if dry_run:  # the same choice a real up makes, recording nothing
         live, listed_at = engine.live_names()
@@ -426,7 +427,7 @@ def run_up(
             if plan.container_uid is not None:
                 hand_over(path, plan.container_uid, plan.run_as[1] if plan.run_as else (plan.image_gid or 0))
         token = secrets.token_hex(24) if req.jupyter else None
-        keys = daemon.hostkeys if daemon else userdirs.state_dir()
+        keys = daemon.owner_state if daemon else userdirs.state_dir()
         hk = hostkey.ensure(plan.name, base=keys) if req.ssh and keys is not None else None
         if req.ssh and hk is None:
             note = (
@@ -442,7 +443,7 @@ def run_up(
         if create_only:
             return UpResult(plan, "created", pf.findings, known_hosts_line=line, workspace_new=workspace_new)
         ports = _start(engine, cid, plan, wait_s)
-        kept_ports.remember(plan.name, ports)
+        kept_ports.remember(plan.name, ports, daemon.owner_state if daemon else None)
         jupyter, ssh = urls(
             plan, ports, host.hostname, token, hk.known_hosts_file if hk and not daemon else None
         )
