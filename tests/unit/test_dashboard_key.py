@@ -40,3 +40,26 @@ def test_a_cookie_that_is_not_ascii_is_refused_and_the_right_key_still_opens(boa
     conn.request("GET", f"/?key={board.key}")
     assert conn.getresponse().status == 303
     assert board.authorised("\u00e9", None) is False and board.authorised(board.key, None) is True
+
+
+def test_a_browser_gone_before_the_answer_is_no_traceback():
+    """A closed tab or a reload resets the connection while the answer is written: the handler ends the
+    connection quietly (socketserver would print a traceback on the owner's terminal)."""
+    from torchrig.dashboard.server import handler_for
+
+    class Gone:
+        def write(self, data: bytes) -> int:
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+        def flush(self) -> None: ...
+
+    handler = object.__new__(handler_for(object()))  # type: ignore[arg-type]
+    handler.wfile, handler.request_version, handler.requestline, handler.command = (
+        Gone(),
+        "HTTP/1.1",
+        "GET /",
+        "GET",
+    )
+    handler.close_connection = False
+    handler._send(403, b"no", "text/plain")  # no exception
+    assert handler.close_connection is True

@@ -118,13 +118,18 @@ def handler_for(board: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
             pass
 
         def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
-            self.send_response(code)
-            for k, v in {**HEADERS, "Content-Type": ctype, **(extra or {})}.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            try:
+                self.send_response(code)
+                for k, v in {**HEADERS, "Content-Type": ctype, **(extra or {})}.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                # the browser went away before the answer (a closed tab, a reload): nothing to tell the
+                # owner's terminal (socketserver would print a traceback there)
+                self.close_connection = True
 
         def do_HEAD(self) -> None:
             self.do_GET()
