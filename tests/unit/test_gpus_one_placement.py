@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torchrig.cli import main
 from torchrig.errors import InputError, UsageError
@@ -205,6 +207,23 @@ def test_bench_workers_get_the_free_one(shared_h200x2, capsys, monkeypatch):
     assert main(["--json", "bench", "--dry-run", "--gpus", "1", "--only", "gemm"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert plan["env"]["CUDA_VISIBLE_DEVICES"] == "1" and plan["nproc"] == 1
+
+
+def test_bench_workers_on_gpu_0_are_an_index_not_a_count(shared_h200x2, capsys, monkeypatch):
+    # GPU 0 alone once reached the launcher as "0": a count of zero, refused (seen on a 1-GPU H200)
+    from torchrig.cli import cmd_bench
+
+    monkeypatch.setattr(cmd_bench, "_device", lambda args: ("cuda", 2))
+    assert main(["--json", "bench", "--dry-run", "--force", "--gpus", "device=0", "--only", "gemm"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["env"]["CUDA_VISIBLE_DEVICES"] == "0" and plan["nproc"] == 1
+
+
+@given(st.lists(st.integers(0, 63), min_size=1, max_size=8, unique=True))
+def test_indices_text_reads_back_as_the_same_indices(ids):
+    assert placement.parse_gpus(placement.indices_text(ids)) == placement.GpuRequest(
+        "indices", indices=tuple(ids)
+    )
 
 
 def test_force_says_so_on_stderr_and_in_json(shared_h200x2, capsys):

@@ -48,11 +48,12 @@ echo "== pre-flight on the recorded host: a cu130 build (driver 580 -> runs) and
 $py - "$out" <<'PY' | tee "$out/preflight.txt"
 import sys
 from torchrig.runtime.inventory import load_snapshot
-from torchrig.runtime.preflight import load_host_kb, preflight
+from torchrig.compat.kb import load_kb
+from torchrig.runtime.preflight import preflight
 inv = load_snapshot(f"{sys.argv[1]}/inventory-recorded.json")
 units = inv.units()[:1]
 for cuda, archs in (("13.0", "sm_90 sm_100 sm_120"), ("12.8", "sm_80 sm_86")):
-    pf = preflight({"org.torchrig.torch": "x", "org.torchrig.cuda": cuda, "org.torchrig.arch-list": archs}, inv, units, load_host_kb)
+    pf = preflight({"org.torchrig.torch": "x", "org.torchrig.cuda": cuda, "org.torchrig.arch-list": archs}, inv, units, load_kb)
     print(f"cuda {cuda} archs [{archs}]: ok={pf.ok}; " + "; ".join(f"{f.code}: {f.summary}" for f in pf.findings))
 PY
 

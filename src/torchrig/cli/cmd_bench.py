@@ -175,8 +175,9 @@ def run(args: argparse.Namespace) -> Any:
     nproc = len(placed.gpus) if placed is not None else (args.nproc or (count if kind == "cuda" else 2))
     from torchrig.bench.config import Part
     from torchrig.bench.launch import run_workers, worker_job
+    from torchrig.runtime.placement import indices_text
 
-    gpus = ",".join(map(str, placed.gpus)) if placed is not None else None
+    gpus = indices_text(placed.gpus) if placed is not None else None
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-") as work:
         job = worker_job(cfg, nproc, work, gpus=gpus, force=bool(args.force))
         if args.dry_run:
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> Any:
         with ProgressDisplay() as display:
             m = run_workers(job, cfg, display.update, on_line)
             if Part.SCALING.value in cfg.parts:
-                env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
+                env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, placed.gpus))} if placed is not None else {}
                 m = _scaling(m, cfg, nproc, work, display, on_line, env, bool(args.force))
     return build_report(m, grading.kb_peaks(m), args.out, plots=not args.no_plots)
 

@@ -61,6 +61,14 @@ class GpuRequest:
 
 
 NO_GPUS = GpuRequest("none")
+
+
+def indices_text(indices: Sequence[int]) -> str:
+    """``--gpus`` words for these GPU indices: one index keeps its trailing comma ("0," is GPU 0; "0" would
+    be a count, and a count of zero is refused)."""
+    return GpuRequest("indices", indices=tuple(indices)).text
+
+
 _UUID_RE = re.compile(r"(GPU|MIG)-[0-9a-fA-F][0-9a-fA-F-]{7,}|MIG-GPU-[0-9a-fA-F-]{8,}/\d+/\d+")
 HINT = "expected all, a count (2), indices (0,2, device=1 or 1,), or UUIDs (GPU-…, MIG-…)"
 

@@ -190,11 +190,12 @@ def _launch_request(
     request: TrainRequest, cfg: TrainConfig, facts: TrainFacts, start: runstart.Start
 ) -> LaunchRequest:
     from torchrig.launch.plan import LaunchRequest
+    from torchrig.runtime.placement import indices_text
     from torchrig.train.rundir import LOCK_HOLDER_ENV
 
     gpus = request.gpus
     if gpus is None and facts.placed is not None:
-        gpus = f"{facts.placed.gpus[0]},"  # the first GPU that is yours to take
+        gpus = indices_text(facts.placed.gpus[:1])  # the first GPU that is yours to take
     cpu = request.nproc_per_node is not None or cfg.device == "cpu"
     return LaunchRequest(
         script="torchrig.train",
