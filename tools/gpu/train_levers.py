@@ -7,6 +7,7 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   pdl    TORCHINDUCTOR_ENABLE_PDL=1: Inductor's Triton kernels with programmatic dependent launch (Hopper)
   tune   --compile-tuning: Inductor's coordinate-descent tuning of its kernels
   mag    TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1: Triton GEMM templates with fused epilogues against cuBLAS
+  tma    mag, and Inductor's persistent TMA matmul templates (Hopper's bulk tensor copies) among the choices
   mixs   TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE=1: autotuned split of the LayerNorm
          backward's fused row/column reductions
   combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
@@ -35,6 +36,13 @@ LEVERS = {  # tag: (environment, torchrig options)
     "pdl": ({"TORCHINDUCTOR_ENABLE_PDL": "1"}, []),
     "tune": ({}, ["--compile-tuning"]),
     "mag": ({"TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "1"}, []),
+    "tma": (
+        {
+            "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "1",
+            "TORCHRIG_INDUCTOR_CONFIG": "triton.enable_persistent_tma_matmul=1",
+        },
+        [],
+    ),
     "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
     "plain": ({}, ["--loss", "plain"]),
     "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
