@@ -179,6 +179,12 @@ def _stand_in_torch_wheel(folder: Path, version: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def stand_in_torch_wheel():
+    """:func:`_stand_in_torch_wheel` (folder, version) -> the wheel's path, for the test modules."""
+    return _stand_in_torch_wheel
+
+
+@pytest.fixture(scope="session")
 def stand_in_wheelhouse(tmp_path_factory, wheelhouse) -> Path:
     """A wheelhouse with a stand-in torch (:func:`_stand_in_torch_wheel`) and the real wheelhouse's NumPy
     (the image installs it beside torch) and packaging (torchrig's one dependency in the image).

@@ -4,10 +4,20 @@ each starts the team's image, saves work in /workspace over ssh (strict host-key
 dashboard's ssh command logs in the same way, its Jupyter link answers, and its one ``ssh -L`` line names
 every port its links use; ``down --volumes`` deletes the work and says so.
 
-Not as written, and why: step 1's ``image build`` of the H200 spec needs a registry for its CUDA base and
-PyPI for CUDA torch, which this machine does not have; the session's test image (a CPU build, made by the
-same ``image build`` from a local base and wheelhouse) is tagged ``team/pytorch:<unique>`` instead of
-``:latest``, and each user's environment name is unique (tests run in parallel). Step 2's ``up --gpus 2``
+Step 1's build runs as printed (:func:`test_the_team_server_tutorial_builds_the_image`), in a scratch folder
+after step 1's ``init``: the names the server would pull or download are made here. Its wheelhouse
+``wheels/`` holds a stand-in torch named like the render's pin (a few hundred bytes, instead of PyPI's CUDA
+torch; nothing about torch is asserted beyond what the build prints) and the session wheelhouse's other
+wheels; its base, the render's ``FROM`` (Docker Hub's ``python:...-slim-bookworm``), is the local base image
+tagged with that name (the engine uses a local image without pulling), untagged after. Those names, and
+``team/pytorch:latest`` and the stack tag the build sets, are fixed by the page, so one test at a time on
+this host uses them (a host-wide file lock; an image under one of them that no test made skips the test
+rather than being moved or removed).
+
+Step 2 and after, and why not as written: the image step 1 builds holds a stand-in torch, so the
+environments run the session's test image (a CPU build, made by the same ``image build`` from a local base
+and wheelhouse), tagged ``team/pytorch:<unique>`` instead of ``:latest``, and each user's environment name
+is unique (tests run in parallel). Step 2's ``up --gpus 2``
 runs as printed with the GPUs at the hardware boundary replaced by a recorded 8x H200 inventory
 (``TORCHRIG_GPU_INVENTORY``): its dry run leases two GPUs of one NVLink domain and NUMA node; the real one
 refuses the CPU image in one line before the engine is asked (the GPUs would go unused), leaving no
@@ -111,6 +121,78 @@ def server(engine, request):
 
 
 INVENTORY = ROOT / "tests" / "fixtures" / "runtime" / "inventory-8xh200.json"
+BASE_IMAGE = os.environ.get("TORCHRIG_TEST_BASE", "torchrig-test/debian:bookworm")
+BUILD = "tests/integration/test_team_server_tutorial.py::test_the_team_server_tutorial_builds_the_image"
+# the page's fixed names (the build's base, its tags) are used by one test at a time on this host
+FIXED_NAMES_LOCK = Path(tempfile.gettempdir()) / "torchrig-tests-team-tutorial-build.lock"
+
+
+def _image_or_none(engine, name: str):
+    from docker.errors import ImageNotFound
+
+    try:
+        return engine.images.get(name)
+    except ImageNotFound:
+        return None
+
+
+def test_the_team_server_tutorial_builds_the_image(
+    engine, tmp_path, wheelhouse, stand_in_torch_wheel, remove_classic_intermediates, run_identity
+):
+    from filelock import FileLock
+
+    (init_block,) = [b for b in docblocks.shell_blocks(DOC) if b.kind == "doctest" and "init" in b.body]
+    for command, _ in init_block.steps():  # step 1's init and render, as printed
+        r = docblocks.run(command, tmp_path)
+        assert r.returncode == 0, r.stderr
+    (block,) = docblocks.tested_by(DOC, BUILD)
+    ((printed, shown),) = block.steps()
+    assert printed == "torchrig image build team.toml --tag team/pytorch:latest --wheelhouse wheels"
+    render = json.loads(docblocks.run("torchrig image render team.toml --json", tmp_path).stdout)
+    base, stack_tag = render["base"], render["tag"]
+    pin = re.search(r"pip install [^;\n]*\btorch==(\S+);", render["dockerfile"])
+    assert pin, render["dockerfile"]
+    # the wheelhouse the page names: a stand-in torch as pinned, the session wheelhouse's other wheels
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    stand_in_torch_wheel(wheels, pin.group(1))
+    for wheel in wheelhouse.glob("*.whl"):
+        if not wheel.name.startswith("torch-"):
+            try:  # ~70 MB: linked where the file system allows
+                os.link(wheel.resolve(), wheels / wheel.name)
+            except OSError:
+                shutil.copy2(wheel, wheels / wheel.name)
+
+    local_base = engine.images.get(BASE_IMAGE)
+    built_id = None
+    with FileLock(str(FIXED_NAMES_LOCK)):
+        for name in ("team/pytorch:latest", stack_tag):
+            held = _image_or_none(engine, name)
+            if held is not None and "torchrig.test" not in (held.labels or {}):
+                pytest.skip(f"{name} is an image no test made; the page's build would move its tag")
+        present = _image_or_none(engine, base)
+        tagged = present is None or present.id == local_base.id  # ours, or a killed run's tag of it
+        if present is None:
+            repo, _, tag = base.rpartition(":")
+            assert local_base.tag(repo, tag)
+        try:
+            r = docblocks.run(printed, tmp_path, timeout=1200)
+            held = _image_or_none(engine, "team/pytorch:latest")
+            built_id = held.id if held is not None and "torchrig.test" in (held.labels or {}) else None
+            remove_classic_intermediates(engine, r.stderr.splitlines())
+            assert r.returncode == 0, r.stderr[-4000:]
+            gone = docblocks.missing(r.stdout + r.stderr, shown, {re.escape(f"{tmp_path}/"): ""})
+            assert not gone, f"the build did not print {gone}:\n{r.stdout}{r.stderr[-3000:]}"
+            lock = json.loads((tmp_path / "team.lock.json").read_text())
+            assert lock["image_id"] == built_id and "team/pytorch:latest" in lock["tags"]
+            assert lock["base"] == base and lock["base_reference"] == local_base.id
+            assert engine.images.get(built_id).labels["torchrig.test"] == run_identity.session_id
+        finally:
+            if built_id is not None:
+                engine.images.remove(built_id, force=True)  # every tag the build set: :latest, the stack's
+            if tagged:
+                engine.images.remove(base)  # the name only; the local base keeps its own
+    assert _image_or_none(engine, "team/pytorch:latest") is None
 
 
 def _env(server, who: str) -> dict[str, str]:
@@ -139,7 +221,8 @@ def ssh(server, who: str, printed: str, remote: str) -> subprocess.CompletedProc
 
 def test_the_team_server_tutorial_as_two_users(server, engine):
     text = DOC.read_text()
-    assert "torchrig image build team.toml --tag team/pytorch:latest" in text  # step 1 makes what step 2 runs
+    # step 1 makes what step 2 runs
+    assert "torchrig image build team.toml --tag team/pytorch:latest --wheelhouse wheels" in text
     assert "torchrig up --image team/pytorch:latest --gpus 2 --name alice-exp" in text
     # step 2 as printed (`--gpus 2`), on the recorded 8x H200 inventory: the plan, then the refusal
     node = "tests/integration/test_team_server_tutorial.py::test_the_team_server_tutorial_as_two_users"
