@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, TypeVar
+from typing import Any
 
 MEASUREMENTS_SCHEMA = 1
 
@@ -167,28 +167,12 @@ class GradedFigure:
     message: str = ""
 
 
-T = TypeVar("T")
+def measurements_from_json(data: Any) -> Measurements:
+    """Rebuild :class:`Measurements` from its JSON form (as the worker writes it, or inside ``--json``); a
+    :class:`~torchrig.jsonrecords.RecordError` (a ValueError) naming the key that does not fit."""
+    from torchrig.jsonrecords import RecordError, structure
 
-
-def _build(cls: type[T], data: dict[str, Any]) -> T:
-    from torchrig.inputfiles import record
-
-    return record(cls, data, f"bench {cls.__name__}")  # every field checked against its annotation
-
-
-def measurements_from_json(data: dict[str, Any]) -> Measurements:
-    """Rebuild :class:`Measurements` from its JSON form (as the worker writes it, or inside ``--json``)."""
     if not isinstance(data, dict) or data.get("schema_version") != MEASUREMENTS_SCHEMA:
         version = data.get("schema_version") if isinstance(data, dict) else None
-        raise ValueError(f"unsupported measurements schema_version {version!r}")
-    return Measurements(
-        meta=_build(Meta, data["meta"]),
-        gpus=tuple(_build(GpuInfo, g) for g in data.get("gpus", [])),
-        gemm=tuple(_build(GemmResult, g) for g in data.get("gemm", [])),
-        memory=tuple(_build(MemoryResult, g) for g in data.get("memory", [])),
-        host=tuple(_build(HostResult, g) for g in data.get("host", [])),
-        p2p=tuple(_build(P2PResult, g) for g in data.get("p2p", [])),
-        collectives=tuple(_build(CollectiveResult, g) for g in data.get("collectives", [])),
-        scaling=tuple(_build(ScalingResult, g) for g in data.get("scaling", [])),
-        skipped=tuple(_build(Skipped, g) for g in data.get("skipped", [])),
-    )
+        raise RecordError(f"unsupported measurements schema_version {version!r:.30}")
+    return structure(data, Measurements, "measurements")
