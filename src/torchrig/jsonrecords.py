@@ -8,7 +8,9 @@ because a file is input: a number is never a string or a bool, a list is never a
 is finite, an integer fits in 64 bits (and a ``Count`` in 0..65536: it sizes loops and tables). Keys a record
 does not know are ignored (a newer writer). A missing key is refused, unless the record has a default; with
 ``unknown=`` (records of probed facts, written by older probes) a missing key is unknown instead: ``None``
-where the field takes it, or the value ``unknown`` gives for its type.
+where the field takes it, or the value ``unknown`` gives for its type. A record whose file format differs
+from its fields declares the format as a dataclass in ``JSON_SHAPE`` (a ClassVar) and converts it in
+``from_shape``: the format is read, then converted.
 
 cattrs is imported by the first call only: ``torchrig --help`` and ``check`` never read a record file.
 """
@@ -188,6 +190,10 @@ def _accepts_none(tp: Any) -> bool:
 
 
 def _record_hook(conv: Any, cls: type, unknown: dict[type, Any] | None) -> Callable[[Any, Any], Any]:
+    shape = getattr(cls, "JSON_SHAPE", None)
+    if shape is not None:  # a record written in another shape (a format kept stable): read as that, converted
+        read = conv.get_structure_hook(shape)
+        return lambda value, _: cls.from_shape(read(value, shape))  # type: ignore[attr-defined]
     from cattrs.errors import AttributeValidationNote, ClassValidationError
     from cattrs.gen import make_dict_structure_fn
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchrig.bench import grading, render
-from torchrig.bench.records import Grade, GradedFigure, Measurements
+from torchrig.bench.records import Grade, GradedFigure, Measurements, measurements_to_json
 
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
 
@@ -29,7 +29,7 @@ class BenchReport:
             "summary": self.counts,
             "verdict": render.verdict(self.counts, self.measurements),
             "findings": [dataclasses.asdict(f) | {"grade": f.grade.value} for f in self.findings],
-            "measurements": dataclasses.asdict(self.measurements),
+            "measurements": measurements_to_json(self.measurements),
             "files": list(self.files),
         }
 

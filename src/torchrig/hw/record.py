@@ -118,6 +118,9 @@ class GpuFacts:
     numa_node: int | None = field(default=None, metadata={"added_later": True})
     # GPUs with the same value share an NVLink/NVSwitch domain (NVML fabric clique, or NVLink peers)
     nvlink_domain: str | None = field(default=None, metadata={"added_later": True})
+    # CUDA's device properties (torch.cuda.get_device_properties(i).L2_cache_size, as bench's ranks read
+    # them); NVML does not report it, so a recording leaves it unknown
+    l2_cache_bytes: int | None = field(default=None, metadata={"added_later": True})
 
 
 @dataclass(frozen=True)
