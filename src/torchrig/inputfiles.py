@@ -31,7 +31,6 @@ from torchrig.errors import InputError
 MAX_FILE_BYTES = 64 * 2**20
 # Deeper than any torchrig file (facts: 5 levels) yet far from Python's recursion limit.
 MAX_DEPTH = 64
-MAX_INT = 2**63 - 1  # a record's integers: what a signed 64-bit count, size or id holds
 
 T = TypeVar("T")
 
@@ -247,47 +246,3 @@ def field(
         want = expected or " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
         raise InputError(f"{where}: {key!r} must be {want}, found {value!r:.60}")
     return value
-
-
-_SCALARS: dict[str, tuple[type, ...]] = {
-    "int": (int,),
-    "float": (int, float),
-    "str": (str,),
-    "bool": (bool,),
-    "None": (type(None),),
-}
-
-
-def record(cls: type[T], data: Any, where: str) -> T:
-    """A frozen dataclass of scalars (``int``, ``float``, ``str``, ``bool``, ``X | None``) and string tables
-    (``dict[str, str]``) from a parsed mapping, each field checked against its annotation; keys it does not
-    know are ignored. A field of another annotation is passed through unchecked. Floats must be finite,
-    integers within 64 bits. The class's own ``__post_init__`` may refuse a value (a ValueError)."""
-    import dataclasses
-    import math
-
-    if not isinstance(data, dict):
-        raise InputError(f"{where}: expected an object, found {type(data).__name__}")
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise InputError(f"{where}: {f.name!r} is missing")
-            continue
-        value = data[f.name]
-        names = [n.strip() for n in str(f.type).split("|")]
-        if str(f.type) == "dict[str, str]":  # a mapping of text (an environment)
-            if not (isinstance(value, dict) and all(isinstance(x, str) for kv in value.items() for x in kv)):
-                raise InputError(f"{where}: {f.name!r} must be a table of strings, found {value!r:.60}")
-        elif all(n in _SCALARS for n in names):
-            kinds = tuple(k for n in names for k in _SCALARS[n])
-            ok = isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
-            if ok and isinstance(value, float) and not math.isfinite(value):
-                ok = False
-            # an integer past 64 bits is no count, size or id torchrig wrote (and overflows a float later)
-            if ok and isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-                ok = False
-            if not ok:
-                raise InputError(f"{where}: {f.name!r} must be {' or '.join(names)}, found {value!r:.60}")
-        values[f.name] = value
-    return cls(**values)

@@ -81,8 +81,9 @@ def engine_ready() -> str | None:
 
 
 def make_wheelhouse(path: Path = WHEELHOUSE) -> Path:
-    """CPU torch + NumPy + JupyterLab and their dependencies, and tqdm (a small package the layer test adds),
-    as cp311 manylinux wheels (cached between sessions)."""
+    """CPU torch + NumPy + JupyterLab and their dependencies, tqdm (a small package the layer test adds) and
+    cattrs (torchrig's own dependency, which the images install), as cp311 manylinux wheels (cached between
+    sessions)."""
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,7 @@ def make_wheelhouse(path: Path = WHEELHOUSE) -> Path:
 
 
 def _download_wheelhouse(path: Path) -> Path:
-    stamp = path / ".complete-2"  # -2: numpy and tqdm added
+    stamp = path / ".complete-3"  # -2: numpy and tqdm added; -3: cattrs
     if stamp.exists():
         return path
     path.mkdir(parents=True, exist_ok=True)
@@ -119,6 +120,7 @@ def _download_wheelhouse(path: Path) -> Path:
         f"torch=={TORCH_VERSION}",
         "numpy",
         "tqdm",
+        "cattrs>=26.2,<27",  # as pyproject's dependencies
         JUPYTERLAB,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -187,14 +189,15 @@ def stand_in_torch_wheel():
 @pytest.fixture(scope="session")
 def stand_in_wheelhouse(tmp_path_factory, wheelhouse) -> Path:
     """A wheelhouse with a stand-in torch (:func:`_stand_in_torch_wheel`) and the real wheelhouse's NumPy
-    (the image installs it beside torch) and packaging (torchrig's one dependency in the image).
-    Byte-identical in every worker (the builder's cache is shared)."""
+    (the image installs it beside torch) and torchrig's dependencies in the image (packaging, and cattrs
+    with attrs and typing_extensions). Byte-identical in every worker (the builder's cache is shared)."""
     import shutil
 
     folder = tmp_path_factory.mktemp("stand-in-wheelhouse")
     _stand_in_torch_wheel(folder, f"{TORCH_VERSION}+cpu")
-    for wheel in [*wheelhouse.glob("numpy-*.whl"), *wheelhouse.glob("packaging-*.whl")]:
-        shutil.copy2(wheel, folder / wheel.name)
+    for name in ("numpy", "packaging", "cattrs", "attrs", "typing_extensions"):
+        for wheel in wheelhouse.glob(f"{name}-*.whl"):
+            shutil.copy2(wheel, folder / wheel.name)
     return folder
 
 

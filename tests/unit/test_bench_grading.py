@@ -10,16 +10,17 @@ from torchrig.bench.grading import grade, load_thresholds, summary
 from torchrig.bench.records import (
     CollectiveResult,
     GemmResult,
-    GpuInfo,
     Grade,
     HostResult,
     Measurements,
     MemoryResult,
     Meta,
     P2PResult,
+    RankGpu,
     ScalingResult,
 )
 from torchrig.bench.run import BenchReport
+from torchrig.hw.record import GpuFacts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +51,11 @@ def meta(kind: str = "cuda") -> Meta:
     )
 
 
-def gpus(kind: str = "cuda") -> tuple[GpuInfo, ...]:
-    return tuple(
-        GpuInfo(
-            rank=r,
-            device_index=r if kind == "cuda" else None,
-            name="NVIDIA H200",
-            compute_capability="9.0",
-            memory_mib=143771,
-            l2_cache_bytes=52428800,
-        )
-        for r in range(2)
+def gpus(kind: str = "cuda") -> tuple[RankGpu, ...]:
+    h200 = GpuFacts(
+        0, name="NVIDIA H200", compute_capability="9.0", memory_total_mib=143771, l2_cache_bytes=52428800
     )
+    return tuple(RankGpu(r, dataclasses.replace(h200, index=r) if kind == "cuda" else None) for r in range(2))
 
 
 def gemm(tflops: float, ok: bool = True, dtype: str = "bf16", n: int = 8192) -> GemmResult:

@@ -12,15 +12,16 @@ from torchrig.bench.grading import grade
 from torchrig.bench.records import (
     CollectiveResult,
     GemmResult,
-    GpuInfo,
     Measurements,
     Meta,
     P2PResult,
+    RankGpu,
     ScalingResult,
     measurements_from_json,
 )
 from torchrig.bench.render import render_markdown, render_text
 from torchrig.bench.run import build_report
+from torchrig.hw.record import GpuFacts
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "cpu-gloo-2proc-torch2.13.json"
 
@@ -53,7 +54,10 @@ def gpu_run() -> Measurements:
         scaling_model="GPT-style decoder",
         env={"NCCL_NVLS_ENABLE": "0"},
     )
-    g = tuple(GpuInfo(r, r, "NVIDIA H200", "9.0", 143771, 52428800) for r in range(2))
+    h200 = GpuFacts(
+        0, name="NVIDIA H200", compute_capability="9.0", memory_total_mib=143771, l2_cache_bytes=52428800
+    )
+    g = tuple(RankGpu(r, dataclasses.replace(h200, index=r)) for r in range(2))
     gemm = tuple(
         GemmResult(r, d, 8192, t, 1.0, 20, True, 1e-3)
         for r in range(2)

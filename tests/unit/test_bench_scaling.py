@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from torchrig.bench import scaling
 from torchrig.bench.records import Measurements, Meta, P2PResult
 from torchrig.errors import JobFailed
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def test_gpu_runs_are_torchrig_train_on_the_first_k_gpus():
@@ -31,11 +34,18 @@ def test_the_reported_command_is_the_one_that_ran():
 
 
 def test_step_time_and_a_missing_summary(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({"tokens_per_s": 16 * 1024 * 10.0}))
+    summary = json.loads((FIXTURES / "train/summary-gpt-ddp-fp8-2gpus.json").read_text())
+    (tmp_path / "summary.json").write_text(json.dumps(summary | {"tokens_per_s": 16 * 1024 * 10.0}))
     row = scaling._read_summary(tmp_path, scaling.GPU_SHAPE, 1)
     assert row.step_ms == pytest.approx(100.0)
     with pytest.raises(JobFailed, match="no throughput"):
         scaling._read_summary(tmp_path / "nope", scaling.GPU_SHAPE, 2)
+    (tmp_path / "summary.json").write_text(json.dumps(summary | {"tokens_per_s": None}))
+    with pytest.raises(JobFailed, match="no tokens/s measured"):
+        scaling._read_summary(tmp_path, scaling.GPU_SHAPE, 1)
+    (tmp_path / "summary.json").write_text(json.dumps(summary | {"tokens_per_s": "fast"}))
+    with pytest.raises(JobFailed, match=r"summary.json.tokens_per_s: expected a number"):
+        scaling._read_summary(tmp_path, scaling.GPU_SHAPE, 1)
 
 
 def _m(*gbps: float) -> Measurements:

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from torchrig.bench import worker  # noqa: E402
 from torchrig.bench.config import make_config  # noqa: E402
-from torchrig.bench.records import GpuInfo  # noqa: E402
+from torchrig.bench.records import RankGpu  # noqa: E402
 
 
 def test_gemm_runs_smallest_size_first_in_the_fixed_dtype_order():
@@ -20,7 +20,7 @@ def test_gemm_runs_smallest_size_first_in_the_fixed_dtype_order():
         gemm_repeats=2,
         warmup=1,
     )
-    info = GpuInfo(0, None, "cpu", None, None, None)
+    info = RankGpu(0, None)  # the CPU path
     labels: list[str] = []
     out: dict[str, list] = {"gemm": [], "skipped": []}
     worker._gemm_part(torch, torch.device("cpu"), cfg, info, 0, out, lambda label: labels.append(label))

@@ -9,7 +9,8 @@ import pytest
 
 from torchrig.cli import COMMANDS
 
-HEAVY = ("torch", "docker", "pynvml", "numpy", "rich", "matplotlib")
+# cattrs (and attrs under it): 35 ms, imported by the first record read from a file (torchrig/jsonrecords.py)
+HEAVY = ("torch", "docker", "pynvml", "numpy", "rich", "matplotlib", "cattrs", "attrs")
 
 
 def test_help_lists_every_command(cli):

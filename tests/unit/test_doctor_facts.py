@@ -93,8 +93,11 @@ def test_complete_facts_have_nothing_absent():
         (lambda d: d.update(torch=[]), "torch: expected an object"),
         (lambda d: d.pop("schema_version"), "not a torchrig recording"),
         (lambda d: d["kernel"]["device_nodes"][0].pop("path"), "kernel.device_nodes[0].path: missing"),
-        (lambda d: d["nvml"].update(status="bogus"), "is not a valid ProbeStatus"),
-        (lambda d: d["nvml"]["gpus"][0].update(index="zero"), "nvml.gpus[0].index: expected int"),
+        (lambda d: d["nvml"].update(status="bogus"), "nvml.status: 'bogus' is not one of 'ok', 'missing'"),
+        (
+            lambda d: d["nvml"]["gpus"][0].update(index="zero"),
+            "nvml.gpus[0].index: expected an integer, got a string",
+        ),
         (lambda d: d.update(schema_version=99), "schema_version 99"),
     ],
 )

@@ -23,7 +23,10 @@ from torchrig.launch.run import GpuChoice
 from torchrig.train import plan, rundir, runstart
 from torchrig.train.config import TrainConfig
 from torchrig.train.plan import TrainFacts, TrainRequest, build_plan
+from torchrig.train.record import TrainSummary
 from torchrig.train.run import TrainResult
+
+SUMMARY = Path(__file__).parents[1] / "fixtures/train/summary-gpt-ddp-fp8-2gpus.json"
 
 
 def _facts(out: Path, *, placed: GpuChoice | None = None, torchrun: bool = False, restart: int = 0):
@@ -162,16 +165,19 @@ def test_in_place_the_loop_gets_the_plans_start_and_the_result_is_typed(tmp_path
     p = build_plan(request, _facts(out))
     got = {}
 
+    summary = TrainSummary.from_json(json.loads(SUMMARY.read_text()))
+
     def fake_train(cfg, start=None):
         got["cfg"], got["start"] = cfg, start
         assert rundir.launcher_holds(out) is False and os.path.realpath(out) in rundir._held  # held here
-        return {"steps": 100}
+        return summary
 
     monkeypatch.setattr(loop, "train", fake_train)
     result = run(p)
     assert got["start"] is p.start and got["cfg"] == p.config
-    assert result == TrainResult({"steps": 100}, None, str(out))
-    assert result.to_json() == {"summary": {"steps": 100}, "out": str(out)}  # the keys train --json printed
+    assert result == TrainResult(summary, None, str(out))
+    # the keys and values train --json printed
+    assert result.to_json() == {"summary": json.loads(SUMMARY.read_text()), "out": str(out)}
     assert result.exit_code == 0
 
 

@@ -6,15 +6,19 @@ CPU ``_scaled_mm``); the tests that need torchao skip without it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from torchrig.errors import UsageError
 from torchrig.train import fp8
 from torchrig.train.config import TrainConfig
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 # ---------------------------------------------------------------- where fp8 is refused
 
@@ -163,11 +167,19 @@ def test_an_fp8_checkpoint_resumes_in_bf16_and_exports(tmp_path):
 
 
 def test_the_summary_line_names_the_recipe_and_the_converted_layers():
+    from torchrig.train.record import TrainSummary
     from torchrig.train.run import TrainResult
 
-    s = {"steps": 60, "world_size": 1, "parallel": "none", "precision": "fp8", "compile": True}
-    s |= {"final_loss": 5.25, "tokens_per_s": 1000.0, "mfu": 0.4, "fp8": {"recipe": "rowwise", "layers": 48}}
-    line = TrainResult(s, None).render_text()
+    s = json.loads((FIXTURES / "train/summary-gpt-ddp-fp8-2gpus.json").read_text())
+    s |= {
+        "world_size": 1,
+        "parallel": "none",
+        "ddp": None,
+        "skipped_steps": [],
+        "profile": None,
+        "gpus": None,
+    }
+    line = TrainResult(TrainSummary.from_json(s), None).render_text()
     assert "(none, fp8 rowwise: 48 Linear layers, compiled): final loss 5.2500" in line
 
 

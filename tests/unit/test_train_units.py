@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -300,14 +301,21 @@ def test_compile_mode_defaults_to_auto_and_attention_to_pytorchs_choice():
     assert (cfg.compile_mode, cfg.attention, cfg.compile_tuning) == ("auto", "auto", False)
 
 
-@pytest.mark.parametrize("content", [None, b"", b"{", b"\xff\xfe", b"[1, 2]", b'"text"', b'{"steps": 3}'])
+SUMMARY = Path(__file__).parents[1] / "fixtures/train/summary-gpt-ddp-fp8-2gpus.json"
+
+
+@pytest.mark.parametrize(
+    "content", [None, b"", b"{", b"\xff\xfe", b"[1, 2]", b'"text"', b'{"steps": 3}', b"ok"]
+)
 def test_a_missing_or_damaged_summary_json_is_no_summary_not_a_crash(tmp_path, content):
+    from torchrig.train.record import TrainSummary
     from torchrig.train.run import read_summary
 
     path = tmp_path / "summary.json"
     if content is not None:
-        path.write_bytes(content)
-    assert read_summary(path) == ({"steps": 3} if content == b'{"steps": 3}' else None)
+        path.write_bytes(SUMMARY.read_bytes() if content == b"ok" else content)
+    want = TrainSummary.from_json(json.loads(SUMMARY.read_text())) if content == b"ok" else None
+    assert read_summary(path) == want
     assert read_summary(tmp_path) is None  # a folder where the file should be
 
 

@@ -73,10 +73,10 @@ class BenchConfig:
 
     @classmethod
     def from_json(cls, text: str) -> BenchConfig:
-        data: dict[str, Any] = json.loads(text)
-        for key in ("parts", "gemm_dtypes", "gemm_sizes", "collectives", "collective_sizes"):
-            data[key] = tuple(data[key])
-        return cls(**data)
+        """The config bench wrote for its workers (``to_json``), read into the record."""
+        from torchrig.jsonrecords import structure
+
+        return structure(json.loads(text), cls, "bench config")
 
 
 def collective_iterations(size_bytes: int, quick: bool) -> tuple[int, int, int]:

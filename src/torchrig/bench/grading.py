@@ -327,7 +327,7 @@ def summary(findings: list[GradedFigure]) -> dict[str, int]:
 def kb_peaks(m: Measurements, lookup: Callable[[str], Peaks | None] | None = None) -> dict[int, Peaks | None]:
     """Each rank's datasheet peaks, looked up by the GPU name torch reported (``None`` when unknown)."""
     find = lookup or find_peaks
-    return {g.rank: (find(g.name) if g.device_index is not None else None) for g in m.gpus}
+    return {g.rank: (find(g.name) if g.gpu is not None else None) for g in m.gpus}
 
 
 def find_peaks(name: str) -> Peaks | None:

@@ -3,25 +3,77 @@
 Units are in field names (``tflops``, ``gbps`` = 10^9 bytes/s, ``ms``, ``us``); ``None`` means unknown or not
 measured. The worker writes :class:`Measurements` as JSON; the CLI reads it back with
 :func:`measurements_from_json`, grades it (``torchrig.bench.grading``) and renders it (``render``, ``plots``).
+Each rank's GPU is the one record of a GPU's facts (:class:`torchrig.hw.record.GpuFacts`) in a
+:class:`RankGpu`; the result format (``schema.json``) is unchanged, so every stored result still reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, TypeVar
+from typing import Any, ClassVar
+
+from torchrig.hw.record import GpuFacts
 
 MEASUREMENTS_SCHEMA = 1
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuInfo:
+class RankGpuJson:
+    """How a result file writes one rank's device (schema.json's ``gpus`` items, unchanged since schema 1):
+    the format, read into :class:`RankGpu`."""
+
     rank: int
     device_index: int | None  # CUDA ordinal; None on the CPU path
     name: str  # as torch reports it ("NVIDIA H200"), or "cpu"
     compute_capability: str | None  # "9.0"
     memory_mib: int | None
     l2_cache_bytes: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankGpu:
+    """One rank's device: its GPU as the one record of a GPU's facts (:class:`torchrig.hw.record.GpuFacts`,
+    filled from torch's CUDA device properties: index, name, compute capability, memory, L2 cache), or None
+    on the CPU path. Written and read as :class:`RankGpuJson` (``JSON_SHAPE``, torchrig.jsonrecords)."""
+
+    JSON_SHAPE: ClassVar[type] = RankGpuJson
+    rank: int
+    gpu: GpuFacts | None
+
+    @property
+    def name(self) -> str:
+        return "cpu" if self.gpu is None else self.gpu.name or "unknown GPU"
+
+    @property
+    def l2_cache_bytes(self) -> int | None:
+        return None if self.gpu is None else self.gpu.l2_cache_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.gpu
+        return dataclasses.asdict(
+            RankGpuJson(
+                self.rank,
+                None if g is None else g.index,
+                self.name,
+                None if g is None else g.compute_capability,
+                None if g is None else g.memory_total_mib,
+                self.l2_cache_bytes,
+            )
+        )
+
+    @classmethod
+    def from_shape(cls, j: RankGpuJson) -> RankGpu:
+        if j.device_index is None:  # the CPU path
+            return cls(j.rank, None)
+        gpu = GpuFacts(
+            index=j.device_index,
+            name=j.name,
+            compute_capability=j.compute_capability,
+            memory_total_mib=j.memory_mib,
+            l2_cache_bytes=j.l2_cache_bytes,
+        )
+        return cls(j.rank, gpu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +182,7 @@ class Measurements:
     """Everything one run measured (no grading yet)."""
 
     meta: Meta
-    gpus: tuple[GpuInfo, ...] = ()
+    gpus: tuple[RankGpu, ...] = ()
     gemm: tuple[GemmResult, ...] = ()
     memory: tuple[MemoryResult, ...] = ()
     host: tuple[HostResult, ...] = ()
@@ -167,28 +219,19 @@ class GradedFigure:
     message: str = ""
 
 
-T = TypeVar("T")
+def measurements_to_json(m: Measurements) -> dict[str, Any]:
+    """:class:`Measurements` as JSON (the worker's file, ``bench.json``'s ``measurements``)."""
+    data = dataclasses.asdict(m)
+    data["gpus"] = [g.to_json() for g in m.gpus]
+    return data
 
 
-def _build(cls: type[T], data: dict[str, Any]) -> T:
-    from torchrig.inputfiles import record
+def measurements_from_json(data: Any) -> Measurements:
+    """Rebuild :class:`Measurements` from its JSON form (as the worker writes it, or inside ``--json``); a
+    :class:`~torchrig.jsonrecords.RecordError` (a ValueError) naming the key that does not fit."""
+    from torchrig.jsonrecords import RecordError, structure
 
-    return record(cls, data, f"bench {cls.__name__}")  # every field checked against its annotation
-
-
-def measurements_from_json(data: dict[str, Any]) -> Measurements:
-    """Rebuild :class:`Measurements` from its JSON form (as the worker writes it, or inside ``--json``)."""
     if not isinstance(data, dict) or data.get("schema_version") != MEASUREMENTS_SCHEMA:
         version = data.get("schema_version") if isinstance(data, dict) else None
-        raise ValueError(f"unsupported measurements schema_version {version!r}")
-    return Measurements(
-        meta=_build(Meta, data["meta"]),
-        gpus=tuple(_build(GpuInfo, g) for g in data.get("gpus", [])),
-        gemm=tuple(_build(GemmResult, g) for g in data.get("gemm", [])),
-        memory=tuple(_build(MemoryResult, g) for g in data.get("memory", [])),
-        host=tuple(_build(HostResult, g) for g in data.get("host", [])),
-        p2p=tuple(_build(P2PResult, g) for g in data.get("p2p", [])),
-        collectives=tuple(_build(CollectiveResult, g) for g in data.get("collectives", [])),
-        scaling=tuple(_build(ScalingResult, g) for g in data.get("scaling", [])),
-        skipped=tuple(_build(Skipped, g) for g in data.get("skipped", [])),
-    )
+        raise RecordError(f"unsupported measurements schema_version {version!r:.30}")
+    return structure(data, Measurements, "measurements")

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchrig.bench import grading, render
-from torchrig.bench.records import Grade, GradedFigure, Measurements
+from torchrig.bench.records import Grade, GradedFigure, Measurements, measurements_to_json
 
 JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "bench.json", "bench.md", "bench.png"
 
@@ -29,7 +29,7 @@ class BenchReport:
             "summary": self.counts,
             "verdict": render.verdict(self.counts, self.measurements),
             "findings": [dataclasses.asdict(f) | {"grade": f.grade.value} for f in self.findings],
-            "measurements": dataclasses.asdict(self.measurements),
+            "measurements": measurements_to_json(self.measurements),
             "files": list(self.files),
         }
 
@@ -110,6 +110,7 @@ def load_measurements(path: str) -> Measurements:
     from torchrig.bench.records import measurements_from_json
     from torchrig.errors import InputError
     from torchrig.inputfiles import read_json
+    from torchrig.jsonrecords import RecordError
 
     hint = "pass the bench.json that 'torchrig bench --out DIR' wrote"
     if not pathlib.Path(path).exists():
@@ -121,8 +122,8 @@ def load_measurements(path: str) -> Measurements:
     data = data.get("measurements", data) if isinstance(data, dict) else data
     try:
         return measurements_from_json(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
+    except RecordError as err:
         raise InputError(
-            f"{path} is not a torchrig bench result ({type(err).__name__}: {err})",
+            f"{path} is not a torchrig bench result ({err})",
             hint="pass a bench.json written by torchrig bench",
         ) from None

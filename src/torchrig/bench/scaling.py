@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 import pathlib
 import shlex
@@ -102,16 +101,16 @@ def trainer_argv(
 def _read_summary(out_dir: pathlib.Path, shape: TrainerShape, k: int) -> ScalingResult:
     path = out_dir / "summary.json"
     from torchrig.errors import InputError
-    from torchrig.inputfiles import read_json
+    from torchrig.train.record import read_summary
 
     try:  # bounded, a regular file only (the run's own output, but in a folder anyone may write)
-        summary = read_json(path, "scaling run summary", max_bytes=16 * 2**20)
-        tokens_per_s = float(summary["tokens_per_s"])
-        if not math.isfinite(tokens_per_s):
-            raise ValueError("not finite")
-    except (InputError, ValueError, KeyError, TypeError) as err:
+        summary = read_summary(path, "scaling run summary")
+        tokens_per_s = summary.rate_per_s if summary.unit == "tokens" else None
+        if not tokens_per_s:
+            raise InputError("no tokens/s measured")
+    except InputError as err:
         raise JobFailed(
-            f"the {k}-GPU scaling run wrote no throughput to {path} ({type(err).__name__})",
+            f"the {k}-GPU scaling run wrote no throughput to {path} ({err.message})",
             hint="rerun with --debug to see the trainer's output",
         ) from None
     tokens_per_step = shape.micro_batch * shape.seq_len * k

@@ -9,7 +9,6 @@ turns into its live display. Backend: NCCL when the workers have GPUs, gloo othe
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import os
@@ -19,7 +18,8 @@ import time
 from typing import Any
 
 from torchrig.bench.config import BenchConfig, Part
-from torchrig.bench.records import GpuInfo, Measurements, Meta, Skipped
+from torchrig.bench.records import Measurements, Meta, RankGpu, Skipped, measurements_to_json
+from torchrig.hw.record import GpuFacts
 
 PROGRESS_TAG = "@torchrig-bench-progress "
 # NCCL/torch settings worth recording with the figures: they change what the links deliver.
@@ -65,25 +65,20 @@ def _steps(cfg: BenchConfig, world: int) -> int:
     return sum(per[p] for p in cfg.parts)
 
 
-def _gpu_info(torch: Any, device: Any, rank: int) -> GpuInfo:
+def _gpu_info(torch: Any, device: Any, rank: int) -> RankGpu:
+    """This rank's device as CUDA's device properties describe it (``nvidia-smi --query-gpu=name,
+    compute_cap,memory.total``; the L2 size only CUDA says); None on the CPU path."""
     if device.type != "cuda":
-        return GpuInfo(
-            rank=rank,
-            device_index=None,
-            name="cpu",
-            compute_capability=None,
-            memory_mib=None,
-            l2_cache_bytes=None,
-        )
+        return RankGpu(rank, None)
     p = torch.cuda.get_device_properties(device)
-    return GpuInfo(
-        rank=rank,
-        device_index=device.index,
+    gpu = GpuFacts(
+        index=device.index,
         name=p.name,
         compute_capability=f"{p.major}.{p.minor}",
-        memory_mib=p.total_memory // (1 << 20),
+        memory_total_mib=p.total_memory // (1 << 20),
         l2_cache_bytes=getattr(p, "L2_cache_size", None),
     )
+    return RankGpu(rank, gpu)
 
 
 def _local(out: dict[str, list[Any]], what: str, fn: Any, *args: Any, into: str) -> None:
@@ -97,7 +92,7 @@ def _local(out: dict[str, list[Any]], what: str, fn: Any, *args: Any, into: str)
 
 
 def _device_parts(
-    torch: Any, dist: Any, device: Any, cfg: BenchConfig, info: GpuInfo, progress: Progress
+    torch: Any, dist: Any, device: Any, cfg: BenchConfig, info: RankGpu, progress: Progress
 ) -> dict[str, list[Any]]:
     """GEMM and device memory on every GPU at once; host transfers one GPU at a time (they share the host)."""
     from torchrig.bench import device as dev
@@ -160,7 +155,7 @@ def _gemm_part(
     torch: Any,
     device: Any,
     cfg: BenchConfig,
-    info: GpuInfo,
+    info: RankGpu,
     rank: int,
     out: dict[str, list[Any]],
     progress: Progress,
@@ -299,7 +294,7 @@ def _write(
     )
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(dataclasses.asdict(m), f, indent=1)
+        json.dump(measurements_to_json(m), f, indent=1)
     os.replace(tmp, out_path)
 
 

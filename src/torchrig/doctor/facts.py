@@ -29,6 +29,7 @@ from torchrig.hw.record import NvmlFacts as NvmlFacts
 from torchrig.hw.record import P2PPair as P2PPair
 from torchrig.hw.record import ProbeStatus as ProbeStatus
 from torchrig.hw.record import build, check_document, to_json
+from torchrig.jsonrecords import Count
 
 
 # ---------------------------------------------------------------- kernel side
@@ -179,7 +180,7 @@ class TorchFacts:
     cudnn_version: str | None = None
     nccl_version: str | None = None
     is_available: bool | None = None
-    device_count: int | None = None
+    device_count: Count | None = None  # bounded when read: one entry per GPU
     init_error: str | None = None  # the text CUDA initialisation raised
     warnings: tuple[str, ...] = ()
     devices: tuple[TorchDevice, ...] = ()
@@ -254,7 +255,7 @@ class ContainerFacts:
     cgroup_version: int | None = None
     cgroup_cpu_limit: float | None = None  # cores; None: no limit or unknown
     cgroup_memory_limit_bytes: int | None = None
-    cpu_count: int | None = None
+    cpu_count: Count | None = None
     memory_total_bytes: int | None = None
     rdma_devices: tuple[str, ...] = ()  # /dev/infiniband/uverbs*
 
@@ -316,11 +317,11 @@ def facts_from_json(data: dict[str, Any], *, where: str = "facts") -> Facts:
     skipped = [p for p in AREAS if p not in absent and data[p] == {"status": ProbeStatus.SKIPPED.value}]
     facts = build(Facts, data, where, absent)
     if not absent:
-        return typing.cast(Facts, facts)
+        return facts
     whole = [f"{where}.{part}." for part in AREAS if part in absent]  # listed once, not field by field
     quiet = tuple(whole + [f"{where}.{part}." for part in skipped])
     relative = tuple(a.removeprefix(f"{where}.") for a in absent if not a.startswith(quiet))
-    return typing.cast(Facts, dataclasses.replace(facts, absent=relative))
+    return dataclasses.replace(facts, absent=relative)
 
 
 def load_facts(path: str | Path) -> Facts:

@@ -12,7 +12,8 @@ probed areas, of which ``nvml`` holds :class:`NvmlFacts`. ``torchrig doctor --re
 area; ``torchrig gpus --record FILE`` writes the ``nvml`` area (the other areas are then not probed). Either
 file is read by ``torchrig doctor --facts FILE``, ``torchrig gpus --inventory FILE`` and
 ``TORCHRIG_GPU_INVENTORY=FILE``. :func:`read_recording` is the one reader (bounded by
-:mod:`torchrig.inputfiles`); :func:`build` turns its JSON into records, naming the key that is wrong.
+:mod:`torchrig.inputfiles`); :func:`build` turns its JSON into records through :mod:`torchrig.jsonrecords`
+(the one JSON-to-record reader), naming the key that is wrong.
 
 An inventory snapshot written by ``torchrig gpus --record`` before this format (``{"schema_version": 1,
 "gpus": [...]}`` with ``mig_enabled``/``mig``/``utilization_gpu_pct``) is still read: :func:`upgrade`
@@ -25,11 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 RECORDING_SCHEMA_VERSION = 1  # doctor's facts schema: the recording is that document
 AREAS = ("nvml", "kernel", "torch", "env", "container", "docker")  # the probed parts of a recording
@@ -117,6 +118,9 @@ class GpuFacts:
     numa_node: int | None = field(default=None, metadata={"added_later": True})
     # GPUs with the same value share an NVLink/NVSwitch domain (NVML fabric clique, or NVLink peers)
     nvlink_domain: str | None = field(default=None, metadata={"added_later": True})
+    # CUDA's device properties (torch.cuda.get_device_properties(i).L2_cache_size, as bench's ranks read
+    # them); NVML does not report it, so a recording leaves it unknown
+    l2_cache_bytes: int | None = field(default=None, metadata={"added_later": True})
 
 
 @dataclass(frozen=True)
@@ -165,73 +169,30 @@ def to_json(record: Any) -> Any:
     return record
 
 
-_MAX_INT = {False: 2**53, True: 65536}  # any integer fact; a count (GPUs, CPUs, links)
+def build(cls: type[T], data: Any, where: str, absent: list[str]) -> T:
+    """One record from its JSON object, read by :func:`torchrig.jsonrecords.structure` (a ``RecordError``,
+    a ``ValueError``, naming the key that does not fit). A key the record lacks (written by an older probe) is
+    unknown: its default, None, or ``skipped`` for a status; only a key that cannot be unknown fails, by name.
+    The keys that were missing are appended to ``absent``."""
+    from torchrig.jsonrecords import structure
+
+    record = structure(data, cls, where, unknown={ProbeStatus: ProbeStatus.SKIPPED})
+    _lacked(record, data, where, absent)
+    return record
 
 
-def _convert(tp: Any, value: Any, where: str, absent: list[str]) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _convert(args[0], value, where, absent)
-    if value is None:  # a JSON null where the record has no None: named, not a crash in a check later
-        raise ValueError(f"{where}: null where {getattr(tp, '__name__', 'a value')} belongs")
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
-        return build(tp, value, where, absent)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(value)
-    if origin is tuple:
-        (inner, *_rest) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: expected a list")
-        return tuple(_convert(inner, v, f"{where}[{i}]", absent) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected an object")
-        return dict(value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float, str, bool) and (
-        not isinstance(value, tp) or (tp is int and isinstance(value, bool))
-    ):
-        raise ValueError(f"{where}: expected {tp.__name__}, got {value!r:.60}")
-    if (
-        tp is int
-        and not (0 if where.endswith("count") else -(2**53)) <= value <= _MAX_INT[where.endswith("count")]
-    ):
-        # a count sizes loops and tables (device_count: one entry per GPU): bounded, so a file cannot
-        # make a reader allocate without end
-        raise ValueError(f"{where}: {value} is out of range")
-    return value
-
-
-def _accepts_none(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
-
-
-def build(cls: type, data: dict[str, Any], where: str, absent: list[str]) -> Any:
-    """One record from its JSON object. A key the record lacks (written by an older probe) is unknown: its
-    default, or None for the few fields without one; only a key that cannot be unknown fails, by name (a
-    ``ValueError`` saying where). The keys that were missing are appended to ``absent``."""
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}", absent)
-            continue
-        if not f.metadata.get("bookkeeping") and not f.metadata.get("added_later"):
-            absent.append(f"{where}.{f.name}")
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            if hints[f.name] is ProbeStatus:
-                kwargs[f.name] = ProbeStatus.SKIPPED  # an area without a status was not probed
-            elif _accepts_none(hints[f.name]):
-                kwargs[f.name] = None
-            else:
-                raise ValueError(f"{where}.{f.name}: missing")
-    return cls(**kwargs)
+def _lacked(record: Any, data: Any, where: str, absent: list[str]) -> None:
+    """What ``data`` lacked of ``record`` (read from it): the keys of fields it did not write, by path;
+    bookkeeping and fields added after the recorded fixtures are no fact of the machine and not listed."""
+    if dataclasses.is_dataclass(record) and isinstance(data, dict):
+        for f in dataclasses.fields(record):
+            if f.name in data:
+                _lacked(getattr(record, f.name), data[f.name], f"{where}.{f.name}", absent)
+            elif not f.metadata.get("bookkeeping") and not f.metadata.get("added_later"):
+                absent.append(f"{where}.{f.name}")
+    elif isinstance(record, tuple) and isinstance(data, list):
+        for i, (item, raw) in enumerate(zip(record, data, strict=False)):
+            _lacked(item, raw, f"{where}[{i}]", absent)
 
 
 # ---------------------------------------------------------------- the recording format
@@ -325,7 +286,7 @@ def nvml_from_json(data: Any, where: str) -> NvmlFacts:
         return NvmlFacts(ProbeStatus.SKIPPED)
     if not isinstance(area, dict):
         raise ValueError(f"{where}.nvml: expected an object, got {type(area).__name__}")
-    return typing.cast(NvmlFacts, build(NvmlFacts, area, f"{where}.nvml", []))
+    return build(NvmlFacts, area, f"{where}.nvml", [])
 
 
 def read_recording(path: str | Path, what: str, hint: str = RECORD_HINT) -> dict[str, Any]:

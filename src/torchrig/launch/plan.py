@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torchrig.errors import UsageError
+from torchrig.jsonrecords import Count
 from torchrig.launch import options
 from torchrig.launch.envdefaults import FR_DUMP_FILE, defaults_for, name_for
 from torchrig.launch.flightrec import PREFIX
@@ -49,7 +50,7 @@ class GpuProbe:
     """What torch in the ranks' interpreter says of the GPUs (``probe.probe_gpus``), or NVML's answer standing
     for it (``gpuplan.from_nvml``)."""
 
-    count: int
+    count: Count  # sizes loops: bounded when read from the probe's cache
     names: tuple[str, ...]
     no_p2p: tuple[tuple[int, int], ...]  # (i, j) in torch's numbering where i cannot access j
     error: str | None = None

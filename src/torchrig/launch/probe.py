@@ -31,7 +31,7 @@ import json, torch
 n = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pairs = [[i, j] for i in range(n) for j in range(n) if i != j and not torch.cuda.can_device_access_peer(i, j)]
 names = [torch.cuda.get_device_name(i) for i in range(n)]
-print(json.dumps({"count": n, "no_p2p": pairs, "names": names, "torch": torch.__version__}))
+print(json.dumps({"count": n, "no_p2p": pairs, "names": names, "torch_version": torch.__version__}))
 """
 
 
@@ -46,13 +46,12 @@ def probe_gpus(timeout_s: float = 60.0) -> GpuProbe:
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         return GpuProbe(0, (), (), error=f"the CUDA probe failed: {last}")
-    data = json.loads(out.stdout.strip().splitlines()[-1])
-    return GpuProbe(
-        int(data["count"]),
-        tuple(data["names"]),
-        tuple(tuple(p) for p in data["no_p2p"]),
-        torch_version=data.get("torch"),
-    )
+    from torchrig.jsonrecords import structure
+
+    try:  # the last line is the answer (torch may print warnings before it)
+        return structure(json.loads((out.stdout.strip().splitlines() or ["null"])[-1]), GpuProbe, "answer")
+    except ValueError as err:  # json's, or jsonrecords' RecordError
+        return GpuProbe(0, (), (), error=f"the CUDA probe answered no GPUs: {err}")
 
 
 def _cache_path() -> str:
@@ -80,21 +79,17 @@ def probe_key() -> dict[str, object]:
 
 
 def cached(key: dict[str, object]) -> GpuProbe | None:
-    """The last probe's answer, if it was taken under ``key`` (``probe_key``); else None."""
+    """The last probe's answer, if it was taken under ``key`` (``probe_key``); else None (a cache that does
+    not read as a probe is no answer: the GPUs are probed again)."""
     from torchrig.errors import InputError
     from torchrig.inputfiles import read_json
+    from torchrig.jsonrecords import RecordError, structure
 
     try:
         saved = read_json(_cache_path(), "GPU probe cache", max_bytes=1 << 20)  # bounded: a FIFO never waits
-        if saved.get("key") == key:
-            g = saved["probe"]
-            return GpuProbe(
-                int(g["count"]),
-                tuple(g["names"]),
-                tuple((int(i), int(j)) for i, j in g["no_p2p"]),
-                torch_version=g.get("torch_version"),
-            )
-    except (InputError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        if isinstance(saved, dict) and saved.get("key") == key:
+            return structure(saved.get("probe"), GpuProbe, "GPU probe cache")
+    except (InputError, OSError, RecordError):
         pass
     return None
 

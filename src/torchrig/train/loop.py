@@ -31,6 +31,7 @@ from torchrig.train.lategrads import LateGrads
 from torchrig.train.metrics import Metrics, peak_tflops
 from torchrig.train.models import build_model, model_spec
 from torchrig.train.profile import StepProfiler
+from torchrig.train.record import TrainSummary
 from torchrig.train.runstart import Start
 from torchrig.train.setup import Runtime, init, optimizer, outside_ddp, teardown, wrap
 
@@ -120,7 +121,7 @@ def _test_hooks(cfg: TrainConfig, rt: Runtime, step: int) -> None:
             time.sleep(3600)
 
 
-def train(cfg: TrainConfig, start: Start | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, start: Start | None = None) -> TrainSummary:
     """Train to ``cfg.steps``; returns the run's summary (also written to ``OUT/summary.json`` by rank 0).
     ``start``: how the run starts in its folder, as ``torchrig train``'s plan decided it (train/plan.py);
     None: rank 0 follows the launcher's decision, or decides (train/resume.py)."""
@@ -309,7 +310,7 @@ def _check_weights(job: Job, metrics: Metrics, step: int) -> None:
         raise _diverged(job, step, "the weights to save hold NaN/inf")
 
 
-def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack, given: Start | None) -> dict[str, Any]:
+def _train(cfg: TrainConfig, rt: Runtime, held: contextlib.ExitStack, given: Start | None) -> TrainSummary:
     job = _build(cfg, rt)
     job.run_id, found = resume.start(cfg, rt, job.out, job.root, held, given)
     metrics = Metrics(job.out, cfg.steps, enabled=rt.is_main, tensorboard=cfg.tensorboard)

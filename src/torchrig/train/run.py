@@ -20,9 +20,9 @@ from torchrig.train.plan import TrainPlan, TrainRequest, plan_for
 if TYPE_CHECKING:
     from torchrig.launch.plan import LaunchRequest
     from torchrig.launch.run import LaunchReport
+    from torchrig.train.record import TrainSummary
 
 SUMMARY_FILE = "summary.json"
-MAX_SUMMARY_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -30,13 +30,14 @@ class TrainResult:
     """What a train run did: the ranks' summary (``OUT/summary.json``; None when the run wrote none), the
     launch's report when its ranks were launched, the run folder, and the GPUs --force took in place."""
 
-    summary: dict[str, Any] | None
+    summary: TrainSummary | None
     launch: LaunchReport | None
     out: str | None = None  # the run folder (metrics, checkpoints, summary)
     forced_gpus: tuple[str, ...] = ()  # trained in place on a GPU leased to someone else (--force)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"summary": self.summary, "out": self.out}
+        summary = self.summary.to_json() if self.summary is not None else None
+        out: dict[str, Any] = {"summary": summary, "out": self.out}
         if self.launch is not None:
             out["launch"] = self.launch.to_json()
         if self.forced_gpus:
@@ -51,58 +52,22 @@ class TrainResult:
         lines = []
         if self.launch is not None:
             lines.append(self.launch.render_text())
-        if self.summary:
-            lines += render_summary(self.summary)
+        if self.summary is not None:
+            lines += self.summary.lines()
         if self.out is not None:
             lines.append(f"the run is in {self.out} (metrics.jsonl, checkpoints/, summary.json)")
         return "\n".join(lines)
 
 
-def render_summary(s: dict[str, Any]) -> list[str]:
-    """The summary's lines: what was trained and how fast, the profile, the GPUs' clocks."""
-    from torchrig.train.gpuwatch import render as render_gpus
-
-    unit = "tokens" if "tokens_per_s" in s else "images"
-    rate, mfu = s.get(f"{unit}_per_s"), s.get("mfu")
-    lines = [
-        f"trained {s['steps']} steps on {s['world_size']} rank(s) ({s['parallel']}, {s['precision']}"
-        + (f" {s['fp8']['recipe']}: {s['fp8']['layers']} Linear layers" if s.get("fp8") else "")
-        + f"{', compiled' if s['compile'] else ''}): final loss "
-        + (f"{s['final_loss']:.4f}" if isinstance(s.get("final_loss"), float) else "none")
-        + (f", {len(s['skipped_steps'])} NaN/inf step(s) skipped" if s.get("skipped_steps") else "")
-        + (f", {rate:,.0f} {unit}/s" if rate else "")
-        + (f", MFU {mfu * 100:.1f}%" if mfu is not None else "")
-    ]
-    if s.get("profile"):
-        lines.append(render_profile(s["profile"]))
-    clocks = render_gpus(s.get("gpus") or [])
-    if clocks:
-        lines.append(clocks)
-    return lines
-
-
-def render_profile(p: dict[str, Any]) -> str:
-    """One line of ``--profile-steps``' breakdown (rank 0's GPU), and where its trace is."""
-    head = f"profile, {p['steps']} step(s) on rank 0: {p['step_ms']:.2f} ms/step"
-    if not p.get("device_events"):
-        return head + " (no GPU kernels recorded)" + (f"; trace {p['trace']}" if p.get("trace") else "")
-    return (
-        f"{head}: compute {p['compute_ms']:.2f} ms, communication {p['comm_ms']:.2f} ms "
-        f"({p['comm_exposed_ms']:.2f} ms of it not hidden behind compute), GPU idle {p['idle_ms']:.2f} ms"
-        + (f"; trace {p['trace']}" if p.get("trace") else "")
-    )
-
-
-def read_summary(path: Path) -> dict[str, Any] | None:
+def read_summary(path: Path) -> TrainSummary | None:
     """The ranks' summary.json; None (the launch report still printed) when it is missing or unreadable."""
     from torchrig.errors import InputError
-    from torchrig.inputfiles import read_json
+    from torchrig.train.record import read_summary as read
 
     try:  # bounded, a regular file only: a FIFO or /dev/zero in its place is no summary, not a hang
-        data = read_json(path, "run summary", max_bytes=MAX_SUMMARY_BYTES)
+        return read(path)
     except InputError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def train(request: TrainRequest) -> TrainResult:

@@ -1,0 +1,97 @@
+"""The run's summary is one typed record (train/record.py) built in one place (summary.finish): its JSON keeps
+the keys and values ``summary.json``, the ``end`` event and ``train --json`` carried as a plain dict."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from torchrig.errors import InputError
+from torchrig.jsonrecords import RecordError
+from torchrig.train.config import TrainConfig
+from torchrig.train.record import DdpSummary, Fp8Summary, TrainSummary, read_summary
+
+# the keys, in order, that summary.json held while the summary was a dict (GPT: tokens_per_s)
+KEYS = [
+    "steps", "resumed_from", "final_loss", "world_size", "precision", "parallel", "compile", "compile_mode",
+    "attention", "loss", "fp8", "ddp", "bf16_weight_copies", "gc_every", "on_nonfinite", "skipped_steps",
+    "micro_batch", "grad_accum", "global_batch", "params", "device", "tokens_per_s", "mfu", "peak_tflops",
+    "peak_source", "elapsed_s", "profile", "gpus",
+]  # fmt: skip
+
+# a 2-rank DDP fp8 GPT run's summary.json, as the dict wrote it (rank 1's GPU unknown)
+SUMMARY = json.loads(
+    (Path(__file__).parents[1] / "fixtures/train/summary-gpt-ddp-fp8-2gpus.json").read_text()
+)
+GPU = SUMMARY["gpus"][0]
+
+
+def test_the_json_round_trips_with_the_same_keys_in_the_same_order():
+    s = TrainSummary.from_json(SUMMARY)
+    assert s.fp8 == Fp8Summary("rowwise", 48, "0.14.1") and s.ddp == DdpSummary(
+        "outer", 100.0, False, "none", ("wte.weight",)
+    )
+    assert (s.unit, s.rate_per_s, s.skipped_steps, s.gpus) == ("tokens", 400_000.5, (31,), (GPU, None))
+    assert list(s.to_json()) == KEYS and s.to_json() == SUMMARY
+    images = {k if k != "tokens_per_s" else "images_per_s": v for k, v in SUMMARY.items()}
+    assert (
+        TrainSummary.from_json(images).to_json() == images and TrainSummary.from_json(images).unit == "images"
+    )
+
+
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        ({"steps": "60"}, "summary.steps: expected an integer, got a string"),
+        ({"fp8": {"recipe": "rowwise"}}, "summary.fp8.layers: missing"),
+        ({"skipped_steps": "31"}, "summary.skipped_steps: expected a list, got a string"),
+        ({"gpus": [GPU, 3]}, "summary.gpus[1]"),
+        ({"tokens_per_s": None, "final_loss": True}, "summary.final_loss: expected a number, got a boolean"),
+    ],
+)
+def test_a_summary_that_does_not_fit_is_refused_by_the_key(change, where):
+    with pytest.raises(RecordError, match="^" + where.replace("[", r"\[").replace("]", r"\]")):
+        TrainSummary.from_json(SUMMARY | change)
+    with pytest.raises(RecordError, match="no tokens_per_s or images_per_s"):
+        TrainSummary.from_json({k: v for k, v in SUMMARY.items() if k != "tokens_per_s"})
+
+
+def test_a_damaged_summary_file_is_one_line_input_error(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(SUMMARY | {"world_size": [2]}))
+    with pytest.raises(InputError, match=r"summary.json.world_size: expected an integer, got a list") as e:
+        read_summary(path)
+    assert "\n" not in e.value.one_line() and e.value.exit_code == 2
+
+
+def test_finish_builds_the_record_and_writes_what_it_returns(tmp_path):
+    """summary.finish, the one place the summary is built: its record, summary.json and the end event agree
+    and carry the keys the dict carried."""
+    torch = pytest.importorskip("torch")
+    from torchrig.train import summary
+    from torchrig.train.job import Run
+    from torchrig.train.setup import Runtime
+
+    events: list[dict] = []
+    metrics = types.SimpleNamespace(
+        steady=lambda after, before_step=None: 1000.0,
+        event=lambda **rec: events.append(rec),
+        close=lambda: None,
+    )
+    cfg = dataclasses.replace(TrainConfig(steps=30), out=str(tmp_path))
+    job = types.SimpleNamespace(
+        cfg=cfg, rt=Runtime(0, 0, 1, torch.device("cpu"), "fp32", "none", 0), global_batch=8, params=1000,
+        unit="tokens", flops_per_unit=6000.0, fp8_layers=[], weight_copies=0, skipped=[], out=tmp_path,
+        late=None,
+    )  # fmt: skip
+    run = Run(0, None, None, "no GPU", None, final_loss=4.5, elapsed_s=1.234)
+    got = summary.finish(job, metrics, run)  # type: ignore[arg-type]
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert isinstance(got, TrainSummary) and got.to_json() == written
+    assert events == [{"event": "end", **written}]
+    assert list(written) == KEYS and (written["tokens_per_s"], written["elapsed_s"]) == (1000.0, 1.23)
+    assert read_summary(tmp_path / "summary.json") == got
