@@ -11,6 +11,8 @@ examples:
   torchrig check --gpu GB200 --driver 570.133.20 --torch 2.8.0 --platform linux-aarch64  # PyPI: CPU-only
   torchrig check --gpu "NVIDIA Thor" --driver 580.00 --torch 2.10.0+cu130 --platform jetson7
   torchrig check --gpu "RTX 4070 Laptop GPU" --driver 551.88 --torch 2.4.0+cu121 --platform wsl
+  torchrig check --gpu H100 --driver 535.104.05 --torch 2.10.0a0+b4e4ee81d3.nv25.12   # NGC 25.12, CUDA 13.1
+  torchrig check --gpu "RTX 4090" --driver 560.35.03 --torch 2.5.1 --index conda-forge
 
 --torch takes VERSION (the build `pip install torch==VERSION` gets from PyPI on the platform), VERSION+cuXYZ,
 VERSION+cpu, or a nightly as torch prints it (2.10.0.dev20250915+cu128: judged as its release line).
@@ -93,8 +95,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--index",
         metavar="URL|NAME",
-        help="where the wheel comes from: pypi, pytorch, nvidia-jetpack5/6, jetson-ai-lab-jp6/-sbsa, or the "
-        "index URL (default: inferred from the version and platform where certain, else PyPI/download.pytorch.org)",
+        help="where the build comes from: pypi, pytorch, nvidia-jetpack5/6, jetson-ai-lab-jp6/-sbsa, ngc (NVIDIA's "
+        "PyTorch containers), conda-forge, or the index URL (default: inferred from the version and platform where "
+        "certain, else PyPI/download.pytorch.org)",
     )
 
 
@@ -136,20 +139,25 @@ def run(args: argparse.Namespace) -> CheckReport:
     kb = load_kb()
     gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())  # 8x the same GPU: once
     plat, inferred = platform_and_note(args, gpus)
-    from torchrig.compat import sources
+    from torchrig.compat import channels, sources
 
+    channel = channels.infer(args.torch, args.index, gpus, plat)
+    if channel is not None:
+        result = channels.check_channel(kb, channel, gpus, args.driver, plat)
+        return CheckReport(_with_note(result, inferred))
     sourced = sources.infer(kb, args.torch, args.index, gpus, args.driver, plat)
     if sourced is not None:
         result = sources.check_sourced(kb, sourced, gpus, args.driver, plat)
-        if inferred:
-            import dataclasses
-
-            result = dataclasses.replace(result, notes=[inferred, *result.notes])
-        return CheckReport(result)
+        return CheckReport(_with_note(result, inferred))
     build = kb.find_build(args.torch, plat)
     result = check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat)
-    if inferred:
-        import dataclasses
+    return CheckReport(_with_note(result, inferred))
 
-        result = dataclasses.replace(result, notes=[inferred, *result.notes])
-    return CheckReport(result)
+
+def _with_note(result: CheckResult, inferred: str | None) -> CheckResult:
+    """``result`` with the platform-inference note first."""
+    if not inferred:
+        return result
+    import dataclasses
+
+    return dataclasses.replace(result, notes=[inferred, *result.notes])

@@ -107,7 +107,7 @@ def by_index(index: str) -> WheelSource | None:
     for s in load_sources():
         if low == s.id or any(low.startswith(u.lower()) or u.lower().startswith(low) for u in s.index_urls):
             return s
-    known = ", ".join(["pypi", "pytorch", *(s.id for s in load_sources())])
+    known = ", ".join(["pypi", "pytorch", *(s.id for s in load_sources()), "ngc", "conda-forge"])
     raise UsageError(f"unknown --index {index!r}", hint=f"give an index URL or one of: {known}")
 
 
