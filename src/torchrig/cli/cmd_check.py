@@ -15,7 +15,8 @@ examples:
   torchrig check --gpu "RTX 4090" --driver 560.35.03 --torch 2.5.1 --index conda-forge
 
 --torch takes VERSION (the build `pip install torch==VERSION` gets from PyPI on the platform), VERSION+cuXYZ,
-VERSION+cpu, or a nightly as torch prints it (2.10.0.dev20250915+cu128: judged as its release line).
+VERSION+cpu, or a nightly as torch prints it (2.10.0.dev20250915+cu128: judged as its release line); off a
+Jetson an NGC container's build (2.5.0a0+e000cf0ad9.nv24.10) is that container's, judged by its CUDA.
 --driver is the version nvidia-smi prints (e.g. 535.104.05; on Windows/WSL the Windows number, e.g. 566.36;
 on Jetson the JetPack's, e.g. 540.4.0); without it only the architecture is checked.
 --platform defaults to this machine's (a Jetson GPU implies jetson; a GPU that exists only on Arm hosts, GH200,
