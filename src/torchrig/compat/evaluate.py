@@ -198,7 +198,7 @@ def _jetson_wheels_reasons(gpus: Sequence[Gpu], build: Build, jetpack: JetPack |
 def _remark_reasons(build: Build) -> list[Reason]:
     out = []
     for code, text in build.remarks:
-        if code == "pypi_default_not_confirmed":
+        if code in ("pypi_default_not_confirmed", "nightly_channel"):
             out.append(Reason(code, Severity.INFO, text))
         elif code == "arch_list_not_confirmed" and build.variant.is_cpu:
             continue
