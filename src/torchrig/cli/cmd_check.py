@@ -132,26 +132,16 @@ class CheckReport:
 
 
 def run(args: argparse.Namespace) -> CheckReport:
-    from torchrig.compat import check, load_kb
+    from torchrig.compat import load_kb
     from torchrig.compat import versions as V
+    from torchrig.compat.check import check_text
 
     if args.driver is not None:
         V.parse_driver(args.driver)
     kb = load_kb()
     gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())  # 8x the same GPU: once
     plat, inferred = platform_and_note(args, gpus)
-    from torchrig.compat import channels, sources
-
-    channel = channels.infer(args.torch, args.index, gpus, plat)
-    if channel is not None:
-        result = channels.check_channel(kb, channel, gpus, args.driver, plat)
-        return CheckReport(_with_note(result, inferred))
-    sourced = sources.infer(kb, args.torch, args.index, gpus, args.driver, plat)
-    if sourced is not None:
-        result = sources.check_sourced(kb, sourced, gpus, args.driver, plat)
-        return CheckReport(_with_note(result, inferred))
-    build = kb.find_build(args.torch, plat)
-    result = check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat)
+    result = check_text(kb, gpus, args.driver, args.torch, args.index, plat)
     return CheckReport(_with_note(result, inferred))
 
 
