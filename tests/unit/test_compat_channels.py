@@ -38,8 +38,11 @@ def test_every_container_and_conda_forge_row_is_sourced_and_names_known_cuda():
         assert c.cuda is None or c.cuda in toolkits, c
     assert len({c.release for c in load_containers()}) == len(doc["container"])
     for r in load_conda_forge():
-        for cudas in r.cuda_by_platform.values():
+        for plat, cudas in r.cuda_by_platform.items():
             assert set(cudas) <= toolkits, r
+            assert set(r.arch_by_platform.get(plat, {})) <= set(cudas), r  # kernels only of builds listed
+        if any(r.arch_by_platform.values()):
+            assert r.arch_source and r.arch_source.startswith("https://github.com/conda-forge/"), r
 
 
 def _check(capsys, *argv):
@@ -176,3 +179,17 @@ def test_index_and_torch_fuzz_exit_0_1_or_2_with_one_line_errors(index, torch, g
     fuzzkit.check(outcome)
     if outcome.code == 2:
         assert outcome.err.strip() and outcome.err.strip().count("\n") == 0, outcome.err
+
+
+def test_conda_forge_kernels_come_from_the_feedstocks_arch_list(capsys):
+    # 2.5.1's CUDA 12.6 build: TORCH_CUDA_ARCH_LIST 5.0;6.0;6.1;7.0;7.5;8.0;8.6;8.9;9.0+PTX (recipe/build.sh)
+    code, out = _check(
+        capsys, "--gpu", "RTX 4090", "--driver", "560.35.03", "--torch", "2.5.1", "--index", "conda-forge"
+    )
+    assert code == 0 and out["verdict"] == "works", out
+    assert out["build"]["arch_confirmed"] and "compute_90" in out["build"]["ptx"]
+    # 2.6.0 was built with CUDA 12.6 only: no kernels for a Blackwell GeForce
+    code, out = _check(
+        capsys, "--gpu", "RTX 5090", "--driver", "570.86.10", "--torch", "2.6.0", "--index", "conda-forge"
+    )
+    assert code == 1 and "toolkit_predates_gpu" in _codes(out)  # PTX 9.0 JIT, but CUDA 12.6 predates 12.0

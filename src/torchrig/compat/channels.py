@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchrig.compat import versions as V
@@ -59,6 +59,24 @@ class CondaForge:
     cuda_by_platform: dict[str, tuple[str, ...]]  # "linux-x86_64" -> ("12.6",)
     source: str
     verified: str
+    arch_by_platform: dict[str, dict[str, str]] = field(
+        default_factory=dict
+    )  # -> {"12.6": "5.0;...;9.0+PTX"}
+    arch_source: str | None = None
+
+    def kernels(self, platform: str, cuda: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """(cubins, PTX) of the ``cuda`` build on ``platform`` from its TORCH_CUDA_ARCH_LIST; None: not known."""
+        text = self.arch_by_platform.get(platform, {}).get(cuda)
+        if not text:
+            return None
+        cubins, ptx = [], []
+        for entry in text.split(";"):
+            cc, _, plus = entry.partition("+")
+            sm = cc.replace(".", "")
+            cubins.append(f"sm_{sm}")
+            if plus == "PTX":
+                ptx.append(f"compute_{sm}")
+        return tuple(cubins), tuple(ptx)
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,7 +98,11 @@ def load_conda_forge() -> tuple[CondaForge, ...]:
 
 def _conda_row(r: dict[str, Any]) -> CondaForge:
     cudas = {"linux-x86_64": tuple(r["linux_x86_64"]), "linux-aarch64": tuple(r["linux_aarch64"])}
-    return CondaForge(r["version"], cudas, r["source"], str(r["verified"]))
+    arch = {
+        "linux-x86_64": dict(r.get("arch_linux_x86_64", {})),
+        "linux-aarch64": dict(r.get("arch_linux_aarch64", {})),
+    }
+    return CondaForge(r["version"], cudas, r["source"], str(r["verified"]), arch, r.get("arch_source"))
 
 
 def by_name(index: str) -> str | None:
@@ -187,16 +209,18 @@ def _build(kb: KnowledgeBase, cb: ChannelBuild, cuda: str | None, plat: Platform
     name = (
         f"ngc{cb.container_tag}" if cb.channel == "ngc" else f"conda-forge-cu{(cuda or '').replace('.', '')}"
     )
+    kernels = cb.conda.kernels(plat.id, cuda) if cb.conda and cuda else None
     variant = Variant(
         name=name,
         cuda=cuda,
         index_url=NGC_URL if cb.channel == "ngc" else CONDA_URL,
-        arch_list=(),
-        ptx=(),
-        confirmed=False,
+        arch_list=kernels[0] if kernels else (),
+        ptx=kernels[1] if kernels else (),
+        confirmed=kernels is not None,
         source=(cb.container.source if cb.container else cb.conda.source if cb.conda else ""),
     )
-    return Build(_release(kb, cb.release, name), variant, plat.id, arch_confirmed=False, prerelease=None)
+    build = Build(_release(kb, cb.release, name), variant, plat.id, arch_confirmed=kernels is not None)
+    return build
 
 
 def _conda_cuda(kb: KnowledgeBase, cb: ChannelBuild, driver: str | None, plat: Platform) -> tuple[str, str]:
@@ -214,7 +238,7 @@ def _conda_cuda(kb: KnowledgeBase, cb: ChannelBuild, driver: str | None, plat: P
 
         native = [c for c in listed if driver_cuda_support(kb, driver, c).kind is DriverSupportKind.NATIVE]
         if native:
-            return native[-1], f"the newest variant driver {driver} runs natively (conda's __cuda picks it)"
+            return native[-1], f"the newest variant driver {driver} runs natively: conda's __cuda picks it"
     why = "no --driver given" if driver is None else f"driver {driver} runs none of them natively"
     return listed[0], f"the oldest variant conda-forge built: {why}"
 
