@@ -193,3 +193,11 @@ def test_conda_forge_kernels_come_from_the_feedstocks_arch_list(capsys):
         capsys, "--gpu", "RTX 5090", "--driver", "570.86.10", "--torch", "2.6.0", "--index", "conda-forge"
     )
     assert code == 1 and "toolkit_predates_gpu" in _codes(out)  # PTX 9.0 JIT, but CUDA 12.6 predates 12.0
+
+
+@pytest.mark.parametrize(("index", "torch"), [("ngc", "2.10.0a0+b4e4ee81d3"), ("conda-forge", "2.5.1")])
+def test_on_a_jetson_the_data_has_neither_and_says_so(capsys, index, torch):
+    code, out = _check(
+        capsys, "--gpu", "Jetson AGX Orin", "--torch", torch, "--index", index, "--platform", "jetson6"
+    )
+    assert code == 0 and "channel_platform_unknown" in _codes(out), out

@@ -258,12 +258,15 @@ def check_channel(
     if cb.channel == "ngc":
         cuda = cb.container.cuda if cb.container else None
         head = _ngc_head(cb)
+    elif plat.id == "jetson":
+        cuda = cb.conda_cuda
+        head = [Reason("wheel_source", Severity.INFO, f"torch {cb.text} from conda-forge ({cb.how})")]
     else:
         cuda, why = _conda_cuda(kb, cb, driver, plat)
         head = _conda_head(cb, cuda, why, plat)
     build = _build(kb, cb, cuda, plat)
-    if cuda is None:
-        reasons = [*head, _unknown_cuda(cb)]
+    if cuda is None or plat.id == "jetson":
+        reasons = [*head, _unknown_cuda(cb) if plat.id != "jetson" else _not_for_jetson(cb)]
         return CheckResult(
             verdict_of(reasons), reasons, [], build, list(gpus), driver, None, notes, plat.label
         )
@@ -313,6 +316,16 @@ def _unknown_cuda(cb: ChannelBuild) -> Reason:
         f"torchrig's data does not give the CUDA of NGC {which}, so the driver and the GPUs' kernels are not "
         "judged: inside it, python -c 'import torch; print(torch.version.cuda, torch.cuda.get_arch_list())' "
         "says both; its release notes give the driver it needs",
+    )
+
+
+def _not_for_jetson(cb: ChannelBuild) -> Reason:
+    return Reason(
+        "channel_platform_unknown",
+        Severity.CAVEAT,
+        f"torchrig's data has no {'NGC container' if cb.channel == 'ngc' else 'conda-forge build'} for Jetson "
+        "modules, so this one is not judged there: NVIDIA's JetPack wheels are what it knows on a Jetson "
+        "(check --index nvidia-jetpack6 or jetson-ai-lab-jp6)",
     )
 
 
