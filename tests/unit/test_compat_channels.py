@@ -201,3 +201,10 @@ def test_on_a_jetson_the_data_has_neither_and_says_so(capsys, index, torch):
         capsys, "--gpu", "Jetson AGX Orin", "--torch", torch, "--index", index, "--platform", "jetson6"
     )
     assert code == 0 and "channel_platform_unknown" in _codes(out), out
+
+
+def test_a_torch_string_two_containers_share_names_neither(capsys):
+    # 25.05 and 25.06 both give 2.8.0a0+5228986c39 (NVIDIA's table)
+    code, out = _check(capsys, "--gpu", "H100", "--torch", "2.8.0a0+5228986c39", "--index", "ngc")
+    assert code == 0 and "channel_cuda_unknown" in _codes(out)
+    assert "25.05" not in json.dumps(out["reasons"]) and "25.06" not in json.dumps(out["reasons"])

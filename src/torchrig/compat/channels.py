@@ -179,10 +179,11 @@ def _container_for(tag: str | None, text: str, release: str) -> Container | None
     rows = load_containers()
     if tag is not None:
         return next((c for c in rows if c.release == tag), None)
-    # --index ngc without a tag: the version string itself, when exactly one line of the data matches it
+    # --index ngc without a tag: the version string itself, when exactly one container has it (25.05 and 25.06
+    # both give 2.8.0a0+5228986c39: then which one is not known)
     t = text.strip().removeprefix("torch==")
     exact = [c for c in rows if t.startswith(c.torch)]
-    return exact[0] if len({c.cuda for c in exact}) == 1 and exact else None
+    return exact[0] if len(exact) == 1 else None
 
 
 def _conda(text: str, release: str, local: str | None) -> ChannelBuild:
