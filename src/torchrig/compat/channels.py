@@ -208,7 +208,9 @@ def _release(kb: KnowledgeBase, version: str, name: str) -> Release:
 
 def _build(kb: KnowledgeBase, cb: ChannelBuild, cuda: str | None, plat: Platform) -> Build:
     name = (
-        f"ngc{cb.container_tag}" if cb.channel == "ngc" else f"conda-forge-cu{(cuda or '').replace('.', '')}"
+        f"ngc{cb.container_tag or ''}"
+        if cb.channel == "ngc"
+        else f"conda-forge-cu{(cuda or '').replace('.', '')}"
     )
     kernels = cb.conda.kernels(plat.id, cuda) if cb.conda and cuda else None
     variant = Variant(
@@ -310,11 +312,11 @@ def _ngc_head(cb: ChannelBuild) -> list[Reason]:
 
 
 def _unknown_cuda(cb: ChannelBuild) -> Reason:
-    which = f"container {cb.container_tag}" if cb.container_tag else "this container"
+    which = f"NGC container {cb.container_tag}" if cb.container_tag else "this NGC container"
     return Reason(
         "channel_cuda_unknown",
         Severity.CAVEAT,
-        f"torchrig's data does not give the CUDA of NGC {which}, so the driver and the GPUs' kernels are not "
+        f"torchrig's data does not give the CUDA of {which}, so the driver and the GPUs' kernels are not "
         "judged: inside it, python -c 'import torch; print(torch.version.cuda, torch.cuda.get_arch_list())' "
         "says both; its release notes give the driver it needs",
     )
