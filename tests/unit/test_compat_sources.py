@@ -94,3 +94,36 @@ def test_a_standard_index_keeps_the_standard_answer_and_an_unknown_one_is_exit_2
 def test_the_lab_index_versions_are_known(capsys, version):
     code, out = _check(capsys, "--gpu", "Jetson AGX Orin", "--torch", version, "--platform", "jetson6")
     assert code == 0 and out["verdict"] == "works", out
+
+
+@pytest.mark.parametrize("index", ["", "  ", "h", "https://", "https://pypi.jetson-ai-lab"])
+def test_an_empty_or_too_short_index_names_nothing(capsys, index):
+    argv = [
+        "check",
+        "--gpu",
+        "Jetson AGX Orin",
+        "--torch",
+        "2.5.0",
+        "--platform",
+        "jetson6",
+        "--index",
+        index,
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "--index" in err
+
+
+def test_a_shorter_path_of_an_index_url_names_its_source(capsys):
+    code, out = _check(
+        capsys,
+        "--gpu",
+        "Jetson AGX Orin",
+        "--torch",
+        "2.5.0",
+        "--platform",
+        "jetson6",
+        "--index",
+        "https://pypi.jetson-ai-lab.io/jp6",
+    )
+    assert code == 0 and out["build"]["variant"] == "jetson-ai-lab-jp6"

@@ -11,9 +11,12 @@ examples:
   torchrig check --gpu GB200 --driver 570.133.20 --torch 2.8.0 --platform linux-aarch64  # PyPI: CPU-only
   torchrig check --gpu "NVIDIA Thor" --driver 580.00 --torch 2.10.0+cu130 --platform jetson7
   torchrig check --gpu "RTX 4070 Laptop GPU" --driver 551.88 --torch 2.4.0+cu121 --platform wsl
+  torchrig check --gpu H100 --driver 535.104.05 --torch 2.10.0a0+b4e4ee81d3.nv25.12   # NGC 25.12, CUDA 13.1
+  torchrig check --gpu "RTX 4090" --driver 560.35.03 --torch 2.5.1 --index conda-forge
 
 --torch takes VERSION (the build `pip install torch==VERSION` gets from PyPI on the platform), VERSION+cuXYZ,
-VERSION+cpu, or a nightly as torch prints it (2.10.0.dev20250915+cu128: judged as its release line).
+VERSION+cpu, or a nightly as torch prints it (2.10.0.dev20250915+cu128: judged as its release line); off a
+Jetson an NGC container's build (2.5.0a0+e000cf0ad9.nv24.10) is that container's, judged by its CUDA.
 --driver is the version nvidia-smi prints (e.g. 535.104.05; on Windows/WSL the Windows number, e.g. 566.36;
 on Jetson the JetPack's, e.g. 540.4.0); without it only the architecture is checked.
 --platform defaults to this machine's (a Jetson GPU implies jetson; a GPU that exists only on Arm hosts, GH200,
@@ -93,8 +96,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--index",
         metavar="URL|NAME",
-        help="where the wheel comes from: pypi, pytorch, nvidia-jetpack5/6, jetson-ai-lab-jp6/-sbsa, or the "
-        "index URL (default: inferred from the version and platform where certain, else PyPI/download.pytorch.org)",
+        help="where the build comes from: pypi, pytorch, nvidia-jetpack5/6, jetson-ai-lab-jp6/-sbsa, ngc (NVIDIA's "
+        "PyTorch containers), conda-forge, or the index URL (default: inferred from the version and platform where "
+        "certain, else PyPI/download.pytorch.org)",
     )
 
 
@@ -128,28 +132,23 @@ class CheckReport:
 
 
 def run(args: argparse.Namespace) -> CheckReport:
-    from torchrig.compat import check, load_kb
+    from torchrig.compat import load_kb
     from torchrig.compat import versions as V
+    from torchrig.compat.check import check_text
 
     if args.driver is not None:
         V.parse_driver(args.driver)
     kb = load_kb()
     gpus = list({g.id: g for g in (kb.find_gpu(name) for name in args.gpu)}.values())  # 8x the same GPU: once
     plat, inferred = platform_and_note(args, gpus)
-    from torchrig.compat import sources
+    result = check_text(kb, gpus, args.driver, args.torch, args.index, plat)
+    return CheckReport(_with_note(result, inferred))
 
-    sourced = sources.infer(kb, args.torch, args.index, gpus, args.driver, plat)
-    if sourced is not None:
-        result = sources.check_sourced(kb, sourced, gpus, args.driver, plat)
-        if inferred:
-            import dataclasses
 
-            result = dataclasses.replace(result, notes=[inferred, *result.notes])
-        return CheckReport(result)
-    build = kb.find_build(args.torch, plat)
-    result = check(kb, gpus=gpus, driver=args.driver, build=build, platform=plat)
-    if inferred:
-        import dataclasses
+def _with_note(result: CheckResult, inferred: str | None) -> CheckResult:
+    """``result`` with the platform-inference note first."""
+    if not inferred:
+        return result
+    import dataclasses
 
-        result = dataclasses.replace(result, notes=[inferred, *result.notes])
-    return CheckReport(result)
+    return dataclasses.replace(result, notes=[inferred, *result.notes])

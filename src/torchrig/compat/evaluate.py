@@ -198,7 +198,7 @@ def _jetson_wheels_reasons(gpus: Sequence[Gpu], build: Build, jetpack: JetPack |
 def _remark_reasons(build: Build) -> list[Reason]:
     out = []
     for code, text in build.remarks:
-        if code == "pypi_default_not_confirmed":
+        if code in ("pypi_default_not_confirmed", "nightly_channel"):
             out.append(Reason(code, Severity.INFO, text))
         elif code == "arch_list_not_confirmed" and build.variant.is_cpu:
             continue
@@ -235,13 +235,26 @@ def _unconfirmed_kernels(kb: KnowledgeBase, gpu: Gpu, build: Build, arch: Reason
     if arch.code != "arch_not_covered" or build.arch_confirmed or build.cuda is None:
         return arch
     if gpu.compute_capability not in kb.toolkit(build.cuda).compute_capabilities:
-        return arch
+        if build.variant.arch_list:
+            return arch
+        return Reason(
+            "arch_not_covered",
+            Severity.FAIL,
+            f"{gpu.name} ({gpu.sm}) cannot run torch {build.label}: CUDA {build.cuda} cannot build kernels for "
+            f"compute capability {gpu.compute_capability}",
+            gpu.name,
+        )
     return Reason(
         "arch_not_confirmed",
         Severity.CAVEAT,
         f"{gpu.name} ({gpu.compute_capability}): the kernels of torch {build.label}'s {build.platform} wheel are "
-        f"not confirmed and the Linux x86_64 list standing in for them has none for {gpu.sm}; CUDA {build.cuda} "
-        f"can build for it: after installing, check that torch.cuda.get_arch_list() lists {gpu.sm}",
+        + (
+            f"not confirmed and the Linux x86_64 list standing in for them has none for {gpu.sm}; "
+            if build.variant.arch_list
+            else "not in torchrig's data; "
+        )
+        + f"CUDA {build.cuda} can build for it: after installing, check that torch.cuda.get_arch_list() lists "
+        f"{gpu.sm}",
         gpu.name,
     )
 

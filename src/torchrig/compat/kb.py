@@ -174,9 +174,8 @@ class KnowledgeBase:
                 f"{parsed.prerelease} is a nightly or pre-release build, read as the {rel.version} release line: "
                 f"nightlies move from day to day (kernels, CUDA, pins), so this verdict is the release's"
             )
-            build = dataclasses.replace(
-                build, prerelease=parsed.prerelease, remarks=(*build.remarks, ("prerelease_build", remark))
-            )
+            remarks = (*build.remarks, ("prerelease_build", remark), *_channel(parsed.prerelease, name))
+            build = dataclasses.replace(build, prerelease=parsed.prerelease, remarks=remarks)
         return build
 
     def _has_build(self, version: str, variant: str) -> bool:
@@ -196,14 +195,14 @@ class KnowledgeBase:
                 hint="pass the CUDA variant, e.g. +cu128",
             )
         cuda = f"{int(m.group(1))}.{m.group(2)}"
-        self.toolkit(cuda)  # a CUDA torchrig does not know cannot be judged: the error says which it knows
+        judged_cuda, newer = self._cuda_or_newest_below(cuda)
         norm = V.normalise_release(parsed.release)
         rel = next((r for r in self.releases if r.version == norm), None) or Release(
             norm, None, (), None, None, variant_name, ()
         )
         variant = Variant(
             name=variant_name,
-            cuda=cuda,
+            cuda=judged_cuda,
             index_url=f"{PYTORCH_INDEX}/nightly/{variant_name}",
             arch_list=(),
             ptx=(),
@@ -220,7 +219,26 @@ class KnowledgeBase:
             plat.id,
             arch_confirmed=False,
             prerelease=parsed.prerelease,
-            remarks=(("prerelease_build", remark),),
+            remarks=(("prerelease_build", remark), *newer, *_channel(parsed.prerelease or "", variant_name)),
+        )
+
+    def _cuda_or_newest_below(self, cuda: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """``cuda`` when torchrig knows it; else (a nightly ahead of the data) the newest CUDA it knows below it,
+        whose driver floor is a lower bound (floors grow with the version), with a remark saying so. A CUDA older
+        than every one it knows cannot be judged: the error says which it knows."""
+        if any(t.version == cuda for t in self.toolkits):
+            return cuda, ()
+        below = [t for t in self.toolkits if V.parse_cuda(t.version) < V.parse_cuda(cuda)]
+        if not below:
+            self.toolkit(cuda)  # raises, naming the known toolkits
+        stand_in = max(below, key=lambda t: V.parse_cuda(t.version)).version
+        return stand_in, (
+            (
+                "cuda_not_in_data",
+                f"CUDA {cuda} is newer than torchrig's data: judged with CUDA {stand_in}'s driver floor and "
+                f"GPUs, a lower bound (CUDA {cuda} needs at least that driver); check nvidia-smi's CUDA version "
+                f"is {cuda} or newer",
+            ),
         )
 
     # ---- platforms
@@ -363,3 +381,11 @@ def load_kb() -> KnowledgeBase:
     from torchrig import data
 
     return KnowledgeBase(**kb_fields({name: data.load(name) for name in FILES}))
+
+
+def _channel(prerelease: str, variant: str) -> tuple[tuple[str, str], ...]:
+    """The nightly channel's word on ``variant`` on the nightly's date (``torchrig.compat.nightly``), if any."""
+    from torchrig.compat.nightly import channel_remark
+
+    remark = channel_remark(prerelease, variant)
+    return (remark,) if remark else ()

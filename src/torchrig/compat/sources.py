@@ -102,12 +102,19 @@ def by_index(index: str) -> WheelSource | None:
     """``--index``: a source's id or family, or a URL one of its index URLs starts; None for PyPI and
     download.pytorch.org (the standard builds)."""
     low = index.strip().rstrip("/").lower()
+    if not low:
+        raise UsageError("empty --index", hint="give an index URL or a name such as pypi, ngc or conda-forge")
+    # a URL names the source whose index URL it starts, or (a shorter path) begins: at least a host and a path,
+    # so that "h" or "https://" names nothing
+    partial = "://" in low and low.split("://", 1)[1].count("/") >= 1
     if low in NAMES_OF_STANDARD or low.startswith(("https://pypi.org", "https://download.pytorch.org")):
         return None
     for s in load_sources():
-        if low == s.id or any(low.startswith(u.lower()) or u.lower().startswith(low) for u in s.index_urls):
+        if low == s.id or any(
+            low.startswith(u.lower()) or (partial and u.lower().startswith(low)) for u in s.index_urls
+        ):
             return s
-    known = ", ".join(["pypi", "pytorch", *(s.id for s in load_sources())])
+    known = ", ".join(["pypi", "pytorch", *(s.id for s in load_sources()), "ngc", "conda-forge"])
     raise UsageError(f"unknown --index {index!r}", hint=f"give an index URL or one of: {known}")
 
 
