@@ -40,6 +40,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("driver", libraries.driver_libraries),
     ("driver", driver.version_mismatch),
     ("driver", driver.device_nodes),
+    ("driver", driver.uvm_node),
     ("driver", driver.uvm),
     ("driver", driver.nvml_failed),
     ("driver", driver.fabric_manager),

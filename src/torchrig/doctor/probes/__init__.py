@@ -136,12 +136,16 @@ def collect(options: ProbeOptions | None = None) -> Facts:
     from torchrig import __version__
     from torchrig.doctor.probes.container import probe_container, probe_docker
     from torchrig.doctor.probes.env import probe_env
-    from torchrig.doctor.probes.kernel import probe_kernel
+    from torchrig.doctor.probes.kernel import device_nodes, probe_kernel
     from torchrig.doctor.probes.nvml import probe_nvml
     from torchrig.doctor.probes.pytorch import probe_torch
 
     opts = options or ProbeOptions()
     t = opts.probe_timeout_s
+    # /dev/nvidia* before the torch probe's CUDA initialisation can recreate a missing /dev/nvidia-uvm (through
+    # nvidia-modprobe): a listing taken beside it races with that (the GPU campaign of 2026-12-03 saw the node
+    # back and doctor missed the fault)
+    nodes = device_nodes()
     jobs: dict[str, tuple[Callable[[], Any], float]] = {}
     if opts.torch:
         # First, as it is the slow one. The child has its own timeout; the thread's deadline is a little later
@@ -153,7 +157,7 @@ def collect(options: ProbeOptions | None = None) -> Facts:
         )
     jobs |= {
         "nvml": (probe_nvml, t),
-        "kernel": (probe_kernel, t),
+        "kernel": (lambda: probe_kernel(nodes), t),
         "env": (probe_env, t),
         "container": (probe_container, t),
         "docker": (probe_docker, t),

@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from torchrig import inputfiles
 from torchrig.doctor.facts import DeviceNode, DriverLibrary, KernelFacts, PciDevice, ProbeStatus
 from torchrig.errors import InputError
 from torchrig.inputfiles import read_head, read_proc
@@ -41,6 +42,7 @@ COMPAT_GLOBS = ("/usr/local/cuda/compat", "/usr/local/cuda-*/compat")
 STUB_MAX_BYTES = 512 * 1024
 _XID_RE = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem", "nouveau")
+UVM_NODE = "/dev/nvidia-uvm"
 _VERSION_RE = re.compile(r"\b(\d{3}\.\d{1,3}(?:\.\d{1,3})?)\b")
 
 
@@ -84,9 +86,17 @@ def loaded_modules() -> tuple[str, ...]:
 
 
 def device_nodes() -> tuple[DeviceNode, ...]:
-    """``ls -l /dev/nvidia*`` with whether this user may open each node read-write."""
-    paths = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dxg"))
-    return tuple(DeviceNode(p, os.access(p, os.R_OK | os.W_OK)) for p in paths if not os.path.isdir(p))
+    """``ls -l /dev/nvidia*`` with whether this user may open each node read-write (by its mode bits)."""
+    return tuple(DeviceNode(p, ok) for p, ok in inputfiles.device_nodes(("/dev/nvidia*", "/dev/dxg")))
+
+
+def uvm_open_error(nodes: tuple[DeviceNode, ...]) -> str | None:
+    """Why ``/dev/nvidia-uvm`` does not open read-write, as CUDA's initialisation opens it; None where it opens
+    or is absent. Its mode bits may allow what a container's device cgroup refuses (a ``--device`` list or a
+    CDI spec without it, or with the wrong major number): only the open tells."""
+    if not any(n.path == UVM_NODE for n in nodes):
+        return None
+    return inputfiles.device_open_error(UVM_NODE)
 
 
 def find_library(soname: str) -> tuple[str | None, str | None]:
@@ -216,10 +226,12 @@ def secure_boot() -> bool | None:
     return None
 
 
-def probe_kernel() -> KernelFacts:
+def probe_kernel(nodes: tuple[DeviceNode, ...] | None = None) -> KernelFacts:
+    """The kernel side. ``nodes``: ``/dev/nvidia*`` as listed before anything used CUDA (:func:`collect`
+    lists them first); listed here otherwise."""
     version, flavor = module_version()
     pci_gpus, pci_switches = pci_devices()
-    nodes = device_nodes()
+    nodes = device_nodes() if nodes is None else nodes
     has_switch = bool(pci_switches) or any("nvswitch" in n.path for n in nodes)
     proc_version = (_read("/proc/version") or "").lower()
     wsl = "microsoft" in proc_version or "wsl" in proc_version
@@ -258,4 +270,5 @@ def probe_kernel() -> KernelFacts:
         driver_libraries=driver_libraries(),
         xid_events=xids,
         kernel_log_error=log_error,
+        uvm_open_error=uvm_open_error(nodes),
     )
