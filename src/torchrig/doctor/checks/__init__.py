@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from torchrig.doctor import AREAS as AREAS
 from torchrig.doctor.checks import (
     container,
     driver,
@@ -29,7 +30,6 @@ from torchrig.doctor.findings import Finding, Severity, sort_findings
 
 Check = Callable[[Context], Iterable[Finding]]
 
-AREAS = ("driver", "container", "env", "torch", "gpu")
 
 # (area, check) in the order they run: what blocks CUDA first, then what bites later.
 CHECKS: tuple[tuple[str, Check], ...] = (

@@ -99,18 +99,16 @@ def uvm_open_error(nodes: tuple[DeviceNode, ...]) -> str | None:
     return inputfiles.device_open_error(UVM_NODE)
 
 
-def find_library(soname: str) -> tuple[str | None, str | None]:
-    """Where the dynamic loader would find ``soname`` (``ldconfig -p``), and the version in the real file name."""
+def find_library(soname: str, cache: dict[str, list[str]] | None = None) -> tuple[str | None, str | None]:
+    """Where the dynamic loader would find ``soname`` (``ldconfig -p``; ``cache``: its listing, already read by
+    :func:`ld_cache`), and the version in the real file name."""
     path = None
     for d in LIB_DIRS:
         if os.path.exists(os.path.join(d, soname)):
             path = os.path.join(d, soname)
             break
     if path is None:
-        for line in (_run(["ldconfig", "-p"]) or "").splitlines():
-            if line.strip().startswith(soname + " ") and "=>" in line:
-                path = line.split("=>", 1)[1].strip()
-                break
+        path = next(iter((ld_cache() if cache is None else cache).get(soname, [])), None)
     if path is None:
         return None, None
     real = os.path.realpath(path)
@@ -235,8 +233,9 @@ def probe_kernel(nodes: tuple[DeviceNode, ...] | None = None) -> KernelFacts:
     has_switch = bool(pci_switches) or any("nvswitch" in n.path for n in nodes)
     proc_version = (_read("/proc/version") or "").lower()
     wsl = "microsoft" in proc_version or "wsl" in proc_version
-    nvml_lib, nvml_lib_version = find_library("libnvidia-ml.so.1")
-    cuda_lib, cuda_lib_version = find_library("libcuda.so.1")
+    cache = ld_cache()  # one ldconfig -p for every library looked up
+    nvml_lib, nvml_lib_version = find_library("libnvidia-ml.so.1", cache)
+    cuda_lib, cuda_lib_version = find_library("libcuda.so.1", cache)
     installed = None
     if version is None:  # only worth a subprocess when the module is not loaded
         out = _run(["modinfo", "-F", "version", "nvidia"])
@@ -267,7 +266,7 @@ def probe_kernel(nodes: tuple[DeviceNode, ...] | None = None) -> KernelFacts:
         os_pretty=rel.get("PRETTY_NAME"),
         machine=platform.machine() or None,
         tegra_release=next(iter((_read("/etc/nv_tegra_release") or "").splitlines()), None),
-        driver_libraries=driver_libraries(),
+        driver_libraries=driver_libraries(cache=cache),
         xid_events=xids,
         kernel_log_error=log_error,
         uvm_open_error=uvm_open_error(nodes),
