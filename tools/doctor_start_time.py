@@ -3,7 +3,8 @@
     python tools/doctor_start_time.py --runs 5                  # this interpreter (its torch probed)
     python tools/doctor_start_time.py --runs 5 --without-torch  # a fresh venv holding torchrig alone
 
-Each run is a fresh ``python -m torchrig doctor --json`` (exit 0 or 1: a healthy or a flagged machine; any
+After one warm-up run (not counted: it leaves the compiled modules, as ``pip install`` does), each run is a
+fresh ``python -m torchrig doctor --json`` (exit 0 or 1: a healthy or a flagged machine; any
 other status stops the tool). With the torch probe, ``python -c 'import torch'`` runs between the doctor runs
 in the same interpreter, as the baseline doctor is judged against. ``--without-torch`` makes a venv (in a
 temporary folder, removed after) with only this checkout installed (``pip install -e``; PyPI or a local
@@ -59,12 +60,15 @@ def main() -> int:
     args = ap.parse_args()
     if not 1 <= args.runs <= 100:
         ap.error("--runs must be 1 to 100")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # as an installed torchrig runs: from its compiled modules (pip writes them; PYTHONDONTWRITEBYTECODE, set on
+    # some development machines, would make every run compile torchrig's ~100 modules again: ~0.1 s)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     with tempfile.TemporaryDirectory(prefix="doctor-start-") as tmp:
         python = fresh_venv(Path(tmp) / "venv") if args.without_torch else sys.executable
         # this checkout's code (or --src's), whatever is installed
         env["PYTHONPATH"] = os.path.abspath(args.src) if args.src else str(ROOT / "src")
         doctor = [python, "-m", "torchrig", "doctor", "--json"]
+        timed(doctor, env)  # a warm-up, not counted: it writes the compiled modules
         times: list[float] = []
         base: list[float] = []
         beyond: list[float] = []  # doctor's own time: its wall time less the torch probe's

@@ -146,8 +146,8 @@ def run(args: argparse.Namespace):  # -> DoctorReport
         kb_threads: list[threading.Thread | None] = []
 
         def meanwhile() -> None:
-            """While the torch child imports torch (loading these before would delay its start): the knowledge
-            base in a thread, and the checks' modules (~0.1-0.2 s of imports) here."""
+            """While the probes run and the torch child imports torch (loading these before would delay them):
+            the knowledge base in a thread, and the checks' modules (~0.1-0.2 s of imports) here."""
             kb_threads.append(_load_kb_meanwhile())
             import torchrig.doctor.checks  # noqa: F401
 

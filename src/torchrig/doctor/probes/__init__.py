@@ -145,7 +145,7 @@ def _deep(torch: TorchFacts, opts: ProbeOptions) -> TorchFacts:
 
 def collect(options: ProbeOptions | None = None, meanwhile: Callable[[], Any] | None = None) -> Facts:
     """Every probe, concurrently; the torch probe's child starts first. ``meanwhile``: the caller's own work
-    to start once that child runs (the command loads the knowledge base then), not before it."""
+    to do once the probes run (the command loads the knowledge base and the checks then), not before them."""
     opts = options or ProbeOptions()
     t = opts.probe_timeout_s
     deadlines = dict.fromkeys(("nvml", "kernel", "env", "container", "docker"), t)
@@ -165,8 +165,6 @@ def collect(options: ProbeOptions | None = None, meanwhile: Callable[[], Any] | 
             # is traced (probes/trace.py): its re-runs get their own bounded time on top.
             deadlines["torch"] = opts.timeout_s + 5 + TRACE_BUDGET_S
             pool.start("torch", lambda: probe_torch(opts.python, opts.timeout_s), deadlines["torch"])
-        if meanwhile is not None:
-            meanwhile()
         from torchrig import __version__
         from torchrig.doctor.probes.container import probe_container, probe_docker
         from torchrig.doctor.probes.env import probe_env
@@ -177,6 +175,8 @@ def collect(options: ProbeOptions | None = None, meanwhile: Callable[[], Any] | 
         pool.start("env", probe_env, t)
         pool.start("container", probe_container, t)
         pool.start("docker", probe_docker, t)
+        if meanwhile is not None:  # while the probes wait on their files and subprocesses
+            meanwhile()
         results, elapsed = pool.join()
     parts = _assemble(results, deadlines, opts.torch)
     if opts.deep:
