@@ -144,6 +144,15 @@ def device_nodes(patterns: tuple[str, ...], *, max_entries: int = 256) -> list[t
     return found
 
 
+def char_device_number(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``ls -l``'s "major, minor" of the character device ``path``; None where it is none (or is absent)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISCHR(st.st_mode) else None
+
+
 def device_open_error(path: str | os.PathLike[str]) -> str | None:
     """Why the character device ``path`` cannot be opened read-write (as CUDA opens ``/dev/nvidia-uvm``), or
     None where it opens: it is opened and closed at once, nothing read or written. The mode bits say only

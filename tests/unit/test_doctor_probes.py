@@ -138,4 +138,23 @@ def test_device_nodes_are_listed_before_the_torch_probe_starts(monkeypatch):
     monkeypatch.setattr(pytorch, "probe_torch", torch_probe)
     facts = probes.collect(probes.ProbeOptions(probe_timeout_s=10))
     assert order == ["nodes", "torch"]
-    assert facts.kernel.device_nodes == before and facts.kernel.uvm_open_error is None
+    assert facts.kernel.device_nodes == before and facts.kernel.uvm_node_error is None
+
+
+def test_a_uvm_node_of_another_device_or_refused_is_said(monkeypatch, tmp_path):
+    """/dev/nvidia-uvm judged by its device number against /proc/devices' nvidia-uvm, then by a real open."""
+    from torchrig.doctor.facts import DeviceNode
+    from torchrig.doctor.probes import kernel
+
+    null = (DeviceNode("/dev/null", True),)
+    monkeypatch.setattr(kernel, "UVM_NODE", "/dev/null")  # a real character device: 1:3, opens read-write
+    monkeypatch.setattr(kernel, "uvm_major", lambda: 509)
+    assert kernel.uvm_node_error(null) == "another device (1:3), not nvidia-uvm (major 509 in /proc/devices)"
+    monkeypatch.setattr(kernel, "uvm_major", lambda: 1)
+    assert kernel.uvm_node_error(null) is None
+    monkeypatch.setattr(kernel, "UVM_NODE", str(tmp_path / "nvidia-uvm"))
+    (tmp_path / "nvidia-uvm").write_text("")
+    assert (
+        kernel.uvm_node_error((DeviceNode(str(tmp_path / "nvidia-uvm"), True),)) == "not a character device"
+    )
+    assert kernel.uvm_node_error(()) is None  # not listed: nothing to judge (the check says it is missing)

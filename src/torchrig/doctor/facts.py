@@ -96,9 +96,10 @@ class KernelFacts:
     # the kernel log (dmesg / /dev/kmsg): None unreadable or not tried; () read, no Xid
     xid_events: tuple[str, ...] | None = None
     kernel_log_error: str | None = None  # why the kernel log could not be read
-    # why /dev/nvidia-uvm did not open read-write ("Operation not permitted": a container's device cgroup);
-    # None: it opened, or there was none to open
-    uvm_open_error: str | None = field(default=None, metadata={"added_later": True})
+    # why /dev/nvidia-uvm, though listed, is no use to CUDA: refused when opened read-write ("Operation not
+    # permitted": a container's device cgroup) or another device than nvidia-uvm (its major number is not the
+    # one /proc/devices gives); None: it opened as nvidia-uvm, or there was none to open
+    uvm_node_error: str | None = field(default=None, metadata={"added_later": True})
 
 
 # ---------------------------------------------------------------- the installed PyTorch

@@ -238,9 +238,7 @@ def _uvm_node_problem(ctx: Context) -> str | None:
         return "missing"
     if not node.accessible:
         return "not readable and writable for this user"
-    if k.uvm_open_error:
-        return f"refused when opened read-write ({k.uvm_open_error})"
-    return None
+    return k.uvm_node_error
 
 
 def uvm_node(ctx: Context) -> Iterator[Finding]:
@@ -263,7 +261,7 @@ def uvm_node(ctx: Context) -> Iterator[Finding]:
     evidence = [
         "/dev/nvidia*: " + (", ".join(sorted(ctx.node_paths)) or "none") + " (listed before CUDA started)",
         f"nvidia_uvm loaded: {'yes' if 'nvidia_uvm' in k.modules_loaded else 'unknown'}",
-        *((f"open(/dev/nvidia-uvm, O_RDWR): {k.uvm_open_error}",) if k.uvm_open_error else ()),
+        *((f"/dev/nvidia-uvm: {k.uvm_node_error}",) if k.uvm_node_error else ()),
     ]
     ran = bool(t.is_available and t.devices and all(d.kernel_ok for d in t.devices))
     if ran:

@@ -90,13 +90,29 @@ def device_nodes() -> tuple[DeviceNode, ...]:
     return tuple(DeviceNode(p, ok) for p, ok in inputfiles.device_nodes(("/dev/nvidia*", "/dev/dxg")))
 
 
-def uvm_open_error(nodes: tuple[DeviceNode, ...]) -> str | None:
-    """Why ``/dev/nvidia-uvm`` does not open read-write, as CUDA's initialisation opens it; None where it opens
-    or is absent. Its mode bits may allow what a container's device cgroup refuses (a ``--device`` list or a
-    CDI spec without it, or with the wrong major number): only the open tells."""
+def uvm_major() -> int | None:
+    """``grep nvidia-uvm /proc/devices``: the major number the loaded nvidia_uvm module was given."""
+    for line in (_read("/proc/devices") or "").splitlines():
+        number, _, name = line.strip().partition(" ")
+        if name.strip() == "nvidia-uvm" and number.isdigit():
+            return int(number)
+    return None
+
+
+def uvm_node_error(nodes: tuple[DeviceNode, ...]) -> str | None:
+    """Why ``/dev/nvidia-uvm`` is no use to CUDA though it is listed; None where it opens read-write as
+    nvidia-uvm, or is absent. Its mode bits may allow what a container's device cgroup refuses, and a node
+    made with another major number (a CDI spec written with a fixed one, NVIDIA/nvidia-container-toolkit#1934)
+    opens another device: only the open and the number tell."""
     if not any(n.path == UVM_NODE for n in nodes):
         return None
-    return inputfiles.device_open_error(UVM_NODE)
+    number, major = inputfiles.char_device_number(UVM_NODE), uvm_major()
+    if number is None:
+        return "not a character device"
+    if major is not None and number[0] != major:
+        return f"another device ({number[0]}:{number[1]}), not nvidia-uvm (major {major} in /proc/devices)"
+    error = inputfiles.device_open_error(UVM_NODE)
+    return f"refused when opened read-write ({error})" if error else None
 
 
 def find_library(soname: str, cache: dict[str, list[str]] | None = None) -> tuple[str | None, str | None]:
@@ -269,5 +285,5 @@ def probe_kernel(nodes: tuple[DeviceNode, ...] | None = None) -> KernelFacts:
         driver_libraries=driver_libraries(cache=cache),
         xid_events=xids,
         kernel_log_error=log_error,
-        uvm_open_error=uvm_open_error(nodes),
+        uvm_node_error=uvm_node_error(nodes),
     )
