@@ -66,7 +66,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _areas(only: list[str]) -> tuple[str, ...]:
-    from torchrig.doctor import AREAS
+    from torchrig.doctor.areas import AREAS
 
     picked: list[str] = []
     for chunk in only:

@@ -19,10 +19,6 @@ from collections.abc import Iterable
 from torchrig.doctor.facts import Facts
 from torchrig.doctor.report import DoctorReport
 
-# What ``--only`` selects; each check belongs to one (checks.CHECKS). Here, not in checks, so that the command
-# validates its arguments and starts the torch probe before the checks' modules load.
-AREAS = ("driver", "container", "env", "torch", "gpu")
-
 
 def diagnose(
     facts: Facts,
@@ -56,4 +52,4 @@ def diagnose(
     return DoctorReport(facts, tuple(findings), elapsed_ms, tuple(areas or ()), kb_state, notes)
 
 
-__all__ = ["AREAS", "DoctorReport", "diagnose"]
+__all__ = ["DoctorReport", "diagnose"]

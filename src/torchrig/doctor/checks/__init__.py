@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from torchrig.doctor import AREAS as AREAS
+from torchrig.doctor.areas import AREAS as AREAS
 from torchrig.doctor.checks import (
     container,
     driver,
