@@ -127,6 +127,52 @@ def read_proc(path: str | os.PathLike[str], *, max_bytes: int = 2**20) -> str | 
         return None
 
 
+def device_nodes(patterns: tuple[str, ...], *, max_entries: int = 256) -> list[tuple[str, bool]]:
+    """``ls -l /dev/nvidia*``: the entries matching ``patterns`` (folders left out), at most ``max_entries`` of
+    them (a /dev holds a few dozen), each with whether this user may open it read-write by its mode bits. Nothing
+    is opened or read: listing a device is safe whatever it is."""
+    import glob
+
+    found: list[tuple[str, bool]] = []
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            if len(found) >= max_entries:
+                return found
+            if not os.path.isdir(path):
+                found.append((path, os.access(path, os.R_OK | os.W_OK)))
+    return found
+
+
+def char_device_number(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``ls -l``'s "major, minor" of the character device ``path``; None where it is none (or is absent)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISCHR(st.st_mode) else None
+
+
+def device_open_error(path: str | os.PathLike[str]) -> str | None:
+    """Why the character device ``path`` cannot be opened read-write (as CUDA opens ``/dev/nvidia-uvm``), or
+    None where it opens: it is opened and closed at once, nothing read or written. The mode bits say only
+    part of it: a container's device cgroup refuses the open itself ("Operation not permitted"). A path that
+    is not a character device is refused unopened (a FIFO would block, a file is no device)."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        return err.strerror or str(err)
+    if not stat.S_ISCHR(st.st_mode):
+        return "not a character device"
+    try:
+        fd = os.open(
+            path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+        )
+    except OSError as err:
+        return err.strerror or str(err)
+    os.close(fd)
+    return None
+
+
 def decode_text(data: bytes, what: str, where: str) -> str:
     """UTF-8 (a BOM is dropped); binary or another encoding is an InputError naming the first bad byte."""
     if data.startswith(b"\xef\xbb\xbf"):

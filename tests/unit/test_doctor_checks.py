@@ -35,6 +35,9 @@ ROOT_CAUSES = {
     "driver-device-nodes-missing-h200": ("driver.device_nodes_missing", "error"),
     "driver-uvm-not-loaded-h200": ("driver.uvm", "error"),
     "driver-uvm-wedged-after-suspend-h200": ("driver.uvm", "error"),
+    "driver-uvm-node-missing-h200": ("driver.uvm_node_missing", "error"),
+    "container-uvm-node-missing-h200": ("driver.uvm_node_missing", "error"),
+    "container-uvm-node-refused-h200": ("driver.uvm_node_missing", "error"),
     "driver-nvml-mismatch-570-580-h200": ("driver.version_mismatch", "error"),
     "driver-535-h200-cu130": ("torch.driver_too_old", "error"),
     "torch-cpu-build-h200": ("torch.cpu_build", "error"),
@@ -75,7 +78,7 @@ RECORDED = {
     "cuda-compat": ("driver.cuda_compat_mismatch", "error"),
     "libnccl-shadow": ("env.shadowed_libraries", "warning"),  # torch preloaded the wheel's copy itself
     "device-nodes-denied": ("driver.device_nodes_denied", "error"),
-    "uvm-node-missing": ("driver.uvm", "warning"),  # CUDA recreated the node (nvidia-modprobe) and ran
+    "uvm-node-missing": ("driver.uvm_node_missing", "warning"),  # CUDA recreated it (nvidia-modprobe), ran
     "cuda-visible-devices-minus1": ("env.cuda_visible_devices", "error"),
     "cuda-visible-devices-7": ("env.cuda_visible_devices", "error"),
     "cuda-visible-devices-empty": ("env.cuda_visible_devices", "error"),

@@ -96,3 +96,65 @@ def test_driver_install_steps_per_distribution():
     # a derivative falls back to its parent (ID_LIKE)
     mint, _ = fixes.steps("driver_install", "linuxmint", ("ubuntu", "debian"), "22")
     assert "sudo ubuntu-drivers install --gpgpu" in mint
+
+
+def test_device_nodes_listed_and_opened_through_the_bounded_readers(tmp_path):
+    import os
+
+    from torchrig import inputfiles
+
+    (tmp_path / "nvidia0").write_text("")
+    (tmp_path / "nvidia-caps").mkdir()  # a folder is left out
+    os.mkfifo(tmp_path / "nvidia-uvm")
+    listed = inputfiles.device_nodes((str(tmp_path / "nvidia*"),))
+    assert [os.path.basename(p) for p, _ok in listed] == ["nvidia-uvm", "nvidia0"]
+    assert len(inputfiles.device_nodes((str(tmp_path / "nvidia*"),), max_entries=1)) == 1
+    # a FIFO or a file is refused unopened (an open of a FIFO would block); a character device opens
+    assert inputfiles.device_open_error(tmp_path / "nvidia-uvm") == "not a character device"
+    assert inputfiles.device_open_error(tmp_path / "nvidia0") == "not a character device"
+    assert "No such file" in (inputfiles.device_open_error(tmp_path / "absent") or "")
+    assert inputfiles.device_open_error("/dev/null") is None
+
+
+def test_device_nodes_are_listed_before_the_torch_probe_starts(monkeypatch):
+    """CUDA's first use (the torch probe) recreates a missing /dev/nvidia-uvm: the listing comes first and is
+    the one the kernel facts carry."""
+    from torchrig.doctor import probes
+    from torchrig.doctor.facts import DeviceNode, TorchFacts
+    from torchrig.doctor.probes import kernel, pytorch
+
+    order: list[str] = []
+    before = (DeviceNode("/dev/nvidiactl", True), DeviceNode("/dev/nvidia0", True))
+
+    def listing():
+        order.append("nodes")
+        return before
+
+    def torch_probe(python, timeout_s):
+        order.append("torch")
+        return TorchFacts(ProbeStatus.MISSING)
+
+    monkeypatch.setattr(kernel, "device_nodes", listing)
+    monkeypatch.setattr(pytorch, "probe_torch", torch_probe)
+    facts = probes.collect(probes.ProbeOptions(probe_timeout_s=10))
+    assert order == ["nodes", "torch"]
+    assert facts.kernel.device_nodes == before and facts.kernel.uvm_node_error is None
+
+
+def test_a_uvm_node_of_another_device_or_refused_is_said(monkeypatch, tmp_path):
+    """/dev/nvidia-uvm judged by its device number against /proc/devices' nvidia-uvm, then by a real open."""
+    from torchrig.doctor.facts import DeviceNode
+    from torchrig.doctor.probes import kernel
+
+    null = (DeviceNode("/dev/null", True),)
+    monkeypatch.setattr(kernel, "UVM_NODE", "/dev/null")  # a real character device: 1:3, opens read-write
+    monkeypatch.setattr(kernel, "uvm_major", lambda: 509)
+    assert kernel.uvm_node_error(null) == "another device (1:3), not nvidia-uvm (major 509 in /proc/devices)"
+    monkeypatch.setattr(kernel, "uvm_major", lambda: 1)
+    assert kernel.uvm_node_error(null) is None
+    monkeypatch.setattr(kernel, "UVM_NODE", str(tmp_path / "nvidia-uvm"))
+    (tmp_path / "nvidia-uvm").write_text("")
+    assert (
+        kernel.uvm_node_error((DeviceNode(str(tmp_path / "nvidia-uvm"), True),)) == "not a character device"
+    )
+    assert kernel.uvm_node_error(()) is None  # not listed: nothing to judge (the check says it is missing)

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import select
+import shlex
 import shutil
 import stat
 import subprocess
@@ -203,16 +204,42 @@ def nodes_denied() -> Iterator[Run | str]:
             os.chmod(p, m)
 
 
+# Where libcuda runs nvidia-modprobe (setuid root) to load nvidia_uvm and create /dev/nvidia-uvm on first use
+MODPROBE_PATHS = ("/usr/bin/nvidia-modprobe", "/usr/sbin/nvidia-modprobe", "/bin/nvidia-modprobe")
+
+
 @contextlib.contextmanager
-def uvm_missing() -> Iterator[Run | str]:
+def uvm_missing(recreatable: bool = False) -> Iterator[Run | str]:
+    """/dev/nvidia-uvm moved aside. By default nvidia-modprobe is also made to fail inside doctor's own mount
+    namespace (``/bin/false`` bound over it, nothing changed outside), as in a container that was started
+    without the node and has no nvidia-modprobe: CUDA cannot recreate it and fails. ``recreatable``: the
+    node only, so CUDA's first use recreates it (the host case)."""
     node, aside = "/dev/nvidia-uvm", "/dev/nvidia-uvm.doctor-fault"
     if not os.path.exists(node):
         yield "/dev/nvidia-uvm does not exist here"
         return
+    prefix: tuple[str, ...] = ()
+    how = f"mv {node} {aside}"
+    if not recreatable:
+        tools = sorted({os.path.realpath(p) for p in MODPROBE_PATHS if os.path.exists(p)})
+        if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+            yield "no mount namespaces here (unshare -m refused)"
+            return
+        binds = "".join(f"mount --bind /bin/false {shlex.quote(t)} && " for t in tools)
+        prefix = ("unshare", "-m", "sh", "-c", binds + 'exec "$@"', "sh")
+        how += "; in doctor's mount namespace " + (
+            ", ".join(f"/bin/false bound over {t}" for t in tools) + " (CUDA cannot recreate the node)"
+            if tools
+            else "(no nvidia-modprobe installed: CUDA cannot recreate the node)"
+        )
+    else:
+        how += " (nvidia-modprobe left in place: CUDA's first use recreates it)"
     os.rename(node, aside)
     try:
-        yield Run(how=f"mv {node} {aside}")
+        yield Run(prefix=prefix, how=how)
     finally:
+        if os.path.exists(node):  # recreated meanwhile: the original goes back in its place
+            os.unlink(node)
         os.rename(aside, node)
 
 
@@ -350,7 +377,8 @@ FAULTS = [
     Fault("cuda-compat", ("driver.cuda_compat_mismatch",), compat_package),
     Fault("libnccl-shadow", ("env.shadowed_libraries",), nccl_shadow),
     Fault("device-nodes-denied", ("driver.device_nodes_denied",), nodes_denied),
-    Fault("uvm-node-missing", ("driver.uvm",), uvm_missing),
+    Fault("uvm-node-missing", ("driver.uvm_node_missing",), uvm_missing),
+    Fault("uvm-node-recreated", ("driver.uvm_node_missing",), lambda: uvm_missing(recreatable=True)),
     Fault("cuda-visible-devices-minus1", ("env.cuda_visible_devices",), lambda: visible("-1")),
     Fault("cuda-visible-devices-7", ("env.cuda_visible_devices",), lambda: visible("7")),
     Fault("cuda-visible-devices-empty", ("env.cuda_visible_devices",), lambda: visible("")),
@@ -546,6 +574,12 @@ def main() -> int:
     )
     rows: list[tuple[str, str, tuple[str, ...], str, str]] = []
     only = {n for n in os.environ.get("DOCTOR_FAULTS", "").split(",") if n}  # a subset, by name
+    unknown = only - {f.name for f in FAULTS}
+    if unknown:
+        print(
+            f"DOCTOR_FAULTS names no fault: {sorted(unknown)}; known: {[f.name for f in FAULTS]}", flush=True
+        )
+        return 2
     for fault in FAULTS:
         if only and fault.name not in only:
             continue

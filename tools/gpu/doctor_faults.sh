@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The doctor fault campaign in one call on the GPU machine: each fault made for real, `torchrig doctor --json`
 # run under it, its verdict recorded, the fault undone (tools/gpu/doctor_faults.py), then doctor's wall time
-# on the healthy machine, and the GPU tests of the environment checks (tests/gpu/test_doctor_env_gpu.py).
+# on the healthy machine, and the GPU tests of the environment checks and of the uvm node
+# (tests/gpu/test_doctor_env_gpu.py, tests/gpu/test_doctor_uvm_gpu.py).
 #
 #   OUT=/tmp/out bash tools/gpu/doctor_faults.sh      # as root, from anywhere; results under $OUT
 #   DOCTOR_FAULTS=nccl-socket-ifname-missing,alloc-conf-malformed bash tools/gpu/doctor_faults.sh   # a subset
 #
 # Writes $OUT/results.md (the table for docs/results/doctor-faults.md), $OUT/doctor-faults.tar.gz (facts and
 # report of every fault), $OUT/healthy-wall.txt (5 runs of doctor on the healthy machine, seconds) and
-# $OUT/test_doctor_env_gpu.txt.
+# $OUT/test_doctor_env_gpu.txt and $OUT/test_doctor_uvm_gpu.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,5 +39,7 @@ PY
 OUT="$OUT" "$PY" tools/gpu/doctor_faults.py || rc=1
 "$PY" -m pytest -q -s -p no:randomly tests/gpu/test_doctor_env_gpu.py > "$OUT/test_doctor_env_gpu.txt" 2>&1 || rc=1
 tail -5 "$OUT/test_doctor_env_gpu.txt"
+"$PY" -m pytest -q -s -p no:randomly tests/gpu/test_doctor_uvm_gpu.py > "$OUT/test_doctor_uvm_gpu.txt" 2>&1 || rc=1
+tail -5 "$OUT/test_doctor_uvm_gpu.txt"
 cat "$OUT/healthy-wall.txt"
 exit $rc

@@ -66,7 +66,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _areas(only: list[str]) -> tuple[str, ...]:
-    from torchrig.doctor.checks import AREAS
+    from torchrig.doctor.areas import AREAS
 
     picked: list[str] = []
     for chunk in only:
@@ -143,12 +143,21 @@ def run(args: argparse.Namespace):  # -> DoctorReport
 
         want_torch = bool(args.record) or not areas or bool({"torch", "env"} & set(areas))
         python = os.path.abspath(Path(args.python).expanduser()) if args.python else None
-        kb_thread = _load_kb_meanwhile() if want_torch else None
+        kb_threads: list[threading.Thread | None] = []
+
+        def meanwhile() -> None:
+            """While the probes run and the torch child imports torch (loading these before would delay them):
+            the knowledge base in a thread, and the checks' modules (~0.1-0.2 s of imports) here."""
+            kb_threads.append(_load_kb_meanwhile())
+            import torchrig.doctor.checks  # noqa: F401
+
         facts = collect(
-            ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout, deep=bool(args.deep))
+            ProbeOptions(python=python, torch=want_torch, timeout_s=args.timeout, deep=bool(args.deep)),
+            meanwhile=meanwhile if want_torch else None,
         )
-        if kb_thread is not None:
-            kb_thread.join(30.0)  # a second load would race the first: it is cached once this one ends
+        for kb_thread in kb_threads:
+            if kb_thread is not None:
+                kb_thread.join(30.0)  # a second load would race the first: it is cached once this one ends
         if args.record:
             data = facts_to_json(facts)
             data["source"] = f"recorded by torchrig doctor --record at {facts.recorded_at}"

@@ -72,6 +72,8 @@ class KernelFacts:
         str, ...
     ] = ()  # nvidia, nvidia_uvm, nvidia_modeset, nvidia_drm, nvidia_peermem, nouveau
     module_installed_version: str | None = None  # modinfo -F version nvidia
+    # listed before any probe starts: CUDA's first use (the torch probe) recreates a missing /dev/nvidia-uvm
+    # through nvidia-modprobe where it can, and would hide that it was gone
     device_nodes: tuple[DeviceNode, ...] = ()
     nvml_library: str | None = None  # resolved path of libnvidia-ml.so.1
     nvml_library_version: str | None = None  # from its file name
@@ -95,6 +97,10 @@ class KernelFacts:
     # the kernel log (dmesg / /dev/kmsg): None unreadable or not tried; () read, no Xid
     xid_events: tuple[str, ...] | None = None
     kernel_log_error: str | None = None  # why the kernel log could not be read
+    # why /dev/nvidia-uvm, though listed, is no use to CUDA: refused when opened read-write ("Operation not
+    # permitted": a container's device cgroup) or another device than nvidia-uvm (its major number is not the
+    # one /proc/devices gives); None: it opened as nvidia-uvm, or there was none to open
+    uvm_node_error: str | None = field(default=None, metadata={"added_later": True})
 
 
 # ---------------------------------------------------------------- the installed PyTorch

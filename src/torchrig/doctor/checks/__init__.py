@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from torchrig.doctor.areas import AREAS as AREAS
 from torchrig.doctor.checks import (
     container,
     driver,
@@ -29,7 +30,6 @@ from torchrig.doctor.findings import Finding, Severity, sort_findings
 
 Check = Callable[[Context], Iterable[Finding]]
 
-AREAS = ("driver", "container", "env", "torch", "gpu")
 
 # (area, check) in the order they run: what blocks CUDA first, then what bites later.
 CHECKS: tuple[tuple[str, Check], ...] = (
@@ -40,6 +40,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("driver", libraries.driver_libraries),
     ("driver", driver.version_mismatch),
     ("driver", driver.device_nodes),
+    ("driver", driver.uvm_node),
     ("driver", driver.uvm),
     ("driver", driver.nvml_failed),
     ("driver", driver.fabric_manager),

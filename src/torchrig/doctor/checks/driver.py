@@ -10,6 +10,7 @@ from torchrig.doctor.facts import ProbeStatus
 from torchrig.doctor.findings import Finding, Severity
 
 SHADOWED = ("driver.stub_library", "driver.library_mismatch", "driver.cuda_compat_mismatch")
+UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 RELOAD_MODULES = "sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia && sudo modprobe nvidia_uvm"
 
 
@@ -215,7 +216,7 @@ def device_nodes(ctx: Context) -> Iterator[Finding]:
         for n in k.device_nodes
         if not n.accessible and n.path.startswith("/dev/nvidia") and not n.path.startswith("/dev/nvidia-caps")
     ]
-    if denied:
+    if denied and not set(denied) <= set(UVM_NODES):  # the uvm nodes alone: uvm_node names them
         yield Finding(
             "driver.device_nodes_denied",
             Severity.ERROR,
@@ -229,12 +230,86 @@ def device_nodes(ctx: Context) -> Iterator[Finding]:
         )
 
 
-def uvm(ctx: Context) -> Iterator[Finding]:
-    """nvidia_uvm not loaded, its node missing, or wedged (CUDA error 999 after suspend/resume)."""
+def _uvm_node_problem(ctx: Context) -> str | None:
+    """What is wrong with /dev/nvidia-uvm as listed before CUDA's first use ("missing", "refused ..."), or None."""
+    k = ctx.facts.kernel
+    node = next((n for n in k.device_nodes if n.path == UVM_NODES[0]), None)
+    if node is None:
+        return "missing"
+    if not node.accessible:
+        return "not readable and writable for this user"
+    return k.uvm_node_error
+
+
+def uvm_node(ctx: Context) -> Iterator[Finding]:
+    """The nvidia_uvm module is loaded but /dev/nvidia-uvm is missing or cannot be opened: CUDA opens it when it
+    starts and fails with 'unknown error' (999) or 'no CUDA-capable device' (100)."""
     k, t = ctx.facts.kernel, ctx.facts.torch
-    if k.wsl or k.module_version is None or ctx.has("driver.device_nodes_missing", "container.no_gpu_access"):
+    if (
+        k.wsl
+        or k.module_version is None
+        or ctx.has("driver.device_nodes_missing", "driver.device_nodes_denied", "container.no_gpu_access")
+    ):
         return
-    node = "/dev/nvidia-uvm" in ctx.node_paths
+    # /proc/modules may be unreadable (then it lists no nvidia at all): judge by the device node alone
+    if "nvidia" in k.modules_loaded and "nvidia_uvm" not in k.modules_loaded:
+        return  # the module itself is missing: driver.uvm
+    problem = _uvm_node_problem(ctx)
+    if problem is None:
+        return
+    row = fixes.load()["uvm_node"]
+    evidence = [
+        "/dev/nvidia*: " + (", ".join(sorted(ctx.node_paths)) or "none") + " (listed before CUDA started)",
+        f"nvidia_uvm loaded: {'yes' if 'nvidia_uvm' in k.modules_loaded else 'unknown'}",
+        *((f"/dev/nvidia-uvm: {k.uvm_node_error}",) if k.uvm_node_error else ()),
+    ]
+    ran = bool(t.is_available and t.devices and all(d.kernel_ok for d in t.devices))
+    if ran:
+        # CUDA's first use recreates the node through nvidia-modprobe (setuid root) where that is installed:
+        # what broke nothing here breaks a container given the host's nodes at its start
+        yield Finding(
+            "driver.uvm_node_missing",
+            Severity.WARNING,
+            f"/dev/nvidia-uvm was {problem} (CUDA ran all the same)",
+            f"/dev/nvidia-uvm was {problem} when doctor started, yet CUDA then ran kernels: the driver's first "
+            "use recreates the node through nvidia-modprobe where that is installed; a container started with "
+            "the host's device nodes before that, or a machine without nvidia-modprobe, fails with 'unknown "
+            "error' (999) instead",
+            (*row["host"], f"(source: {row['source']})"),
+            (*evidence, f"torch ran a kernel on {len(t.devices)} GPU(s)"),
+        )
+        return
+    why = ""
+    if ctx.in_container:
+        why = (
+            ": the container was started without it (a --device list that lacks it)"
+            if problem == "missing"
+            else ": the container's device rules refuse it (a --device list or CDI spec without it, or with "
+            "another major number than the host's)"
+        )
+    yield Finding(
+        "driver.uvm_node_missing",
+        Severity.ERROR,
+        f"/dev/nvidia-uvm is {problem}: CUDA cannot start",
+        f"/dev/nvidia-uvm is {problem} in this {'container' if ctx.in_container else 'machine'}{why}; CUDA "
+        "opens it (Unified Memory, the nvidia_uvm module) when it initialises and fails with 'unknown error' "
+        "(999) or 'no CUDA-capable device' (100) without it",
+        (*row["container" if ctx.in_container else "host"], f"(source: {row['source']})"),
+        (*evidence, *((f"torch: {t.init_error}",) if t.init_error else ())),
+    )
+
+
+def uvm(ctx: Context) -> Iterator[Finding]:
+    """nvidia_uvm not loaded, or loaded with its node in place but wedged (CUDA error 999 after suspend/resume).
+    Its node missing or refused with the module loaded is :func:`uvm_node`."""
+    k, t = ctx.facts.kernel, ctx.facts.torch
+    if (
+        k.wsl
+        or k.module_version is None
+        or ctx.has("driver.device_nodes_missing", "container.no_gpu_access", "driver.uvm_node_missing")
+    ):
+        return
+    node = UVM_NODES[0] in ctx.node_paths
     # /proc/modules may be unreadable (then it lists no nvidia at all): judge by the device node alone
     loaded = "nvidia_uvm" in k.modules_loaded or "nvidia" not in k.modules_loaded
     err = t.init_error or ""
@@ -242,33 +317,33 @@ def uvm(ctx: Context) -> Iterator[Finding]:
     if loaded and node and not unknown:
         return
     ran = bool(t.is_available and t.devices and all(d.kernel_ok for d in t.devices))
-    if ran and (not loaded or not node):
-        # CUDA's first use loads the module and creates the node through nvidia-modprobe (setuid root) where it
-        # is installed: what broke nothing here breaks a container given the host's nodes at its start
+    evidence = (
+        f"nvidia_uvm loaded: {'yes' if loaded else 'no'}",
+        f"/dev/nvidia-uvm: {'present' if node else 'absent'}",
+    )
+    if ran and not loaded:
         yield Finding(
             "driver.uvm",
             Severity.WARNING,
-            "/dev/nvidia-uvm was missing (CUDA ran all the same)",
-            "the node was absent when doctor looked, yet CUDA ran kernels: the driver's first use recreates it "
-            "through nvidia-modprobe where that is installed; a container that gets the host's device nodes "
-            "at its start, or a machine without nvidia-modprobe, fails with 'unknown error' (999) instead",
-            ("sudo nvidia-modprobe -u -c 0   # loads nvidia_uvm and creates /dev/nvidia-uvm now",),
-            (
-                f"nvidia_uvm loaded: {'yes' if loaded else 'no'}",
-                f"/dev/nvidia-uvm: {'present' if node else 'absent'}",
-                f"torch ran a kernel on {len(t.devices)} GPU(s)",
-            ),
+            "nvidia_uvm was not loaded (CUDA ran all the same)",
+            "the module was not loaded when doctor looked, yet CUDA ran kernels: the driver's first use loads it "
+            "through nvidia-modprobe where that is installed; a container or a machine without nvidia-modprobe "
+            "fails with 'unknown error' (999) instead",
+            ("sudo nvidia-modprobe -u -c=0   # loads nvidia_uvm and creates /dev/nvidia-uvm now",),
+            (*evidence, f"torch ran a kernel on {len(t.devices)} GPU(s)"),
         )
         return
-    if not loaded or not node:
-        what = "the nvidia_uvm module is not loaded" if not loaded else "/dev/nvidia-uvm does not exist"
-        fix: tuple[str, ...] = ("sudo modprobe nvidia_uvm && sudo nvidia-modprobe -u -c 0",)
+    if not loaded:
+        fix: tuple[str, ...] = ("sudo modprobe nvidia_uvm && sudo nvidia-modprobe -u -c=0",)
         if ctx.in_container:
             fix = (
-                "on the host: sudo modprobe nvidia_uvm && sudo nvidia-modprobe -u -c 0, then restart the container",
+                "on the host: sudo modprobe nvidia_uvm && sudo nvidia-modprobe -u -c=0, then restart the container",
             )
         summary = "nvidia_uvm is not available"
-        cause = f"{what}; CUDA needs Unified Memory (nvidia_uvm) to initialise and fails with 'unknown error' (999)"
+        cause = (
+            "the nvidia_uvm module is not loaded; CUDA needs Unified Memory (nvidia_uvm) to initialise and "
+            "fails with 'unknown error' (999)"
+        )
     else:
         summary = "nvidia_uvm is in a bad state (CUDA unknown error 999)"
         cause = (
@@ -285,11 +360,7 @@ def uvm(ctx: Context) -> Iterator[Finding]:
         summary,
         cause,
         fix,
-        (
-            f"nvidia_uvm loaded: {'yes' if loaded else 'no'}",
-            f"/dev/nvidia-uvm: {'present' if node else 'absent'}",
-            *((f"torch: {err}",) if err else ()),
-        ),
+        (*evidence, *((f"torch: {err}",) if err else ())),
     )
 
 

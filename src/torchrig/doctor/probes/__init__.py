@@ -41,32 +41,43 @@ class ProbeOptions:
     deep: bool = False  # also a two-rank NCCL all-reduce over each GPU pair (probes/nccl_pairs.py)
 
 
-def _run_all(jobs: dict[str, tuple[Callable[[], Any], float]]) -> tuple[dict[str, Any], dict[str, float]]:
-    """Run each job in a daemon thread; a job still running at its deadline is abandoned (result None)."""
-    results: dict[str, Any] = {}
-    elapsed: dict[str, float] = {}
-    errors: dict[str, BaseException] = {}
+class _Jobs:
+    """Probes running in daemon threads, each started as soon as it is handed over; a job still running at
+    its deadline (counted from its own start) is abandoned (result None)."""
 
-    def work(name: str, fn: Callable[[], Any]) -> None:
+    def __init__(self) -> None:
+        self.results: dict[str, Any] = {}
+        self.elapsed: dict[str, float] = {}
+        self.errors: dict[str, BaseException] = {}
+        self.started: dict[str, tuple[threading.Thread, float, float]] = {}  # name: thread, start, deadline_s
+
+    def _work(self, name: str, fn: Callable[[], Any]) -> None:
         t0 = time.perf_counter()
         try:
-            results[name] = fn()
+            self.results[name] = fn()
         except BaseException as err:  # a probe bug must become a finding, not kill doctor
-            errors[name] = err
-        elapsed[name] = round((time.perf_counter() - t0) * 1000, 1)
+            self.errors[name] = err
+        self.elapsed[name] = round((time.perf_counter() - t0) * 1000, 1)
 
-    threads = {
-        n: threading.Thread(target=work, args=(n, fn), name=f"probe-{n}", daemon=True)
-        for n, (fn, _t) in jobs.items()
-    }
-    start = time.perf_counter()
-    for t in threads.values():
+    def start(self, name: str, fn: Callable[[], Any], deadline_s: float) -> None:
+        t = threading.Thread(target=self._work, args=(name, fn), name=f"probe-{name}", daemon=True)
+        self.started[name] = (t, time.perf_counter(), deadline_s)
         t.start()
-    for name, t in threads.items():
-        t.join(max(0.0, jobs[name][1] - (time.perf_counter() - start)))
-    for name, err in errors.items():
-        results[name] = err
-    return results, elapsed
+
+    def join(self) -> tuple[dict[str, Any], dict[str, float]]:
+        for t, t0, deadline_s in self.started.values():
+            t.join(max(0.0, deadline_s - (time.perf_counter() - t0)))
+        for name, err in self.errors.items():
+            self.results[name] = err
+        return self.results, self.elapsed
+
+
+def _run_all(jobs: dict[str, tuple[Callable[[], Any], float]]) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run each job in a daemon thread; a job still running at its deadline is abandoned (result None)."""
+    pool = _Jobs()
+    for name, (fn, deadline_s) in jobs.items():
+        pool.start(name, fn, deadline_s)
+    return pool.join()
 
 
 def _assemble(results: dict[str, Any], deadlines_s: dict[str, float], torch: bool) -> dict[str, Any]:
@@ -132,35 +143,42 @@ def _deep(torch: TorchFacts, opts: ProbeOptions) -> TorchFacts:
     return dataclasses.replace(torch, nccl=dataclasses.replace(n, pairs=pairs), steps_ms=steps)
 
 
-def collect(options: ProbeOptions | None = None) -> Facts:
-    from torchrig import __version__
-    from torchrig.doctor.probes.container import probe_container, probe_docker
-    from torchrig.doctor.probes.env import probe_env
-    from torchrig.doctor.probes.kernel import probe_kernel
-    from torchrig.doctor.probes.nvml import probe_nvml
-    from torchrig.doctor.probes.pytorch import probe_torch
-
+def collect(options: ProbeOptions | None = None, meanwhile: Callable[[], Any] | None = None) -> Facts:
+    """Every probe, concurrently; the torch probe's child starts first. ``meanwhile``: the caller's own work
+    to do once the probes run (the command loads the knowledge base and the checks then), not before them."""
     opts = options or ProbeOptions()
     t = opts.probe_timeout_s
-    jobs: dict[str, tuple[Callable[[], Any], float]] = {}
-    if opts.torch:
-        # First, as it is the slow one. The child has its own timeout; the thread's deadline is a little later
-        # so the child's wins.
-        # A failed probe is traced (probes/trace.py): its re-runs get their own bounded time on top.
-        jobs["torch"] = (
-            lambda: probe_torch(opts.python, opts.timeout_s),
-            opts.timeout_s + 5 + TRACE_BUDGET_S,
-        )
-    jobs |= {
-        "nvml": (probe_nvml, t),
-        "kernel": (probe_kernel, t),
-        "env": (probe_env, t),
-        "container": (probe_container, t),
-        "docker": (probe_docker, t),
-    }
+    deadlines = dict.fromkeys(("nvml", "kernel", "env", "container", "docker"), t)
+    pool = _Jobs()
     with _stdout_to_stderr():
-        results, elapsed = _run_all(jobs)
-    parts = _assemble(results, {n: t for n, (_fn, t) in jobs.items()}, opts.torch)
+        from torchrig.doctor.probes.kernel import device_nodes, probe_kernel
+
+        # /dev/nvidia* before the torch probe's CUDA initialisation can recreate a missing /dev/nvidia-uvm
+        # (through nvidia-modprobe): a listing taken beside it races with that (the GPU campaign of 2026-12-03
+        # saw the node back and doctor missed the fault)
+        nodes = device_nodes()
+        if opts.torch:
+            from torchrig.doctor.probes.pytorch import probe_torch
+
+            # First, as it is the slow one (import torch), before the other probes' modules load. The child
+            # has its own timeout; the thread's deadline is a little later so the child's wins. A failed probe
+            # is traced (probes/trace.py): its re-runs get their own bounded time on top.
+            deadlines["torch"] = opts.timeout_s + 5 + TRACE_BUDGET_S
+            pool.start("torch", lambda: probe_torch(opts.python, opts.timeout_s), deadlines["torch"])
+        from torchrig import __version__
+        from torchrig.doctor.probes.container import probe_container, probe_docker
+        from torchrig.doctor.probes.env import probe_env
+        from torchrig.doctor.probes.nvml import probe_nvml
+
+        pool.start("nvml", probe_nvml, t)
+        pool.start("kernel", lambda: probe_kernel(nodes), t)
+        pool.start("env", probe_env, t)
+        pool.start("container", probe_container, t)
+        pool.start("docker", probe_docker, t)
+        if meanwhile is not None:  # while the probes wait on their files and subprocesses
+            meanwhile()
+        results, elapsed = pool.join()
+    parts = _assemble(results, deadlines, opts.torch)
     if opts.deep:
         parts["torch"] = _deep(parts["torch"], opts)
     return Facts(

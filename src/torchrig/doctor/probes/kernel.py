@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from torchrig import inputfiles
 from torchrig.doctor.facts import DeviceNode, DriverLibrary, KernelFacts, PciDevice, ProbeStatus
 from torchrig.errors import InputError
 from torchrig.inputfiles import read_head, read_proc
@@ -41,6 +42,7 @@ COMPAT_GLOBS = ("/usr/local/cuda/compat", "/usr/local/cuda-*/compat")
 STUB_MAX_BYTES = 512 * 1024
 _XID_RE = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem", "nouveau")
+UVM_NODE = "/dev/nvidia-uvm"
 _VERSION_RE = re.compile(r"\b(\d{3}\.\d{1,3}(?:\.\d{1,3})?)\b")
 
 
@@ -84,23 +86,45 @@ def loaded_modules() -> tuple[str, ...]:
 
 
 def device_nodes() -> tuple[DeviceNode, ...]:
-    """``ls -l /dev/nvidia*`` with whether this user may open each node read-write."""
-    paths = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dxg"))
-    return tuple(DeviceNode(p, os.access(p, os.R_OK | os.W_OK)) for p in paths if not os.path.isdir(p))
+    """``ls -l /dev/nvidia*`` with whether this user may open each node read-write (by its mode bits)."""
+    return tuple(DeviceNode(p, ok) for p, ok in inputfiles.device_nodes(("/dev/nvidia*", "/dev/dxg")))
 
 
-def find_library(soname: str) -> tuple[str | None, str | None]:
-    """Where the dynamic loader would find ``soname`` (``ldconfig -p``), and the version in the real file name."""
+def uvm_major() -> int | None:
+    """``grep nvidia-uvm /proc/devices``: the major number the loaded nvidia_uvm module was given."""
+    for line in (_read("/proc/devices") or "").splitlines():
+        number, _, name = line.strip().partition(" ")
+        if name.strip() == "nvidia-uvm" and number.isdigit():
+            return int(number)
+    return None
+
+
+def uvm_node_error(nodes: tuple[DeviceNode, ...]) -> str | None:
+    """Why ``/dev/nvidia-uvm`` is no use to CUDA though it is listed; None where it opens read-write as
+    nvidia-uvm, or is absent. Its mode bits may allow what a container's device cgroup refuses, and a node
+    made with another major number (a CDI spec written with a fixed one, NVIDIA/nvidia-container-toolkit#1934)
+    opens another device: only the open and the number tell."""
+    if not any(n.path == UVM_NODE for n in nodes):
+        return None
+    number, major = inputfiles.char_device_number(UVM_NODE), uvm_major()
+    if number is None:
+        return "not a character device"
+    if major is not None and number[0] != major:
+        return f"another device ({number[0]}:{number[1]}), not nvidia-uvm (major {major} in /proc/devices)"
+    error = inputfiles.device_open_error(UVM_NODE)
+    return f"refused when opened read-write ({error})" if error else None
+
+
+def find_library(soname: str, cache: dict[str, list[str]] | None = None) -> tuple[str | None, str | None]:
+    """Where the dynamic loader would find ``soname`` (``ldconfig -p``; ``cache``: its listing, already read by
+    :func:`ld_cache`), and the version in the real file name."""
     path = None
     for d in LIB_DIRS:
         if os.path.exists(os.path.join(d, soname)):
             path = os.path.join(d, soname)
             break
     if path is None:
-        for line in (_run(["ldconfig", "-p"]) or "").splitlines():
-            if line.strip().startswith(soname + " ") and "=>" in line:
-                path = line.split("=>", 1)[1].strip()
-                break
+        path = next(iter((ld_cache() if cache is None else cache).get(soname, [])), None)
     if path is None:
         return None, None
     real = os.path.realpath(path)
@@ -216,15 +240,18 @@ def secure_boot() -> bool | None:
     return None
 
 
-def probe_kernel() -> KernelFacts:
+def probe_kernel(nodes: tuple[DeviceNode, ...] | None = None) -> KernelFacts:
+    """The kernel side. ``nodes``: ``/dev/nvidia*`` as listed before anything used CUDA (:func:`collect`
+    lists them first); listed here otherwise."""
     version, flavor = module_version()
     pci_gpus, pci_switches = pci_devices()
-    nodes = device_nodes()
+    nodes = device_nodes() if nodes is None else nodes
     has_switch = bool(pci_switches) or any("nvswitch" in n.path for n in nodes)
     proc_version = (_read("/proc/version") or "").lower()
     wsl = "microsoft" in proc_version or "wsl" in proc_version
-    nvml_lib, nvml_lib_version = find_library("libnvidia-ml.so.1")
-    cuda_lib, cuda_lib_version = find_library("libcuda.so.1")
+    cache = ld_cache()  # one ldconfig -p for every library looked up
+    nvml_lib, nvml_lib_version = find_library("libnvidia-ml.so.1", cache)
+    cuda_lib, cuda_lib_version = find_library("libcuda.so.1", cache)
     installed = None
     if version is None:  # only worth a subprocess when the module is not loaded
         out = _run(["modinfo", "-F", "version", "nvidia"])
@@ -255,7 +282,8 @@ def probe_kernel() -> KernelFacts:
         os_pretty=rel.get("PRETTY_NAME"),
         machine=platform.machine() or None,
         tegra_release=next(iter((_read("/etc/nv_tegra_release") or "").splitlines()), None),
-        driver_libraries=driver_libraries(),
+        driver_libraries=driver_libraries(cache=cache),
         xid_events=xids,
         kernel_log_error=log_error,
+        uvm_node_error=uvm_node_error(nodes),
     )

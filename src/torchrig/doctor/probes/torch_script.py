@@ -142,8 +142,10 @@ def alloc_conf_error(torch):
     return None
 
 
-def nccl_one(torch, dist, index, root):
-    """A one-process NCCL communicator on GPU ``index``: init over a FileStore, one all_reduce, destroy."""
+def nccl_one(torch, dist, index, root, keep=False):
+    """A one-process NCCL communicator on GPU ``index``: init over a FileStore, one all_reduce, destroy.
+    ``keep``: left alive (the last GPU's): the probe leaves with ``os._exit`` right after, and the kernel
+    releases it with the process: its tear-down is not waited for."""
     t0 = time.perf_counter()
     rec = {"index": index, "ok": False, "error": None, "elapsed_ms": None}
     try:
@@ -162,7 +164,8 @@ def nccl_one(torch, dist, index, root):
             if not rec["ok"]:
                 rec["error"] = f"all_reduce of 1 on one rank gave {float(x.item())}"
         finally:
-            dist.destroy_process_group()
+            if not keep:
+                dist.destroy_process_group()
     except Exception as e:
         rec["error"] = err_text(e)
     rec["elapsed_ms"] = round((time.perf_counter() - t0) * 1000, 1)
@@ -193,7 +196,7 @@ def start_nccl_check(torch, count):
     def work():
         with tempfile.TemporaryDirectory(prefix="torchrig-nccl-") as root:
             for i in range(count):
-                devices.append(nccl_one(torch, dist, i, root))
+                devices.append(nccl_one(torch, dist, i, root, keep=i == count - 1))
         result["status"] = "ok" if all(d["ok"] for d in devices) else "failed"
 
     t = threading.Thread(target=work, name="nccl-check", daemon=True)
