@@ -134,7 +134,7 @@ class CheckReport:
 def run(args: argparse.Namespace) -> CheckReport:
     from torchrig.compat import load_kb
     from torchrig.compat import versions as V
-    from torchrig.compat.check import check_text
+    from torchrig.compat.bysource import check_text
 
     if args.driver is not None:
         V.parse_driver(args.driver)

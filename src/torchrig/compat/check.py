@@ -27,7 +27,6 @@ __all__ = [
     "Severity",
     "Verdict",
     "check",
-    "check_text",
     "evaluate",
     "platform_for",
     "verdict_of",
@@ -105,26 +104,3 @@ def check(
             "(nvidia-smi's first line) to check the driver too"
         )
     return CheckResult(verdict, reasons, fixes, build, list(gpus), driver, driver_kind, notes, plat.label)
-
-
-def check_text(
-    kb: KnowledgeBase,
-    gpus: Sequence[Gpu],
-    driver: str | None,
-    torch: str,
-    index: str | None = None,
-    platform: Platform | None = None,
-) -> CheckResult:
-    """``check`` for a version as the user gave it (``--torch``) and where it came from (``--index``, else
-    inferred where certain): an NGC container's or conda-forge's build (``compat.channels``), NVIDIA's JetPack
-    wheels or a Jetson AI Lab index (``compat.sources``), else PyPI's or download.pytorch.org's."""
-    from torchrig.compat import channels, sources
-
-    plat = platform or Platform()
-    channel = channels.infer(torch, index, gpus, plat)
-    if channel is not None:
-        return channels.check_channel(kb, channel, gpus, driver, plat)
-    sourced = sources.infer(kb, torch, index, gpus, driver, plat)
-    if sourced is not None:
-        return sources.check_sourced(kb, sourced, gpus, driver, plat)
-    return check(kb, gpus=gpus, driver=driver, build=kb.find_build(torch, plat), platform=plat)
