@@ -112,6 +112,14 @@ def test_a_rank_stopped_while_exiting_with_its_own_error_failed_as_well_after_th
     )
     assert v[0].cause == s.likely_cause and v[1].status == "exit 1"
     assert "-15" not in render(s)
+    # stopped before its error file was written: a bystander, not listed in the report
+    early = _log(0, exit_code=-15, closed_by_agent=True, output=f"16:08:14.726 err| {DIVERGED}\n")
+    s = summarize_failure([early, both[1]], 0)
+    assert s.headline == "rank 1 failed (exit 1)"
+    assert {r.rank: (r.role, r.status) for r in s.ranks}[0] == (
+        "bystander",
+        "stopped by torchrun (SIGTERM) because rank 1 failed first",
+    )
 
 
 def test_a_caught_exception_cut_short_by_torchruns_stop_has_no_exit_status_of_its_own():
