@@ -70,6 +70,23 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def cli_in_process(capsys):
+    """``torchrig.cli.main(ARGS)`` in this process: its exit code, stdout and stderr, as :func:`run_cli` gives
+    them, without a new interpreter. For a command whose answer is the question and that imports torch to
+    give it (a new interpreter would pay seconds for the import and prove nothing more)."""
+
+    def run(*args: str) -> Run:
+        from torchrig.cli import main
+
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    return run
+
+
 def _has_cuda() -> bool:
     try:
         import torch

@@ -149,6 +149,7 @@ def install_boundaries(real: tuple[str, ...] = ()) -> None:
         "torchrig.hostd.unit": ["install"],  # writes /etc/systemd/system and runs systemctl
         # export: the checkpoint is read, checked, loaded and run eagerly; writing .pt2/.onnx is the act
         "torchrig.export.core": ["_pt2", "_onnx"],
+        "torchrig.install.host": ["run_installer"],  # pip install into this interpreter
     }
     for mod_name, names in stops.items():
         try:
@@ -164,6 +165,13 @@ def install_boundaries(real: tuple[str, ...] = ()) -> None:
     import torchrig.doctor.probes as probes
 
     probes.collect = _recorded_doctor_facts
+    import torchrig.install.host as install_host
+
+    # The package index is the network: the fuzzed install plans as with an installer that cannot list what
+    # an index serves (uv), trusting resolve's pick. The query itself is proven against a real index on
+    # loopback (test_install.py::test_the_versions_a_real_index_serves_come_from_pips_own_query).
+    install_host.served_versions = lambda *_a, **_k: None
+    install_host.index_unreachable = lambda *_a, **_k: None
     import torchrig.cli.cmd_bench as cmd_bench
 
     cmd_bench._device = lambda args: ("cpu", 0)  # torch.cuda.device_count() on this CPU-only host

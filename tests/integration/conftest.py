@@ -250,10 +250,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_needs_test_image)
 
 
+def _starts_test_image(item) -> bool:
+    """The test needs the test image, or builds on its build cache later on (marked ``session_image_cache``:
+    it asks for the image mid-test, after work of its own, so it is not sorted after the others)."""
+    return _needs_test_image(item) or item.get_closest_marker("session_image_cache") is not None
+
+
 def pytest_collection_finish(session):
     """When the run's tests (after -m and -k) include some that need the test image, its
     build starts now, in the background: the other tests run while it builds instead of waiting for it."""
-    if not any(_needs_test_image(i) for i in session.items) or engine_ready() is not None:
+    if not any(_starts_test_image(i) for i in session.items) or engine_ready() is not None:
         return
     run = runwide.identity_of(session.config)
     threading.Thread(target=_build_quietly, args=(run,), name="test-image-build", daemon=True).start()

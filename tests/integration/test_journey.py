@@ -4,10 +4,11 @@ From a copy of this checkout: the README's quick-start command, exactly as the R
 by ``python3 -m venv`` with nothing added, ``pip install -e '.[all]'``, ``torchrig install`` (the CPU build
 here, installed for real and verified), ``torchrig doctor`` exiting 0); then, with that
 venv's ``torchrig`` only: resolve without a GPU → init → image build (the local base image and a local
-wheelhouse: no registry is reachable here) → up with no extra flags but a workspace volume → Jupyter answers
-200 with the token and 403 without → ssh with the printed command → inside: ``import torch, numpy``,
-``pip install`` a small package, ``torchrig train`` a tiny model on the CPU, a file written to the workspace →
-down → up → the file is there and ssh works with StrictHostKeyChecking=yes → down → nothing left behind.
+wheelhouse: no registry is reachable here; torch's layers come from the session test image's build cache)
+→ up with no extra flags but a workspace volume → Jupyter answers 200 with the token and 403 without → ssh
+with the printed command → inside: ``import torch, numpy``, ``pip install`` a small package, ``torchrig
+train`` a tiny model on the CPU, a file written to the workspace → down → up → the file is there and ssh
+works with StrictHostKeyChecking=yes → down → nothing left behind.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def leftovers(engine):
             engine.images.remove(i, force=True)
 
 
-def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
+@pytest.mark.session_image_cache
+def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers, request):
     import requests
 
     tag = f"journey{os.getpid()}"
@@ -148,6 +150,10 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
     spec = work / "torchrig.toml"
     text = spec.read_text()
     spec.write_text(re.sub(r'(?m)^name = "[^"]*/[^"]*"$', f'name = "torchrig-journey/{tag}"', text))
+    # init's spec renders the session test image's stages (the same torch, Python, services and user): once
+    # that image is built (it started building when the run began, while the quick start ran), the build
+    # below takes its torch and tools layers from the engine's cache instead of installing torch again
+    session = request.getfixturevalue("test_image_build")
     started = time.monotonic()
     b = _run([*torchrig, "image", "build", str(spec), "--base", BASE, "--wheelhouse", str(wheelhouse), "--json"],
              cwd=work, env=env, timeout=1800)  # fmt: skip
@@ -156,6 +162,10 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers):
     leftovers["images"].extend(built["tags"])
     image = built["tags"][0]
     print(f"journey: image build {time.monotonic() - started:.0f} s")
+    before = engine.images.get(session["image_id"]).attrs["RootFS"]["Layers"]
+    after = engine.images.get(built["image_id"]).attrs["RootFS"]["Layers"]
+    shared = len([1 for x, y in zip(before, after, strict=False) if x == y])
+    assert shared >= 4, (before, after)  # base, apt, torch, tools: the session image's, as they are
 
     # 4. up with no extra flags (the engine's stock limits), a named workspace volume.
     name, volume = f"journey-{os.getpid()}", f"journey-ws-{os.getpid()}"

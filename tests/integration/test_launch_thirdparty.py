@@ -160,7 +160,10 @@ def test_a_signal_to_one_rank_names_it_the_signal_and_its_last_lines_in_order(tm
     assert s["likely_cause"].startswith(cause)
     v = by_rank(s)
     assert v[1]["role"] == "culprit" and v[1]["status"] == status
-    assert v[0]["role"] == "bystander" and v[0]["status"] == "stopped by torchrun (SIGTERM)"
+    assert (
+        v[0]["role"] == "bystander"
+        and v[0]["status"] == "stopped by torchrun (SIGTERM) because rank 1 failed first"
+    )
     # the last lines are the rank's own, stdout and stderr merged in the order written: its last loss line
     # is the last line it wrote (the summary keeps the time stamp)
     written = loss_lines(output_log(logs, 1).read_text())
@@ -254,10 +257,23 @@ def test_a_script_that_changes_directory_changes_nothing(tmp_path, full_error):
             "an exception in the script, which the script (or a framework it uses) caught before it exited "
             f"with status 1: {exc}"
         )
-    # both ranks fail; the one torchrun sees second may be stopped by it while exiting (after its error file)
-    assert s["headline"].startswith("rank 0, rank 1 failed (")
+    # both ranks fail and exit 1; the one torchrun sees second may be stopped by it while exiting (after its
+    # error file): then it failed as well, and its cause is still its own exception, with no exit status
+    assert s["headline"] in (
+        "rank 0, rank 1 failed (exit 1)",
+        *(
+            f"rank {a} failed (exit 1); rank {b} failed as well, stopped by torchrun while exiting"
+            for a, b in ((0, 1), (1, 0))
+        ),
+    ), s["headline"]
     for v in s["ranks"]:
         assert v["role"] == "culprit" and v["where"] == f"{job}/my_app.py:36 in my_app", v
+        assert v["status"] in (
+            "exit 1",
+            f"failed by itself, then stopped by torchrun (SIGTERM) while exiting because rank {1 - v['rank']} "
+            "failed first",
+        ), v
+        assert v["cause"] in (s["likely_cause"], s["likely_cause"].replace(" with status 1: ", ": ")), v
     assert r["run_dir"].startswith(str(job / "logs"))
     assert (Path(r["run_dir"]) / "attempt_0" / "1" / "error.json").is_file()
     assert list(job.glob("outputs/*/*/.hydra/config.yaml"))  # the ranks did run in Hydra's output folder

@@ -171,12 +171,18 @@ def test_compat_and_stub_say_why(name, words):
 
 
 def test_python_is_taken_as_given_relative_too(cli, tmp_path):
-    """Issue 21.2: --python ./python (or plain 'python') is the file here, not the python on PATH."""
-    (tmp_path / "python").symlink_to(sys.executable)
-    r = cli("doctor", "--python", "python", "--only", "torch", "--json", cwd=str(tmp_path))
+    """Issue 21.2: --python ./python (or plain 'python') is the file here, not the python on PATH. Here: a
+    venv's bin/, whose python reports itself as the interpreter the probe ran (the one on PATH would report
+    its own path); the venv has no torch, so the probe does not pay for importing it."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")], check=True)
+    here = tmp_path / "v" / "bin"
+    r = cli("doctor", "--python", "python", "--only", "torch", "--json", cwd=str(here))
     data = r.json()
-    assert data["facts"]["torch"]["python_requested"] == str(tmp_path / "python")
-    assert f"in {tmp_path / 'python'}" in data["machine"]
+    assert data["facts"]["torch"]["python_requested"] == str(here / "python")
+    assert data["facts"]["torch"]["python_executable"] == str(here / "python")
+    assert f"in {here / 'python'}" in data["machine"]
 
 
 def test_a_mismatched_libcuda_that_still_runs_is_a_warning():

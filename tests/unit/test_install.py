@@ -193,3 +193,56 @@ def test_a_jetpack_6_jetson_installs_from_the_jetson_ai_lab_index(kb):
         choose_build(
             kb, InstallRequest(), [orin], None, Platform("jetson", "6"), "3.10", lambda index: ["2.1.0"]
         )
+
+
+def _simple_index(root, files: list[str]):
+    """A PEP 503 simple index of torch with these file names (the names are all pip reads to list versions)."""
+    page = root / "simple" / "torch"
+    page.mkdir(parents=True)
+    links = "".join(f'<a href="../../files/{f}">{f}</a>\n' for f in files)
+    (page / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+
+
+def test_the_versions_a_real_index_serves_come_from_pips_own_query(tmp_path, monkeypatch):
+    """The adapters at the network boundary, against an index served over HTTP on loopback: pip's own
+    ``pip index versions`` lists the builds this interpreter can install (not another Python's), newest first,
+    and the HEAD check says the index answers; a folder that is not there is unreachable. (The argv fuzzer
+    answers for the index from here on: it fuzzes what comes before and after the query, not the network.)"""
+    import functools
+    import http.server
+    import threading
+
+    from packaging.tags import sys_tags
+
+    from torchrig.install import host
+
+    here = next(iter(sys_tags()))
+    files = [
+        f"torch-2.13.0+cpu-{here}.whl",
+        f"torch-2.12.1-{here}.whl",
+        "torch-2.14.0-cp39-cp39-win_amd64.whl",  # another interpreter's: not served to this one
+    ]
+    _simple_index(tmp_path, files)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for k in [k for k in os.environ if k.startswith("PIP_")]:
+            monkeypatch.delenv(k)
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configured extra indexes or find-links
+        monkeypatch.setenv("NO_PROXY", "*")
+        index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        facts = host.python_facts(None)
+        assert host.served_versions(facts, "pip", index) == ["2.13.0+cpu", "2.12.1"]
+        assert host.index_unreachable(index) is None
+        assert host.index_unreachable(f"{index}/missing") == "HTTP 404"
+        assert host.index_unreachable(f"file://{tmp_path}/simple") is None
+        assert (
+            host.index_unreachable(f"file://{tmp_path}/nothing")
+            == f"file://{tmp_path}/nothing/torch/ does not exist"
+        )
+        assert host.served_versions(facts, "uv", index) is None  # uv has no such query: unknown, trusted
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchrig.launch import flightrec, probe
 from torchrig.launch.ranklog import Frame, RankLog, parse_traceback, tail, where_of
-from torchrig.launch.summary import summarize_failure, summarize_hang
+from torchrig.launch.summary import render, summarize_failure, summarize_hang
 
 TRACEBACK = """\
 [rank1]: Traceback (most recent call last):
@@ -76,9 +76,69 @@ def test_a_sigterm_torchrun_did_not_send_is_from_outside():
         == "rank 1 failed (killed by SIGTERM from outside the job: neither torchrun nor torchrig sent it)"
     )
     assert s.likely_cause.startswith("the rank was terminated with SIGTERM from outside the job")
-    assert (v[1].role, v[0].role, v[0].status) == ("culprit", "bystander", "stopped by torchrun (SIGTERM)")
+    assert (v[1].role, v[0].role) == ("culprit", "bystander")
+    assert v[0].status == "stopped by torchrun (SIGTERM) because rank 1 failed first"
     # SIGSEGV is the process's own crash: nobody is said to have sent it
     assert summarize_failure([_log(0, exit_code=-11)], 0).ranks[0].status == "killed by SIGSEGV"
+
+
+DIVERGED = "torchrig: error: training diverged: NaN/inf loss or gradient at step 5"
+
+
+def _exited(rank: int, exit_code: int, **kw) -> RankLog:
+    """A rank that ended itself with ``sys.exit(1)`` after printing its error (the worker wrote its error file);
+    ``exit_code`` -15 with ``closed_by_agent``: torchrun's SIGTERM reached it while it was exiting."""
+    return _log(rank, exit_code=exit_code, error_message="SystemExit: 1", error_handled=True, **kw)
+
+
+def test_a_rank_stopped_while_exiting_with_its_own_error_failed_as_well_after_the_first():
+    """Both ranks diverge at one step and call sys.exit(1); torchrun sees rank 1's exit first and sends its
+    SIGTERM to rank 0, already exiting (seen in CI under load): rank 0's status -15 is torchrun's stop, not its
+    own exit status. Both are culprits with their own cause; the headline and cause come from rank 1."""
+    both = [
+        _exited(0, 1, output=f"16:08:14.726 err| {DIVERGED}\n"),
+        _exited(1, 1, output=f"16:08:14.667 err| {DIVERGED}\n"),
+    ]
+    s = summarize_failure(both, 0)
+    assert s.headline == "rank 0, rank 1 failed (exit 1)"
+    stopped = [_exited(0, -15, closed_by_agent=True, output=f"16:08:14.726 err| {DIVERGED}\n"), both[1]]
+    s = summarize_failure(stopped, 0)
+    v = {r.rank: r for r in s.ranks}
+    assert s.headline == "rank 1 failed (exit 1); rank 0 failed as well, stopped by torchrun while exiting"
+    assert s.likely_cause == f"the script ended itself with sys.exit(1) after printing: {DIVERGED}"
+    assert (v[0].role, v[1].role) == ("culprit", "culprit")
+    assert v[0].status == (
+        "failed by itself, then stopped by torchrun (SIGTERM) while exiting because rank 1 failed first"
+    )
+    assert v[0].cause == s.likely_cause and v[1].status == "exit 1"
+    assert "-15" not in render(s)
+    # stopped before its error file was written: a bystander, not listed in the report
+    early = _log(0, exit_code=-15, closed_by_agent=True, output=f"16:08:14.726 err| {DIVERGED}\n")
+    s = summarize_failure([early, both[1]], 0)
+    assert s.headline == "rank 1 failed (exit 1)"
+    assert {r.rank: (r.role, r.status) for r in s.ranks}[0] == (
+        "bystander",
+        "stopped by torchrun (SIGTERM) because rank 1 failed first",
+    )
+
+
+def test_a_caught_exception_cut_short_by_torchruns_stop_has_no_exit_status_of_its_own():
+    """Hydra catches the exception, prints it and exits 1; torchrun's SIGTERM may reach the second rank while it
+    exits: its cause is the caught exception, with no made-up "status -15"."""
+    exc = "TypeError(\"MySQLConnection.__init__() got an unexpected keyword argument 'port'\")"
+    caught = {"error_message": exc, "error_handled": True}
+    ranks = [_log(0, exit_code=-15, closed_by_agent=True, **caught), _log(1, exit_code=1, **caught)]
+    s = summarize_failure(ranks, 0)
+    v = {r.rank: r for r in s.ranks}
+    caught_by = (
+        "an exception in the script, which the script (or a framework it uses) caught before it exited"
+    )
+    assert s.likely_cause == f"{caught_by} with status 1: {exc}"
+    assert v[0].cause == f"{caught_by}: {exc}" and v[0].role == "culprit"
+    # a SIGTERM handler's own sys.exit(1) (exit status 1, not -15) is still torchrun's stop
+    handler = _log(0, exit_code=1, closed_by_agent=True, error_message="SystemExit: 1", error_handled=True)
+    s = summarize_failure([handler, _log(1, exit_code=1, error_message="ValueError: planted")], 0)
+    assert {r.rank: r for r in s.ranks}[0].cause.startswith("stopped by torchrun after another rank failed")
 
 
 def test_a_stopped_rank_is_the_culprit_and_the_rank_in_backward_a_victim():

@@ -75,12 +75,13 @@ def test_fp8_on_the_cpu_is_one_line_exit_2(cli, tmp_path):
     assert "Traceback" not in r.err
 
 
-def test_fp8_on_a_machine_without_gpu_is_one_line_exit_2(cli, tmp_path):
-    """--device auto on a CPU-only machine: the rank refuses before training (torchao present or not)."""
+def test_fp8_on_a_machine_without_gpu_is_one_line_exit_2(cli_in_process, tmp_path):
+    """--device auto on a CPU-only machine: the rank refuses before training (torchao present or not). In this
+    process (torch is imported here already; a new interpreter would import it again for one line)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs")
-    r = cli("train", "--precision", "fp8", "--steps", "2", "--out", str(tmp_path / "run"))
+    r = cli_in_process("train", "--precision", "fp8", "--steps", "2", "--out", str(tmp_path / "run"))
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert "needs a CUDA GPU" in r.err or "torchao is not installed" in r.err
 

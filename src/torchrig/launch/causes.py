@@ -88,13 +88,21 @@ FROM_OUTSIDE = "from outside the job: neither torchrun nor torchrig sent it"
 SENT_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT")  # signals another process sends
 
 
-def status(log: RankLog) -> str:
-    """How the rank ended, in words: its exit status, the signal that killed it and who sent it."""
+def stopped_while_exiting(log: RankLog) -> bool:
+    """torchrun's closing SIGTERM reached the rank after it had failed by itself (its error file is written):
+    it was on its way out with its own error when another rank's failure, seen first, made torchrun stop it."""
+    return signal_name(log.exit_code) == "SIGTERM" and log.closed_by_agent and bool(log.error_message)
+
+
+def status(log: RankLog, first: str | None = None) -> str:
+    """How the rank ended, in words: its exit status, the signal that killed it and who sent it. ``first``
+    names the rank(s) whose failure torchrun saw first, the reason it stops the others ("rank 1")."""
     sig = signal_name(log.exit_code)
     if sig == "SIGTERM" and log.closed_by_agent:
-        if log.error_message:
-            return "raised an exception, then stopped by torchrun (SIGTERM) while exiting"
-        return "stopped by torchrun (SIGTERM)"
+        because = f" because {first} failed first" if first else ""
+        if stopped_while_exiting(log):
+            return f"failed by itself, then stopped by torchrun (SIGTERM) while exiting{because}"
+        return f"stopped by torchrun (SIGTERM){because}"
     if sig:
         sent = sig in SENT_SIGNALS and not log.closed_by_agent  # SIGSEGV, SIGABRT...: the process's own crash
         return f"killed by {sig}" + (f" {FROM_OUTSIDE}" if sent else "")
@@ -113,13 +121,19 @@ class Ending:
     printed: str | None  # the last exception Python printed in the rank's log
     exception: str | None  # that, else the last line of its error file's message
     exit_given: str | None  # what a failing ``sys.exit`` was given, when that is how it ended
+    exit_status: int | None  # its own exit status; None when a signal, or torchrun's stop, replaced it
+    stopped_exiting: bool = False  # torchrun's SIGTERM came after the rank had failed by itself
 
     @classmethod
     def of(cls, log: RankLog) -> Ending:
         err_lines = (log.error_message or "").strip().splitlines()
         printed = last_exception(log.text)
         exception = printed or (err_lines[-1] if err_lines else None)
-        return cls(log, signal_name(log.exit_code), printed, exception, sys_exit_message(log))
+        if stopped_while_exiting(log):
+            # the rank's own ending is the one its error file records; the SIGTERM only cut its exit short
+            return cls(log, None, printed, exception, sys_exit_message(log), None, stopped_exiting=True)
+        sig = signal_name(log.exit_code)
+        return cls(log, sig, printed, exception, sys_exit_message(log), None if sig else log.exit_code)
 
 
 def _known_message(e: Ending) -> Cause | None:
@@ -160,7 +174,7 @@ def _other_signal(e: Ending) -> Cause | None:
 
 
 def _exit_in_stop_handler(e: Ending) -> Cause | None:
-    if e.exit_given is not None and not e.signal and e.log.closed_by_agent:
+    if e.exit_given is not None and not e.signal and e.log.closed_by_agent and not e.stopped_exiting:
         return (
             f"{STOPPED_BY_TORCHRUN}: the script's SIGTERM handler ended it with sys.exit({e.exit_given})",
             "fix the rank that failed first",
@@ -189,9 +203,10 @@ def _own_sys_exit(e: Ending) -> Cause | None:
 
 def _caught_exception(e: Ending) -> Cause | None:
     if e.exception and e.log.error_handled:
+        with_status = f" with status {e.exit_status}" if e.exit_status is not None else ""
         return (
-            "an exception in the script, which the script (or a framework it uses) caught before it exited "
-            f"with status {e.log.exit_code}: {e.exception}",
+            "an exception in the script, which the script (or a framework it uses) caught before it exited"
+            f"{with_status}: {e.exception}",
             "fix the error above; its traceback is in the rank's error file (error.json)",
         )
     return None

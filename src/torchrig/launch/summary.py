@@ -18,7 +18,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from torchrig.launch.causes import SIGNAL_CAUSES, VANISHED, is_victim, own_cause, status
+from torchrig.launch.causes import (
+    SIGNAL_CAUSES,
+    VANISHED,
+    Cause,
+    is_victim,
+    own_cause,
+    status,
+    stopped_while_exiting,
+)
 from torchrig.launch.gpuwait import GpuWait, SourceLine, gpu_wait
 from torchrig.launch.ranklog import (
     RankLog,
@@ -234,9 +242,9 @@ def _order(v: RankVerdict) -> tuple[int, int]:
 
 
 def _closed(r: RankLog) -> bool:
-    """Ended by torchrun's own stop after another rank's failure, unless it had raised by then itself (its
-    error file is written): then it failed as well."""
-    return signal_name(r.exit_code) == "SIGTERM" and r.closed_by_agent and not r.error_message
+    """Ended by torchrun's own stop after another rank's failure, unless it had failed by then itself (its
+    error file is written, ``stopped_while_exiting``): then it failed as well."""
+    return signal_name(r.exit_code) == "SIGTERM" and r.closed_by_agent and not stopped_while_exiting(r)
 
 
 def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
@@ -251,11 +259,14 @@ def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
         # the survivors were being stopped has no exit status and no error file of its own.
         culprits = [r for r in logs if r.exit_code is None and not r.error_message]
         causes.update({id(r): (VANISHED, SIGNAL_CAUSES["SIGKILL"][1]) for r in culprits})
-    verdicts = [_verdict(r, "culprit", status(r), causes[id(r)][0]) for r in culprits]
-    verdicts += [_verdict(r, "victim", status(r), causes[id(r)][0]) for r in victims]
+    # The rank(s) torchrun saw fail first: those that ended with their own status. torchrun stopped the others
+    # because of them, even one that was already exiting with its own error.
+    first = [r for r in failed if not stopped_while_exiting(r)] or culprits
+    after = _name(first) if first else None
+    verdicts = [_verdict(r, "culprit", status(r, after), causes[id(r)][0]) for r in culprits]
+    verdicts += [_verdict(r, "victim", status(r, after), causes[id(r)][0]) for r in victims]
     if culprits:
-        cause, fix = causes[id(culprits[0])]
-        headline = f"{_name(culprits)} failed ({status(culprits[0])})"
+        headline, cause, fix = _failed_story(culprits, causes)
         outside: list[RankLog] = []
     elif any(causes[id(r)][0].startswith("a collective timed out") for r in victims):
         outside = [r for r in stopped if not (r.stack and in_collective(r.stack))] or stopped
@@ -270,8 +281,22 @@ def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
             "read the torchrun output above",
         )
         outside = []
-    verdicts += [_verdict(r, "culprit" if r in outside else "bystander", status(r), None) for r in stopped]
+    verdicts += [
+        _verdict(r, "culprit" if r in outside else "bystander", status(r, after), None) for r in stopped
+    ]
     return FailureSummary("failed", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt)
+
+
+def _failed_story(culprits: list[RankLog], causes: dict[int, Cause]) -> tuple[str, str, str]:
+    """Headline, cause and fix when ranks failed by themselves: told from the rank whose own exit torchrun saw
+    first; a culprit that torchrun then stopped while it was exiting with its own error is named after it."""
+    exiting = [r for r in culprits if stopped_while_exiting(r)]
+    own = [r for r in culprits if r not in exiting] or exiting
+    cause, fix = causes[id(own[0])]
+    headline = f"{_name(own)} failed ({status(own[0])})"
+    if exiting and own is not exiting:
+        headline += f"; {_name(exiting)} failed as well, stopped by torchrun while exiting"
+    return headline, cause, fix
 
 
 def _timeout_story(victims: list[RankLog], outside: list[RankLog]) -> tuple[str, str, str]:
