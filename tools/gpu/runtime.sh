@@ -54,7 +54,7 @@ inv = load_snapshot(f"{sys.argv[1]}/inventory-recorded.json")
 units = inv.units()[:1]
 for cuda, archs in (("13.0", "sm_90 sm_100 sm_120"), ("12.8", "sm_80 sm_86")):
     pf = preflight({"org.torchrig.torch": "x", "org.torchrig.cuda": cuda, "org.torchrig.arch-list": archs}, inv, units, load_kb)
-    print(f"cuda {cuda} archs [{archs}]: ok={pf.ok}; " + "; ".join(f"{f.code}: {f.summary}" for f in pf.findings))
+    print(f"cuda {cuda} archs [{archs}]: ok={pf.ok}; " + "; ".join(f"{f.id}: {f.summary}" for f in pf.findings))
 PY
 
 if docker info >/dev/null 2>&1; then
