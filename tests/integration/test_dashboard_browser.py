@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import grp
-import importlib.util
 import json
 import os
 import pwd
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 import docblocks  # tests/docblocks.py
+import userpython  # tests/userpython.py
 
 # one chromium at a time (its memory on the 2-core CI machine)
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chromium")]
@@ -171,9 +171,6 @@ def test_the_page_shows_what_gpus_and_ps_say_and_a_new_lease_appears(engine, env
         browser.quit()
 
 
-DEPS = ("docker", "requests", "urllib3", "idna", "charset_normalizer", "certifi")
-
-
 @pytest.fixture
 def other_user(engine, env):
     """A second Unix user in the docker group (as 'ps' needs), with a python they may run and torchrig."""
@@ -187,18 +184,14 @@ def other_user(engine, env):
     src = str(ROOT / "src")
 
     def runs(python, path):
-        probe = ["runuser", "-u", OTHER, "--", "env", "-i", f"PYTHONPATH={path}", f"HOME={home}", python, "-c", "import docker, torchrig"]  # fmt: skip
+        probe = ["runuser", "-u", OTHER, "--", "env", "-i", f"PYTHONPATH={path}", f"HOME={home}", python, "-c", userpython.probe_code()]  # fmt: skip
         return subprocess.run(probe, capture_output=True).returncode == 0
 
     python, path = sys.executable, src
     if not runs(python, path):  # this interpreter lives where the user may not go: the system's python
         python = shutil.which("python3", path="/usr/bin:/bin") or ""
         deps = scratch / "deps"
-        for name in DEPS:
-            spec = importlib.util.find_spec(name)
-            assert spec is not None and spec.submodule_search_locations, name
-            shutil.copytree(next(iter(spec.submodule_search_locations)), deps / name)
-        subprocess.run(["chmod", "-R", "a+rX", str(deps)], check=True)
+        userpython.copy_packages([*userpython.DOCKER_SDK, *userpython.runtime_modules()], deps)
         path = f"{src}:{deps}"
         if not python or not runs(python, path):
             subprocess.run(["userdel", "-r", OTHER], capture_output=True)

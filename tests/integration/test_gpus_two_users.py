@@ -5,7 +5,6 @@ free one; alice's own ``launch`` may use the GPU leased to her."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
@@ -17,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+import userpython  # tests/userpython.py
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "torchrig-test/debian:bookworm"
 CASE = "h200x2-driver580-cu130"  # tests/fixtures/doctor: GPU 0 and GPU 1, one NVLink domain
-DEPS = ("docker", "requests", "urllib3", "idna", "charset_normalizer", "certifi", "pynvml")
 
 
 def _run_as(
@@ -36,26 +36,21 @@ def _run_as(
 
 def _python_for(user: str, scratch: Path) -> tuple[str, str]:
     """(python, PYTHONPATH) ``user`` can run torchrig, the Docker SDK and nvidia-ml-py with: this interpreter
-    when they may, else the system python3 with copies of the pure-Python packages."""
-    path = f"{ROOT / 'src'}:{ROOT / 'tests'}"
-    probe = [sys.executable, "-c", "import docker, pynvml, torchrig"]
-    if _run_as(user, probe, {"PYTHONPATH": path, "HOME": str(scratch)}).returncode == 0:
+    when they may, else the system python3 with copies of the pure-Python packages (tests/userpython.py)."""
+    path, probe = f"{ROOT / 'src'}:{ROOT / 'tests'}", userpython.probe_code(("docker", "pynvml"))
+    if (
+        _run_as(user, [sys.executable, "-c", probe], {"PYTHONPATH": path, "HOME": str(scratch)}).returncode
+        == 0
+    ):
         return sys.executable, path
     system = shutil.which("python3", path="/usr/bin:/bin")
     if system is None:
         pytest.skip("no python the test users can run")
     deps = scratch / "deps"
-    deps.mkdir()
-    for name in DEPS:
-        spec = importlib.util.find_spec(name)
-        assert spec is not None and spec.origin, name
-        if spec.submodule_search_locations:
-            shutil.copytree(next(iter(spec.submodule_search_locations)), deps / name)
-        else:
-            shutil.copy(spec.origin, deps / Path(spec.origin).name)
-    subprocess.run(["chmod", "-R", "a+rX", str(scratch)], check=True)
+    userpython.copy_packages([*userpython.DOCKER_SDK, "pynvml", *userpython.runtime_modules()], deps)
+    subprocess.run(["chmod", "a+rX", str(scratch)], check=True)
     path = f"{path}:{deps}"
-    if _run_as(user, [system, "-c", probe[2]], {"PYTHONPATH": path}).returncode != 0:
+    if _run_as(user, [system, "-c", probe], {"PYTHONPATH": path}).returncode != 0:
         pytest.skip("the system python cannot import the copied packages")
     return system, path
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+import userpython  # tests/userpython.py
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "torchrig-test/debian:bookworm"
 INVENTORY = ROOT / "tests/fixtures/runtime/driver-535-2xa100-pcie.json"
@@ -75,6 +77,8 @@ def host(engine, test_labels):
             shutil.chown(home, name)
             os.chmod(home, 0o700)
         image = _image(engine, tag, test_labels)
+        # the users' system python gets torchrig's own dependencies (this interpreter's are under /root)
+        userpython.copy_packages(userpython.runtime_modules(), scratch / "deps")
         # GPUs of this test's own: the daemon counts every torchrig container on the engine as a holder
         # (its reality check), and other tests on this engine lease the fixture's UUIDs
         inventory = json.loads(INVENTORY.read_text())
@@ -133,7 +137,7 @@ def as_user(host, who: str, *argv: str, extra_env: dict[str, str] | None = None,
     env = {
         "HOME": str(host["scratch"] / who),
         "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": str(ROOT / "src"),
+        "PYTHONPATH": f"{ROOT / 'src'}:{host['scratch'] / 'deps'}",
         "TORCHRIG_HOST_SOCKET": str(host["socket"]),
         "TORCHRIG_LABELS": os.environ.get("TORCHRIG_LABELS", ""),
         **(extra_env or {}),

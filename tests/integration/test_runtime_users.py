@@ -5,7 +5,6 @@ user who may not write the ledger."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import secrets
 import shutil
@@ -16,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+import userpython  # tests/userpython.py
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "torchrig-test/debian:bookworm"
 INVENTORY = ROOT / "tests/fixtures/runtime/driver-535-2xa100-pcie.json"
-DEPS = ("docker", "requests", "urllib3", "idna", "charset_normalizer", "certifi")
 
 
 def _run_as(user: str, argv: list[str], env: dict[str, str], **kw) -> subprocess.CompletedProcess:
@@ -34,23 +34,23 @@ def _run_as(user: str, argv: list[str], env: dict[str, str], **kw) -> subprocess
 
 def _python_for(user: str, scratch: Path) -> tuple[str, str]:
     """(python, PYTHONPATH) that ``user`` can run with torchrig and the Docker SDK: this interpreter when
-    they may (CI), else the system python3 with copies of the pure-Python SDK (this one under /root)."""
-    path = str(ROOT / "src")
-    probe = [sys.executable, "-c", "import docker, torchrig"]
-    if _run_as(user, probe, {"PYTHONPATH": path, "HOME": str(scratch)}).returncode == 0:
+    they may (CI), else the system python3 with copies of the pure-Python packages (tests/userpython.py)."""
+    path, probe = str(ROOT / "src"), userpython.probe_code()
+    if (
+        _run_as(user, [sys.executable, "-c", probe], {"PYTHONPATH": path, "HOME": str(scratch)}).returncode
+        == 0
+    ):
         return sys.executable, path
     system = shutil.which("python3", path="/usr/bin:/bin")
     if system is None:
         pytest.skip("no python the test users can run")
     deps = scratch / "deps"
-    for name in DEPS:
-        spec = importlib.util.find_spec(name)
-        assert spec is not None and spec.submodule_search_locations, name
-        shutil.copytree(next(iter(spec.submodule_search_locations)), deps / name)
-    subprocess.run(["chmod", "-R", "a+rX", str(scratch)], check=True)
+    userpython.copy_packages([*userpython.DOCKER_SDK, *userpython.runtime_modules()], deps)
+    subprocess.run(["chmod", "a+rX", str(scratch)], check=True)
     path = f"{path}:{deps}"
-    if _run_as(user, [system, "-c", "import docker, torchrig"], {"PYTHONPATH": path}).returncode != 0:
-        pytest.skip("the system python cannot import the copied Docker SDK")
+    r = _run_as(user, [system, "-c", probe], {"PYTHONPATH": path})
+    if r.returncode != 0:
+        pytest.skip(f"the system python cannot import the copied packages: {r.stderr.strip()[-200:]}")
     return system, path
 
 

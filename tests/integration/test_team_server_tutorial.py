@@ -27,7 +27,6 @@ environments that then start, go down and come back are the ones without ``--gpu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -43,10 +42,10 @@ from pathlib import Path
 import pytest
 
 import docblocks  # tests/docblocks.py
+import userpython  # tests/userpython.py
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "tutorials" / "team-server.md"
-DEPS = ("docker", "requests", "urllib3", "idna", "charset_normalizer", "certifi")
 
 
 def _run_as(
@@ -59,22 +58,20 @@ def _run_as(
 
 
 def _python_for(user: str, scratch: Path) -> tuple[str, str]:
-    """(python, PYTHONPATH) the user can run torchrig and the Docker SDK with (see test_runtime_users)."""
-    path = str(ROOT / "src")
-    if _run_as(user, [sys.executable, "-c", "import docker, torchrig"], {"PYTHONPATH": path}).returncode == 0:
+    """(python, PYTHONPATH) the user can run torchrig and the Docker SDK with (tests/userpython.py)."""
+    path, probe = str(ROOT / "src"), userpython.probe_code()
+    if _run_as(user, [sys.executable, "-c", probe], {"PYTHONPATH": path}).returncode == 0:
         return sys.executable, path
     system = shutil.which("python3", path="/usr/bin:/bin")
     if system is None:
         pytest.skip("no python the test users can run")
     deps = scratch / "deps"
-    for name in DEPS:
-        spec = importlib.util.find_spec(name)
-        assert spec is not None and spec.submodule_search_locations, name
-        shutil.copytree(next(iter(spec.submodule_search_locations)), deps / name)
-    subprocess.run(["chmod", "-R", "a+rX", str(scratch)], check=True)
+    userpython.copy_packages([*userpython.DOCKER_SDK, *userpython.runtime_modules()], deps)
+    subprocess.run(["chmod", "a+rX", str(scratch)], check=True)
     path = f"{path}:{deps}"
-    if _run_as(user, [system, "-c", "import docker, torchrig"], {"PYTHONPATH": path}).returncode != 0:
-        pytest.skip("the system python cannot import the copied Docker SDK")
+    r = _run_as(user, [system, "-c", probe], {"PYTHONPATH": path})
+    if r.returncode != 0:
+        pytest.skip(f"the system python cannot import the copied packages: {r.stderr.strip()[-200:]}")
     return system, path
 
 
