@@ -83,7 +83,7 @@ def pair(engine):
         subprocess.run(["chmod", "-R", "a+rX", str(scratch / "job.py"), str(scratch / "tr.py")], check=True)
         yield {"names": names, "scratch": scratch, "python": python, "pythonpath": pypath, "tag": tag}
     finally:
-        for c in engine.containers.list(all=True, filters={"name": f"trg-{tag}"}):
+        for c in engine.containers.list(all=True, filters={"name": f"trg-{tag}"}, ignore_removed=True):
             c.remove(force=True)
         for v in engine.volumes.list(filters={"name": f"trg-{tag}"}):  # each environment's /workspace
             v.remove(force=True)

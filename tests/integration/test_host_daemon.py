@@ -120,7 +120,7 @@ def host(engine, test_labels):
                 daemon.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 daemon.kill()
-        for c in engine.containers.list(all=True, filters={"name": f"trh-{tag}"}):
+        for c in engine.containers.list(all=True, filters={"name": f"trh-{tag}"}, ignore_removed=True):
             c.remove(force=True)
         for v in engine.volumes.list(filters={"name": f"trh-{tag}"}):
             v.remove(force=True)
@@ -289,8 +289,8 @@ def test_team_flow_through_the_daemon(host, engine):
     r = tr(host, "alice", "exec", a_run, "--", "cat", "/data/note")
     assert r.stdout == "kept\n", r.stderr
     assert (a_home / "secret.txt").read_text() == "alice's secret\n"
-    assert not engine.containers.list(all=True, filters={"name": f"trh-{t}-b2"})
-    assert not engine.containers.list(all=True, filters={"name": f"trh-{t}-b5"})
+    assert not engine.containers.list(all=True, filters={"name": f"trh-{t}-b2"}, ignore_removed=True)
+    assert not engine.containers.list(all=True, filters={"name": f"trh-{t}-b5"}, ignore_removed=True)
 
     # the admin may stop someone else's environment (with --force), and the audit log says whose
     refused(tr(host, "carol", "down", b_gpu), "belongs to")

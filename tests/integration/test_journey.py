@@ -228,4 +228,4 @@ def test_the_newcomers_journey(engine, wheelhouse, tmp_path, leftovers, request)
     r = _ssh(ssh, key, known_hosts, "cat ~/work/kept.txt")
     assert r.returncode == 0 and r.stdout.strip() == "kept", r.stderr
     _run([*torchrig, "down", "--volumes", name], env=env, check_rc=0)
-    assert not [c for c in engine.containers.list(all=True) if c.name == name]
+    assert not engine.containers.list(all=True, filters={"name": f"^{name}$"}, ignore_removed=True)

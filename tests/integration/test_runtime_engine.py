@@ -130,7 +130,7 @@ def test_plain_lifecycle_and_volume_survives(cli, engine, env, tmp_path):
     finally:
         down = cli("down", "--volumes", "trt-plain", env=env)
     assert down.code == 0 and "removed trt-plain" in down.out
-    assert not [c for c in engine.containers.list(all=True) if c.name == "trt-plain"]
+    assert not engine.containers.list(all=True, filters={"name": "^trt-plain$"}, ignore_removed=True)
     assert (data / "f").read_text() == "kept\n"
     r = cli("up", *args, env=env)
     try:
@@ -173,7 +173,9 @@ def test_up_with_no_flags_takes_what_the_engine_allows(cli, engine, env, test_la
         assert ex.out.strip() == ("unlimited" if memlock == -1 else str(memlock // 1024))
     finally:
         assert cli("down", "--volumes", "trt-stock", env=env).code == 0
-    assert not engine.containers.list(all=True, filters={"label": ["torchrig.probe", f"trt.case={case}"]})
+    assert not engine.containers.list(
+        all=True, filters={"label": ["torchrig.probe", f"trt.case={case}"]}, ignore_removed=True
+    )
 
 
 def test_an_explicit_ulimit_the_engine_cannot_give_is_explained(cli, engine, env, test_labels):
@@ -192,7 +194,7 @@ def test_an_explicit_ulimit_the_engine_cannot_give_is_explained(cli, engine, env
         env=env,
     )
     assert r.code == 2 and "LimitMEMLOCK=infinity" in r.err and r.err.count("\n") == 1
-    assert not [c for c in engine.containers.list(all=True) if c.name == "trt-memlock"]
+    assert not engine.containers.list(all=True, filters={"name": "^trt-memlock$"}, ignore_removed=True)
 
 
 INSPECTED = (
@@ -312,9 +314,9 @@ def test_environment_dying_at_start_leaves_nothing(cli, engine, env):
             env=env,
         )
         assert r.code == 1 and "exited during start" in r.err and r.err.count("\n") == 1, r.err
-        assert not [c for c in engine.containers.list(all=True) if c.name == "trt-dies"]
+        assert not engine.containers.list(all=True, filters={"name": "^trt-dies$"}, ignore_removed=True)
     finally:
-        for c in engine.containers.list(all=True, filters={"name": "^trt-dies$"}):
+        for c in engine.containers.list(all=True, filters={"name": "^trt-dies$"}, ignore_removed=True):
             c.remove(force=True)
 
 

@@ -156,7 +156,7 @@ def test_start_without_gpu_runtime_fails_cleanly(cli, engine, ledger_env):
     )
     assert r.code == 2 and "cannot give containers GPUs" in r.err and "nvidia-ctk" in r.err
     assert r.err.count("\n") == 1
-    assert not [c for c in engine.containers.list(all=True) if c.name == "trt-nort"]
+    assert not engine.containers.list(all=True, filters={"name": "^trt-nort$"}, ignore_removed=True)
     board = cli("gpus", "--json", env=ledger_env).json()
     assert all(g["holders"] == [] for g in board["gpus"])
 
@@ -195,7 +195,7 @@ def test_preflight_refuses_cuda_newer_than_driver(cli, engine, cu130_image, tmp_
     assert r.code == 1, r.err
     assert "pre-flight refused" in r.err and "535.104.05" in r.err and r.err.count("\n") == 1
     assert "upgrade the host driver to ≥ 580.65.06" in r.err and "CUDA ≤ 12.2" in r.err
-    assert not [c for c in engine.containers.list(all=True) if c.name == "trt-pre"]
+    assert not engine.containers.list(all=True, filters={"name": "^trt-pre$"}, ignore_removed=True)
     assert all(g["holders"] == [] for g in cli("gpus", "--json", env=env).json()["gpus"])
     # the same image passes pre-flight on the H200 host (driver 580)
     ok = cli(

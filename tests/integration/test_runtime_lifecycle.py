@@ -277,7 +277,7 @@ def test_ctrl_c_during_start_leaves_nothing(engine, image, user_env):
     )
     try:
         deadline = time.monotonic() + 120
-        while not engine.containers.list(all=True, filters={"name": f"^{name}$"}):
+        while not engine.containers.list(all=True, filters={"name": f"^{name}$"}, ignore_removed=True):
             assert proc.poll() is None and time.monotonic() < deadline, (
                 proc.stderr.read() if proc.stderr else ""
             )
@@ -286,14 +286,17 @@ def test_ctrl_c_during_start_leaves_nothing(engine, image, user_env):
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130 and "interrupted" in err, err
         deadline = time.monotonic() + 30  # the engine may still be finishing the removal up asked for
-        while engine.containers.list(all=True, filters={"name": f"^{name}$"}) and time.monotonic() < deadline:
+        while (
+            engine.containers.list(all=True, filters={"name": f"^{name}$"}, ignore_removed=True)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
-        assert not engine.containers.list(all=True, filters={"name": f"^{name}$"})
+        assert not engine.containers.list(all=True, filters={"name": f"^{name}$"}, ignore_removed=True)
         from torchrig.runtime.ledger import Ledger
 
         assert Ledger.open(Path(user_env["TORCHRIG_STATE_DIR"])).leases() == []
     finally:
         if proc.poll() is None:
             proc.kill()
-        for c in engine.containers.list(all=True, filters={"name": f"^{name}$"}):
+        for c in engine.containers.list(all=True, filters={"name": f"^{name}$"}, ignore_removed=True):
             c.remove(force=True)

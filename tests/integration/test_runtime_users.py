@@ -79,7 +79,7 @@ def team(engine):
         python, pypath = _python_for(names["alice"], scratch)
         yield {"names": names, "scratch": scratch, "state": state, "python": python, "pythonpath": pypath}
     finally:
-        for c in engine.containers.list(all=True, filters={"name": f"trt-u{tag}"}):
+        for c in engine.containers.list(all=True, filters={"name": f"trt-u{tag}"}, ignore_removed=True):
             c.remove(force=True)
         for name in made:
             subprocess.run(["userdel", name], capture_output=True)

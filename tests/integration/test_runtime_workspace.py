@@ -32,7 +32,7 @@ def name(engine):
     """A unique environment name; its container and workspace volume are removed whatever happens."""
     n = f"trt-ws-{secrets.token_hex(3)}"
     yield n
-    for c in engine.containers.list(all=True, filters={"name": f"^{n}$"}):
+    for c in engine.containers.list(all=True, filters={"name": f"^{n}$"}, ignore_removed=True):
         c.remove(force=True)
     for v in engine.volumes.list(filters={"label": f"torchrig.workspace={n}"}):
         v.remove(force=True)

@@ -108,7 +108,9 @@ def server(engine, request):
         yield {"users": users, "scratch": scratch, "image": team_tag, "python": python, "pythonpath": pypath}
     finally:
         for name in made:
-            for c in engine.containers.list(all=True, filters={"label": f"torchrig.user={name}"}):
+            for c in engine.containers.list(
+                all=True, filters={"label": f"torchrig.user={name}"}, ignore_removed=True
+            ):
                 c.remove(force=True)
             for v in engine.volumes.list(filters={"label": f"torchrig.user={name}"}):
                 v.remove(force=True)
@@ -242,7 +244,7 @@ def test_the_team_server_tutorial_as_two_users(server, engine):
     assert refused.returncode == 1, refused.stderr
     assert refused.stderr.startswith("torchrig: error: pre-flight refused the image: ")
     assert "CPU-only build: the GPUs would go unused" in refused.stderr and refused.stderr.count("\n") == 1
-    assert not engine.containers.list(all=True, filters={"name": name})
+    assert not engine.containers.list(all=True, filters={"name": name}, ignore_removed=True)
     assert not engine.volumes.list(filters={"label": f"torchrig.workspace={name}"})
     after = json.loads(torchrig(server, "alice", "gpus", "--json", env=fake_gpus).stdout)["gpus"]
     assert all(not g["holders"] for g in after), "the refused up holds no lease"
