@@ -133,18 +133,8 @@ class ChannelBuild:
 
 def _parse(text: str) -> tuple[str, str | None]:
     """The release line and the local part (lower case) of a version as torch prints it."""
-    from packaging.version import InvalidVersion, Version
-
     t = text.strip().removeprefix("torch==").strip()
-    try:
-        v = Version(t)
-    except InvalidVersion:
-        raise UsageError(
-            f"malformed torch version {t!r}",
-            hint="expected e.g. 2.5.0a0+e000cf0ad9.nv24.10 (NGC) or 2.5.1 / 2.5.1+cu126 (conda-forge)",
-        ) from None
-    if v.epoch or len(v.release) > 3:
-        raise UsageError(f"malformed torch version {t!r}", hint="expected MAJOR.MINOR.PATCH, e.g. 2.5.1")
+    v = V.pep440_torch(t, "2.5.0a0+e000cf0ad9.nv24.10 (NGC) or 2.5.1 / 2.5.1+cu126 (conda-forge)", "2.5.1")
     return V.normalise_release(v.base_version), v.local
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchrig.errors import UsageError
 
@@ -116,6 +116,21 @@ class TorchBuildText:
     prerelease: str | None = None  # "2.10.0.dev20250915" for a nightly, "2.11.0rc1", "2.11.0a0"
 
 
+def pep440_torch(t: str, examples: str, plain: str) -> Any:
+    """``t`` read by ``packaging.version`` as a torch version: no epoch, at most MAJOR.MINOR.PATCH before its
+    pre-release, dev or local parts. Malformed: a one-line :class:`UsageError` naming ``examples`` (any other
+    spelling) or ``plain`` (a release with too many parts)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(t)
+    except InvalidVersion:
+        raise UsageError(f"malformed torch version {t!r}", hint=f"expected e.g. {examples}") from None
+    if v.epoch or len(v.release) > 3:
+        raise UsageError(f"malformed torch version {t!r}", hint=f"expected MAJOR.MINOR.PATCH, e.g. {plain}")
+    return v
+
+
 def parse_torch_build_text(text: str) -> TorchBuildText:
     """Like :func:`parse_torch_build`, and nightly or pre-release versions (``2.10.0.dev20250915+cu128``,
     ``2.11.0a0+gite33eb77``, ``2.11.0rc1``) are read with ``packaging.version`` as their release line.
@@ -126,17 +141,9 @@ def parse_torch_build_text(text: str) -> TorchBuildText:
     if _PLAIN_BUILD_RE.fullmatch(t):  # the common case, without importing packaging (~20 ms)
         release, variant = parse_torch_build(t)
         return TorchBuildText(release, variant)
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        v = Version(t)
-    except InvalidVersion:
-        raise UsageError(
-            f"malformed torch version {t!r}",
-            hint="expected e.g. 2.8.0, 2.8.0+cu126, 2.8.0+cpu or a nightly such as 2.10.0.dev20250915+cu128",
-        ) from None
-    if v.epoch or len(v.release) > 3:
-        raise UsageError(f"malformed torch version {t!r}", hint="expected MAJOR.MINOR.PATCH, e.g. 2.8.0")
+    v = pep440_torch(
+        t, "2.8.0, 2.8.0+cu126, 2.8.0+cpu or a nightly such as 2.10.0.dev20250915+cu128", "2.8.0"
+    )
     release = normalise_release(v.base_version)
     local = (v.local or "").lower() or None
     variant = local if local and _VARIANT_RE.fullmatch(local) else None
