@@ -16,19 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuenv import SAFE, cuda_in_child  # tests/gpuenv.py
+
 ROOT = Path(__file__).resolve().parents[2]
-SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _cuda() -> bool:
-    code = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    try:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="needs CUDA")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_in_child(), reason="needs CUDA")]
 
 
 def doctor(tmp_path: Path, **env: str) -> tuple[int, dict, float]:

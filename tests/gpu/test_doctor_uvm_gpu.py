@@ -24,18 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuenv import SAFE, cuda_in_child  # tests/gpuenv.py
+
 ROOT = Path(__file__).resolve().parents[2]
-SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 MODPROBE = ("/usr/bin/nvidia-modprobe", "/usr/sbin/nvidia-modprobe", "/bin/nvidia-modprobe")
 UVM = "/dev/nvidia-uvm"
-
-
-def _cuda() -> bool:
-    code = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    try:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 def _namespaces() -> bool:
@@ -50,7 +43,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not os.path.exists(UVM), reason="no /dev/nvidia-uvm here"),
     pytest.mark.skipif(not _namespaces(), reason="needs root and mount namespaces (unshare -m)"),
-    pytest.mark.skipif(not _cuda(), reason="needs CUDA"),
+    pytest.mark.skipif(not cuda_in_child(), reason="needs CUDA"),
 ]
 
 
