@@ -12,9 +12,14 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
          backward's fused row/column reductions
   combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
   plain  --loss plain (the head's cross-entropy over kept logits: the trainer before the fused loss)
+  lt     TORCH_BLAS_PREFER_CUBLASLT=1: every GEMM through cuBLASLt instead of cuBLAS
+  fp8    --precision fp8 --fp8-recipe tensorwise (torchao's float8 training of the Linear layers)
+and the model tags `med` (--size medium, GPT-2 medium) and `large` (--size large), compared with the default
+of the same size (`cg+med`): the baseline script is GPT-2 small only, so they have no "vs base" figure.
 e.g. `w16+pdl+tune@64`. Every distinct item is first compiled (3 steps, several at once, Inductor's cache in
 TORCHINDUCTOR_CACHE_DIR), then the timed runs go one at a time in RUNS's order; a run that would start past
-BUDGET_S seconds is skipped. After every run $OUT/train_levers/summary.txt (the table, the loss curves) and
+BUDGET_S seconds is skipped. A RUNS item written `prof:ITEM` is a profiled run at that place in the order
+(PROFILE's items run after all of RUNS). After every run $OUT/train_levers/summary.txt (the table, the loss curves) and
 results.json are rewritten, so a call cut short still returns what ran. The torchrig runs train on
 --data generated with the same seed; each curve (mean loss per 5 steps) is compared with `cg`'s at the same
 micro-batch. The baseline trains on one fixed random batch, so its loss is not on the same data.
@@ -46,7 +51,25 @@ LEVERS = {  # tag: (environment, torchrig options)
     "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
     "plain": ({}, ["--loss", "plain"]),
     "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
+    "lt": ({"TORCH_BLAS_PREFER_CUBLASLT": "1"}, []),
+    "fp8": ({}, ["--precision", "fp8", "--fp8-recipe", "tensorwise"]),
+    "med": ({}, ["--size", "medium"]),
+    "large": ({}, ["--size", "large"]),
 }
+MODEL_TAGS = {"med": 2, "large": 3}  # size tag: GPU memory of its compile run in units of 16 GB
+
+
+def model(item: str) -> tuple[frozenset[str], int]:
+    """The model tags of an item and its micro-batch: the default run of the same model is its reference."""
+    tags, mb = parse(item)
+    return frozenset(t for t in tags if t in MODEL_TAGS), mb
+
+
+def is_reference(item: str) -> bool:
+    tags = set(parse(item)[0]) - {"cg"}
+    return bool(parse(item)[0]) and tags <= set(MODEL_TAGS) and "base" not in tags
+
+
 COMMON = [  # tools/gpu/train_speed.sh's options
     *("train", "--model", "gpt", "--size", "small", "--data", "generated", "--precision", "bf16"),
     *("--compile", "--log-every", "5", "--warmup-steps", "5", "--clip-grad", "0", "--no-ckpt-final"),
@@ -105,7 +128,8 @@ def weight(item: str) -> int:
     (activations 4 GB, logits and their gradient 3.3 GB, weights and AdamW 2 GB), 64 about 32 GB; the
     baseline's plain loss keeps fp32 logits as well (about 50 GB at 64)."""
     tags, mb = parse(item)
-    return max(1, (mb * 3) // 64) if tags == ["base"] else max(1, mb // 32)
+    size = max([MODEL_TAGS.get(t, 1) for t in tags])
+    return max(1, (mb * 3) // 64) if tags == ["base"] else size * max(1, mb // 32)
 
 
 def main() -> int:
@@ -147,7 +171,7 @@ def main() -> int:
     results: list[dict] = []
 
     # 1. compile every distinct item (3 steps), several at once within WARM_UNITS of GPU memory
-    pending = list(dict.fromkeys(runs + profile))
+    pending = list(dict.fromkeys([r.removeprefix("prof:") for r in runs] + profile))
     running: list[tuple[str, subprocess.Popen, float]] = []
     while pending or running:
         for item in list(pending):
@@ -260,18 +284,23 @@ def measure(item: str, stdout: str, run_dir: Path) -> dict:
 def write(out: Path, results: list[dict], budget: float) -> None:
     timed = [r for r in results if not r["profiled"]]
     lines = [
-        f"{'run':<26} {'tok/s':>10} {'MFU':>6} {'vs base':>8} {'final loss':>11} {'max|dloss| vs cg':>18}  wall"
+        f"{'run':<26} {'tok/s':>10} {'MFU':>6} {'vs base':>8} {'final loss':>11} {'max|dloss| vs default':>22}  wall"
     ]
     for r in timed:
         mb = parse(r["item"])[1]
         bases = [
             x["tokens_per_s"]
             for x in timed
-            if x["item"] == f"base@{mb}" or (mb == 16 and x["item"] == "base")
+            if (x["item"] == f"base@{mb}" or (mb == 16 and x["item"] == "base")) and not model(r["item"])[0]
         ]
         bases = [b for b in bases if b]
         ref = next(
-            (x.get("curve") for x in timed if parse(x["item"]) == (["cg"], mb) and x.get("curve")), None
+            (
+                x.get("curve")
+                for x in timed
+                if is_reference(x["item"]) and model(x["item"]) == model(r["item"]) and x.get("curve")
+            ),
+            None,
         )
         dl = "-"
         if r.get("curve") and ref:
@@ -283,7 +312,7 @@ def write(out: Path, results: list[dict], budget: float) -> None:
         fl = r.get("final_loss")
         lines.append(
             f"{r['name']:<26} {t or 0:>10,.0f} {(r.get('mfu') or 0):>6.1%} {vs:>8} "
-            f"{(f'{fl:.4f}' if isinstance(fl, float) else '-'):>11} {dl:>18}  {r['wall_s']}s"
+            f"{(f'{fl:.4f}' if isinstance(fl, float) else '-'):>11} {dl:>22}  {r['wall_s']}s"
             + (f"  rc={r['rc']} {' | '.join(r.get('error_tail', []))[-300:]}" if r["rc"] else "")
         )
     curves = {r["name"]: r["curve"] for r in timed if r.get("curve")}
