@@ -305,3 +305,15 @@ def test_pageable_is_informational_against_the_pinned_copy_and_never_fails():
     assert page.fraction == pytest.approx(0.5 / 55.3) and page.message.startswith("1% of the pinned copy")
     assert summary(list(fs.values()))["info"] == 1
     assert BenchReport(m, tuple(fs.values())).exit_code == 0
+
+
+def test_a_damaged_thresholds_file_is_one_line_naming_the_key(monkeypatch):
+    """thresholds.toml is read as every data file torchrig ships (torchrig.data.packaged) into records."""
+    import torchrig.data
+    from torchrig.errors import InputError
+
+    assert load_thresholds()["gemm"].pass_at > load_thresholds()["gemm"].warn_at
+    monkeypatch.setattr(torchrig.data, "packaged", lambda pkg, path: {"threshold": [{"metric": "gemm"}]})
+    with pytest.raises(InputError, match=r"thresholds.toml.threshold\[0\].pass_at: missing") as e:
+        load_thresholds()
+    assert "\n" not in e.value.one_line() and e.value.exit_code == 2
