@@ -175,3 +175,21 @@ def test_a_torch_probe_answer_of_the_wrong_kind_is_a_failed_probe_naming_the_key
     assert facts.status is ProbeStatus.FAILED and facts.error == (
         "unreadable torch probe output: torch probe.is_available: expected true or false, got a string"
     )
+
+
+def test_the_nccl_check_answer_is_read_as_a_record():
+    from torchrig.doctor.facts import NcclDeviceCheck
+    from torchrig.doctor.probes.pytorch import _nccl
+
+    line = {"status": "ok", "devices": [{"index": 0, "ok": True, "error": None, "elapsed_ms": 12.5}]}
+    got = _nccl(line | {"env_used": ["NCCL_DEBUG=INFO"]}, 0, "")
+    assert (got.status, got.devices, got.env_used) == (
+        "ok",
+        (NcclDeviceCheck(0, True, None, 12.5),),
+        ("NCCL_DEBUG=INFO",),
+    )
+    bad = _nccl({"devices": [{"index": "0", "ok": True}]}, 0, "")
+    assert (bad.status, bad.error) == (
+        "failed",
+        "unreadable NCCL check output: NCCL check.devices[0].index: expected an integer, got a string",
+    )

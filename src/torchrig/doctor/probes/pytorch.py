@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchrig.doctor.facts import NcclDeviceCheck, NcclFacts, ProbeStatus, TorchFacts
+from torchrig.doctor.facts import NcclFacts, ProbeStatus, TorchFacts
 from torchrig.doctor.probes.trace import describe, trace
 
 SCRIPT = Path(__file__).with_name("torch_script.py")
@@ -145,16 +145,13 @@ def _nccl(data: dict[str, Any] | None, code: int | None, stderr: str) -> NcclFac
         return NcclFacts(
             status, describe(code, tail) if code is not None else "the torch probe's time ran out"
         )
-    devices = tuple(
-        NcclDeviceCheck(int(d["index"]), bool(d.get("ok")), d.get("error"), d.get("elapsed_ms"))
-        for d in data.get("devices") or ()
-    )
-    return NcclFacts(
-        str(data.get("status") or "failed"),
-        data.get("error"),
-        devices,
-        tuple(str(x) for x in data.get("env_used") or ()),
-    )
+    from torchrig.jsonrecords import RecordError, structure
+
+    try:  # read as the facts line is; "pairs" is doctor's own (--deep), never the child's
+        answer = {k: v for k, v in data.items() if k != "pairs"} | {"status": data.get("status") or "failed"}
+        return structure(answer, NcclFacts, "NCCL check", unknown={})
+    except RecordError as err:
+        return NcclFacts("failed", f"unreadable NCCL check output: {err}")
 
 
 def _outcome(exe: str, script: str, env: dict[str, str], timeout_s: float) -> str | None:
