@@ -4,6 +4,7 @@ bench report that is not one is said so, not crashed on."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from torchrig.dashboard import page, state
 
@@ -74,3 +75,21 @@ def test_a_bench_folder_without_a_report(tmp_path):
         json.dumps({"measurements": {"meta": {"date_utc": "d"}}, "verdict": "ok"})
     )
     assert state.bench_summary(str(tmp_path))["verdict"] == "ok"
+
+
+def test_the_doctor_panel_leaves_out_passed_checks_by_their_rank(monkeypatch):
+    """The panel keeps every finding that did not pass (Severity.passed: ranks, not words), in doctor's order."""
+    import torchrig.doctor
+    import torchrig.doctor.probes
+    from torchrig.dashboard.state import doctor_verdict
+    from torchrig.doctor.facts import load_facts
+    from torchrig.doctor.report import DoctorReport
+    from torchrig.findings import Finding, Severity
+
+    facts = load_facts(Path(__file__).parents[1] / "fixtures/doctor/container-without-gpus-h200.json")
+    found = tuple(Finding(f"x.{s.value}", s, f"{s.value} summary") for s in Severity)
+    monkeypatch.setattr(torchrig.doctor.probes, "collect", lambda options: facts)
+    monkeypatch.setattr(torchrig.doctor, "diagnose", lambda facts, areas: DoctorReport(facts, found, 1.0))
+    got = doctor_verdict()["findings"]
+    assert [f["id"] for f in got] == ["x.info", "x.caveat", "x.warning", "x.fail", "x.error"]
+    assert got[-1] == {"severity": "error", "summary": "error summary", "id": "x.error"}

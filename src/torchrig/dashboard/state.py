@@ -202,8 +202,9 @@ def doctor_verdict() -> dict[str, Any]:
     except TorchrigError as err:
         return {"verdict": f"doctor could not run: {err.one_line()}", "findings": []}
     findings = [
-        {"severity": str(f.get("severity")), "summary": str(f.get("summary")), "id": str(f.get("id"))}
-        for f in data.get("findings", [])
+        {"severity": f.severity.value, "summary": f.summary, "id": f.id}
+        for f in report.findings
+        if not f.severity.passed
     ]
     v = data.get("verdict") or {}
     text = (
@@ -212,7 +213,7 @@ def doctor_verdict() -> dict[str, Any]:
         if isinstance(v, dict)
         else str(v)
     )
-    return {"verdict": text, "findings": [f for f in findings if f["severity"] != "ok"][:20]}
+    return {"verdict": text, "findings": findings[:20]}
 
 
 def collect(
