@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from torchrig.errors import EngineUnavailable, InputError, TorchrigError
-from torchrig.inputfiles import read_json
 
 MAX_BENCH_FILE_BYTES = 64 * 2**20  # a bench report is ~1 MB
 
@@ -171,22 +170,23 @@ def bench_summary(bench_dir: str | None) -> dict[str, Any] | None:
     """The latest bench report in ``bench_dir`` (what ``torchrig bench --out DIR`` wrote), or None."""
     if not bench_dir:
         return None
-    path = Path(bench_dir) / "bench.json"
+    from torchrig.bench import render
+    from torchrig.bench.records import Grade
+    from torchrig.bench.run import read_report
+
     try:
-        data = read_json(path, "bench report", max_bytes=MAX_BENCH_FILE_BYTES)
-        meta = data["measurements"]["meta"]
-        return {
-            "verdict": str(data.get("verdict", "")),
-            "summary": dict(data.get("summary", {})),
-            "date_utc": str(meta.get("date_utc", "")),
-            "command": str(meta.get("command_line", "")),
-            "failed": [f["id"] for f in data.get("findings", []) if f.get("grade") == "fail"][:20],
-            "has_plot": (Path(bench_dir) / "bench.png").is_file(),
-        }
-    except InputError as err:  # a FIFO, a device or a runaway file there: said on the page, never waited on
+        report = read_report(Path(bench_dir) / "bench.json", max_bytes=MAX_BENCH_FILE_BYTES)
+    except InputError as err:  # missing, a FIFO, a device, a runaway file, not a report: said on the page
         return {"verdict": f"no readable bench report: {err.one_line()}", "summary": {}, "has_plot": False}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {"verdict": f"no readable bench report in {bench_dir}", "summary": {}, "has_plot": False}
+    meta = report.measurements.meta
+    return {
+        "verdict": render.verdict(report.counts, report.measurements),
+        "summary": report.counts,
+        "date_utc": meta.date_utc,
+        "command": meta.command_line,
+        "failed": [f.id for f in report.findings if f.grade is Grade.FAIL][:20],
+        "has_plot": (Path(bench_dir) / "bench.png").is_file(),
+    }
 
 
 def doctor_verdict() -> dict[str, Any]:
