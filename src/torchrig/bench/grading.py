@@ -339,9 +339,10 @@ def kb_peaks(m: Measurements, lookup: Callable[[str], Peaks | None] | None = Non
 
 def find_peaks(name: str) -> Peaks | None:
     """The knowledge base's peaks for a GPU name; ``None`` when the GPU or the knowledge base is missing."""
-    try:
-        from torchrig.compat import load_kb
+    from torchrig.compat import load_kb
+    from torchrig.errors import TorchrigError
 
+    try:
         return load_kb().find_gpu(name).peaks
-    except Exception:  # an unknown GPU (InputError) or no knowledge base: grade as unknown
+    except TorchrigError:  # an unknown or ambiguous GPU name, a damaged knowledge base: grade as unknown
         return None
