@@ -9,12 +9,12 @@ environments, read from that environment's secrets inside the container. No othe
 from __future__ import annotations
 
 import os
-import pwd
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig.accounts import account_name
 from torchrig.errors import EngineUnavailable, InputError, TorchrigError
 
 MAX_BENCH_FILE_BYTES = 64 * 2**20  # a bench report is ~1 MB
@@ -30,11 +30,7 @@ class Viewer:
     @classmethod
     def current(cls) -> Viewer:
         uid = os.getuid()
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-        return cls(uid, name)
+        return cls(uid, account_name(uid) or str(uid))
 
 
 def _owned(env: Any, viewer: Viewer) -> bool:
@@ -48,9 +44,9 @@ def _user_of(pid: int) -> str | None:
     """The owner of a process (host pid namespace), from /proc; None when it is not visible from here."""
     try:
         uid = Path(f"/proc/{pid}").stat().st_uid
-        return pwd.getpwuid(uid).pw_name
-    except (OSError, KeyError):
+    except OSError:
         return None
+    return account_name(uid)
 
 
 def _readings(temperature_c: int | None, power_w: float | None, processes: Any) -> dict[str, Any]:
