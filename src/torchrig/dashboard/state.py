@@ -40,15 +40,6 @@ def _owned(env: Any, viewer: Viewer) -> bool:
     return bool(env.user == viewer.name)
 
 
-def _user_of(pid: int) -> str | None:
-    """The owner of a process (host pid namespace), from /proc; None when it is not visible from here."""
-    try:
-        uid = Path(f"/proc/{pid}").stat().st_uid
-    except OSError:
-        return None
-    return account_name(uid)
-
-
 def _readings(temperature_c: int | None, power_w: float | None, processes: Any) -> dict[str, Any]:
     """One GPU's row readings; ``processes`` are GpuProcess records or (pid, user, memory MiB, name)."""
     rows = [p if isinstance(p, tuple) else (p.pid, p.user, p.used_memory_mib, p.name) for p in processes]
@@ -65,6 +56,7 @@ def live_readings(inv: Any) -> dict[int, dict[str, Any]]:
     when NVML cannot start."""
     if not str(inv.source).startswith("nvml"):
         return {g.index: _readings(g.temperature_c, g.power_draw_w, g.processes) for g in inv.gpus}
+    from torchrig.doctor.probes.processes import user_of
     from torchrig.hw import nvml as hw
 
     out: dict[int, dict[str, Any]] = {}
@@ -72,7 +64,7 @@ def live_readings(inv: Any) -> dict[int, dict[str, Any]]:
         with hw.session() as nv:
             for g in inv.gpus:
                 now, health = nv.sensors(g.index), nv.health(g.index)
-                procs = [(p.pid, _user_of(p.pid), p.used_memory_mib, p.name) for p in health.processes]
+                procs = [(p.pid, user_of(p.pid), p.used_memory_mib, p.name) for p in health.processes]
                 out[g.index] = _readings(now.temperature_c, now.power_draw_w, procs)
     except hw.NvmlError:
         return {}
