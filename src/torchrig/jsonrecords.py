@@ -1,5 +1,5 @@
 """The one way JSON becomes typed records: :func:`structure` reads parsed JSON into a frozen dataclass (nested
-records, tuples, enums, ``X | None``, string tables) through cattrs, and a value of the wrong shape is one
+records, tuples, enums, ``X | None``, ``int | float``, string tables) through cattrs, and a value of the wrong shape is one
 :class:`RecordError` naming where it is (``bench.json.meta.world_size: expected int, got '2'``).
 
 The files themselves are read by :mod:`torchrig.inputfiles` alone (bounded size and depth, UTF-8, no NaN, a
@@ -112,6 +112,20 @@ def _str(value: Any, tp: Any) -> str:
     if not isinstance(value, str):
         raise _expected("a string", value)
     return value if tp is str else _enum(value, tp)  # a str-valued enum (its value checked)
+
+
+def _is_number(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {
+        int,
+        float,
+    }
+
+
+def _number(value: Any, _: Any) -> int | float:
+    """``int | float``: a JSON number as written (an integer stays one), with the rules of each."""
+    return (
+        _int(value, int) if isinstance(value, int) and not isinstance(value, bool) else _float(value, float)
+    )
 
 
 def _bool(value: Any, _: Any) -> bool:
@@ -236,6 +250,7 @@ def _converter(unknown: tuple[tuple[type, Any], ...] | None) -> Any:
     for tp, hook in ((int, _int), (float, _float), (str, _str), (bool, _bool), (enum.Enum, _enum)):
         conv.register_structure_hook(tp, hook)
     conv.register_structure_hook_func(lambda t: t is Any or t is object, lambda v, _: v)
+    conv.register_structure_hook_func(_is_number, _number)
     conv.register_structure_hook_factory(_is_sequence, lambda tp: _sequence_hook(conv, tp))
     conv.register_structure_hook_factory(_is_mapping, lambda tp: _mapping_hook(conv, tp))
     table = dict(unknown) if unknown is not None else None

@@ -19,6 +19,7 @@ import os
 import stat
 from pathlib import Path
 
+from torchrig.accounts import account_name
 from torchrig.errors import InputError
 
 
@@ -27,12 +28,7 @@ class UnsafePath(InputError):
 
 
 def _who(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"UID {uid}"
+    return account_name(uid) or f"UID {uid}"
 
 
 def refuse_link(path: Path, st: os.stat_result) -> None:

@@ -305,3 +305,36 @@ def test_pageable_is_informational_against_the_pinned_copy_and_never_fails():
     assert page.fraction == pytest.approx(0.5 / 55.3) and page.message.startswith("1% of the pinned copy")
     assert summary(list(fs.values()))["info"] == 1
     assert BenchReport(m, tuple(fs.values())).exit_code == 0
+
+
+def test_a_damaged_thresholds_file_is_one_line_naming_the_key(monkeypatch):
+    """thresholds.toml is read as every data file torchrig ships (torchrig.data.packaged) into records."""
+    import torchrig.data
+    from torchrig.errors import InputError
+
+    assert load_thresholds()["gemm"].pass_at > load_thresholds()["gemm"].warn_at
+    monkeypatch.setattr(torchrig.data, "packaged", lambda pkg, path: {"threshold": [{"metric": "gemm"}]})
+    with pytest.raises(InputError, match=r"thresholds.toml.threshold\[0\].pass_at: missing") as e:
+        load_thresholds()
+    assert "\n" not in e.value.one_line() and e.value.exit_code == 2
+
+
+def test_peaks_unknown_to_the_knowledge_base_are_unknown_and_a_bug_is_not_hidden(monkeypatch):
+    """bench's grading and the trainer's MFU catch the knowledge base's own refusals (TorchrigError: an unknown
+    GPU, a damaged data file) and nothing else: a bug in the lookup reaches the one exit-3 handler."""
+    import torchrig.compat
+    from torchrig.bench.grading import find_peaks
+    from torchrig.train.metrics import peak_tflops
+
+    assert find_peaks("NVIDIA H200") is not None and find_peaks("Foo GPU 9000") is None
+    value, source = peak_tflops("Foo GPU 9000", "bf16", None)
+    assert value is None and source == "unknown (unknown GPU 'Foo GPU 9000'; give --peak-tflops)"
+
+    def broken():
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(torchrig.compat, "load_kb", broken)
+    with pytest.raises(RuntimeError):
+        find_peaks("NVIDIA H200")
+    with pytest.raises(RuntimeError):
+        peak_tflops("NVIDIA H200", "bf16", None)

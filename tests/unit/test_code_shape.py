@@ -1,10 +1,13 @@
-"""The shape of the code: no function over 60 lines and no module over 600 in launch/ and train/ (a longer one
-is asking to be split by the questions it answers; docs/design.md)."""
+"""The shape of the code: no function over 60 lines, none at radon's cyclomatic grade D or worse, and no module
+over 600 lines in launch/ and train/ (a longer or more tangled one is asking to be split by the questions it
+answers; docs/design.md)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "torchrig"
 MAX_FUNCTION_LINES = 60
@@ -52,3 +55,36 @@ def test_launch_has_no_long_function_or_module():
 
 def test_train_has_no_long_function_or_module():
     assert too_long("train") == []
+
+
+MAX_GRADE = "C"  # radon's cyclomatic-complexity grades: A (1-5) ... C (11-20), D (21-30) and worse
+
+
+def too_complex(package: str, root: Path = SRC) -> list[str]:
+    """Every function and method under ``root/<package>`` whose radon grade is worse than ``MAX_GRADE`` (the
+    grade ``radon cc -s -n D`` lists)."""
+    from radon.complexity import cc_rank, cc_visit
+
+    found = []
+    for path in sorted((root / package).rglob("*.py")):
+        for block in cc_visit(path.read_text()):
+            if cc_rank(block.complexity) > MAX_GRADE:
+                found.append(
+                    f"{path.relative_to(root)}: {block.fullname} {cc_rank(block.complexity)} ({block.complexity})"
+                )
+    return found
+
+
+def test_the_grader_sees_a_tangled_function(tmp_path):
+    pytest.importorskip("radon", reason="radon is in the dev extra")
+    (tmp_path / "demo").mkdir()
+    branches = "\n".join(f"    if x == {i}:\n        return {i}" for i in range(21))
+    (tmp_path / "demo" / "tangled.py").write_text(f"def f(x):\n{branches}\n    return -1\n")
+    assert too_complex("demo", tmp_path) == ["demo/tangled.py: f D (22)"]
+
+
+@pytest.mark.parametrize("package", ["launch", "train"])
+def test_no_function_is_graded_d_or_worse(package):
+    """The failure summary and the trainer stay split by the question each part answers (docs/design.md)."""
+    pytest.importorskip("radon", reason="radon is in the dev extra")
+    assert too_complex(package) == []

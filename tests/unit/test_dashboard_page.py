@@ -4,6 +4,7 @@ bench report that is not one is said so, not crashed on."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from torchrig.dashboard import page, state
 
@@ -73,4 +74,45 @@ def test_a_bench_folder_without_a_report(tmp_path):
     (tmp_path / "bench.json").write_text(
         json.dumps({"measurements": {"meta": {"date_utc": "d"}}, "verdict": "ok"})
     )
-    assert state.bench_summary(str(tmp_path))["verdict"] == "ok"
+    assert "no readable bench report" in state.bench_summary(str(tmp_path))["verdict"]
+
+
+def test_the_bench_panel_reads_the_report_bench_wrote(tmp_path):
+    """bench.json is read back as the report it was (bench.run.read_report, through jsonrecords): the panel
+    shows its verdict and counts, the figures that failed by their grade, and a damaged one names its key."""
+    from torchrig.bench import render
+    from torchrig.bench.records import Grade, GradedFigure, measurements_from_json
+    from torchrig.bench.run import BenchReport, build_report
+    from torchrig.report import dump_json
+
+    fixture = Path(__file__).parents[1] / "fixtures/bench/cpu-gloo-2proc-torch2.13.json"
+    m = measurements_from_json(json.loads(fixture.read_text()))
+    written = build_report(m, {}, str(tmp_path), plots=False)
+    got = state.bench_summary(str(tmp_path))
+    assert got is not None and got["verdict"] == render.verdict(written.counts, m)
+    assert (got["summary"], got["date_utc"], got["failed"]) == (written.counts, m.meta.date_utc, [])
+    slow = GradedFigure("gemm.bf16.rank0", "GEMM", 1.0, "TFLOP/s", 100.0, "peak", 0.01, Grade.FAIL)
+    (tmp_path / "bench.json").write_text(dump_json("bench", BenchReport(m, (*written.findings, slow))))
+    assert state.bench_summary(str(tmp_path))["failed"] == ["gemm.bf16.rank0"]
+    data = json.loads((tmp_path / "bench.json").read_text())
+    data["findings"][-1]["grade"] = "great"
+    (tmp_path / "bench.json").write_text(json.dumps(data))
+    assert "bench.json.findings[" in state.bench_summary(str(tmp_path))["verdict"]
+
+
+def test_the_doctor_panel_leaves_out_passed_checks_by_their_rank(monkeypatch):
+    """The panel keeps every finding that did not pass (Severity.passed: ranks, not words), in doctor's order."""
+    import torchrig.doctor
+    import torchrig.doctor.probes
+    from torchrig.dashboard.state import doctor_verdict
+    from torchrig.doctor.facts import load_facts
+    from torchrig.doctor.report import DoctorReport
+    from torchrig.findings import Finding, Severity
+
+    facts = load_facts(Path(__file__).parents[1] / "fixtures/doctor/container-without-gpus-h200.json")
+    found = tuple(Finding(f"x.{s.value}", s, f"{s.value} summary") for s in Severity)
+    monkeypatch.setattr(torchrig.doctor.probes, "collect", lambda options: facts)
+    monkeypatch.setattr(torchrig.doctor, "diagnose", lambda facts, areas: DoctorReport(facts, found, 1.0))
+    got = doctor_verdict()["findings"]
+    assert [f["id"] for f in got] == ["x.info", "x.caveat", "x.warning", "x.fail", "x.error"]
+    assert got[-1] == {"severity": "error", "summary": "error summary", "id": "x.error"}

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from torchrig.doctor import fixes
 from torchrig.doctor.facts import ProbeStatus
 from torchrig.doctor.probes import _assemble, _run_all
@@ -158,3 +160,36 @@ def test_a_uvm_node_of_another_device_or_refused_is_said(monkeypatch, tmp_path):
         kernel.uvm_node_error((DeviceNode(str(tmp_path / "nvidia-uvm"), True),)) == "not a character device"
     )
     assert kernel.uvm_node_error(()) is None  # not listed: nothing to judge (the check says it is missing)
+
+
+def test_a_torch_probe_answer_of_the_wrong_kind_is_a_failed_probe_naming_the_key(tmp_path):
+    """The child's facts line is read as every record is (torchrig.jsonrecords): a value of the wrong kind (an
+    interpreter whose start-up prints its own JSON, a damaged script) is a failed probe that names the key,
+    not a traceback and not a fact taken as given."""
+    with pytest.raises(ValueError, match=r"^torch probe\.devices\[0\]\.index: expected an integer"):
+        _from_child({"status": "ok", "devices": [{"index": "0"}]})
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho \'{"status": "ok", "is_available": "yes"}\'\n')
+    fake.chmod(0o755)
+    facts = probe_torch(str(fake), timeout_s=30, trace_failures=False)
+    assert facts.status is ProbeStatus.FAILED and facts.error == (
+        "unreadable torch probe output: torch probe.is_available: expected true or false, got a string"
+    )
+
+
+def test_the_nccl_check_answer_is_read_as_a_record():
+    from torchrig.doctor.facts import NcclDeviceCheck
+    from torchrig.doctor.probes.pytorch import _nccl
+
+    line = {"status": "ok", "devices": [{"index": 0, "ok": True, "error": None, "elapsed_ms": 12.5}]}
+    got = _nccl(line | {"env_used": ["NCCL_DEBUG=INFO"]}, 0, "")
+    assert (got.status, got.devices, got.env_used) == (
+        "ok",
+        (NcclDeviceCheck(0, True, None, 12.5),),
+        ("NCCL_DEBUG=INFO",),
+    )
+    bad = _nccl({"devices": [{"index": "0", "ok": True}]}, 0, "")
+    assert (bad.status, bad.error) == (
+        "failed",
+        "unreadable NCCL check output: NCCL check.devices[0].index: expected an integer, got a string",
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 
 import pytest
 from hypothesis import given
@@ -98,3 +99,21 @@ def test_any_json_is_the_record_or_a_record_error(data):
         structure(data, Outer, "o")
     except RecordError as err:
         assert "\n" not in str(err) and str(err).startswith("o")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    values: tuple[int | float, ...]
+
+
+def test_a_number_field_keeps_an_integer_an_integer_and_refuses_what_is_no_number():
+    got = structure({"values": [1665, 1845.5]}, Spread, "s")
+    assert got.values == (1665, 1845.5) and type(got.values[0]) is int
+    for bad, message in (
+        (True, "s.values[0]: expected a number, got a boolean"),
+        ("1", "s.values[0]: expected a number, got a string"),
+        (2**70, "s.values[0]: 1.18e+21 is out of range"),
+        (1e309, "s.values[0]: inf is out of range"),
+    ):
+        with pytest.raises(RecordError, match="^" + re.escape(message)):
+            structure({"values": [bad]}, Spread, "s")

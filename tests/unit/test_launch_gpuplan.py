@@ -295,3 +295,22 @@ def test_the_checks_beside_the_job_start_once_every_rank_is_about_to_run_the_scr
     started.saw("[default0]:torchrig-worker: rank=0 local_rank=0 world_size=2 restart=0 pid=6 host=h\n")
     assert began.wait(5)
     assert [f.severity for f in side.wait()] == [Severity.OK]
+
+
+@pytest.mark.parametrize(
+    "read, write, verdict",
+    [
+        ("ok", "ok", True),
+        ("ok", "not_supported", False),
+        (None, "disabled_by_regkey", False),
+        (None, None, None),
+    ],
+)
+def test_doctor_and_the_placement_judge_a_pair_by_one_rule(read, write, verdict):
+    from torchrig.doctor.checks.gpu import nvml_says
+    from torchrig.hw.nvml_records import NvmlPair
+    from torchrig.hw.record import P2PPair
+    from torchrig.launch.gpuplan import no_p2p
+
+    assert nvml_says(P2PPair(0, 1, read, write, None, None)) is verdict
+    assert no_p2p(NvmlPair(0, 1, read, write, None, None)) is (verdict is False)

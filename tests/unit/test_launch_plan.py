@@ -205,3 +205,21 @@ def test_flight_recorder_size_exported_under_either_name_is_the_users(exported):
         assert not {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"} & set(plan.env)
         fr = [e for e in plan.env_settings if "BUFFER_SIZE" in e.name]
         assert len(fr) == 1 and fr[0].overridden_by_user
+
+
+def test_the_rendezvous_port_check_binds_it_as_the_store_will():
+    """pre-flight's port check asks the same bind as up's port choice (runtime.ports.can_bind): a port a
+    listener holds is an error naming it, the same port free again is ok."""
+    import socket
+
+    from torchrig.findings import Severity
+    from torchrig.launch.preflight import check_port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        plan = build_plan(LaunchRequest(script="t.py", cpu=True, rdzv_endpoint=f"localhost:{port}"), H8)
+        busy = check_port(plan)
+        assert busy.severity is Severity.ERROR and f"rendezvous port {port} is already in use" in busy.summary
+    assert check_port(plan).severity is Severity.OK

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from torchrig.train import gpuwatch
 from torchrig.train.gpuwatch import GpuWatch
+from torchrig.train.record import render_clocks
 
 pynvml = pytest.importorskip("pynvml")
 
@@ -92,15 +92,15 @@ def test_a_gpu_at_its_power_limit_is_reported_held_down_all_the_time(monkeypatch
     w = watch_over(idx, monkeypatch)
     r = w.result(from_step=1)
     clocks = [REC["samples"][i]["nvmlDeviceGetClockInfo_SM"] for i in idx]
-    assert r["sm_clock_mhz"] == [min(clocks), statistics.median(clocks), max(clocks)] == [1665, 1845, 1965]
-    assert r["sm_clock_max_mhz"] == 1980 and r["power_limit_w"] == 700.0
+    assert r.sm_clock_mhz == (min(clocks), statistics.median(clocks), max(clocks)) == (1665, 1845, 1965)
+    assert r.sm_clock_max_mhz == 1980 and r.power_limit_w == 700.0
     temps = [REC["samples"][i]["nvmlDeviceGetTemperature"] for i in idx]
-    assert r["temperature_c"] == [min(temps), statistics.median(temps), max(temps)]
-    assert r["temperature_c"][2] > r["temperature_c"][0]  # the GPU warmed up while it trained
-    assert r["power_capped_share"] == 1.0  # NVML counted 13.0719 s held down in 13.0714 s
-    assert r["thermal_capped_share"] == 0.0
-    assert r["samples"] == len(idx)
-    line = gpuwatch.render([r])
+    assert r.temperature_c == (min(temps), statistics.median(temps), max(temps))
+    assert r.temperature_c[2] > r.temperature_c[0]  # the GPU warmed up while it trained
+    assert r.power_capped_share == 1.0  # NVML counted 13.0719 s held down in 13.0714 s
+    assert r.thermal_capped_share == 0.0
+    assert r.samples == len(idx)
+    line = render_clocks([r])
     assert line is not None
     assert "rank 0 clocks held down (power 100% of the time), SM 1665-1965 MHz of 1980 MHz" in line
     w.close()
@@ -110,18 +110,18 @@ def test_the_window_starts_at_from_step(monkeypatch):
     idx = busy()
     w = watch_over(idx, monkeypatch)
     r = w.result(from_step=11)
-    assert r["samples"] == len(idx) - 10
+    assert r.samples == len(idx) - 10
     clocks = [REC["samples"][i]["nvmlDeviceGetClockInfo_SM"] for i in idx[10:]]
-    assert r["sm_clock_mhz"][0] == min(clocks)
+    assert r.sm_clock_mhz[0] == min(clocks)
 
 
 def test_an_idle_gpu_is_not_held_down_and_gets_no_line(monkeypatch):
     idle = list(range(0, 8))  # before the training started: 121 W
     assert all(REC["samples"][i]["nvmlDeviceGetPowerUsage"] < 200_000 for i in idle)
     r = watch_over(idle, monkeypatch).result()
-    assert r["power_capped_share"] == 0.0 and r["thermal_capped_share"] == 0.0
-    assert gpuwatch.render([r]) is None
-    assert gpuwatch.render([None, None]) is None
+    assert r.power_capped_share == 0.0 and r.thermal_capped_share == 0.0
+    assert render_clocks([r]) is None
+    assert render_clocks([None, None]) is None
 
 
 def test_no_watch_on_a_cpu_rank_or_without_nvml(monkeypatch):

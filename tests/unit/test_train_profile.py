@@ -8,8 +8,10 @@ import json
 import pytest
 
 from torchrig.errors import UsageError
+from torchrig.hw.record import to_json
 from torchrig.train.config import TrainConfig
 from torchrig.train.profile import breakdown, is_comm_kernel, kernel_groups, read_trace
+from torchrig.train.record import ProfileSummary
 
 
 def k(name, ts, dur, cat="kernel"):
@@ -40,19 +42,20 @@ def test_breakdown_splits_compute_hidden_and_exposed_comm_and_idle():
         {"ph": "i", "cat": "kernel", "name": "marker", "ts": 10},
     ]
     b = breakdown(events, steps=2, wall_s=0.002)
-    assert b["step_ms"] == 1.0
-    assert b["compute_ms"] == pytest.approx(1.6 / 2)  # (900 + 100 + 600) us over 2 steps
-    assert b["comm_ms"] == pytest.approx(0.4 / 2)
-    assert b["comm_overlapped_ms"] == pytest.approx(0.2 / 2)
-    assert b["comm_exposed_ms"] == pytest.approx(0.2 / 2)
+    assert b.step_ms == 1.0
+    assert b.compute_ms == pytest.approx(1.6 / 2)  # (900 + 100 + 600) us over 2 steps
+    assert b.comm_ms == pytest.approx(0.4 / 2)
+    assert b.comm_overlapped_ms == pytest.approx(0.2 / 2)
+    assert b.comm_exposed_ms == pytest.approx(0.2 / 2)
     busy = 1.6 + 0.2  # compute union + exposed comm, in ms, over the 2 steps
-    assert b["idle_ms"] == pytest.approx((2.0 - busy) / 2)
-    assert b["device_events"] == 6 and b["comm_kernels"] == 2
+    assert b.idle_ms == pytest.approx((2.0 - busy) / 2)
+    assert b.device_events == 6 and b.comm_kernels == 2
 
 
 def test_no_device_events_gives_the_step_time_alone():
     b = breakdown([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9}], steps=3, wall_s=0.03)
-    assert b == {"steps": 3, "step_ms": 10.0, "device_events": 0}
+    assert b == ProfileSummary(steps=3, step_ms=10.0, device_events=0)
+    assert to_json(b) == {"steps": 3, "step_ms": 10.0, "device_events": 0}  # what a CPU run wrote
 
 
 def test_read_trace_takes_plain_and_gzipped_chrome_traces(tmp_path):
@@ -101,7 +104,7 @@ def test_breakdown_of_recorded_h200_traces(fixture, expected):
     with gzip.open(path, "rt") as f:
         meta = json.load(f)["torchrig"]
     b = breakdown(read_trace(path), meta["steps"], meta["wall_s"])
-    assert {k: b[k] for k in expected} == expected
+    assert {k: getattr(b, k) for k in expected} == expected
 
 
 def test_kernel_groups_sort_kernels_into_parts_of_the_model():
@@ -120,7 +123,7 @@ def test_kernel_groups_sort_kernels_into_parts_of_the_model():
         k("some_cpu_op", 0, 999, cat="cpu_op"),
     ]
     g = kernel_groups(ev, steps=2, top=2)
-    assert g["groups_ms"] == {
+    assert g.groups_ms == {
         "matmul": 0.2,
         "attention": 0.1,
         "loss (softmax, NLL)": 0.05,
@@ -129,7 +132,7 @@ def test_kernel_groups_sort_kernels_into_parts_of_the_model():
         "nccl": 0.01,
         "copy, fill": 0.005,
     }
-    assert [n for n, _ in g["top_kernels_ms"]] == [ev[0]["name"], ev[1]["name"]]
+    assert [n for n, _ in g.top_kernels_ms] == [ev[0]["name"], ev[1]["name"]]
 
 
 def test_kernel_groups_of_the_recorded_h200_trace():
@@ -138,7 +141,7 @@ def test_kernel_groups_of_the_recorded_h200_trace():
     from pathlib import Path
 
     path = Path(__file__).parents[1] / "fixtures" / "train" / "h200x1-profile-kernels.json.gz"
-    g = kernel_groups(read_trace(path), 5)["groups_ms"]
+    g = kernel_groups(read_trace(path), 5).groups_ms
     assert (g["matmul"], g["attention"], g["loss (softmax, NLL)"], g["optimizer"]) == (
         17.202,
         3.952,

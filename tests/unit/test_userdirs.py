@@ -55,3 +55,18 @@ def test_no_other_module_computes_these_folders():
         if p.name != "userdirs.py" and by_hand.search(p.read_text(encoding="utf-8"))
     }
     assert found <= NOT_YET, sorted(found - NOT_YET)
+
+
+def test_one_reading_of_an_account_name():
+    """torchrig.accounts: a user ID's name, None for an ID this host has no account for (each caller says
+    what stands in its place); the ledger, the state-folder checks and doctor's process owner read it."""
+    import os
+
+    from torchrig.accounts import account_name
+    from torchrig.doctor.probes.processes import user_of
+    from torchrig.runtime.ledger import user_name
+
+    assert account_name(0) == "root" and user_name(0) == "root"
+    unused = next(u for u in range(4_000_000_000, 4_000_001_000) if account_name(u) is None)
+    assert user_name(unused) == str(unused)
+    assert user_of(os.getpid()) == account_name(os.getuid())

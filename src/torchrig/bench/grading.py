@@ -10,19 +10,12 @@ both directions together, so one direction is half.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Mapping
-from importlib import resources
 from typing import Any, Protocol
 
 from torchrig.bench.busbw import format_size
 from torchrig.bench.config import GEMM_DTYPES
 from torchrig.bench.records import Grade, GradedFigure, Measurements
-
-if sys.version_info >= (3, 11):
-    import tomllib as _toml
-else:  # pragma: no cover - Python 3.10
-    import tomli as _toml
 
 DOCTOR = "run 'torchrig doctor' to check links, clocks and the PCIe width"
 PAGEABLE_NOTE = (
@@ -61,10 +54,24 @@ class Threshold:
     why: str
 
 
+@dataclasses.dataclass(frozen=True)
+class _ThresholdsFile:
+    threshold: tuple[Threshold, ...]
+
+
 def load_thresholds() -> dict[str, Threshold]:
-    text = resources.files("torchrig.bench").joinpath("thresholds.toml").read_text()  # raw-read: package data
-    rows = _toml.loads(text)["threshold"]
-    return {r["metric"]: Threshold(**r) for r in rows}
+    """``thresholds.toml``, read as torchrig's data files are (``torchrig.data.packaged``) into records; a
+    damaged file is one line naming it."""
+    from torchrig.data import packaged
+    from torchrig.errors import InputError
+    from torchrig.jsonrecords import RecordError, structure
+
+    where = "torchrig/bench/thresholds.toml"
+    try:
+        rows = structure(packaged("torchrig.bench", "thresholds.toml"), _ThresholdsFile, where).threshold
+    except RecordError as err:
+        raise InputError(f"torchrig's data file {err}", hint="reinstall torchrig") from None
+    return {r.metric: r for r in rows}
 
 
 def grade_fraction(fraction: float, threshold: Threshold) -> Grade:
@@ -332,9 +339,10 @@ def kb_peaks(m: Measurements, lookup: Callable[[str], Peaks | None] | None = Non
 
 def find_peaks(name: str) -> Peaks | None:
     """The knowledge base's peaks for a GPU name; ``None`` when the GPU or the knowledge base is missing."""
-    try:
-        from torchrig.compat import load_kb
+    from torchrig.compat import load_kb
+    from torchrig.errors import TorchrigError
 
+    try:
         return load_kb().find_gpu(name).peaks
-    except Exception:  # an unknown GPU (InputError) or no knowledge base: grade as unknown
+    except TorchrigError:  # an unknown or ambiguous GPU name, a damaged knowledge base: grade as unknown
         return None

@@ -105,6 +105,34 @@ class ProgressDisplay:
         self._bar.update(self._task, completed=done, description=label)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ReportFile:
+    """``bench.json`` as :meth:`BenchReport.to_json` writes it (under ``dump_json``'s header); its summary and
+    verdict are derived from the findings again when read back."""
+
+    findings: tuple[GradedFigure, ...]
+    measurements: Any  # read by measurements_from_json, which checks its schema_version
+    files: tuple[str, ...] = ()
+
+
+def read_report(path: str | pathlib.Path, *, max_bytes: int) -> BenchReport:
+    """A ``bench.json`` that ``torchrig bench --out DIR`` wrote, as the report it was (the dashboard's bench
+    panel); an :class:`~torchrig.errors.InputError` of one line naming the file, and the key that does not fit."""
+    from torchrig.bench.records import measurements_from_json
+    from torchrig.errors import InputError
+    from torchrig.inputfiles import read_json
+    from torchrig.jsonrecords import RecordError, structure
+
+    data = read_json(path, "bench report", max_bytes=max_bytes)  # bounded: a FIFO or /dev/zero never waits
+    try:
+        doc = structure(data, _ReportFile, "bench.json")
+        return BenchReport(measurements_from_json(doc.measurements), doc.findings, doc.files)
+    except RecordError as err:
+        raise InputError(
+            f"{path} is not a torchrig bench report ({err})", hint="run 'torchrig bench --out DIR' again"
+        ) from None
+
+
 def load_measurements(path: str) -> Measurements:
     """Measurements from a worker file or a ``--json`` / ``bench.json`` report (its ``measurements`` key)."""
     from torchrig.bench.records import measurements_from_json

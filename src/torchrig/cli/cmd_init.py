@@ -116,14 +116,8 @@ def render_spec(args: argparse.Namespace, target: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> SimpleReport:
-    import sys
-
     from torchrig.image.spec import parse_spec
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    from torchrig.inputfiles import loads_toml
 
     for option, values in (
         ("--torch", [args.torch]),
@@ -150,7 +144,8 @@ def run(args: argparse.Namespace) -> SimpleReport:
         # The image is a Linux container: x86_64 wheels under WSL 2 or Docker Desktop on Windows.
         target = dataclasses.replace(target, why=f"{target.why}; host platform {plat.label}")
     text = render_spec(args, target)
-    parse_spec(tomllib.loads(text), str(path))  # what we write must be valid (bad --torch etc. fail here)
+    # what we write must be valid (bad --torch etc. fail here)
+    parse_spec(loads_toml(text, "the spec", str(path)), str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

@@ -11,9 +11,7 @@ JobSet's admission webhook that need no cluster (generated names, success-policy
 
 from __future__ import annotations
 
-import json
 import re
-from importlib import resources
 from typing import Any
 
 from torchrig.errors import EngineUnavailable, JobFailed
@@ -40,16 +38,18 @@ def _celpy() -> Any:
 
 
 def _pytorchjob_schema() -> dict[str, Any]:
-    schema = resources.files("torchrig.cluster").joinpath("schemas/pytorchjob-kubeflow-v1.json")
-    text = schema.read_text()  # raw-read: package data
-    return json.loads(text)
+    from torchrig.data import packaged
+
+    schema: dict[str, Any] = packaged("torchrig.cluster", "schemas/pytorchjob-kubeflow-v1.json")
+    return schema
 
 
 def jobset_crd() -> dict[str, Any]:
     """The JobSet CRD's extract: ``group``, ``version``, ``kind``, ``source`` and its ``openAPIV3Schema``."""
-    schema = resources.files("torchrig.cluster").joinpath("schemas/jobset-x-k8s-io-v1alpha2.json")
-    text = schema.read_text()  # raw-read: package data
-    return json.loads(text)
+    from torchrig.data import packaged
+
+    crd: dict[str, Any] = packaged("torchrig.cluster", "schemas/jobset-x-k8s-io-v1alpha2.json")
+    return crd
 
 
 def strict(schema: Any) -> Any:

@@ -26,13 +26,14 @@ if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
 
 _NUM = r"(?:0|[1-9]\d*)"
-_DRIVER_RE = re.compile(r"\d{2,4}(?:\.\d{1,3}){0,2}")
+# the grammars of a driver version, a release and a Python version; the image spec checks its keys with them too
+DRIVER_RE = re.compile(r"\d{2,4}(?:\.\d{1,3}){0,2}")
 _CUDA_RE = re.compile(rf"{_NUM}\.{_NUM}(?:\.{_NUM})?")
-_RELEASE_RE = re.compile(rf"{_NUM}\.{_NUM}(?:\.{_NUM})?")
+RELEASE_RE = re.compile(rf"{_NUM}\.{_NUM}(?:\.{_NUM})?")
 _VARIANT_RE = re.compile(r"cpu|cu\d{2,4}|rocm\d+(?:\.\d+){0,2}|xpu")
 _CC_RE = re.compile(r"(\d{1,2})\.(\d)")
 _ARCH_RE = re.compile(r"(sm|compute)_(\d{1,2})(\d)([af]?)")
-_PYTHON_RE = re.compile(r"3\.\d{1,2}")
+PYTHON_RE = re.compile(r"3\.\d{1,2}")
 _SPEC_RE = re.compile(r"(~=|==|!=|<=|>=|<|>)?\s*(\d+(?:\.\d+){0,2})(\.\*)?")
 
 
@@ -45,7 +46,7 @@ def _strict(text: object, what: str) -> str:
 def parse_driver(text: str) -> tuple[int, ...]:
     """An NVIDIA driver version ``BRANCH[.MINOR[.PATCH]]`` as a tuple of ints (``"535.104.05"`` -> ``(535, 104, 5)``)."""
     t = _strict(text, "driver version")
-    if not _DRIVER_RE.fullmatch(t):
+    if not DRIVER_RE.fullmatch(t):
         raise UsageError(
             f"malformed driver version {t!r}", hint="expected e.g. 535.104.05 or 570.86 (nvidia-smi shows it)"
         )
@@ -74,7 +75,7 @@ def cuda_major_minor(text: str) -> str:
 def parse_release(text: str) -> tuple[int, ...]:
     """A torch release ``MAJOR.MINOR[.PATCH]`` as a tuple of ints; a missing patch counts as 0."""
     t = _strict(text, "torch version")
-    if not _RELEASE_RE.fullmatch(t):
+    if not RELEASE_RE.fullmatch(t):
         raise UsageError(
             f"malformed torch version {t!r}", hint="expected e.g. 2.8.0, 2.8.0+cu126 or 2.8.0+cpu"
         )
@@ -208,7 +209,7 @@ def parse_python(text: str) -> str:
     """A CPython version ``3.X`` (``"3.12.4"`` is accepted and reduced to ``"3.12"``)."""
     t = _strict(text, "Python version")
     short = ".".join(t.split(".")[:2])
-    if not _PYTHON_RE.fullmatch(short) or not re.fullmatch(r"3\.\d{1,2}(\.\d{1,3})?", t):
+    if not PYTHON_RE.fullmatch(short) or not re.fullmatch(r"3\.\d{1,2}(\.\d{1,3})?", t):
         raise UsageError(f"malformed Python version {t!r}", hint="expected 3.X, e.g. 3.12")
     return short
 

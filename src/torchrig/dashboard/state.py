@@ -9,14 +9,13 @@ environments, read from that environment's secrets inside the container. No othe
 from __future__ import annotations
 
 import os
-import pwd
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchrig.accounts import account_name
 from torchrig.errors import EngineUnavailable, InputError, TorchrigError
-from torchrig.inputfiles import read_json
 
 MAX_BENCH_FILE_BYTES = 64 * 2**20  # a bench report is ~1 MB
 
@@ -31,11 +30,7 @@ class Viewer:
     @classmethod
     def current(cls) -> Viewer:
         uid = os.getuid()
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-        return cls(uid, name)
+        return cls(uid, account_name(uid) or str(uid))
 
 
 def _owned(env: Any, viewer: Viewer) -> bool:
@@ -43,15 +38,6 @@ def _owned(env: Any, viewer: Viewer) -> bool:
     if callable(owned_by):  # the environment records its owner's uid
         return bool(owned_by(viewer.uid))
     return bool(env.user == viewer.name)
-
-
-def _user_of(pid: int) -> str | None:
-    """The owner of a process (host pid namespace), from /proc; None when it is not visible from here."""
-    try:
-        uid = Path(f"/proc/{pid}").stat().st_uid
-        return pwd.getpwuid(uid).pw_name
-    except (OSError, KeyError):
-        return None
 
 
 def _readings(temperature_c: int | None, power_w: float | None, processes: Any) -> dict[str, Any]:
@@ -70,6 +56,7 @@ def live_readings(inv: Any) -> dict[int, dict[str, Any]]:
     when NVML cannot start."""
     if not str(inv.source).startswith("nvml"):
         return {g.index: _readings(g.temperature_c, g.power_draw_w, g.processes) for g in inv.gpus}
+    from torchrig.doctor.probes.processes import user_of
     from torchrig.hw import nvml as hw
 
     out: dict[int, dict[str, Any]] = {}
@@ -77,7 +64,7 @@ def live_readings(inv: Any) -> dict[int, dict[str, Any]]:
         with hw.session() as nv:
             for g in inv.gpus:
                 now, health = nv.sensors(g.index), nv.health(g.index)
-                procs = [(p.pid, _user_of(p.pid), p.used_memory_mib, p.name) for p in health.processes]
+                procs = [(p.pid, user_of(p.pid), p.used_memory_mib, p.name) for p in health.processes]
                 out[g.index] = _readings(now.temperature_c, now.power_draw_w, procs)
     except hw.NvmlError:
         return {}
@@ -171,22 +158,23 @@ def bench_summary(bench_dir: str | None) -> dict[str, Any] | None:
     """The latest bench report in ``bench_dir`` (what ``torchrig bench --out DIR`` wrote), or None."""
     if not bench_dir:
         return None
-    path = Path(bench_dir) / "bench.json"
+    from torchrig.bench import render
+    from torchrig.bench.records import Grade
+    from torchrig.bench.run import read_report
+
     try:
-        data = read_json(path, "bench report", max_bytes=MAX_BENCH_FILE_BYTES)
-        meta = data["measurements"]["meta"]
-        return {
-            "verdict": str(data.get("verdict", "")),
-            "summary": dict(data.get("summary", {})),
-            "date_utc": str(meta.get("date_utc", "")),
-            "command": str(meta.get("command_line", "")),
-            "failed": [f["id"] for f in data.get("findings", []) if f.get("grade") == "fail"][:20],
-            "has_plot": (Path(bench_dir) / "bench.png").is_file(),
-        }
-    except InputError as err:  # a FIFO, a device or a runaway file there: said on the page, never waited on
+        report = read_report(Path(bench_dir) / "bench.json", max_bytes=MAX_BENCH_FILE_BYTES)
+    except InputError as err:  # missing, a FIFO, a device, a runaway file, not a report: said on the page
         return {"verdict": f"no readable bench report: {err.one_line()}", "summary": {}, "has_plot": False}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {"verdict": f"no readable bench report in {bench_dir}", "summary": {}, "has_plot": False}
+    meta = report.measurements.meta
+    return {
+        "verdict": render.verdict(report.counts, report.measurements),
+        "summary": report.counts,
+        "date_utc": meta.date_utc,
+        "command": meta.command_line,
+        "failed": [f.id for f in report.findings if f.grade is Grade.FAIL][:20],
+        "has_plot": (Path(bench_dir) / "bench.png").is_file(),
+    }
 
 
 def doctor_verdict() -> dict[str, Any]:
@@ -202,8 +190,9 @@ def doctor_verdict() -> dict[str, Any]:
     except TorchrigError as err:
         return {"verdict": f"doctor could not run: {err.one_line()}", "findings": []}
     findings = [
-        {"severity": str(f.get("severity")), "summary": str(f.get("summary")), "id": str(f.get("id"))}
-        for f in data.get("findings", [])
+        {"severity": f.severity.value, "summary": f.summary, "id": f.id}
+        for f in report.findings
+        if not f.severity.passed
     ]
     v = data.get("verdict") or {}
     text = (
@@ -212,7 +201,7 @@ def doctor_verdict() -> dict[str, Any]:
         if isinstance(v, dict)
         else str(v)
     )
-    return {"verdict": text, "findings": [f for f in findings if f["severity"] != "ok"][:20]}
+    return {"verdict": text, "findings": findings[:20]}
 
 
 def collect(

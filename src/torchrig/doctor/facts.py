@@ -14,6 +14,7 @@ that every area reads; they live in :mod:`torchrig.hw.record`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,16 @@ class PciDevice:
     bus_id: str  # "0000:18:00.0"
     device_id: str  # "0x2335"
     class_code: str  # "0x030200"
+
+
+_DRIVER_VERSION_RE = re.compile(r"\b(\d{3}\.\d{1,3}(?:\.\d{1,3})?)\b")
+
+
+def driver_version_in(text: str) -> str | None:
+    """The driver version a library's file name (``libcuda.so.580.95.05``) or the kernel module's banner
+    (``NVRM version: ... 580.95.05 ...``) carries; None when it carries none."""
+    m = _DRIVER_VERSION_RE.search(text)
+    return m.group(1) if m else None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchrig.accounts import account_name
 from torchrig.contract import ENV_LABEL_PREFIX
 from torchrig.errors import InputError, UsageError
 from torchrig.hostd import reality
@@ -366,12 +367,7 @@ class HostService:
 
 
 def _name(uid: int | None) -> str:
-    if uid is None:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return "?" if uid is None else account_name(uid) or str(uid)
 
 
 def _owner(uid: int | None) -> str:

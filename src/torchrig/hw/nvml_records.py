@@ -30,6 +30,16 @@ P2P_STATUS = {
     5: "not_supported",
     6: "unknown",
 }
+
+
+def p2p_verdict(read: str | None, write: str | None) -> bool | None:
+    """NVML's P2P verdict on a GPU pair from the read and write statuses it gave (P2P_STATUS names): True when
+    each it gave is "ok", False when one is not, None when it answered neither. Doctor and the launcher's
+    placement both judge a pair by it."""
+    known = [s for s in (read, write) if s is not None]
+    return all(s == P2P_STATUS[0] for s in known) if known else None
+
+
 TOPOLOGY = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
 FABRIC_STATE = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 

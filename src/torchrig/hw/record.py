@@ -151,12 +151,13 @@ class NvmlFacts:
 
 # ---------------------------------------------------------------- JSON codec
 def to_json(record: Any) -> Any:
-    """A record as JSON-ready data; a field added after the recorded fixtures is written only when known."""
+    """A record as JSON-ready data; a field added after the recorded fixtures, or marked ``when_known``, is
+    written only when known."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         out = {}
         for f in dataclasses.fields(record):
             value = getattr(record, f.name)
-            if f.metadata.get("added_later") and value is None:
+            if (f.metadata.get("added_later") or f.metadata.get("when_known")) and value is None:
                 continue
             out[f.name] = to_json(value)
         return out

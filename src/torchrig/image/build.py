@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from torchrig.errors import EngineUnavailable
 from torchrig.image.buildrecords import (
     LOG_TAIL_LINES,
     BuildFailed,
@@ -36,22 +35,11 @@ _ENGINE_LINE_RE = re.compile(r"^\s*(---> |Removing intermediate container )")
 
 
 def connect() -> Any:
-    """A Docker SDK client talking to the engine, or EngineUnavailable with what to do."""
-    try:
-        import docker
-    except ImportError:
-        raise EngineUnavailable(
-            "the Docker SDK for Python is not installed", hint="pip install 'torchrig[docker]'"
-        ) from None
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except Exception as err:
-        raise EngineUnavailable(
-            f"no Docker engine answers ({type(err).__name__})",
-            hint="start dockerd (or set DOCKER_HOST) and retry",
-        ) from None
-    return client
+    """A Docker SDK client talking to the engine (``runtime.engine.Engine.connect``, the one connection every
+    command makes, with a long timeout for builds), or EngineUnavailable with what to do."""
+    from torchrig.runtime.engine import Engine
+
+    return Engine.connect(timeout_s=600).client
 
 
 def base_reference(client: Any, image: str) -> str | None:

@@ -11,30 +11,22 @@ the allowed values, e.g. ``torchrig.toml: [image] variant = 'dev': allowed: runt
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchrig.compat.versions import DRIVER_RE, PYTHON_RE, RELEASE_RE
 from torchrig.contract import DEFAULT_WORKDIR
 from torchrig.errors import SpecError
 from torchrig.fuzzy import did_you_mean
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 SPEC_SCHEMA_VERSION = 1
 IMAGE_VARIANTS = ("runtime", "devel")
 SERVICES = ("jupyter", "ssh")
 AUTO = "auto"
 
-_VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)?")
-_VARIANT_RE = re.compile(r"cpu|cu\d{2,4}")
-_PYTHON_RE = re.compile(r"3\.\d{1,2}")
-_DRIVER_RE = re.compile(r"\d{2,4}(\.\d{1,3}){0,2}")
+_VARIANT_RE = re.compile(r"cpu|cu\d{2,4}")  # what an image can hold: no ROCm or XPU build
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # Debian's grammar (Debian Policy 5.6.1 Package, 5.6.12 Version): a name of lower-case letters, digits and
 # + - . (two or more, starting alphanumeric); a version [epoch:]upstream[-revision] whose upstream starts with
@@ -202,12 +194,12 @@ _GPU_NAME = _matching(re.compile(r"[A-Za-z0-9 ._()/-]{2,64}"))
 
 SCHEMA: dict[str, dict[str, tuple[str, Check]]] = {
     "torch": {
-        "version": ("a release like '2.8.0', or 'auto'", _matching(_VERSION_RE, auto=True)),
+        "version": ("a release like '2.8.0', or 'auto'", _matching(RELEASE_RE, auto=True)),
         "variant": ("'cpu', a CUDA variant like 'cu128', or 'auto'", _matching(_VARIANT_RE, auto=True)),
         "gpus": ("a list of GPU names, e.g. ['H100', 'RTX 4090']", _list_of(_GPU_NAME)),
-        "min_driver": ("a driver version like '535.104.05'", _matching(_DRIVER_RE)),
+        "min_driver": ("a driver version like '535.104.05'", _matching(DRIVER_RE)),
     },
-    "python": {"version": ("a Python version like '3.11'", _matching(_PYTHON_RE))},
+    "python": {"version": ("a Python version like '3.11'", _matching(PYTHON_RE))},
     "packages": {
         "pip": ("a list of pip requirements, e.g. ['transformers==4.46.0']", _list_of(pip_requirement)),
         "apt": (

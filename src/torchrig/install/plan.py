@@ -19,7 +19,6 @@ from torchrig.compat.kb import Build, Gpu, KnowledgeBase
 from torchrig.compat.platforms import Platform
 from torchrig.compat.reasons import Verdict
 from torchrig.errors import InputError, UsageError
-from torchrig.findings import Severity
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 INSTALLERS = ("auto", "pip", "uv")
@@ -175,7 +174,7 @@ def choose_build(
         served = served_version(build, listed) if listed is not None else build_pin(build)
         if served is None:
             raise _not_served(build, index, listed)
-        caveats = tuple(r.message for r in reasons if r.severity.rank == Severity.CAVEAT.rank)
+        caveats = tuple(r.message for r in reasons if r.severity.cautions)
         return Choice(build, f"torch=={served}", index, verdict, caveats, why=f"--torch {req.torch}")
     excluded: list[str] = []
     skipped: list[str] = []
@@ -197,7 +196,7 @@ def choose_build(
             if served is None:
                 skipped.append(f"{build.label} from {index or PYPI_SIMPLE}")
                 continue
-            caveats = tuple(r.message for r in res.reasons if r.severity.rank == Severity.CAVEAT.rank)
+            caveats = tuple(r.message for r in res.reasons if r.severity.cautions)
             why = res.why or ""
             if skipped:
                 why = f"the newest build served to this interpreter; not served: {', '.join(skipped)}"
@@ -251,7 +250,7 @@ def _jetson_choice(
         if verdict is Verdict.FAILS:
             first = next(r for r in reasons if r.severity.blocks)
             raise InputError(f"torch {version} from {source.name} fails here: {first.message}")
-        caveats = tuple(r.message for r in reasons if r.severity.rank == Severity.CAVEAT.rank)
+        caveats = tuple(r.message for r in reasons if r.severity.cautions)
         why = f"JetPack {source.jetpack}: PyTorch for the Jetson's GPU comes from {source.name} ({source.source})"
         return Choice(build, f"torch=={version}", index, verdict, caveats, tuple(skipped), why)
     raise InputError(

@@ -268,7 +268,6 @@ def _doctor(python: str) -> DoctorVerdict:
 
     from torchrig.doctor import diagnose
     from torchrig.doctor.probes import ProbeOptions, collect
-    from torchrig.findings import Severity
 
     t0 = time.perf_counter()
     report = diagnose(
@@ -276,8 +275,6 @@ def _doctor(python: str) -> DoctorVerdict:
     )
     line = report.render_text().splitlines()[-1].removeprefix("verdict: ")
     problems = tuple(
-        f"{f.severity.value}: {f.summary} [{f.id}]"
-        for f in report.findings
-        if f.severity in (Severity.ERROR, Severity.WARNING)
+        f"{f.severity.value}: {f.summary} [{f.id}]" for f in report.findings if f.severity.is_problem
     )
     return DoctorVerdict(report.status, report.exit_code, line, problems)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from torchrig.findings import Finding, Severity
-from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair
+from torchrig.hw.nvml_records import NvmlIdentity, NvmlPair, p2p_verdict
 from torchrig.hw.visible import visible_ids, visible_prefix
 from torchrig.launch.plan import GpuProbe, LaunchPlan
 
@@ -68,8 +68,7 @@ def cuda_order(gpus: tuple[NvmlIdentity, ...], env: Mapping[str, str]) -> tuple[
 
 def no_p2p(pair: NvmlPair) -> bool:
     """NVML says this pair has no P2P: a read or write status it gave is not "ok" (doctor reads it alike)."""
-    known = [s for s in (pair.read, pair.write) if s is not None]
-    return bool(known) and any(s != "ok" for s in known)
+    return p2p_verdict(pair.read, pair.write) is False
 
 
 def from_nvml(

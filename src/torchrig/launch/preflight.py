@@ -18,6 +18,7 @@ from torchrig.findings import Finding, Severity  # probe words: ok, warning, err
 from torchrig.launch import probe
 from torchrig.launch.plan import LaunchPlan
 from torchrig.launch.summary import render
+from torchrig.runtime.ports import can_bind
 
 
 def finding_json(f: Finding) -> dict[str, str | None]:
@@ -46,7 +47,7 @@ def check_port(plan: LaunchPlan) -> Finding:
         return Finding(
             "port", Severity.OK, f"rendezvous at {plan.rdzv_host}:{plan.rdzv_port} is hosted by node 0"
         )
-    if probe.port_is_free(plan.rdzv_port):
+    if can_bind("", plan.rdzv_port):  # what the rendezvous store will do on node 0
         return Finding("port", Severity.OK, f"rendezvous port {plan.rdzv_port} is free")
     return Finding(
         "port",

@@ -221,17 +221,6 @@ def leases_now() -> list[Lease] | None:
     return None if found is None else [x for x in found[1] if not stale(x, None, time.time())]
 
 
-def port_is_free(port: int, host: str = "") -> bool:
-    """Can this host bind ``port``? (what the rendezvous store will do on node 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))

@@ -247,10 +247,21 @@ def _closed(r: RankLog) -> bool:
     return signal_name(r.exit_code) == "SIGTERM" and r.closed_by_agent and not stopped_while_exiting(r)
 
 
-def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
-    """Verdict for an attempt where torchrun reported failed ranks."""
+@dataclass(frozen=True)
+class _FailureParties:
+    """Who is who in a failed attempt: the ranks that failed by themselves (culprits) and because of another
+    (victims), each with its own cause (by ``id``), the ranks torchrun stopped after the failure, and the
+    rank(s) whose exit torchrun saw first."""
+
+    culprits: list[RankLog]
+    victims: list[RankLog]
+    stopped: list[RankLog]
+    causes: dict[int, Cause]
+    first: list[RankLog]
+
+
+def _failure_parties(logs: list[RankLog]) -> _FailureParties:
     failed = [r for r in logs if r.exit_code not in (None, 0) and not _closed(r)]
-    stopped = [r for r in logs if _closed(r)]
     causes = {id(r): own_cause(r) for r in failed}
     victims = [r for r in failed if is_victim(causes[id(r)][0])]
     culprits = [r for r in failed if r not in victims]
@@ -262,27 +273,31 @@ def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
     # The rank(s) torchrun saw fail first: those that ended with their own status. torchrun stopped the others
     # because of them, even one that was already exiting with its own error.
     first = [r for r in failed if not stopped_while_exiting(r)] or culprits
-    after = _name(first) if first else None
-    verdicts = [_verdict(r, "culprit", status(r, after), causes[id(r)][0]) for r in culprits]
-    verdicts += [_verdict(r, "victim", status(r, after), causes[id(r)][0]) for r in victims]
-    if culprits:
-        headline, cause, fix = _failed_story(culprits, causes)
-        outside: list[RankLog] = []
-    elif any(causes[id(r)][0].startswith("a collective timed out") for r in victims):
-        outside = [r for r in stopped if not (r.stack and in_collective(r.stack))] or stopped
-        headline, cause, fix = _timeout_story(victims, outside)
-    elif victims:
-        headline, cause, fix = _lost_peer_story(victims)
-        outside = []
-    else:
-        headline, cause, fix = (
-            "the job failed, but no rank reported an error",
-            "unknown",
-            "read the torchrun output above",
-        )
-        outside = []
+    return _FailureParties(culprits, victims, [r for r in logs if _closed(r)], causes, first)
+
+
+def _failure_story(who: _FailureParties) -> tuple[str, str, str, list[RankLog]]:
+    """Headline, cause and fix of a failed attempt, and the stopped ranks that are culprits themselves (those
+    outside the collective the others timed out in)."""
+    if who.culprits:
+        return (*_failed_story(who.culprits, who.causes), [])
+    if any(who.causes[id(r)][0].startswith("a collective timed out") for r in who.victims):
+        outside = [r for r in who.stopped if not (r.stack and in_collective(r.stack))] or who.stopped
+        return (*_timeout_story(who.victims, outside), outside)
+    if who.victims:
+        return (*_lost_peer_story(who.victims), [])
+    return ("the job failed, but no rank reported an error", "unknown", "read the torchrun output above", [])
+
+
+def summarize_failure(logs: list[RankLog], attempt: int) -> FailureSummary:
+    """Verdict for an attempt where torchrun reported failed ranks."""
+    who = _failure_parties(logs)
+    after = _name(who.first) if who.first else None
+    headline, cause, fix, outside = _failure_story(who)
+    verdicts = [_verdict(r, "culprit", status(r, after), who.causes[id(r)][0]) for r in who.culprits]
+    verdicts += [_verdict(r, "victim", status(r, after), who.causes[id(r)][0]) for r in who.victims]
     verdicts += [
-        _verdict(r, "culprit" if r in outside else "bystander", status(r, after), None) for r in stopped
+        _verdict(r, "culprit" if r in outside else "bystander", status(r, after), None) for r in who.stopped
     ]
     return FailureSummary("failed", headline, cause, fix, tuple(sorted(verdicts, key=_order)), attempt)
 

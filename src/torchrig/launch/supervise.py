@@ -23,6 +23,7 @@ from typing import Any
 
 from torchrig.launch import flightrec, guard, logs
 from torchrig.launch.plan import FLIGHT_RECORD_REQUEST, TEE_PREFIX, LaunchPlan
+from torchrig.launch.ranklog import RankLog
 from torchrig.launch.summary import (
     RDZV_TIMEOUT,
     FailureSummary,
@@ -224,22 +225,11 @@ def _stopped_rank(
     """A Stop when a rank has been in process state T (stopped by SIGSTOP/SIGTSTP) for the grace while another
     rank's flight record shows a collective it waits in (or no rank keeps a record to tell)."""
     pids = logs.rank_pids(attempt_dir)
-    states = {pid: logs.process_state(pid) for pid in pids}
-    stopped = {pid for pid, st in states.items() if st in ("T", "t")}
-    for pid in list(since):
-        if pid not in stopped:
-            del since[pid]
-    for pid in stopped:
-        since.setdefault(pid, now)
-    running = [pid for pid, st in states.items() if st not in (None, "T", "t", "Z")]
+    stopped, running = _track_stopped(pids, since, now)
     due = [pid for pid in stopped if now - since[pid] >= plan.stopped_grace_s]
     if not due or not running:  # every rank stopped: the user paused the whole job, not a hang
         return None
-    asked = time.time()
-    _ask_flight_records(log_dir, attempt_dir)
-    _await_flight_records(log_dir, attempt_dir, asked, 0.5, 5.0, expect={pids[p] for p in running})
-    records = flight_records(log_dir, asked)
-    verdict = read_flight_records(records, None) if records else None
+    verdict = _flight_now(log_dir, attempt_dir, expect={pids[p] for p in running})
     for pid in due:
         since[pid] = now  # look again after another grace if the others are not waiting yet
     if verdict is not None and not verdict.waiting:
@@ -256,6 +246,31 @@ def _stopped_rank(
         frozenset(stopped),
         verdict,
     )
+
+
+def _track_stopped(
+    pids: dict[int, int | None], since: dict[int, float], now: float
+) -> tuple[set[int], list[int]]:
+    """The ranks' pids in process state T and those still running; ``since`` (when each stopped pid was first
+    seen stopped) kept up to date: a pid that runs again leaves it."""
+    states = {pid: logs.process_state(pid) for pid in pids}
+    stopped = {pid for pid, st in states.items() if st in ("T", "t")}
+    for pid in list(since):
+        if pid not in stopped:
+            del since[pid]
+    for pid in stopped:
+        since.setdefault(pid, now)
+    return stopped, [pid for pid, st in states.items() if st not in (None, "T", "t", "Z")]
+
+
+def _flight_now(log_dir: Path, attempt_dir: Path, expect: set[int | None]) -> flightrec.FlightVerdict | None:
+    """Ask the running ranks (``expect``) to dump their flight records now and read what they wrote; None when
+    no rank keeps a record."""
+    asked = time.time()
+    _ask_flight_records(log_dir, attempt_dir)
+    _await_flight_records(log_dir, attempt_dir, asked, 0.5, 5.0, expect=expect)
+    records = flight_records(log_dir, asked)
+    return read_flight_records(records, None) if records else None
 
 
 def _request_path(log_dir: Path, attempt_dir: Path) -> Path:
@@ -502,43 +517,65 @@ def _result(
     codes = logs.exit_codes_by_pid(agent_text)
     closed = logs.closed_by_agent(agent_text)
     att = logs.attempts(run_dir) if run_dir else []
-    # A job stopped because the pre-flight beside it failed did nothing wrong itself: the finding is the cause,
-    # not a hang of its ranks (no summary of them, as for a cancelled job).
-    by_preflight = stopped is not None and stopped.by == "preflight"
-    hung = stopped is not None and not by_preflight
+
+    def read(attempt_dir: Path) -> list[RankLog]:
+        return logs.read_attempt(attempt_dir, codes, closed)
+
     rdzv_failed = code != 0 and stopped is None and RDZV_TIMEOUT in agent_text
-    earlier = []
     # After a rendezvous timeout the last attempt's ranks are gone too: its failure is history as well.
-    for a in att if rdzv_failed else att[:-1]:
-        ranks = logs.read_attempt(a, codes, closed)
-        if any(r.exit_code not in (None, 0) for r in ranks):
-            earlier.append(summarize_failure(ranks, int(a.name[8:])))
-    summary = None
+    earlier = _earlier_failures(att if rdzv_failed else att[:-1], read)
+    summary: FailureSummary | None
     if rdzv_failed:
         first = earlier[-1].headline if earlier else None
         summary = rendezvous_timeout(agent_text, plan.nnodes, len(att), first)
-    elif by_preflight:
-        pass
-    elif att and stopped is not None:
-        ranks = [
-            replace(r, state="T") if r.pid in stopped.stopped_pids else r
-            for r in logs.read_attempt(att[-1], codes, closed)
-        ]
-        summary = summarize_hang(
-            ranks,
-            int(att[-1].name[8:]),
-            plan.hang_timeout_s,
-            flight=flight,
-            evidence=_evidence(stopped, flight),
-        )
-    elif att and code != 0:
-        summary = summarize_failure(logs.read_attempt(att[-1], codes, closed), int(att[-1].name[8:]))
+    else:
+        summary = _last_summary(plan, att[-1] if att else None, code, stopped, flight, read)
     return LaunchResult(
         exit_code=1 if stopped is not None and code == 0 else code,
         attempts=len(att),
-        hung=hung,
+        # a job stopped because the pre-flight beside it failed did not hang
+        hung=stopped is not None and stopped.by != "preflight",
         elapsed_s=round(elapsed_s, 2),
         run_dir=str(run_dir) if run_dir else None,
         summary=summary,
         earlier_failures=tuple(earlier),
     )
+
+
+def _attempt_number(attempt_dir: Path) -> int:
+    return int(attempt_dir.name.removeprefix("attempt_"))
+
+
+def _earlier_failures(attempts: list[Path], read: Callable[[Path], list[RankLog]]) -> list[FailureSummary]:
+    """The verdicts of the attempts that failed before the last (torchrun restarted the job after each)."""
+    out = []
+    for a in attempts:
+        ranks = read(a)
+        if any(r.exit_code not in (None, 0) for r in ranks):
+            out.append(summarize_failure(ranks, _attempt_number(a)))
+    return out
+
+
+def _last_summary(
+    plan: LaunchPlan,
+    last: Path | None,
+    code: int,
+    stopped: Stop | None,
+    flight: flightrec.FlightVerdict | None,
+    read: Callable[[Path], list[RankLog]],
+) -> FailureSummary | None:
+    """The last attempt's verdict: a hang when the launcher stopped it, a failure when torchrun reported one.
+    A job stopped because the pre-flight beside it failed did nothing wrong itself: the finding is the cause,
+    not a hang of its ranks (no summary of them, as for a cancelled job)."""
+    if last is None or (stopped is not None and stopped.by == "preflight"):
+        return None
+    if stopped is not None:
+        ranks = [replace(r, state="T") if r.pid in stopped.stopped_pids else r for r in read(last)]
+        return summarize_hang(
+            ranks,
+            _attempt_number(last),
+            plan.hang_timeout_s,
+            flight=flight,
+            evidence=_evidence(stopped, flight),
+        )
+    return summarize_failure(read(last), _attempt_number(last)) if code != 0 else None

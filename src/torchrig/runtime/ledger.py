@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchrig.accounts import account_name
 from torchrig.errors import EngineUnavailable, InputError, UsageError
 from torchrig.safefs import UnsafePath, check_dir, check_file, open_nofollow
 
@@ -77,12 +78,7 @@ def owner_uid() -> int:
 
 def user_name(uid: int) -> str:
     """The account name of ``uid`` (its number when the host has no such account)."""
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return account_name(uid) or str(uid)
 
 
 def current_user() -> str:

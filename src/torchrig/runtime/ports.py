@@ -90,7 +90,8 @@ def choose(
 
 
 def can_bind(host_ip: str, port: int) -> bool:
-    """Whether ``host_ip:port`` is free for a listener now (what docker-proxy will need)."""
+    """Whether ``host_ip:port`` is free for a listener now: what docker-proxy will need for ``up``'s ports,
+    and what the rendezvous store will need on node 0 of ``launch`` (``host_ip`` "": every interface)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
 
 from torchrig.errors import UsageError
 from torchrig.train.fp8 import RECIPES as FP8_RECIPES
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 MODELS = ("gpt", "resnet")
 PARALLEL = ("auto", "ddp", "fsdp", "none")
@@ -40,9 +33,9 @@ NONFINITE_ACTIONS = ("stop", "skip")
 @cache
 def sizes() -> dict[str, dict[str, dict[str, Any]]]:
     """``sizes()["gpt"]["small"]`` -> ``{"layers": 12, ...}`` from ``sizes.toml``."""
-    data_file = resources.files("torchrig.train").joinpath("sizes.toml")
-    text = data_file.read_text(encoding="utf-8")  # raw-read: package data
-    data = tomllib.loads(text)
+    from torchrig.data import packaged
+
+    data = packaged("torchrig.train", "sizes.toml")
     return {k: v for k, v in data.items() if k in MODELS}
 
 

@@ -16,13 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchrig.train.record import GpuClocks, Spread
 
-def _spread(values: list[Any]) -> list[float] | None:
-    """[min, median, max] of the known values, or None."""
+
+def _spread(values: list[int | float | None]) -> Spread | None:
+    """(min, median, max) of the known values, or None."""
     known = [v for v in values if v is not None]
     if not known:
         return None
-    return [min(known), statistics.median(known), max(known)]
+    return (min(known), statistics.median(known), max(known))
 
 
 @dataclass
@@ -52,53 +54,31 @@ class GpuWatch:
         held = self.gpus.clocks_held_down_s(self.index)
         self.samples.append((step, self.clock(), s.sm_clock_mhz, s.power_draw_w, held, s.temperature_c))
 
-    def result(self, from_step: int = 0) -> dict[str, Any] | None:
+    def result(self, from_step: int = 0) -> GpuClocks | None:
         """Clock, power and temperature at the log steps from ``from_step`` on (the steps the throughput is measured over)
         and the share of the time between the first and the last of them the clocks were held down."""
         window = [w for w in self.samples if w[0] >= from_step]
         if not window:
             return None
         top, limit = self.gpus.limits(self.index)
-        out: dict[str, Any] = {
-            "sm_clock_mhz": _spread([w[2] for w in window]),
-            "sm_clock_max_mhz": top,
-            "power_w": _spread([w[3] for w in window]),
-            "power_limit_w": limit,
-            # at a power limit a hotter GPU leaks more current and so runs a lower clock for the same watts
-            "temperature_c": _spread([w[5] for w in window]),
-            "samples": len(window),
-        }
         span = window[-1][1] - window[0][1]
-        for cause in ("power", "thermal"):
+
+        def capped_share(cause: str) -> float | None:
             a, b = window[0][4].get(cause), window[-1][4].get(cause)
-            held = None if a is None or b is None or span <= 0 else min(max((b - a) / span, 0.0), 1.0)
-            out[f"{cause}_capped_share"] = None if held is None else round(held, 3)
-        return out
+            return (
+                None if a is None or b is None or span <= 0 else round(min(max((b - a) / span, 0.0), 1.0), 3)
+            )
+
+        return GpuClocks(
+            sm_clock_mhz=_spread([w[2] for w in window]),
+            sm_clock_max_mhz=top,
+            power_w=_spread([w[3] for w in window]),
+            power_limit_w=limit,
+            temperature_c=_spread([w[5] for w in window]),
+            samples=len(window),
+            power_capped_share=capped_share("power"),
+            thermal_capped_share=capped_share("thermal"),
+        )
 
     def close(self) -> None:
         self.gpus.close()
-
-
-def render(per_rank: list[dict[str, Any] | None]) -> str | None:
-    """One line about the GPUs' clocks when a driver held them down for more than 5 % of the measured time."""
-    parts = []
-    for rank, r in enumerate(per_rank):
-        if not r:
-            continue
-        capped = {c: r.get(f"{c}_capped_share") or 0.0 for c in ("power", "thermal")}
-        if max(capped.values()) <= 0.05:
-            continue
-        clock = r.get("sm_clock_mhz")
-        cause = " and ".join(f"{c} {v:.0%}" for c, v in capped.items() if v > 0.05)
-        parts.append(
-            f"rank {rank} clocks held down ({cause} of the time)"
-            + (f", SM {clock[0]:.0f}-{clock[2]:.0f} MHz" if clock else "")
-            + (f" of {r['sm_clock_max_mhz']} MHz" if r.get("sm_clock_max_mhz") else "")
-        )
-    if not parts:
-        return None
-    return (
-        "GPU clocks: "
-        + "; ".join(parts)
-        + " (each GPU's speed then varies from step to step, and every multi-GPU step waits for the slowest)"
-    )

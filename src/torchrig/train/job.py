@@ -15,6 +15,7 @@ from torchrig.train.config import TrainConfig
 from torchrig.train.finite import NonFiniteWatch
 from torchrig.train.gpuwatch import GpuWatch
 from torchrig.train.lategrads import LateGrads
+from torchrig.train.record import GpuClocks, ProfileSummary
 from torchrig.train.setup import Runtime
 
 
@@ -60,6 +61,6 @@ class Run:
     peak_source: str
     prof_first: int | None  # --profile-steps: the first profiled step
     final_loss: float | None = None
-    profile: dict[str, Any] | None = None
-    gpu: dict[str, Any] | None = None  # this rank's GPU clocks and power over the steady steps
+    profile: ProfileSummary | None = None  # --profile-steps (rank 0)
+    gpu: GpuClocks | None = None  # this rank's GPU clocks and power over the steady steps
     elapsed_s: float = 0.0

@@ -20,6 +20,8 @@ def peak_tflops(device_name: str | None, precision: str, override: float | None)
         # Against the bf16 peak, so an fp8 run's MFU compares with a bf16 run's on the same model (only the
         # Linear layers run in fp8), as torchtitan counts its float8 runs (tools/utils.py: get_peak_flops).
         precision = "bf16"
+    from torchrig.errors import TorchrigError
+
     try:
         from torchrig.compat import load_kb
 
@@ -31,8 +33,8 @@ def peak_tflops(device_name: str | None, precision: str, override: float | None)
         )
         if value:
             return float(value), f"knowledge base ({device_name}, dense {precision})"
-    except Exception as err:  # the knowledge base may not know this GPU; MFU is then unknown
-        return None, f"unknown ({type(err).__name__}: {err}; give --peak-tflops)"
+    except TorchrigError as err:  # the knowledge base does not know this GPU, or is damaged: MFU is unknown
+        return None, f"unknown ({err.message}; give --peak-tflops)"
     return None, f"unknown for {device_name} ({precision}); give --peak-tflops"
 
 

@@ -14,6 +14,7 @@ The profiled steps are left out of the run's throughput (the profiler slows the 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -21,6 +22,8 @@ import time
 import zlib
 from pathlib import Path
 from typing import Any
+
+from torchrig.train.record import KernelTimes, ProfileSummary
 
 Interval = tuple[float, float]
 
@@ -51,7 +54,7 @@ def is_comm_kernel(name: str) -> bool:
     return name.lower().startswith("nccl")
 
 
-def breakdown(events: list[dict[str, Any]], steps: int, wall_s: float) -> dict[str, Any]:
+def breakdown(events: list[dict[str, Any]], steps: int, wall_s: float) -> ProfileSummary:
     """Per-step GPU time split from Chrome-trace events (``ts``/``dur`` in microseconds) of ``steps`` steps.
 
     Only events of the device (kernel, memcpy, memset categories) count; with several devices in one trace
@@ -75,22 +78,22 @@ def breakdown(events: list[dict[str, Any]], steps: int, wall_s: float) -> dict[s
     n = max(steps, 1)
     step_ms = wall_s * 1e3 / n
     if not kernels:
-        return {"steps": steps, "step_ms": round(step_ms, 3), "device_events": 0}
+        return ProfileSummary(steps=steps, step_ms=round(step_ms, 3), device_events=0)
     compute_len, comm_len = _length(_union(compute)), _length(_union(comm))
     busy = _length(_union(compute + comm))
     exposed = busy - compute_len  # the busy time with NCCL running and no compute beside it
     per = 1e-3 / n  # microseconds in the trace -> milliseconds per step
-    return {
-        "steps": steps,
-        "step_ms": round(step_ms, 3),
-        "compute_ms": round(compute_len * per, 3),
-        "comm_ms": round(comm_len * per, 3),
-        "comm_overlapped_ms": round((comm_len - exposed) * per, 3),
-        "comm_exposed_ms": round(exposed * per, 3),
-        "idle_ms": round(max(step_ms - busy * per, 0.0), 3),
-        "device_events": kernels,
-        "comm_kernels": comm_kernels,
-    }
+    return ProfileSummary(
+        steps=steps,
+        step_ms=round(step_ms, 3),
+        compute_ms=round(compute_len * per, 3),
+        comm_ms=round(comm_len * per, 3),
+        comm_overlapped_ms=round((comm_len - exposed) * per, 3),
+        comm_exposed_ms=round(exposed * per, 3),
+        idle_ms=round(max(step_ms - busy * per, 0.0), 3),
+        device_events=kernels,
+        comm_kernels=comm_kernels,
+    )
 
 
 # Kernel-name patterns -> the part of the step they belong to (first match wins). Names as the profiler records
@@ -108,7 +111,7 @@ KERNEL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def kernel_groups(events: list[dict[str, Any]], steps: int, top: int = 12) -> dict[str, Any]:
+def kernel_groups(events: list[dict[str, Any]], steps: int, top: int = 12) -> KernelTimes:
     """GPU time per step by part of the model (summed kernel durations, so overlapping kernels count twice),
     and the ``top`` kernels by time: where to look for a speed-up."""
     groups: dict[str, float] = {}
@@ -123,10 +126,10 @@ def kernel_groups(events: list[dict[str, Any]], steps: int, top: int = 12) -> di
         by_name[name] = by_name.get(name, 0.0) + dur
     per = 1e-3 / max(steps, 1)
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
-    return {
-        "groups_ms": {g: round(v * per, 3) for g, v in sorted(groups.items(), key=lambda kv: -kv[1])},
-        "top_kernels_ms": [[n[:120], round(v * per, 3)] for n, v in ranked],
-    }
+    return KernelTimes(
+        groups_ms={g: round(v * per, 3) for g, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+        top_kernels_ms=tuple((n[:120], round(v * per, 3)) for n, v in ranked),
+    )
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
@@ -176,7 +179,7 @@ class StepProfiler:
         self.prof.__enter__()
         self.t0 = time.perf_counter()
 
-    def stop(self, steps: int) -> dict[str, Any]:
+    def stop(self, steps: int) -> ProfileSummary:
         self._sync()
         wall = time.perf_counter() - self.t0
         self.prof.__exit__(None, None, None)
@@ -184,7 +187,6 @@ class StepProfiler:
         path = self.out_dir / f"rank{self.rank}.trace.json.gz"
         self.prof.export_chrome_trace(str(path))
         events = read_trace(path)
-        result = breakdown(events, steps, wall)
-        result["kernels"] = kernel_groups(events, steps)
-        result["trace"] = str(path)
-        return result
+        return dataclasses.replace(
+            breakdown(events, steps, wall), kernels=kernel_groups(events, steps), trace=str(path)
+        )

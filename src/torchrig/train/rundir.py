@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrig import inputfiles
+from torchrig.accounts import account_name
 from torchrig.argtypes import MAX_COUNT
 from torchrig.errors import InputError, JobFailed, UsageError
 
@@ -372,12 +373,7 @@ def _take(out: Path) -> int:
 
 
 def _user() -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        return str(os.getuid())
+    return account_name(os.getuid()) or str(os.getuid())
 
 
 def launcher_holds(out: Path) -> bool:

@@ -34,18 +34,8 @@ def init(cfg: TrainConfig) -> Runtime:
     """Join the process group when started by torchrun (WORLD_SIZE set), pick the device and precision."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if want_cuda and not torch.cuda.is_available():
-        raise UsageError(
-            "--device cuda but torch sees no GPU", hint="run 'torchrig doctor', or use --device cpu"
-        )
-    device = torch.device("cuda", local) if want_cuda else torch.device("cpu")
-    if want_cuda:
-        torch.cuda.set_device(device)
-        # TF32 for the fp32 matmuls that remain outside autocast (PyTorch's CUDA semantics notes).
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        _attention_backend(cfg.attention)
+    device = _device(cfg, local)
+    want_cuda = device.type == "cuda"
     if cfg.precision == "fp8":  # refused before joining the process group: nothing to tear down
         from torchrig.train import fp8
 
@@ -53,6 +43,43 @@ def init(cfg: TrainConfig) -> Runtime:
         err = fp8.problem(device.type, capability, fp8.torchao_version())
         if err is not None:
             raise err
+    _compile_settings(cfg)
+    if world > 1:
+        timeout = datetime.timedelta(seconds=int(os.environ.get("TORCHRIG_COLLECTIVE_TIMEOUT_S", "600")))
+        dist.init_process_group(
+            "nccl" if want_cuda else "gloo", timeout=timeout, device_id=device if want_cuda else None
+        )
+    return Runtime(
+        rank,
+        local,
+        world,
+        device,
+        _precision(cfg, want_cuda),
+        _parallel(cfg, world),
+        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
+
+
+def _device(cfg: TrainConfig, local_rank: int) -> torch.device:
+    """This rank's device (``--device``; auto: its GPU when torch sees one), set up for training."""
+    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if want_cuda and not torch.cuda.is_available():
+        raise UsageError(
+            "--device cuda but torch sees no GPU", hint="run 'torchrig doctor', or use --device cpu"
+        )
+    if not want_cuda:
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    # TF32 for the fp32 matmuls that remain outside autocast (PyTorch's CUDA semantics notes).
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    _attention_backend(cfg.attention)
+    return device
+
+
+def _compile_settings(cfg: TrainConfig) -> None:
+    """Inductor's settings for ``--compile-tuning`` and ``TORCHRIG_INDUCTOR_CONFIG``, before anything compiles."""
     if cfg.compile and cfg.compile_tuning:
         import torch._inductor.config as inductor_config
 
@@ -61,16 +88,20 @@ def init(cfg: TrainConfig) -> Runtime:
         inductor_config.coordinate_descent_tuning = True
     if cfg.compile and os.environ.get("TORCHRIG_INDUCTOR_CONFIG"):
         inductor_settings(os.environ["TORCHRIG_INDUCTOR_CONFIG"])
-    if world > 1:
-        timeout = datetime.timedelta(seconds=int(os.environ.get("TORCHRIG_COLLECTIVE_TIMEOUT_S", "600")))
-        dist.init_process_group(
-            "nccl" if want_cuda else "gloo", timeout=timeout, device_id=device if want_cuda else None
-        )
+
+
+def _precision(cfg: TrainConfig, want_cuda: bool) -> str:
+    """``--precision`` resolved: auto is bf16 on a GPU that has it, else fp32; fp16 needs a GPU."""
     precision = cfg.precision
     if precision == "auto":
         precision = "bf16" if want_cuda and torch.cuda.is_bf16_supported() else "fp32"
     if precision == "fp16" and not want_cuda:
         raise UsageError("--precision fp16 needs a GPU", hint="use bf16 or fp32 on the CPU")
+    return precision
+
+
+def _parallel(cfg: TrainConfig, world: int) -> str:
+    """``--parallel`` resolved after joining the process group: auto is ddp on several ranks, none on one."""
     parallel = cfg.parallel
     if parallel == "auto":
         parallel = "ddp" if world > 1 else "none"
@@ -80,15 +111,7 @@ def init(cfg: TrainConfig) -> Runtime:
         raise UsageError(
             "--parallel none with several ranks would train diverging copies", hint="use ddp or fsdp"
         )
-    return Runtime(
-        rank,
-        local,
-        world,
-        device,
-        precision,
-        parallel,
-        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-    )
+    return parallel
 
 
 def inductor_settings(spec: str) -> dict[str, Any]:

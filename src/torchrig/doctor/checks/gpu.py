@@ -10,6 +10,7 @@ from torchrig.doctor.checks.common import Context
 from torchrig.doctor.checks.visibility import visible_prefix
 from torchrig.doctor.facts import GpuFacts, GpuProcess, P2PPair, ProbeStatus
 from torchrig.doctor.findings import Finding, Severity
+from torchrig.hw.nvml_records import p2p_verdict
 
 # PCIe common ancestors under which P2P is expected to work (nvidia-smi topo -m: PIX, PXB, PHB); across
 # CPU sockets (NODE/SYS) it commonly is not, and NCCL routes through host memory by design.
@@ -89,8 +90,7 @@ def why_no_cuda_answer(ctx: Context) -> str:
 
 def nvml_says(p: P2PPair) -> bool | None:
     """NVML's P2P verdict from the read/write statuses it gave (None: it answered neither)."""
-    known = [s for s in (p.read, p.write) if s is not None]
-    return all(s == "ok" for s in known) if known else None
+    return p2p_verdict(p.read, p.write)
 
 
 def classify_pairs(ctx: Context) -> tuple[list[str], list[str], list[str], list[str]]:

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Iterator
 
 from torchrig.doctor.checks.common import Context, branch
-from torchrig.doctor.facts import DriverLibrary
+from torchrig.doctor.facts import DriverLibrary, driver_version_in
 from torchrig.doctor.findings import Finding, Severity
 
 # the texts CUDA prints for these errors (PyTorch: "... Error 803: system has unsupported display driver /
@@ -34,7 +33,6 @@ from torchrig.doctor.findings import Finding, Severity
 CUDA_MISMATCH = ("Error 803", "unsupported display driver / cuda driver combination")
 CUDA_COMPAT_HW = ("Error 804", "forward compatibility was attempted on non supported HW")
 CUDA_STUB = ("Error 34", "CUDA driver is a stub library")
-_VERSION_RE = re.compile(r"\b(\d{3}\.\d{1,3}(?:\.\d{1,3})?)\b")  # as the kernel probe reads file names
 LOADER_PICKS = ("ld_library_path", "ld_cache", "default_dir")  # origins the loader searches by itself
 
 
@@ -43,8 +41,7 @@ def _says(text: str, words: tuple[str, ...]) -> bool:
 
 
 def _version_of(path: str) -> str | None:
-    m = _VERSION_RE.search(os.path.basename(path))
-    return m.group(1) if m else None
+    return driver_version_in(os.path.basename(path))  # as the kernel probe reads file names
 
 
 def _is_compat(path: str) -> bool:

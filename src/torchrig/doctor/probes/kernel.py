@@ -15,7 +15,14 @@ import subprocess
 from pathlib import Path
 
 from torchrig import inputfiles
-from torchrig.doctor.facts import DeviceNode, DriverLibrary, KernelFacts, PciDevice, ProbeStatus
+from torchrig.doctor.facts import (
+    DeviceNode,
+    DriverLibrary,
+    KernelFacts,
+    PciDevice,
+    ProbeStatus,
+    driver_version_in,
+)
 from torchrig.errors import InputError
 from torchrig.inputfiles import read_head, read_proc
 
@@ -43,7 +50,6 @@ STUB_MAX_BYTES = 512 * 1024
 _XID_RE = re.compile(r"NVRM: Xid \(([^)]*)\): (\d+)")
 MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem", "nouveau")
 UVM_NODE = "/dev/nvidia-uvm"
-_VERSION_RE = re.compile(r"\b(\d{3}\.\d{1,3}(?:\.\d{1,3})?)\b")
 
 
 def _read(path: str | Path) -> str | None:
@@ -74,8 +80,7 @@ def module_version() -> tuple[str | None, str | None]:
     if not text:
         return None, None
     first = text.splitlines()[0]
-    m = _VERSION_RE.search(first)
-    return (m.group(1) if m else None), ("open" if "Open Kernel Module" in first else "proprietary")
+    return driver_version_in(first), ("open" if "Open Kernel Module" in first else "proprietary")
 
 
 def loaded_modules() -> tuple[str, ...]:
@@ -128,8 +133,7 @@ def find_library(soname: str, cache: dict[str, list[str]] | None = None) -> tupl
     if path is None:
         return None, None
     real = os.path.realpath(path)
-    m = _VERSION_RE.search(os.path.basename(real))
-    return real, (m.group(1) if m else None)
+    return real, driver_version_in(os.path.basename(real))
 
 
 def _driver_library(soname: str, path: str, origin: str) -> DriverLibrary:
@@ -138,9 +142,8 @@ def _driver_library(soname: str, path: str, origin: str) -> DriverLibrary:
         size: int | None = os.stat(real).st_size
     except OSError:
         size = None
-    m = _VERSION_RE.search(os.path.basename(real))
     stub = "/stubs/" in f"{path}/" or "/stubs/" in real or (size is not None and size < STUB_MAX_BYTES)
-    return DriverLibrary(soname, path, real, m.group(1) if m else None, origin, size, stub)
+    return DriverLibrary(soname, path, real, driver_version_in(os.path.basename(real)), origin, size, stub)
 
 
 def ld_cache(text: str | None = None) -> dict[str, list[str]]:

@@ -5,10 +5,10 @@ namespace, so inside a container both stay unknown.
 
 from __future__ import annotations
 
-import pwd
 import re
 from collections.abc import Callable, Iterable
 
+from torchrig.accounts import account_name
 from torchrig.inputfiles import read_proc
 
 # /proc/PID/cgroup of a Docker container's process: ".../docker-<64 hex>.scope" (systemd cgroup driver) or
@@ -27,10 +27,7 @@ def user_of(pid: int) -> str | None:
     if line is None:
         return None
     uid = int(line.split()[1])
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+    return account_name(uid) or f"uid {uid}"
 
 
 def container_id_of(pid: int) -> str | None:

@@ -14,49 +14,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchrig.doctor.facts import (
-    NcclDeviceCheck,
-    NcclFacts,
-    PeerAccess,
-    ProbeStatus,
-    TorchDevice,
-    TorchFacts,
-)
+from torchrig.doctor.facts import NcclFacts, ProbeStatus, TorchFacts
 from torchrig.doctor.probes.trace import describe, trace
 
 SCRIPT = Path(__file__).with_name("torch_script.py")
 
 
 def _from_child(data: dict[str, Any], requested: str | None = None) -> TorchFacts:
+    """The child's facts line as :class:`TorchFacts`, read by :func:`torchrig.jsonrecords.structure` (the
+    child names the origin ``torch_origin``; a status other than ok/missing is a failure). A value of the wrong
+    kind is a :class:`~torchrig.jsonrecords.RecordError` naming its key; a key the child did not write is
+    unknown."""
+    from torchrig.jsonrecords import structure
+
     status = {"ok": ProbeStatus.OK, "missing": ProbeStatus.MISSING}.get(
         data.get("status", ""), ProbeStatus.FAILED
     )
-    return TorchFacts(
-        status=status,
-        error=data.get("error"),
-        python_executable=data.get("python_executable"),
-        python_version=data.get("python_version"),
-        python_requested=requested,
-        pid=data.get("pid"),
-        origin=data.get("torch_origin"),
-        version=data.get("version"),
-        cuda_version=data.get("cuda_version"),
-        hip_version=data.get("hip_version"),
-        arch_list=tuple(data.get("arch_list") or ()),
-        cudnn_version=data.get("cudnn_version"),
-        nccl_version=data.get("nccl_version"),
-        is_available=data.get("is_available"),
-        device_count=data.get("device_count"),
-        init_error=data.get("init_error"),
-        warnings=tuple(data.get("warnings") or ()),
-        devices=tuple(TorchDevice(**d) for d in data.get("devices") or ()),
-        peer_access=tuple(PeerAccess(**p) for p in data.get("peer_access") or ()),
-        loaded_libraries=tuple(data.get("loaded_libraries") or ()),
-        wheel_libraries=tuple(data.get("wheel_libraries") or ()),
-        import_ms=data.get("import_ms"),
-        alloc_conf_error=data.get("alloc_conf_error"),
-        steps_ms={str(k): float(v) for k, v in (data.get("steps_ms") or {}).items()},
-    )
+    facts = {k: v for k, v in data.items() if k not in ("torch_origin", "nccl", "trace")}
+    facts |= {"status": status.value, "origin": data.get("torch_origin"), "python_requested": requested}
+    return structure(facts, TorchFacts, "torch probe", unknown={})
 
 
 def probe_torch(
@@ -169,16 +145,13 @@ def _nccl(data: dict[str, Any] | None, code: int | None, stderr: str) -> NcclFac
         return NcclFacts(
             status, describe(code, tail) if code is not None else "the torch probe's time ran out"
         )
-    devices = tuple(
-        NcclDeviceCheck(int(d["index"]), bool(d.get("ok")), d.get("error"), d.get("elapsed_ms"))
-        for d in data.get("devices") or ()
-    )
-    return NcclFacts(
-        str(data.get("status") or "failed"),
-        data.get("error"),
-        devices,
-        tuple(str(x) for x in data.get("env_used") or ()),
-    )
+    from torchrig.jsonrecords import RecordError, structure
+
+    try:  # read as the facts line is; "pairs" is doctor's own (--deep), never the child's
+        answer = {k: v for k, v in data.items() if k != "pairs"} | {"status": data.get("status") or "failed"}
+        return structure(answer, NcclFacts, "NCCL check", unknown={})
+    except RecordError as err:
+        return NcclFacts("failed", f"unreadable NCCL check output: {err}")
 
 
 def _outcome(exe: str, script: str, env: dict[str, str], timeout_s: float) -> str | None:
