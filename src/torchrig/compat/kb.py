@@ -154,6 +154,12 @@ class KnowledgeBase:
             if r.version == norm:
                 return r
         choices = _closest_versions(norm, [r.version for r in self.releases])
+        oldest = self.releases[-1].version if self.releases else None
+        if oldest is not None and V.parse_release(norm) < V.parse_release(oldest):
+            raise InputError(
+                f"torch {norm} is older than torchrig's knowledge base, which starts at torch {oldest}",
+                hint=f"its builds cannot be judged; the oldest releases it knows: {', '.join(choices)}",
+            )
         raise InputError(
             f"torch {norm} was never published (or is newer than torchrig's knowledge base)",
             hint=f"closest releases: {', '.join(choices)}",
@@ -187,6 +193,12 @@ class KnowledgeBase:
         release dropped, and run ahead of the knowledge base): judged by its CUDA version itself. Its kernels
         are unknown, so a GPU that CUDA cannot build for fails, and any other is a caveat to verify."""
         variant_name = parsed.variant or ""
+        norm = V.normalise_release(parsed.release)
+        rel = next((r for r in self.releases if r.version == norm), None) or Release(
+            norm, None, (), None, None, variant_name, ()
+        )
+        if variant_name == "cpu":  # a CPU nightly of a line the data does not list: CPU-only all the same
+            return self._nightly_cpu(parsed, rel, plat)
         m = re.fullmatch(r"cu(\d+)(\d)", variant_name)
         if not m:
             raise InputError(
@@ -196,10 +208,6 @@ class KnowledgeBase:
             )
         cuda = f"{int(m.group(1))}.{m.group(2)}"
         judged_cuda, newer = self._cuda_or_newest_below(cuda)
-        norm = V.normalise_release(parsed.release)
-        rel = next((r for r in self.releases if r.version == norm), None) or Release(
-            norm, None, (), None, None, variant_name, ()
-        )
         variant = Variant(
             name=variant_name,
             cuda=judged_cuda,
@@ -222,15 +230,48 @@ class KnowledgeBase:
             remarks=(("prerelease_build", remark), *newer, *_channel(parsed.prerelease or "", variant_name)),
         )
 
+    def _nightly_cpu(self, parsed: V.TorchBuildText, rel: Release, plat: Platform) -> Build:
+        variant = Variant(
+            name="cpu",
+            cuda=None,
+            index_url=f"{PYTORCH_INDEX}/nightly/cpu",
+            arch_list=(),
+            ptx=(),
+            confirmed=False,
+            source="https://download.pytorch.org/whl/nightly/",
+        )
+        remark = (
+            f"{parsed.prerelease}+cpu is a nightly of a release line torchrig's data does not list: a CPU-only "
+            f"build all the same"
+        )
+        return Build(
+            rel,
+            variant,
+            plat.id,
+            arch_confirmed=False,
+            prerelease=parsed.prerelease,
+            remarks=(("prerelease_build", remark), *_channel(parsed.prerelease or "", "cpu")),
+        )
+
     def _cuda_or_newest_below(self, cuda: str) -> tuple[str, tuple[tuple[str, str], ...]]:
         """``cuda`` when torchrig knows it; else (a nightly ahead of the data) the newest CUDA it knows below it,
         whose driver floor is a lower bound (floors grow with the version), with a remark saying so. A CUDA older
-        than every one it knows cannot be judged: the error says which it knows."""
+        than every one it knows is judged with the oldest it knows: its GPUs are an upper bound (an older nvcc
+        builds for no newer GPU) and its driver floor too, so a driver below that floor is not a sure failure
+        (``cuda_older_than_data``, which evaluate turns into a caveat)."""
         if any(t.version == cuda for t in self.toolkits):
             return cuda, ()
         below = [t for t in self.toolkits if V.parse_cuda(t.version) < V.parse_cuda(cuda)]
         if not below:
-            self.toolkit(cuda)  # raises, naming the known toolkits
+            oldest = min(self.toolkits, key=lambda t: V.parse_cuda(t.version)).version
+            return oldest, (
+                (
+                    "cuda_older_than_data",
+                    f"CUDA {cuda} is older than torchrig's data (which starts at CUDA {oldest}): judged with CUDA "
+                    f"{oldest}'s GPUs, an upper bound (CUDA {cuda} builds for no newer GPU); its driver floor is "
+                    f"not known, at most CUDA {oldest}'s",
+                ),
+            )
         stand_in = max(below, key=lambda t: V.parse_cuda(t.version)).version
         return stand_in, (
             (
