@@ -107,6 +107,20 @@ def test_an_ampere_gpu_on_the_pypi_cu102_build_fails_and_names_the_cu11x_build(k
     assert r.fixes and r.fixes[0].summary.startswith("torch 1.10.1+cu111 works")
 
 
+def test_builds_before_1_11_install_from_the_find_links_page(kb):
+    # pytorch.org's previous-versions page: "pip install torch==1.8.1+cu101 torchvision==0.9.1+cu101
+    # torchaudio==0.8.1 -f https://download.pytorch.org/whl/torch_stable.html"
+    build = kb.find_build("1.8.1+cu101")
+    assert build.pip_command_for(("torch", "torchvision", "torchaudio")) == (
+        "pip install torch==1.8.1+cu101 torchvision==0.9.1+cu101 torchaudio==0.8.1 "
+        "-f https://download.pytorch.org/whl/torch_stable.html"
+    )
+    assert kb.find_build("1.8.1").pip_command == "pip install torch==1.8.1"  # PyPI's cu102
+    assert kb.find_build("1.12.1+cu113").pip_command.endswith(
+        "--index-url https://download.pytorch.org/whl/cu113"
+    )
+
+
 def test_1_8_0_cu111_kernels_are_not_confirmed(kb):
     build = kb.find_build("1.8.0+cu111")
     assert not build.variant.confirmed

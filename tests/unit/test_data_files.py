@@ -526,6 +526,11 @@ def test_torch_variants_have_the_schema_fields():
         assert variant["index_url"] == TORCH_INDEX + variant["name"], where
         assert variant.get("evidence") in TORCH_EVIDENCE, where
         assert (variant["evidence"] == "reported") == (variant.get("confirmed") is False), where
+        if "find_links" in variant:  # the find-links era: pytorch.org's commands for 1.x before 1.11
+            assert _version(release["version"]) < (1, 11), where
+            assert re.match(
+                r"^https://download\.pytorch\.org/whl/(\w+/)?torch_stable\.html$", variant["find_links"]
+            )
         if variant["name"] == "cpu":
             assert not {"cuda", "arch_list", "ptx", "cudnn", "nccl"} & set(variant), where
             continue
