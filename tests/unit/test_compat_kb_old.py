@@ -218,3 +218,12 @@ def test_a_well_formed_nightly_is_never_refused(torch, gpu, driver):
         code = main(argv)
     assert code in (0, 1), (argv, err.getvalue())
     assert torch.split("+")[0].rsplit(".dev", 1)[0] in out.getvalue()
+
+
+def test_resolve_on_a_cuda_10_1_driver_picks_the_newest_cu101_build(cli):
+    # R418 runs CUDA 10.1 natively and nothing newer: 1.8.1+cu101 is the newest build for it
+    r = cli("resolve", "--gpu", "Tesla K80", "--driver", "418.87.01")
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].split() == ["torch", "1.8.1+cu101"]
+    assert "418.39 (native; CUDA 10.1 has no minor-version compatibility)" in r.out
+    assert "pip install torch==1.8.1+cu101 torchvision==0.9.1+cu101 torchaudio==0.8.1 -f " in r.out
