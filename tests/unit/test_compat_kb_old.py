@@ -187,6 +187,10 @@ def test_a_nightly_older_than_every_cuda_is_judged_with_the_oldest_as_an_upper_b
 def test_a_cpu_nightly_of_any_line_is_a_cpu_build(kb, text):
     build = kb.find_build(text)
     assert build.variant.is_cpu
+    if not any(
+        r.version == text.split(".dev")[0] for r in kb.releases
+    ):  # else judged as its release's CPU build
+        assert not build.is_pypi_default and "/nightly/cpu" in build.pip_command  # nightlies are not on PyPI
     r = check(kb, [kb.find_gpu("RTX 4090")], "580.65.06", build)
     assert r.verdict is Verdict.FAILS and "cpu_only_build" in r.codes
 
@@ -227,3 +231,9 @@ def test_resolve_on_a_cuda_10_1_driver_picks_the_newest_cu101_build(cli):
     assert r.out.splitlines()[0].split() == ["torch", "1.8.1+cu101"]
     assert "418.39 (native; CUDA 10.1 has no minor-version compatibility)" in r.out
     assert "pip install torch==1.8.1+cu101 torchvision==0.9.1+cu101 torchaudio==0.8.1 -f " in r.out
+
+
+def test_a_cuda_nightly_of_a_line_the_data_lacks_is_not_pypis_build(kb):
+    build = kb.find_build("2.99.0.dev20300101+cu130")
+    assert not build.is_pypi_default
+    assert build.pip_command.endswith("--index-url https://download.pytorch.org/whl/nightly/cu130")

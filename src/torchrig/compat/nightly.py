@@ -102,8 +102,9 @@ def nightly_by_cuda(
     are unknown, so a GPU that CUDA cannot build for fails, and any other is a caveat to verify."""
     variant_name = parsed.variant or ""
     norm = V.normalise_release(parsed.release)
+    # a line the data does not list has no PyPI build torchrig knows of (nightlies are not on PyPI)
     rel = next((r for r in releases if r.version == norm), None) or Release(
-        norm, None, (), None, None, variant_name, ()
+        norm, None, (), None, None, "", ()
     )
     if variant_name == "cpu":  # a CPU nightly of a line the data does not list: CPU-only all the same
         return _nightly_cpu(parsed, rel, plat)
