@@ -69,7 +69,7 @@ def test_check_without_driver_notes_it(cli):
             "malformed torch specifier",
         ),
         (["resolve", "--gpu", "H100", "--driver", "550.54.14", "--python", "3"], "malformed Python version"),
-        (["resolve", "--gpu", "H100", "--driver", "550.54.14", "--python", "3.5"], "supports Python 3.5"),
+        (["resolve", "--gpu", "H100", "--driver", "550.54.14", "--python", "3.4"], "supports Python 3.4"),
         (
             ["resolve", "--gpu", "H100", "--driver", "550.54.14", "--torch", ">=9.0"],
             "no published PyTorch release",

@@ -307,10 +307,11 @@ def test_cuda_versions_are_unique_major_minor_in_order():
     assert [_version(v) for v in versions] == sorted(_version(v) for v in versions)
 
 
-def test_cuda_covers_11_0_through_13_3():
+def test_cuda_covers_9_2_through_13_3():
     versions = {toolkit["version"] for toolkit in _toolkits()}
     expected = (
-        {f"11.{m}" for m in range(9)}
+        {"9.2", "10.0", "10.1", "10.2"}
+        | {f"11.{m}" for m in range(9)}
         | {f"12.{m}" for m in range(10) if m != 7}
         | {"13.0", "13.1", "13.2", "13.3"}
     )
@@ -321,7 +322,7 @@ def test_cuda_covers_11_0_through_13_3():
 def test_cuda_driver_floors_are_monotone_with_toolkit_version():
     toolkits = sorted(_toolkits(), key=lambda t: _version(t["version"]))
     for field in ("min_driver", "min_driver_minor_compat"):
-        floors = [_version(t[field]) for t in toolkits]
+        floors = [_version(t[field]) for t in toolkits if field in t]
         assert floors == sorted(floors), field
 
 
@@ -329,6 +330,9 @@ def test_cuda_minor_version_compatibility_floor_is_per_major():
     expected = {"11": "450.80.02", "12": "525.60.13", "13": "580"}
     for toolkit in _toolkits():
         major = toolkit["version"].split(".")[0]
+        if int(major) < 11:  # no minor-version compatibility before CUDA 11: a 10.x build needs its own floor
+            assert "min_driver_minor_compat" not in toolkit, toolkit["version"]
+            continue
         assert toolkit["min_driver_minor_compat"] == expected[major], toolkit["version"]
         if toolkit["version"] != "11.0":  # 11.0 shipped with 450.51.05, before the 450.80.02 floor existed
             assert _version(toolkit["min_driver_minor_compat"]) <= _version(toolkit["min_driver"])
@@ -341,6 +345,8 @@ def test_cuda_compute_capabilities_follow_nvidia_support_changes():
         assert ccs == sorted(ccs, key=_version), toolkit["version"]
         assert all(CC_FORMAT.match(cc) for cc in ccs)
     assert {"3.5", "3.7"} <= by_version["11.8"] and not {"3.5", "3.7"} & by_version["12.0"]
+    assert {"3.0", "3.2"} <= by_version["10.2"] and not {"3.0", "3.2"} & by_version["11.0"]
+    assert "7.5" not in by_version["9.2"] and "7.5" in by_version["10.0"]
     assert "8.6" not in by_version["11.0"] and "8.6" in by_version["11.1"]
     assert {"8.9", "9.0"} <= by_version["11.8"] and "9.0" not in by_version["11.7"]
     assert {"10.0", "12.0"} <= by_version["12.8"] and "10.0" not in by_version["12.6"]
@@ -439,9 +445,7 @@ def test_cross_toolkit_compute_capabilities_are_known_architectures():
 
 def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
     buildable = {cc for t in _toolkits() for cc in t["compute_capabilities"]}
-    for gpu in _gpus():
-        if gpu["arch"] == "Kepler" and gpu["compute_capability"] in {"3.0", "3.2"}:
-            continue  # last built by CUDA 10.2, older than this file
+    for gpu in _gpus():  # Kepler 3.0/3.2 too: CUDA 10.2 is the last to build for them
         assert gpu["compute_capability"] in buildable, gpu["id"]
 
 
@@ -449,7 +453,7 @@ def test_cross_every_gpu_can_be_built_for_by_some_toolkit():
 # torch.toml
 # --------------------------------------------------------------------------------------------------
 
-TORCH_VARIANT_NAME = re.compile(r"^(cpu|cu(\d{2})(\d))$")
+TORCH_VARIANT_NAME = re.compile(r"^(cpu|cu(\d{1,2})(\d))$")
 # "reported": a build public reports name but that was not read from its wheel or index; such rows carry
 # confirmed = false and torchrig says "not confirmed" wherever it uses them.
 TORCH_EVIDENCE = {
@@ -503,7 +507,7 @@ def test_torch_releases_have_the_schema_fields():
     assert len(versions) == len(set(versions)), "duplicate releases"
     for release in _torch_releases():
         where = f"torch {release['version']}"
-        assert re.match(r"^2\.\d+\.\d+$", release["version"]), where
+        assert re.match(r"^[12]\.\d+\.\d+$", release["version"]), where
         datetime.date.fromisoformat(release["released"])
         python = release["python"]
         assert python and all(re.match(r"^3\.\d+$", p) for p in python), where
@@ -522,6 +526,11 @@ def test_torch_variants_have_the_schema_fields():
         assert variant["index_url"] == TORCH_INDEX + variant["name"], where
         assert variant.get("evidence") in TORCH_EVIDENCE, where
         assert (variant["evidence"] == "reported") == (variant.get("confirmed") is False), where
+        if "find_links" in variant:  # the find-links era: pytorch.org's commands for 1.x before 1.11
+            assert _version(release["version"]) < (1, 11), where
+            assert re.match(
+                r"^https://download\.pytorch\.org/whl/(\w+/)?torch_stable\.html$", variant["find_links"]
+            )
         if variant["name"] == "cpu":
             assert not {"cuda", "arch_list", "ptx", "cudnn", "nccl"} & set(variant), where
             continue
@@ -540,11 +549,19 @@ def test_torch_variants_have_the_schema_fields():
 
 def test_torch_pypi_variant_is_a_published_variant_read_from_the_wheel():
     for release in _torch_releases():
+        version = _version(release["version"])
         pypi = _torch_variant(release["version"], release["pypi_variant"])
+        if version < (1, 6):
+            # 1.5's libtorch_python.so carries no arch-flags text: its CUDA was read from the wheel's
+            # torch/version.py (notes name the wheel), its kernels from the build script
+            assert pypi["evidence"] == "build-script" and ".whl" in pypi["notes"], release["version"]
+            continue
         # The PyPI build is the one a plain `pip install torch==X` gets: its facts come from that wheel.
         assert pypi["evidence"] == "wheel", release["version"]
         assert pypi["source"].startswith("https://files.pythonhosted.org/"), release["version"]
-        assert {"arch_list", "ptx", "cudnn", "nccl"} <= set(pypi), release["version"]
+        assert {"arch_list", "ptx"} <= set(pypi), release["version"]
+        if version >= (2, 0):  # 1.x wheels bundle cuDNN and NCCL (1.13 pins cuDNN only): no pins to read
+            assert {"cudnn", "nccl"} <= set(pypi), release["version"]
 
 
 def test_torch_index_pin_rows_name_the_wheel_and_its_sha256():
@@ -579,9 +596,10 @@ def test_torch_cross_variant_cuda_is_a_toolkit_that_builds_its_archs():
             assert cc in buildable, f"{where}: {entry} is not a target of CUDA {variant['cuda']}"
 
 
-def test_torch_covers_2_0_through_the_newest_with_patch_releases():
+def test_torch_covers_1_5_through_the_newest_with_patch_releases():
     versions = {r["version"] for r in _torch_releases()}
     for required in (
+        "1.5.0", "1.6.0", "1.7.1", "1.8.0", "1.8.1", "1.9.1", "1.10.2", "1.11.0", "1.12.1", "1.13.0", "1.13.1",
         "2.0.0", "2.0.1", "2.1.0", "2.1.2", "2.2.2", "2.3.1", "2.4.1", "2.5.1", "2.6.0",
         "2.7.0", "2.7.1", "2.8.0", "2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1",
     ):  # fmt: skip
@@ -659,3 +677,24 @@ def test_torch_cudnn_and_nccl_pins_read_from_pypi():
         release = _torch_release(version)
         pypi = _torch_variant(version, release["pypi_variant"])
         assert (pypi["cudnn"], pypi["nccl"]) == (cudnn, nccl), version
+
+
+def test_torch_1_x_builds_as_pytorch_org_lists_them():
+    # pytorch.org's previous-versions page: each release's CUDA variants; PyPI's wheel: the default (cu102 up to
+    # 1.12.1, cu117 for 1.13)
+    expected = {
+        "1.5.0": {"cu92", "cu101", "cu102", "cpu"},
+        "1.7.1": {"cu92", "cu101", "cu102", "cu110", "cpu"},
+        "1.8.1": {"cu101", "cu102", "cu111", "cpu"},
+        "1.12.1": {"cu102", "cu113", "cu116", "cpu"},
+        "1.13.1": {"cu116", "cu117", "cpu"},
+    }
+    for version, names in expected.items():
+        assert {v["name"] for v in _torch_release(version)["variant"]} == names, version
+    for release in _torch_releases():
+        if _version(release["version"]) < (1, 13):
+            assert release["pypi_variant"] == "cu102", release["version"]
+    assert _torch_release("1.13.1")["pypi_variant"] == "cu117"
+    # the builds' kernels: 10.2 lost sm_75 in 1.8 (builder "Drop 7.5 for CUDA 10.2"), as the PyPI wheels show
+    assert "sm_75" in _torch_variant("1.7.1", "cu102")["arch_list"]
+    assert _torch_variant("1.8.0", "cu102")["arch_list"] == ["sm_37", "sm_50", "sm_60", "sm_70"]

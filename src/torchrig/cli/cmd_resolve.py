@@ -86,7 +86,9 @@ class ResolveReport:
             ("NCCL", r.nccl),
             (
                 "min driver",
-                f"{r.min_driver} (native); {r.min_driver_minor_compat} (minor-version compatibility)",
+                f"{r.min_driver} (native); {r.min_driver_minor_compat} (minor-version compatibility)"
+                if r.min_driver_minor_compat
+                else f"{r.min_driver} (native; CUDA {r.cuda} has no minor-version compatibility)",
             ),
             ("index", r.index_url),
         ]

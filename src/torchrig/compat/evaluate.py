@@ -123,6 +123,16 @@ def _driver_reasons(
         reasons.append(Reason("driver_native", Severity.INFO, ds.message))
     elif ds.kind is DriverSupportKind.MINOR_COMPAT:
         reasons.append(Reason("driver_minor_compat", Severity.CAVEAT, f"{ds.message}; {ds.caveat}"))
+    elif any(code == "cuda_older_than_data" for code, _ in build.remarks):
+        # judged with a newer CUDA's floor, an upper bound: below it is unknown, not a sure failure
+        reasons.append(
+            Reason(
+                "driver_floor_unknown",
+                Severity.CAVEAT,
+                f"driver {driver} is below CUDA {build.cuda}'s floor ({ds.min_driver}), which is higher than the "
+                f"floor of the build's own older CUDA; check that nvidia-smi's CUDA version is at least the build's",
+            )
+        )
     else:
         reasons.append(
             _forward_compat(kb, gpus, driver, build, platform)

@@ -29,7 +29,11 @@ def _describe(c: Candidate) -> str:
 
 def _by_distance(kb: KnowledgeBase, release: Release) -> list[Release]:
     order = list(kb.releases)  # newest first
-    i = order.index(release)
+    if release in order:
+        i = order.index(release)
+    else:  # a nightly's release line the data does not list: where it would stand among the releases
+        key = V.parse_release(release.version)
+        i = sum(1 for r in order if V.parse_release(r.version) > key)
     return sorted(
         (r for r in order if r is not release), key=lambda r: (abs(order.index(r) - i), order.index(r))
     )

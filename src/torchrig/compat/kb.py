@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,6 +153,12 @@ class KnowledgeBase:
             if r.version == norm:
                 return r
         choices = _closest_versions(norm, [r.version for r in self.releases])
+        oldest = self.releases[-1].version if self.releases else None
+        if oldest is not None and V.parse_release(norm) < V.parse_release(oldest):
+            raise InputError(
+                f"torch {norm} is older than torchrig's knowledge base, which starts at torch {oldest}",
+                hint=f"its builds cannot be judged; the oldest releases it knows: {', '.join(choices)}",
+            )
         raise InputError(
             f"torch {norm} was never published (or is newer than torchrig's knowledge base)",
             hint=f"closest releases: {', '.join(choices)}",
@@ -165,7 +170,9 @@ class KnowledgeBase:
         parsed = V.parse_torch_build_text(text)
         plat = platform or Platform()
         if parsed.prerelease and parsed.variant and not self._has_build(parsed.release, parsed.variant):
-            return self._nightly_by_cuda(parsed, plat)
+            from torchrig.compat.nightly import nightly_by_cuda
+
+            return nightly_by_cuda(self.releases, self.toolkits, parsed, plat)
         rel = self.release(parsed.release)
         name = parsed.variant or self.pypi_default(rel, plat)[0]
         build = self.build(rel, rel.variant(name), plat)
@@ -181,65 +188,6 @@ class KnowledgeBase:
     def _has_build(self, version: str, variant: str) -> bool:
         norm = V.normalise_release(version)
         return any(r.version == norm and any(v.name == variant for v in r.variants) for r in self.releases)
-
-    def _nightly_by_cuda(self, parsed: V.TorchBuildText, plat: Platform) -> Build:
-        """A nightly whose variant its release line does not list (nightly channels carried CUDA variants the
-        release dropped, and run ahead of the knowledge base): judged by its CUDA version itself. Its kernels
-        are unknown, so a GPU that CUDA cannot build for fails, and any other is a caveat to verify."""
-        variant_name = parsed.variant or ""
-        m = re.fullmatch(r"cu(\d+)(\d)", variant_name)
-        if not m:
-            raise InputError(
-                f"torch {parsed.prerelease}+{variant_name}: only a CUDA nightly (+cuXYZ) can be judged without its "
-                "release's data",
-                hint="pass the CUDA variant, e.g. +cu128",
-            )
-        cuda = f"{int(m.group(1))}.{m.group(2)}"
-        judged_cuda, newer = self._cuda_or_newest_below(cuda)
-        norm = V.normalise_release(parsed.release)
-        rel = next((r for r in self.releases if r.version == norm), None) or Release(
-            norm, None, (), None, None, variant_name, ()
-        )
-        variant = Variant(
-            name=variant_name,
-            cuda=judged_cuda,
-            index_url=f"{PYTORCH_INDEX}/nightly/{variant_name}",
-            arch_list=(),
-            ptx=(),
-            confirmed=False,
-            source="https://download.pytorch.org/whl/nightly/",
-        )
-        remark = (
-            f"{parsed.prerelease}+{variant_name} is a nightly whose kernels torchrig does not know: judged by CUDA "
-            f"{cuda} itself (which GPUs it can build for); check torch.cuda.get_arch_list() after installing"
-        )
-        return Build(
-            rel,
-            variant,
-            plat.id,
-            arch_confirmed=False,
-            prerelease=parsed.prerelease,
-            remarks=(("prerelease_build", remark), *newer, *_channel(parsed.prerelease or "", variant_name)),
-        )
-
-    def _cuda_or_newest_below(self, cuda: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-        """``cuda`` when torchrig knows it; else (a nightly ahead of the data) the newest CUDA it knows below it,
-        whose driver floor is a lower bound (floors grow with the version), with a remark saying so. A CUDA older
-        than every one it knows cannot be judged: the error says which it knows."""
-        if any(t.version == cuda for t in self.toolkits):
-            return cuda, ()
-        below = [t for t in self.toolkits if V.parse_cuda(t.version) < V.parse_cuda(cuda)]
-        if not below:
-            self.toolkit(cuda)  # raises, naming the known toolkits
-        stand_in = max(below, key=lambda t: V.parse_cuda(t.version)).version
-        return stand_in, (
-            (
-                "cuda_not_in_data",
-                f"CUDA {cuda} is newer than torchrig's data: judged with CUDA {stand_in}'s driver floor and "
-                f"GPUs, a lower bound (CUDA {cuda} needs at least that driver); check nvidia-smi's CUDA version "
-                f"is {cuda} or newer",
-            ),
-        )
 
     # ---- platforms
     def platform_info(self, platform_id: str) -> PlatformInfo | None:

@@ -96,6 +96,7 @@ def _variant(row: Mapping[str, Any]) -> Variant:
         source=row.get("source", ""),
         verified=str(row.get("verified", "")),
         confirmed=bool(row.get("confirmed", True)),
+        find_links=_opt(row, "find_links"),
     )
 
 

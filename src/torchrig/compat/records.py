@@ -142,6 +142,8 @@ class Variant:
     source: str = ""
     verified: str = ""
     confirmed: bool = True  # False: reported, not read from the wheel or the index
+    # the find-links page pytorch.org installs it from (releases before 1.11: ``pip install torch==X+cu111 -f URL``)
+    find_links: str | None = None
 
     @property
     def is_cpu(self) -> bool:
@@ -216,6 +218,16 @@ class Build:
         reqs = " ".join(f"{p}=={pins[p]}" for p in packages if pins.get(p))
         if self.is_pypi_default and self.pypi_confirmed:  # an unconfirmed default: name the index to be sure
             return f"pip install {reqs}"
+        if self.variant.find_links:
+            # a find-links page lists every variant of a version, so the variant is named on torch and torchvision;
+            # torchaudio is pinned without one, as pytorch.org's previous-versions page writes these commands
+            local = {"torch", "torchvision"}
+            reqs = " ".join(
+                f"{p}=={pins[p]}" + (f"+{self.variant.name}" if p in local else "")
+                for p in packages
+                if pins.get(p)
+            )
+            return f"pip install {reqs} -f {self.variant.find_links}"
         return f"pip install {reqs} --index-url {self.variant.index_url}"
 
     def to_json(self) -> dict[str, Any]:
@@ -227,6 +239,7 @@ class Build:
             "cuda": v.cuda,
             "pypi_default": self.is_pypi_default,
             "index_url": v.index_url,
+            "find_links": v.find_links,
             "arch_list": list(v.arch_list),
             "ptx": list(v.ptx),
             "cudnn": v.cudnn,

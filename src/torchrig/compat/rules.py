@@ -234,6 +234,10 @@ def driver_cuda_support(
     why = f"CUDA {tk.version} needs ≥ {floor}" if floor else f"CUDA {tk.version} has no known driver floor"
     if compat and compat != floor:
         why += f" (≥ {compat} with minor-version compatibility)"
+    elif compat is None and floor and tk.major < 11:
+        # Minor-version compatibility starts with CUDA 11 (cuda.toml lists no floor for it before 11.0): a 10.x
+        # runtime needs its own toolkit's driver.
+        why += " (there is no minor-version compatibility before CUDA 11)"
     return DriverSupport(
         DriverSupportKind.UNSUPPORTED,
         driver,
