@@ -332,3 +332,22 @@ def test_a_missing_file_and_a_folder(tmp_path, capsys):
     assert code == 2 and "does not exist" in err
     code, _, err = _run(["check", "--collect-env", str(tmp_path)], capsys)
     assert code == 2 and "is a folder" in err
+
+
+def test_the_docs_example_runs_as_shown(tmp_path):
+    """docs/knowledge-base.md's collect_env block, run as written on a real report (the WSL2 one)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import docblocks
+
+    (block,) = docblocks.tested_by(
+        ROOT / "docs" / "knowledge-base.md",
+        "tests/unit/test_check_collect_env.py::test_the_docs_example_runs_as_shown",
+    )
+    (tmp_path / "report.txt").write_bytes((FIX / "wsl2-rtx4070-laptop-2.4.0-cu121.txt").read_bytes())
+    steps = block.steps()
+    assert len(steps) == 2
+    for command, shown in steps:
+        proc = docblocks.run(command, tmp_path, timeout=120)
+        want = 1 if "# exit 1" in command else 0
+        assert proc.returncode == want, proc.stderr
+        assert not docblocks.missing(proc.stdout, shown), (command, docblocks.missing(proc.stdout, shown))
