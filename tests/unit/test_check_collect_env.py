@@ -351,3 +351,53 @@ def test_the_docs_example_runs_as_shown(tmp_path):
         want = 1 if "# exit 1" in command else 0
         assert proc.returncode == want, proc.stderr
         assert not docblocks.missing(proc.stdout, shown), (command, docblocks.missing(proc.stdout, shown))
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "said"),
+    [
+        (  # several different GPUs: each judged, as --gpu repeated
+            "PyTorch version: 2.8.0+cu126\nPython platform: Linux-6.8.0-60-generic-x86_64-with-glibc2.39\n"
+            "GPU models and configuration: \nGPU 0: Tesla V100-SXM2-32GB\nGPU 1: NVIDIA GeForce RTX 4090\n"
+            "GPU 2: NVIDIA GeForce RTX 4090\n\nNvidia driver version: 550.54.14\n",
+            [
+                *(
+                    "--gpu",
+                    "Tesla V100-SXM2-32GB",
+                    "--gpu",
+                    "NVIDIA GeForce RTX 4090",
+                    "--torch",
+                    "2.8.0+cu126",
+                ),
+                *("--driver", "550.54.14", "--platform", "linux-x86_64"),
+            ],
+            "Tesla V100-SXM2-32GB",
+        ),
+        (  # an NGC container's build off a Jetson: check places the nvYY.MM tag and says so
+            "PyTorch version: 2.5.0a0+e000cf0ad9.nv24.10\nCUDA used to build PyTorch: 12.6\n"
+            "OS: Ubuntu 22.04.4 LTS (x86_64)\nGPU models and configuration: GPU 0: NVIDIA H100 80GB HBM3\n"
+            "Nvidia driver version: 560.35.03\n",
+            [
+                *("--gpu", "NVIDIA H100 80GB HBM3", "--torch", "2.5.0a0+e000cf0ad9.nv24.10"),
+                *("--driver", "560.35.03", "--platform", "linux-x86_64"),
+            ],
+            "nv24.10",
+        ),
+        (  # the same tag on a Jetson (a -tegra kernel): NVIDIA's JetPack wheel
+            "PyTorch version: 2.0.0a0+ec3941ad.nv23.02\nCUDA used to build PyTorch: 11.4\n"
+            "Python platform: Linux-5.10.120-tegra-aarch64-with-glibc2.29\n"
+            "GPU models and configuration: GPU 0: Orin (nvgpu)\nNvidia driver version: Could not collect\n",
+            ["--gpu", "Orin (nvgpu)", "--torch", "2.0.0a0+ec3941ad.nv23.02", "--platform", "jetson"],
+            "JetPack",
+        ),
+    ],
+)
+def test_a_report_answers_as_its_options(text, argv, said, tmp_path, capsys):
+    report = tmp_path / "r.txt"
+    report.write_text(text)
+    code, out, _ = _run(["check", "--collect-env", str(report), "--json"], capsys)
+    got = json.loads(out)
+    got.pop("collect_env")
+    e_code, e_out, _ = _run(["check", *argv, "--json"], capsys)
+    assert (e_code, json.loads(e_out)) == (code, got)
+    assert said in json.dumps(got)
