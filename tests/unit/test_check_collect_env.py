@@ -401,3 +401,22 @@ def test_a_report_answers_as_its_options(text, argv, said, tmp_path, capsys):
     e_code, e_out, _ = _run(["check", *argv, "--json"], capsys)
     assert (e_code, json.loads(e_out)) == (code, got)
     assert said in json.dumps(got)
+
+
+def test_request_puts_the_options_given_over_the_report():
+    from torchrig.compat.collectenv import CheckRequest, request
+
+    report = read_report(
+        HEAD + "Nvidia driver version: 560.35.03\nPyTorch version: 2.5.1\nCUDA used to build PyTorch: 12.6\n"
+        "[conda] pytorch 2.5.1 cuda126_mkl_py312_h30b5a27_303 conda-forge\n"
+    )
+    asked, overridden = request(report, CheckRequest())
+    assert asked == CheckRequest(
+        ("NVIDIA GeForce RTX 4090",), "2.5.1+cu126", "560.35.03", "linux-x86_64", "conda-forge"
+    )
+    assert overridden == ()
+    asked, overridden = request(report, CheckRequest(driver="550.54.14", platform="wsl"))
+    assert (asked.driver, asked.platform, asked.index) == ("550.54.14", "wsl", "conda-forge")
+    assert overridden == ("--driver", "--platform")
+    asked, overridden = request(report, CheckRequest(torch="2.5.1+cu124"))
+    assert (asked.torch, asked.index, overridden) == ("2.5.1+cu124", None, ("--torch",))

@@ -199,47 +199,18 @@ def run(args: argparse.Namespace) -> CheckReport:
 
 
 def _from_collect_env(args: argparse.Namespace) -> tuple[Report, tuple[str, ...]]:
-    """``args`` with the fields the collect_env report gives filled in where no option was given (the same
-    request the options would make), the report, and the options that overrode it."""
-    from torchrig.compat.collectenv import missing_error, read_report
-    from torchrig.errors import InputError
+    """``args`` completed from the collect_env report (:func:`torchrig.compat.collectenv.request`): the options
+    given stay, the report fills the rest; the report and the options that overrode it."""
+    from torchrig.compat.collectenv import CheckRequest, read_report, request
     from torchrig.inputfiles import read_text_or_stdin
 
-    report = read_report(
-        read_text_or_stdin(args.collect_env, "collect_env report", max_bytes=MAX_REPORT_BYTES)
-    )
-    given = {"--gpu": bool(args.gpu), "--torch": args.torch is not None, "--driver": args.driver is not None}
-    given |= {"--platform": args.platform is not None, "--index": args.index is not None}
-    said = {f.option for f in report.read if f.option} | ({"--index"} if report.index else set())
-    overridden = tuple(opt for opt, g in given.items() if g and opt in said)
-    if args.index is None and args.torch is None:
-        args.index = report.index  # the source was inferred from the torch lines: not for another --torch
-    args.gpu = args.gpu or list(report.gpus)
-    args.torch = args.torch if args.torch is not None else report.torch
-    args.driver = args.driver if args.driver is not None else report.driver
-    args.platform = args.platform if args.platform is not None else report.platform
-    needed = [
-        label
-        for label, have in (
-            ("PyTorch version", args.torch),
-            ("GPU models and configuration", args.gpu),
-            ("OS", args.platform),
-        )
-        if not have
-    ]
-    if needed:
-        raise missing_error(report, needed)
-    if args.platform == "macos":
-        raise InputError(
-            f"the collect_env report is from macOS ({_field(report, '--platform')}): NVIDIA's CUDA builds of "
-            "torch are not made for it",
-            hint="pass --platform to ask about another platform",
-        )
+    text = read_text_or_stdin(args.collect_env, "collect_env report", max_bytes=MAX_REPORT_BYTES)
+    report = read_report(text)
+    given = CheckRequest(tuple(args.gpu or ()), args.torch, args.driver, args.platform, args.index)
+    asked, overridden = request(report, given)
+    args.gpu, args.torch, args.driver = list(asked.gpus), asked.torch, asked.driver
+    args.platform, args.index = asked.platform, asked.index
     return report, overridden
-
-
-def _field(report: Report, option: str) -> str:
-    return next((f.value for f in report.read if f.option == option), "")
 
 
 def _with_note(result: CheckResult, inferred: str | None) -> CheckResult:

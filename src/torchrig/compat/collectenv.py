@@ -24,7 +24,9 @@ indented or quoted (``> ``) as pasted in an issue, CRLF line ends, a GPU list on
   ``Windows-...`` Windows, ``-aarch64``), else ``OS`` (``Microsoft Windows ...``, ``... (aarch64)``), else the
   ``CPU:`` section's ``Architecture:``.
 
-A pure function of the text (and torchrig's packaged data): nothing here touches the host.
+:func:`request` then puts the options given over what the report says (a field neither gives is a one-line
+error naming the option to pass). Pure functions of the text (and torchrig's packaged data): nothing here
+touches the host.
 
 >>> r = read_report("PyTorch version: 2.7.0+cu128\\nOS: Ubuntu 22.04 LTS (x86_64)\\n"
 ...                 "GPU models and configuration: GPU 0: NVIDIA GeForce RTX 5090\\nNvidia driver version: 570.86.10\\n")
@@ -165,7 +167,7 @@ def _gpus(gpu_lines: list[str]) -> list[str]:
     return names
 
 
-def _platform(found: dict[str, str], lines: list[str]) -> tuple[str | None, Field | None, str | None]:
+def _platform(found: dict[str, str]) -> tuple[str | None, Field | None, str | None]:
     """(platform id, the field it came from, a note when it is not certain) or Nones."""
     py = found.get("python platform", "")
     low = py.lower()
@@ -249,7 +251,7 @@ def read_report(text: str) -> Report:
     lines = _lines(text)
     found, gpu_lines = _fields(lines)
     r = _Reading()
-    platform, pfield, pnote = _platform(found, lines)
+    platform, pfield, pnote = _platform(found)
     if pfield:
         r.read.append(pfield)
         if pnote:
@@ -375,11 +377,62 @@ def _ngc_container(version: str) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
+@dataclass(frozen=True)
+class CheckRequest:
+    """The question ``check`` answers, as its options give it (None / empty: not given)."""
+
+    gpus: tuple[str, ...] = ()
+    torch: str | None = None
+    driver: str | None = None
+    platform: str | None = None
+    index: str | None = None
+
+
 OPTION_OF = {
     "PyTorch version": "--torch",
     "GPU models and configuration": "--gpu",
     "OS": "--platform",
 }
+
+
+def request(report: Report, given: CheckRequest) -> tuple[CheckRequest, tuple[str, ...]]:
+    """The request ``check`` answers: each option ``given`` as it is, the rest from the report; and the options
+    given over a field the report has. The wheel source inferred from the report's torch lines goes with them:
+    not with another ``--torch``. A field neither gives is an InputError naming the option to pass."""
+    said = {f.option for f in report.read if f.option} | ({"--index"} if report.index else set())
+    gave = {
+        "--gpu": bool(given.gpus),
+        "--torch": given.torch is not None,
+        "--driver": given.driver is not None,
+        "--platform": given.platform is not None,
+        "--index": given.index is not None,
+    }
+    overridden = tuple(opt for opt, g in gave.items() if g and opt in said)
+    asked = CheckRequest(
+        gpus=given.gpus or report.gpus,
+        torch=given.torch if given.torch is not None else report.torch,
+        driver=given.driver if given.driver is not None else report.driver,
+        platform=given.platform if given.platform is not None else report.platform,
+        index=given.index if given.index is not None or given.torch is not None else report.index,
+    )
+    needed = [
+        label
+        for label, have in (
+            ("PyTorch version", asked.torch),
+            ("GPU models and configuration", asked.gpus),
+            ("OS", asked.platform),
+        )
+        if not have
+    ]
+    if needed:
+        raise missing_error(report, needed)
+    if asked.platform == "macos":
+        where = next((f.value for f in report.read if f.option == "--platform"), "")
+        raise InputError(
+            f"the collect_env report is from macOS ({where}): NVIDIA's CUDA builds of torch are not made for it",
+            hint="pass --platform to ask about another platform",
+        )
+    return asked, overridden
 
 
 def missing_error(report: Report, needed: list[str]) -> InputError:
