@@ -46,7 +46,18 @@ def test_the_corpus_is_sourced_and_covers_the_kinds_asked_for():
         assert c["source"].startswith("https://github.com/") and c["kind"], c["file"]
         assert ("verdict" in c) != ("error" in c), c["file"]
     kinds = " ".join(c["kind"] for c in CASES).lower()
-    for word in ("pip", "wsl", "jetson", "aarch64", "windows", "different gpus", "cpu", "quoted", "indented"):
+    for word in (
+        "pip",
+        "wsl",
+        "jetson",
+        "aarch64",
+        "windows",
+        "different gpus",
+        "cpu",
+        "quoted",
+        "indented",
+        "conda",
+    ):
         assert word in kinds, word
     assert len(CASES) >= 8
 
@@ -59,6 +70,8 @@ def test_a_real_report_is_read_and_answered_as_the_options_would_be(case, capsys
     assert report.driver == case.get("driver")
     assert report.platform == case["platform"]
     assert report.index == case.get("index")
+    if "inferred" in case:
+        assert any(case["inferred"] in note for note in report.inferred), report.inferred
     code, out, err = _run(["check", "--collect-env", str(FIX / case["file"]), "--json"], capsys)
     if "error" in case:
         assert code == 2 and case["error"] in err, err

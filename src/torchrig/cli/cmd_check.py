@@ -146,7 +146,8 @@ class CheckReport:
         value = {"--torch": rep.torch, "--driver": rep.driver, "--platform": rep.platform}
         for f in rep.read:
             said = f"{f.option} {value[f.option]}" if f.option in value else f.option
-            lines.append(f"  {f.label}: {f.value}" + (f"  ({said})" if said else ""))
+            sep = " " if f.label.startswith("[") else ": "
+            lines.append(f"  {f.label}{sep}{f.value}" + (f"  ({said})" if said else ""))
         lines += [f"  inferred: {note}" for note in rep.inferred]
         lines += [f"  overridden: {opt} as given" for opt in self.overridden]
         return [*lines, ""]
