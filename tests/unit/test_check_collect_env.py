@@ -433,3 +433,18 @@ def test_request_puts_the_options_given_over_the_report():
     assert overridden == ("--driver", "--platform")
     asked, overridden = request(report, CheckRequest(torch="2.5.1+cu124"))
     assert (asked.torch, asked.index, overridden) == ("2.5.1+cu124", None, ("--torch",))
+
+
+def test_cuda_not_available_with_a_build_that_fits_points_at_the_machine(tmp_path, capsys):
+    report = tmp_path / "r.txt"
+    text = (FIX / "pip-h100-2.9.1-cu126-driver580.txt").read_text()
+    report.write_text(text.replace("Is CUDA available: True", "Is CUDA available: False"))
+    code, out, _ = _run(["check", "--collect-env", str(report)], capsys)
+    assert code == 0 and "note: the report says Is CUDA available: False" in out and "torchrig doctor" in out
+    code, out, _ = _run(["check", "--collect-env", str(report), "--json"], capsys)
+    assert "Is CUDA available: False" in json.loads(out)["collect_env"]["note"]
+    # a CPU build explains it: no note
+    code, out, _ = _run(
+        ["check", "--collect-env", str(FIX / "cpu-build-a100-mig-2.4.0-cpu.txt"), "--json"], capsys
+    )
+    assert code == 1 and json.loads(out)["collect_env"]["note"] is None

@@ -135,8 +135,25 @@ class CheckReport:
     def to_json(self) -> dict[str, Any]:
         data = self.result.to_json()
         if self.collect_env is not None:
-            data["collect_env"] = {**self.collect_env.to_json(), "overridden": list(self.overridden)}
+            data["collect_env"] = {
+                **self.collect_env.to_json(),
+                "overridden": list(self.overridden),
+                "note": self.unexplained,
+            }
         return data
+
+    @property
+    def unexplained(self) -> str | None:
+        """What the report shows that the verdict does not explain: CUDA not available with a build that works."""
+        rep = self.collect_env
+        said = next((f.value for f in rep.read if f.label == "Is CUDA available"), None) if rep else None
+        if said not in ("False", "No") or self.result.verdict.value == "fails":
+            return None
+        return (
+            f"the report says Is CUDA available: {said}, yet this build, GPU and driver go together: the cause is "
+            "on that machine (no driver loaded, a container started without GPUs, CUDA_VISIBLE_DEVICES empty); "
+            "torchrig doctor run there names it"
+        )
 
     def _read_lines(self) -> list[str]:
         rep = self.collect_env
@@ -153,7 +170,8 @@ class CheckReport:
         return [*lines, ""]
 
     def render_text(self) -> str:
-        return "\n".join([*self._read_lines(), self._verdict_text()])
+        note = [f"\nnote: {self.unexplained}"] if self.unexplained else []
+        return "\n".join([*self._read_lines(), self._verdict_text(), *note])
 
     def _verdict_text(self) -> str:
         r = self.result
