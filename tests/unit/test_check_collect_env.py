@@ -448,3 +448,29 @@ def test_cuda_not_available_with_a_build_that_fits_points_at_the_machine(tmp_pat
         ["check", "--collect-env", str(FIX / "cpu-build-a100-mig-2.4.0-cpu.txt"), "--json"], capsys
     )
     assert code == 1 and json.loads(out)["collect_env"]["note"] is None
+
+
+def test_check_collect_env_imports_nothing_heavy():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "torchrig",
+            "check",
+            "--collect-env",
+            str(FIX / "conda-pytorch-channel-rtx4080-2.1.0-cu121.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mods = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "torchrig" in mods
+    assert not (mods & {"torch", "docker", "pynvml", "rich", "numpy", "matplotlib"})
