@@ -186,6 +186,13 @@ HEAD = "OS: Ubuntu 22.04.4 LTS (x86_64)\nGPU models and configuration: GPU 0: NV
             "ngc",
             "NGC",
         ),
+        # a pre-release hash no container carries: as printed, and said
+        (
+            "PyTorch version: 2.4.0a0+deadbeef0\nCUDA used to build PyTorch: 12.4\n",
+            "2.4.0a0+deadbeef0",
+            None,
+            "no NGC container in torchrig's data carries",
+        ),
         # the nvYY.MM tag is check's to place (NGC off a Jetson, NVIDIA's JetPack wheel on one)
         ("PyTorch version: 2.5.0a0+e000cf0ad9.nv24.10\n", "2.5.0a0+e000cf0ad9.nv24.10", None, None),
         # a bare version and its CUDA: the tag the CUDA line makes certain

@@ -319,6 +319,10 @@ def _torch(
                 f"torch {version} is the torch of NGC container {ngc} (nvcr.io/nvidia/pytorch:{ngc}-py3): --index ngc"
             )
             return version, "ngc"
+        r.inferred.append(
+            f"torch {version} is a pre-release build (a0+<hash>) whose hash no NGC container in torchrig's data "
+            "carries: check judges it as its release line; pass --index if you know where it came from"
+        )
     if "+" in version or platform == "jetson":
         return version, None  # tagged (+cu128, +cpu, nvYY.MM, a0+hash) or a Jetson's bare version: as printed
     if _nothing(cuda):
