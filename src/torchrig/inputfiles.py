@@ -234,6 +234,26 @@ def loads_json(text: str, what: str, where: str) -> Any:
     return value
 
 
+def read_text_or_stdin(path: str, what: str, *, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """``read_text(path)``, or standard input when ``path`` is ``-``: at most ``max_bytes`` read either way,
+    the same checks on the text (UTF-8, no NUL bytes)."""
+    if path != "-":
+        return read_text(path, what, max_bytes=max_bytes)
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        raise InputError(f"{what}: no standard input to read", hint="give the file's path instead of -")
+    try:
+        data = stream.read(max_bytes + 1)
+    except (OSError, ValueError) as err:  # a closed or unreadable stdin
+        raise InputError(f"cannot read {what} from standard input: {err}") from None
+    if len(data) > max_bytes:
+        raise InputError(
+            f"{what} on standard input is more than the {max_bytes:,} bytes torchrig reads",
+            hint="check that this is the right text",
+        )
+    return decode_text(data, what, "<stdin>")
+
+
 def read_json(
     path: str | os.PathLike[str], what: str, *, max_bytes: int = MAX_FILE_BYTES, follow: bool = True
 ) -> Any:
