@@ -149,18 +149,33 @@ def test_the_worker_writes_its_record_when_asked_and_keeps_nccls_own(tmp_path, m
     deadline = time.monotonic() + 10
     while len(asked) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(0.2)  # the record with stacks replaces the quick one
     assert asked == [False, True]  # without the stacks at once, then with them
+
+    def settled() -> bool:  # the record with stacks has replaced the quick one, no temporary file left
+        left = [p.name for p in tmp_path.iterdir() if ".tmp" in p.name or p.name.endswith(".symbolizing")]
+        return not left and (tmp_path / "nccl_trace_rank_3").exists()
+
+    deadline = (
+        time.monotonic() + 10
+    )  # under load the writer thread may run late: wait for it, not a fixed time
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert settled()
     assert flightrec.load(tmp_path / "nccl_trace_rank_3") == pickle.loads(recorded)
-    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name or p.name.endswith(".symbolizing")] == []
     # The launcher asks again (it touches the request): the rank writes its record again.
     os.utime(tmp_path / ".flight-record-request.2", ns=(time.time_ns() + 10**9,) * 2)
     deadline = time.monotonic() + 10
     while len(asked) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert asked == [False, True, False, True]
-    # A record NCCL's watchdog wrote for this process stays as it is.
+    deadline = time.monotonic() + 10  # the rank's second write is done (asked is noted before it writes)
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert settled()
+    # A record NCCL's watchdog wrote for this process stays as it is. Its time is set apart from the rank's own
+    # writes: the kernel stamps files with a coarse clock, so two writes in one tick share their mtime.
     (tmp_path / "nccl_trace_rank_3").write_bytes(b"nccl's")
+    os.utime(tmp_path / "nccl_trace_rank_3", ns=(time.time_ns() + 2 * 10**9,) * 2)
     worker._dump_flight_record(str(tmp_path / "nccl_trace_rank_3"), time.time() - 60)
     assert (tmp_path / "nccl_trace_rank_3").read_bytes() == b"nccl's"
     assert worker.serve_flight_record({"RANK": "0"}) is None  # not started by torchrig launch
