@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 SCRIPT = r"""
-import torch, torch.distributed as dist
+import sys, torch, torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torchrig.train.config import TrainConfig, sizes
 from torchrig.train.loop import _sync_context
@@ -29,7 +29,10 @@ for micro in range(K):
     with _sync_context(ddp, rt, micro == K - 1):
         ddp(x, x).backward()
 if rt.rank == 0:
-    print("SYNCED_MICRO_STEPS", sorted(set(calls)), flush=True)
+    # one write: torchrun's log tailer reads line by line, and under load it can prefix the part of a line
+    # written so far ("SYNCED_MICRO_STEPS [default0]:[3]") when print writes its arguments one at a time
+    sys.stdout.write(f"SYNCED_MICRO_STEPS {sorted(set(calls))}\n")
+    sys.stdout.flush()
 del ddp, model  # the reducer must go while its process group exists (else it can abort at exit)
 import gc; gc.collect()
 dist.destroy_process_group()
