@@ -72,9 +72,9 @@ def test_an_nv_tag_off_a_jetson_is_the_ngc_container_judged_by_its_cuda(capsys):
 
 
 def test_a_container_whose_cuda_the_data_lacks_is_a_caveat_not_a_guess(capsys):
-    # 24.09: no NVIDIA page found that gives its CUDA
+    # 24.12: no page found that gives its CUDA
     code, out = _check(
-        capsys, "--gpu", "A100", "--driver", "550.54.15", "--torch", "2.5.0a0+b465a5843b.nv24.09"
+        capsys, "--gpu", "A100", "--driver", "550.54.15", "--torch", "2.6.0a0+df5bbc09d1.nv24.12"
     )
     assert code == 0 and out["verdict"] == "works_with_caveats"
     assert "channel_cuda_unknown" in _codes(out) and out["build"]["cuda"] is None
@@ -86,12 +86,15 @@ def test_a_container_whose_cuda_the_data_lacks_is_a_caveat_not_a_guess(capsys):
 @pytest.mark.parametrize(
     ("release", "torch", "cuda"),
     [
-        # the 24.05 notes of NVIDIA's other frameworks: CUDA 12.4.1; Triton's matrix: nv24.5 on 12.4.1
-        ("24.05", "2.4.0a0+07cecf4168", "12.4"),
-        # Triton's matrix: the nvYY.MM build each TRT-LLM container carries, and its CUDA
+        # PaddlePaddle's 23.11 notes, tied to PyTorch's 23.11 container by a second source
+        ("23.11", "2.2.0a0+6a974bec", "12.3"),
+        # the container-versions table of the PyTorch 24.10 notes
         ("24.02", "2.3.0a0+ebedce2", "12.3"),
-        ("24.07", "2.4.0a0+3bcc3cddb5", "12.5"),
-        ("24.10", "2.5.0a0+e000cf0ad9", "12.6"),
+        ("24.05", "2.4.0a0+07cecf4168", "12.4"),
+        ("24.06", "2.4.0a0+f70bd71a48", "12.5"),  # MXNet's 24.06 was 12.4.1: not PyTorch's
+        ("24.09", "2.5.0a0+b465a5843b", "12.6"),
+        # Triton's matrix: the nvYY.MM build each TRT-LLM container carries, and its CUDA
+        ("24.11", "2.6.0a0+df5bbc0", "12.6"),
         ("25.01", "2.6.0a0+ecf3bae40a", "12.8"),
         ("25.06", "2.8.0a0+5228986c39", "12.9"),
         ("25.10", "2.9.0a0+145a3a7bda", "13.0"),
@@ -107,10 +110,25 @@ def test_each_container_with_a_sourced_cuda_is_judged_by_it(capsys, release, tor
     assert code == 0 and out["verdict"] == "works_with_caveats", out
     assert out["build"]["cuda"] == cuda and "channel_cuda_unknown" not in _codes(out)
     assert {"driver_minor_compat", "driver_forward_compat"} & set(_codes(out))
-    assert f"CUDA {cuda} per " in out["reasons"][0]["message"] or row.cuda_source is None
+    assert f"CUDA {cuda} per {row.cuda_source}" in out["reasons"][0]["message"] or row.cuda_source is None
     # a GeForce on R470, below every CUDA 12 floor: no forward compatibility off data center GPUs
     code, out = _check(capsys, "--gpu", "RTX 3090", "--driver", "470.57.02", "--torch", tag)
     assert code == 1 and "driver_too_old" in _codes(out), out
+
+
+@pytest.mark.parametrize(
+    ("release", "torch"),
+    [("25.08", "2.8.0a0+34c6371d24"), ("25.09", "2.9.0a0+50eac811a6"), ("25.11", "2.10.0a0+b558c986e8")],
+)
+def test_releases_whose_torch_is_known_but_not_their_cuda_are_named_with_a_caveat(capsys, release, torch):
+    # NVIDIA's Jetson table gives their torch strings; no page found gives their CUDA
+    code, out = _check(capsys, "--gpu", "H100", "--driver", "580.65.06", "--torch", f"{torch}.nv{release}")
+    assert code == 0 and out["build"]["variant"] == f"ngc{release}" and out["build"]["cuda"] is None
+    assert "channel_cuda_unknown" in _codes(out)
+    assert f"pytorch:{release}-py3 (torch {torch};" in out["reasons"][0]["message"]
+    # --index ngc finds the release from the torch string alone
+    code, out = _check(capsys, "--gpu", "H100", "--torch", torch, "--index", "ngc")
+    assert out["build"]["variant"] == f"ngc{release}"
 
 
 def test_ngc_24_05_on_an_a100_with_r535_works_and_a_geforce_on_r470_fails(capsys):
