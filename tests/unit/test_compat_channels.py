@@ -131,6 +131,16 @@ def test_releases_whose_torch_is_known_but_not_their_cuda_are_named_with_a_cavea
     assert out["build"]["variant"] == f"ngc{release}"
 
 
+def test_the_container_cuda_agrees_with_a_public_collect_env_of_its_torch():
+    # vllm-project/vllm#6776: torch 2.3.0a0+ebedce2 (24.02's) reports the CUDA it was built with
+    text = (
+        DATA.parents[3] / "tests" / "fixtures" / "collect_env" / "ngc-24.02-4xa100-2.3.0a0-ebedce2.txt"
+    ).read_text()
+    built = re.search(r"^CUDA used to build PyTorch: (\d+\.\d+)", text, re.M)
+    row = next(c for c in load_containers() if c.torch == "2.3.0a0+ebedce2")
+    assert built and row.release == "24.02" and row.cuda == built.group(1)
+
+
 def test_ngc_24_05_on_an_a100_with_r535_works_and_a_geforce_on_r470_fails(capsys):
     argv = ["--torch", "2.4.0a0+07cecf4168.nv24.05"]
     code, out = _check(capsys, "--gpu", "NVIDIA A100-SXM4-80GB", "--driver", "535.104.05", *argv)
