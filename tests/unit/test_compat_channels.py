@@ -36,6 +36,7 @@ def test_every_container_and_conda_forge_row_is_sourced_and_names_known_cuda():
             r"2\.\d+\.0a0\+[0-9a-f]{7,10}", c.torch
         )
         assert c.cuda is None or c.cuda in toolkits, c
+        assert c.cuda_source is None or (c.cuda and c.cuda_source.startswith("https://")), c
     assert len({c.release for c in load_containers()}) == len(doc["container"])
     for r in load_conda_forge():
         for plat, cudas in r.cuda_by_platform.items():
@@ -71,14 +72,84 @@ def test_an_nv_tag_off_a_jetson_is_the_ngc_container_judged_by_its_cuda(capsys):
 
 
 def test_a_container_whose_cuda_the_data_lacks_is_a_caveat_not_a_guess(capsys):
+    # 24.12: no page found that gives its CUDA
     code, out = _check(
-        capsys, "--gpu", "A100", "--driver", "550.54.15", "--torch", "2.5.0a0+e000cf0ad9.nv24.10"
+        capsys, "--gpu", "A100", "--driver", "550.54.15", "--torch", "2.6.0a0+df5bbc09d1.nv24.12"
     )
     assert code == 0 and out["verdict"] == "works_with_caveats"
     assert "channel_cuda_unknown" in _codes(out) and out["build"]["cuda"] is None
     # a tag torchrig has no row for: named, not refused
     code, out = _check(capsys, "--gpu", "A100", "--torch", "2.99.0a0+abcdef1.nv29.01")
     assert code == 0 and "channel_cuda_unknown" in _codes(out)
+
+
+@pytest.mark.parametrize(
+    ("release", "torch", "cuda"),
+    [
+        # PaddlePaddle's 23.11 notes, tied to PyTorch's 23.11 container by a second source
+        ("23.11", "2.2.0a0+6a974bec", "12.3"),
+        # the container-versions table of the PyTorch 24.10 notes
+        ("24.02", "2.3.0a0+ebedce2", "12.3"),
+        ("24.05", "2.4.0a0+07cecf4168", "12.4"),
+        ("24.06", "2.4.0a0+f70bd71a48", "12.5"),  # MXNet's 24.06 was 12.4.1: not PyTorch's
+        ("24.09", "2.5.0a0+b465a5843b", "12.6"),
+        # Triton's matrix: the nvYY.MM build each TRT-LLM container carries, and its CUDA
+        ("24.11", "2.6.0a0+df5bbc0", "12.6"),
+        ("25.01", "2.6.0a0+ecf3bae40a", "12.8"),
+        ("25.06", "2.8.0a0+5228986c39", "12.9"),
+        ("25.10", "2.9.0a0+145a3a7bda", "13.0"),
+    ],
+)
+def test_each_container_with_a_sourced_cuda_is_judged_by_it(capsys, release, torch, cuda):
+    row = next(c for c in load_containers() if c.release == release)
+    assert row.torch == torch and row.cuda == cuda and (row.cuda_source or row.source).startswith("https://")
+    tag = f"{torch}.nv{release}"
+    # a data center GPU on R535 (an LTS branch): minor-version compatibility for CUDA 12.x, the cuda-compat
+    # package for 13.x; either way it works with caveats, never "unknown CUDA"
+    code, out = _check(capsys, "--gpu", "NVIDIA A100-SXM4-80GB", "--driver", "535.104.05", "--torch", tag)
+    assert code == 0 and out["verdict"] == "works_with_caveats", out
+    assert out["build"]["cuda"] == cuda and "channel_cuda_unknown" not in _codes(out)
+    assert {"driver_minor_compat", "driver_forward_compat"} & set(_codes(out))
+    assert f"CUDA {cuda} per {row.cuda_source}" in out["reasons"][0]["message"] or row.cuda_source is None
+    # a GeForce on R470, below every CUDA 12 floor: no forward compatibility off data center GPUs
+    code, out = _check(capsys, "--gpu", "RTX 3090", "--driver", "470.57.02", "--torch", tag)
+    assert code == 1 and "driver_too_old" in _codes(out), out
+
+
+@pytest.mark.parametrize(
+    ("release", "torch"),
+    [("25.08", "2.8.0a0+34c6371d24"), ("25.09", "2.9.0a0+50eac811a6"), ("25.11", "2.10.0a0+b558c986e8")],
+)
+def test_releases_whose_torch_is_known_but_not_their_cuda_are_named_with_a_caveat(capsys, release, torch):
+    # NVIDIA's Jetson table gives their torch strings; no page found gives their CUDA
+    code, out = _check(capsys, "--gpu", "H100", "--driver", "580.65.06", "--torch", f"{torch}.nv{release}")
+    assert code == 0 and out["build"]["variant"] == f"ngc{release}" and out["build"]["cuda"] is None
+    assert "channel_cuda_unknown" in _codes(out)
+    assert f"pytorch:{release}-py3 (torch {torch};" in out["reasons"][0]["message"]
+    # --index ngc finds the release from the torch string alone
+    code, out = _check(capsys, "--gpu", "H100", "--torch", torch, "--index", "ngc")
+    assert out["build"]["variant"] == f"ngc{release}"
+
+
+def test_the_container_cuda_agrees_with_a_public_collect_env_of_its_torch():
+    # vllm-project/vllm#6776: torch 2.3.0a0+ebedce2 (24.02's) reports the CUDA it was built with
+    text = (
+        DATA.parents[3] / "tests" / "fixtures" / "collect_env" / "ngc-24.02-4xa100-2.3.0a0-ebedce2.txt"
+    ).read_text()
+    built = re.search(r"^CUDA used to build PyTorch: (\d+\.\d+)", text, re.M)
+    row = next(c for c in load_containers() if c.torch == "2.3.0a0+ebedce2")
+    assert built and row.release == "24.02" and row.cuda == built.group(1)
+
+
+def test_ngc_24_05_on_an_a100_with_r535_works_and_a_geforce_on_r470_fails(capsys):
+    argv = ["--torch", "2.4.0a0+07cecf4168.nv24.05"]
+    code, out = _check(capsys, "--gpu", "NVIDIA A100-SXM4-80GB", "--driver", "535.104.05", *argv)
+    assert code == 0 and "driver_minor_compat" in _codes(out)  # R535 >= CUDA 12's 525.60.13
+    code, out = _check(capsys, "--gpu", "NVIDIA A100-SXM4-80GB", "--driver", "470.57.02", *argv)
+    assert code == 0 and "driver_forward_compat" in _codes(out)  # R470 LTS + cuda-compat-12-4
+    assert any("cuda-compat-12-4" in r["message"] for r in out["reasons"])
+    code, out = _check(capsys, "--gpu", "RTX 4090", "--driver", "470.57.02", *argv)
+    assert code == 1 and "driver_too_old" in _codes(out)
 
 
 def test_index_ngc_matches_the_version_string_and_says_when_it_differs(capsys):

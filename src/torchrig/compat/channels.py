@@ -51,6 +51,7 @@ class Container:
     cuda: str | None  # None: the cited page does not say
     source: str
     verified: str
+    cuda_source: str | None = None  # the page giving the CUDA, when it is not `source`
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,9 @@ def load_containers() -> tuple[Container, ...]:
     from torchrig import data
 
     return tuple(
-        Container(r["release"], r["torch"], r.get("cuda"), r["source"], str(r["verified"]))
+        Container(
+            r["release"], r["torch"], r.get("cuda"), r["source"], str(r["verified"]), r.get("cuda_source")
+        )
         for r in data.load("wheel_sources").get("container", [])
     )
 
@@ -282,6 +285,8 @@ def _ngc_head(cb: ChannelBuild) -> list[Reason]:
             )
         ]
     cuda = f", CUDA {c.cuda}" if c.cuda else ""
+    if c.cuda and c.cuda_source:
+        cuda += f" per {c.cuda_source}"
     reasons = [
         Reason(
             "wheel_source",
