@@ -11,12 +11,15 @@
 #   plain   --loss plain (the head's F.cross_entropy instead of the fused loss)
 #   scaled  GPT-2's residual scaling at init (std 0.02/sqrt(2*layers) for proj and out), through
 #           tools/gpu/large_diverge_scaled.py
-# Usage (repository root): OUT=/some/dir bash tools/gpu/large_diverge.sh   (about 90 s a variant)
+#   fp32    --precision fp32 (TF32 matmuls, compiled): bf16 numerics against the rest of the path
+# Usage (repository root): OUT=/some/dir bash tools/gpu/large_diverge.sh   (about 90 s a variant: two calls
+#   of 10 minutes, VARIANTS="ref nomix eager nocg" then VARIANTS="plain scaled fp32")
 #   VARIANTS="ref nomix" to run fewer; STEPS (30); SIZE (large); MICRO_BATCH (16); EXTRA: more options
 #   (a CPU smoke run: SIZE=tiny EXTRA="--device cpu --no-compile" VARIANTS="eager scaled")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor-cache}"  # shared with train_levers.sh
 R="${OUT:-/tmp/gpu-out}/large_diverge"
 W="${WORK:-/tmp/large_diverge}"
 mkdir -p "$R" "$W"
@@ -26,7 +29,7 @@ echo "large_diverge: $(nvidia-smi --query-gpu=name,driver_version --format=csv,n
 COMMON=(train --model gpt --size "$SIZE" --data generated --precision bf16 --warmup-steps 5
   --micro-batch "$MB" --steps "$STEPS" --clip-grad 1.0 --log-every 1 --no-ckpt-final --no-tensorboard
   --no-preflight --overwrite)
-for v in ${VARIANTS:-ref nomix eager nocg plain scaled}; do
+for v in ${VARIANTS:-ref nomix eager nocg plain scaled fp32}; do
   env=() opts=(--compile) entry=(python3 -m torchrig)
   case "$v" in
     ref) ;;
@@ -35,6 +38,7 @@ for v in ${VARIANTS:-ref nomix eager nocg plain scaled}; do
     nocg) opts=(--compile --compile-mode default) ;;
     plain) opts=(--compile --loss plain) ;;
     scaled) entry=(python3 tools/gpu/large_diverge_scaled.py) ;;
+    fp32) opts=(--compile --precision fp32) ;;
     *) echo "large_diverge: unknown variant $v"; continue ;;
   esac
   t0=$(date +%s)
