@@ -16,6 +16,7 @@
 #   of 10 minutes, VARIANTS="ref nomix eager nocg" then VARIANTS="plain scaled fp32")
 #   VARIANTS="ref nomix" to run fewer; STEPS (30); SIZE (large); MICRO_BATCH (16); EXTRA: more options
 #   (a CPU smoke run: SIZE=tiny EXTRA="--device cpu --no-compile" VARIANTS="eager scaled")
+# tools/gpu/large_grads.py compares the first step's gradients, eager against compiled, parameter by parameter.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
