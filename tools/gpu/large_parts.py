@@ -48,14 +48,17 @@ def attention(heads: int, width: int, t: int) -> None:
         except RuntimeError as e:
             print(f"  attention {backend.name}: not run ({str(e).splitlines()[0][:100]})")
             continue
-        errs = " ".join(f"{n} {rel(a, r):.4f}" for n, a, r in zip(("out", "dq", "dk", "dv"), got, ref))
+        errs = " ".join(
+            f"{n} {rel(a, r):.4f}" for n, a, r in zip(("out", "dq", "dk", "dv"), got, ref, strict=True)
+        )
         print(f"  attention {backend.name} bf16 vs math fp32: {errs}", flush=True)
     with torch.autocast(DEV, dtype=torch.bfloat16):  # what the model gets: SDPA's own choice
         xs = [z.detach().to(torch.bfloat16).clone().requires_grad_() for z in (q, k, v)]
         y = F.scaled_dot_product_attention(*xs, is_causal=True)
         y.backward(dy.to(torch.bfloat16))
     errs = " ".join(
-        f"{n} {rel(a, r):.4f}" for n, a, r in zip(("out", "dq", "dk", "dv"), [y] + [z.grad for z in xs], ref)
+        f"{n} {rel(a, r):.4f}"
+        for n, a, r in zip(("out", "dq", "dk", "dv"), [y] + [z.grad for z in xs], ref, strict=True)
     )
     print(f"  attention default choice bf16 vs math fp32: {errs}", flush=True)
 
@@ -80,7 +83,9 @@ def loss(width: int, vocab: int, t: int) -> None:
     ref = [ref_loss.detach(), ref_h.grad, ref_w.grad]
     for name, fused in (("fused", True), ("plain", False)):
         got = run(fused)
-        errs = " ".join(f"{k} {rel(a, r):.4f}" for k, a, r in zip(("loss", "dh", "dw"), got, ref))
+        errs = " ".join(
+            f"{k} {rel(a, r):.4f}" for k, a, r in zip(("loss", "dh", "dw"), got, ref, strict=True)
+        )
         print(f"  loss {name} bf16 vs fp32: {errs}", flush=True)
 
 
@@ -101,7 +106,9 @@ def gemms(width: int, t: int) -> None:
             out = F.linear(*xb)
         out.backward(dy.to(out.dtype))
         got = [out.detach()] + [z.grad for z in xb]
-        errs = " ".join(f"{k} {rel(a, r):.4f}" for k, a, r in zip(("out", "dx", "dw", "db"), got, rs))
+        errs = " ".join(
+            f"{k} {rel(a, r):.4f}" for k, a, r in zip(("out", "dx", "dw", "db"), got, rs, strict=True)
+        )
         print(f"  linear {k_in}->{k_out} bf16 vs fp32: {errs}", flush=True)
 
 
