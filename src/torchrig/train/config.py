@@ -104,6 +104,7 @@ class TrainConfig:
     test_kill_in_save: int = 0
     test_hang_at_step: int = 0
     test_hang_rank: int = 1
+    test_compile_tolerance: float = 0.0  # > 0: the compile check's only tolerance (train/compilecheck.py)
 
     def __post_init__(self) -> None:
         """Each option against its row of the tables below, in their order: the first broken one is the

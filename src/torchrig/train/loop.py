@@ -7,7 +7,9 @@ each rank) or call :func:`train` with a :class:`~torchrig.train.config.TrainConf
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import itertools
 import math
 import os
 import signal
@@ -21,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchrig.train import checkpoint as ckpt
-from torchrig.train import finite, resume, rundir, setup, summary
+from torchrig.train import compilecheck, finite, resume, rundir, setup, summary
 from torchrig.train.config import TrainConfig
 from torchrig.train.data import batches, build_dataset
 from torchrig.train.finite import MAX_SKIPPED_IN_A_ROW, Diverged, NonFiniteWatch, any_rank, weights_finite
@@ -363,9 +365,12 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
         workers=cfg.workers,
         pin=rt.device.type == "cuda",
     )
-    loss_sum = torch.zeros((), device=rt.device)
-    last: dict[str, Any] = {"step": run.start, "t": time.perf_counter()}
     t0, profiler = time.perf_counter(), None
+    if cfg.compile and run.start < cfg.steps and rt.parallel != "fsdp":
+        it = _check_compile(job, metrics, it, run.start)  # compiles the model (as the first step did before)
+        cfg = job.cfg  # compile off when the check failed
+    loss_sum = torch.zeros((), device=rt.device)
+    last: dict[str, Any] = {"step": run.start, "t": t0}
     collector = Collector(cfg.gc_every)
     job.watch = GpuWatch.open(torch, rt.device)
     try:
@@ -394,6 +399,48 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
         if job.watch is not None:
             job.watch.close()
     run.elapsed_s = time.perf_counter() - t0
+
+
+def _check_compile(job: Job, metrics: Metrics, it: Any, start: int) -> Any:
+    """The compiled model's loss against eager's on the first micro-batch (train/compilecheck.py); on one
+    process a failed check continues without compile, on several it stops every rank. Returns the batches,
+    the first one put back."""
+    cfg, rt = job.cfg, job.rt
+    x, y = next(it)
+    batch = (x, y)
+    x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+    check = compilecheck.measure(
+        job.model,
+        job.run_model,
+        x,
+        y,
+        job.autocast,
+        no_sync=lambda: _sync_context(job.run_model, rt, False),
+        graphs=setup.uses_cudagraphs(cfg, rt),
+        abs_tol=cfg.test_compile_tolerance or compilecheck.TOLERANCE_ABS,
+    )
+    failed = compilecheck.any_rank_disagrees(check, rt.device)
+    action = "kept" if not failed else ("eager" if rt.world == 1 else "stop")
+    metrics.event(
+        event="compile_check",
+        step=start,
+        eager_loss=check.eager if math.isfinite(check.eager) else None,
+        compiled_loss=check.compiled if math.isfinite(check.compiled) else None,
+        action=action,
+    )
+    if failed and rt.world > 1:
+        raise compilecheck.mismatch_error(check, torch.__version__)
+    if failed:
+        job.run_model = job.model
+        job.cfg = dataclasses.replace(cfg, compile=False)
+        if rt.is_main:
+            print(
+                f"torchrig train: warning: {check.text()} (torch {torch.__version__}): torch.compile computed a "
+                "wrong result for this model; training continues without compile (correct, slower)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return itertools.chain([batch], it)
 
 
 def _log(
