@@ -11,6 +11,7 @@ On 2026-12-05 (1x H200, torch 2.11.0+cu130) eager GPT-2 large trained and every 
   [3] a two-block large under each SDPA backend
   [2] one block of large's shape, and each of its parts (LayerNorm, attention, MLP)
 Usage (repository root): PYTHONPATH=src python3 tools/gpu/large_bisect.py   (about 4 minutes)
+  PARTS ("models settings backends parts"): which of them; SHAPES=N: the first N models of [1] only
 """
 
 import os
@@ -79,7 +80,7 @@ def models() -> None:
         ("two blocks, 16 heads of 80, 1280", 2, 16 if not SMOKE else 2, w, True),
         ("two blocks of small (12 heads, 768)", 2, 12 if not SMOKE else 2, 768 if not SMOKE else 64, True),
     ]
-    for label, layers, heads, width, fused in shapes:
+    for label, layers, heads, width, fused in shapes[: int(os.environ.get("SHAPES", len(shapes)))]:
         if say(f"[1] {label}", *losses(model(layers, heads, width, fused))) and fused and not REPRO:
             REPRO.append((layers, heads, width))
         torch.cuda.empty_cache() if DEV == "cuda" else None
