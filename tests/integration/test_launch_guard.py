@@ -35,10 +35,14 @@ CHILD = textwrap.dedent(
             f.write(f"{time.monotonic()}\\n")
         first.append(time.monotonic())
     signal.signal(signal.SIGTERM, on_term)
+    def mark(path, text):  # whole or absent: the test polls for the file and reads it at once
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
     if "spawn" in mode:
         kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-        open(log + ".kid", "w").write(str(kid.pid))
-    open(log + ".ready", "w").write(str(os.getpid()))
+        mark(log + ".kid", str(kid.pid))
+    mark(log + ".ready", str(os.getpid()))
     if "die" in mode:
         os.kill(os.getpid(), signal.SIGKILL)
     deadline = time.monotonic() + 120
