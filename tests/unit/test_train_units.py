@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def test_sizes_have_sources_and_gpt2_small_is_124m_shape():
         ({"seq_len": 5000}, "seq-len"),
         ({"gc_every": -1}, "--gc-every must be 0 or more"),
         ({"attention": "fa3"}, "choose from auto, cudnn, flash"),
+        ({"step_graph": "yes"}, "choose from auto, on, off"),
+        ({"step_graph": "on"}, "add --compile"),
+        ({"step_graph": "on", "compile": True, "compile_mode": "reduce-overhead"}, "graphs do not nest"),
+        ({"step_graph": "on", "compile": True, "precision": "fp16"}, "GradScaler"),
+        ({"step_graph": "on", "compile": True, "on_nonfinite": "skip"}, "--on-nonfinite stop"),
+        ({"step_graph": "on", "compile": True, "parallel": "ddp"}, "one process on one GPU"),
     ],
 )
 def test_config_errors(kw, msg):
@@ -346,3 +353,41 @@ def test_other_model_names_what_differs_in_the_weights_shapes_only():
     hostile = {**saved, "model": "gpt\n$(id)\x1b[2J", "size_info": {"width": ["\n"] * 1000}}
     said = other_model({"model_spec": hostile, "config": {"size": "a\nb"}}, same)
     assert said and "\n" not in said and "\x1b" not in said and len(said) < 400
+
+
+@pytest.mark.parametrize(
+    "device, world, parallel, precision, kw, why",
+    [
+        ("cuda", 1, "none", "bf16", {}, None),
+        ("cuda", 1, "none", "fp8", {}, None),
+        ("cuda", 1, "none", "bf16", {"compile_mode": "max-autotune-no-cudagraphs"}, None),
+        ("cpu", 1, "none", "fp32", {}, "CUDA graphs need a GPU"),
+        ("cuda", 2, "ddp", "bf16", {}, "2 processes (ddp)"),
+        ("cuda", 1, "none", "fp16", {}, "GradScaler"),
+        ("cuda", 1, "none", "bf16", {"on_nonfinite": "skip"}, "--on-nonfinite skip"),
+        ("cuda", 1, "none", "bf16", {"compile_mode": "reduce-overhead"}, "captures the model's own graphs"),
+        ("cuda", 1, "none", "bf16", {"compile": False}, "not compiled"),
+    ],
+)
+def test_the_step_graph_is_refused_where_the_step_decides_on_the_host(
+    device, world, parallel, precision, kw, why
+):
+    import torch
+
+    from torchrig.train.setup import Runtime, compile_mode, step_graph, step_graph_refusal
+
+    rt = Runtime(0, 0, world, torch.device(device), precision, parallel, 0)
+    cfg = TrainConfig(**{"compile": True, **kw})
+    got = step_graph_refusal(cfg, rt)
+    assert got is None if why is None else why in got
+    if why is None:
+        asked = dataclasses.replace(cfg, step_graph="on")
+        assert step_graph(asked, rt) is True
+        assert compile_mode(asked, rt) == {"auto": "default"}.get(
+            cfg.compile_mode, cfg.compile_mode
+        )  # no Inductor graphs
+    else:  # asked for where it cannot run: the config's rules or the runtime's refusal, a usage error
+        with pytest.raises(UsageError, match="--step-graph on") as err:
+            step_graph(dataclasses.replace(cfg, step_graph="on"), rt)
+        assert err.value.exit_code == 2
+    assert step_graph(dataclasses.replace(cfg, step_graph="off"), rt) is False

@@ -14,6 +14,8 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   plain  --loss plain (the head's cross-entropy over kept logits: the trainer before the fused loss)
   lt     TORCH_BLAS_PREFER_CUBLASLT=1: every GEMM through cuBLASLt instead of cuBLAS
   fp8    --precision fp8 --fp8-recipe tensorwise (torchao's float8 training of the Linear layers)
+  sg     --step-graph on: the whole optimizer step captured as one CUDA graph (train/stepgraph.py)
+  nosg   --step-graph off (the default's reference when the default captures the step)
 and the model tags `med` (--size medium, GPT-2 medium) and `large` (--size large), compared with the default
 of the same size (`cg+med`): the baseline script is GPT-2 small only, so they have no "vs base" figure.
 e.g. `w16+pdl+tune@64`. Every distinct item is first compiled (3 steps, several at once, Inductor's cache in
@@ -53,6 +55,8 @@ LEVERS = {  # tag: (environment, torchrig options)
     "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
     "lt": ({"TORCH_BLAS_PREFER_CUBLASLT": "1"}, []),
     "fp8": ({}, ["--precision", "fp8", "--fp8-recipe", "tensorwise"]),
+    "sg": ({}, ["--step-graph", "on"]),
+    "nosg": ({}, ["--step-graph", "off"]),
     "med": ({}, ["--size", "medium"]),
     "large": ({}, ["--size", "large"]),
 }

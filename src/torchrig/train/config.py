@@ -28,6 +28,7 @@ ATTENTION = ("auto", "cudnn", "flash", "efficient", "math")
 LOSSES = ("auto", "fused", "plain")
 # what a step whose loss or gradients are NaN/inf does (train/finite.py; kept free of torch here)
 NONFINITE_ACTIONS = ("stop", "skip")
+STEP_GRAPHS = ("auto", "on", "off")  # the whole optimizer step as one CUDA graph (train/stepgraph.py)
 
 
 @cache
@@ -65,6 +66,9 @@ class TrainConfig:
     # measured 1.3 % faster than default on 1x H200, same losses (docs/results/training-speed.md)
     compile_mode: str = "auto"
     compile_tuning: bool = False  # Inductor's coordinate-descent tuning of its kernels (longer compile)
+    # The whole optimizer step (forward, backward, clipping, AdamW) captured once as one CUDA graph and
+    # replayed (train/stepgraph.py): one process on one GPU, compiled, without fp16's GradScaler.
+    step_graph: str = "auto"
     attention: str = "auto"  # the SDPA kernel on GPUs: auto, cudnn, flash, efficient, math
     loss: str = "auto"  # the GPT head's loss: auto, fused, plain
     # DDP knobs. inner: DDP(torch.compile(model)), the gradients leave the compiled backward all at once and
@@ -171,6 +175,7 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss", LOSSES),
     ("fp8_recipe", FP8_RECIPES),
     ("on_nonfinite", NONFINITE_ACTIONS),
+    ("step_graph", STEP_GRAPHS),
 )
 # The lower bounds of the numbers (their upper bounds are the parser's: train/options.py).
 AT_LEAST: tuple[tuple[str, int], ...] = (
@@ -248,6 +253,39 @@ RULES: tuple[Rule, ...] = (
             "frees and gathers the parameters again every step"
         ),
         "use --compile-mode default or max-autotune-no-cudagraphs with --parallel fsdp",
+    ),
+    Rule(
+        lambda c: c.step_graph == "on" and not c.compile,
+        lambda c: "--step-graph on captures the compiled step; this run is not compiled",
+        "add --compile, or leave --step-graph out",
+    ),
+    Rule(
+        lambda c: c.step_graph == "on" and c.compile_mode in ("reduce-overhead", "max-autotune"),
+        lambda c: (
+            f"--step-graph on captures the whole step in one CUDA graph; --compile-mode {c.compile_mode} "
+            "captures the model's own graphs, and graphs do not nest"
+        ),
+        "use --compile-mode auto or default with --step-graph on",
+    ),
+    Rule(
+        lambda c: c.step_graph == "on" and c.precision == "fp16",
+        lambda c: (
+            "--step-graph on cannot capture fp16's loss scaling (its GradScaler reads the gradients on the "
+            "host every step)"
+        ),
+        "use --precision bf16 (or fp32, fp8) with --step-graph on",
+    ),
+    Rule(
+        lambda c: c.step_graph == "on" and c.on_nonfinite == "skip",
+        lambda c: (
+            "--step-graph on cannot skip a step: --on-nonfinite skip decides on the host before each update"
+        ),
+        "use --on-nonfinite stop (the default) with --step-graph on",
+    ),
+    Rule(
+        lambda c: c.step_graph == "on" and c.parallel in ("ddp", "fsdp"),
+        lambda c: f"--step-graph on runs one process on one GPU; --parallel {c.parallel} has several",
+        "use --parallel none or auto with one process, or leave --step-graph out",
     ),
     Rule(
         lambda c: not c.ddp_bucket_mb > 0,

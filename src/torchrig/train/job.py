@@ -17,6 +17,7 @@ from torchrig.train.gpuwatch import GpuWatch
 from torchrig.train.lategrads import LateGrads
 from torchrig.train.record import GpuClocks, ProfileSummary
 from torchrig.train.setup import Runtime
+from torchrig.train.stepgraph import StepGraph
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Job:
     nonfinite: NonFiniteWatch | None = None  # the first step whose loss or gradients were NaN/inf
     skipped: list[int] = dataclasses.field(default_factory=list)  # --on-nonfinite skip: the steps skipped
     skipped_in_a_row: int = 0
+    step_graph: StepGraph | None = None  # the whole step as one CUDA graph (train/stepgraph.py), once set up
 
 
 @dataclass

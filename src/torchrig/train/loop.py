@@ -199,6 +199,12 @@ def _step(job: Job, metrics: Metrics, step: int, it: Any, loss_sum: torch.Tensor
     A step whose loss or gradients are NaN/inf is noted on the device (``--on-nonfinite stop``) or, with
     ``--on-nonfinite skip``, not applied (one sync: the decision comes before the optimizer steps)."""
     cfg, rt = job.cfg, job.rt
+    if job.step_graph is not None:  # the whole step as one CUDA graph (train/stepgraph.py)
+        step_loss, norm, bad = job.step_graph.step(lr_at(step, cfg), it)
+        assert job.nonfinite is not None  # --on-nonfinite stop: the step graph never skips
+        job.nonfinite.note(step, bad)
+        loss_sum += step_loss
+        return norm
     for group in job.opt.param_groups:
         group["lr"] = lr_at(step, cfg)
     graphs = setup.uses_cudagraphs(cfg, rt)
@@ -369,6 +375,10 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
     if cfg.compile and run.start < cfg.steps and rt.parallel != "fsdp":
         it = _check_compile(job, metrics, it, run.start)  # compiles the model (as the first step did before)
         cfg = job.cfg  # compile off when the check failed
+    if setup.step_graph(cfg, rt):
+        from torchrig.train.stepgraph import StepGraph
+
+        job.step_graph = StepGraph(job)
     loss_sum = torch.zeros((), device=rt.device)
     last: dict[str, Any] = {"step": run.start, "t": t0}
     collector = Collector(cfg.gc_every)
@@ -432,7 +442,7 @@ def _check_compile(job: Job, metrics: Metrics, it: Any, start: int) -> Any:
         raise compilecheck.mismatch_error(check, torch.__version__)
     if failed:
         job.run_model = job.model
-        job.cfg = dataclasses.replace(cfg, compile=False)
+        job.cfg = dataclasses.replace(cfg, compile=False, step_graph="off")
         if rt.is_main:
             print(
                 f"torchrig train: warning: {check.text()} (torch {torch.__version__}): torch.compile computed a "

@@ -35,6 +35,8 @@ _HELP = {
     "per step), max-autotune, max-autotune-no-cudagraphs",
     "compile_tuning": "with --compile: let Inductor tune the launch settings of the kernels it generates "
     "(norms, GELU, the loss) by coordinate descent; a longer first compile",
+    "step_graph": "with --compile on one GPU: auto, on (the whole optimizer step, forward to AdamW, captured once "
+    "as one CUDA graph and replayed: no host time between its kernels, the same numerics), off",
     "attention": "the attention kernel on GPUs: auto (PyTorch's choice), cudnn (cuDNN's fused attention), "
     "flash, efficient, math",
     "loss": "the GPT head's loss: auto (fused on GPUs without FSDP), fused (the output projection and the "

@@ -106,6 +106,7 @@ class TrainSummary:
     parallel: str
     compile: bool
     compile_mode: str | None  # resolved (auto -> reduce-overhead or default); None without --compile
+    step_graph: bool  # the whole step ran as one CUDA graph (train/stepgraph.py)
     attention: str
     loss: str | None  # GPT: "fused" or "plain"
     fp8: Fp8Summary | None
@@ -152,6 +153,7 @@ class TrainSummary:
         if unit is None:
             raise RecordError(f"{where}: no tokens_per_s or images_per_s")
         rest = {k: v for k, v in data.items() if k != f"{unit}_per_s"}
+        rest.setdefault("step_graph", False)  # summaries written before the step graph existed
         try:
             return structure({**rest, "rate_per_s": data[f"{unit}_per_s"], "unit": unit}, cls, where)
         except RecordError as err:  # named as the file names it

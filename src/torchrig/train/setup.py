@@ -205,12 +205,44 @@ def wrap(
 
 
 def compile_mode(cfg: TrainConfig, rt: Runtime) -> str:
-    """``--compile-mode`` with ``auto`` resolved: reduce-overhead (CUDA graphs: the step's kernels launched
-    as one graph, no host time between them) on GPUs where the step's shapes are static, i.e. not under FSDP2,
-    which frees and gathers the parameters every step; default elsewhere (CPU has no graphs)."""
+    """``--compile-mode`` with ``auto`` resolved: default under the step graph (it captures the whole step
+    itself); reduce-overhead (CUDA graphs: the model's kernels launched as graphs, no host time between them)
+    on GPUs where the step's shapes are static, i.e. not under FSDP2, which frees and gathers the parameters
+    every step; default elsewhere (CPU has no graphs)."""
     if cfg.compile_mode != "auto":
         return cfg.compile_mode
+    if step_graph(cfg, rt):
+        return "default"
     return "reduce-overhead" if rt.device.type == "cuda" and rt.parallel != "fsdp" else "default"
+
+
+def step_graph_refusal(cfg: TrainConfig, rt: Runtime) -> str | None:
+    """Why this run cannot capture its whole step as one CUDA graph (train/stepgraph.py); None: it can.
+    The options' own conflicts are the config's rules; these are the runtime's."""
+    if not cfg.compile:
+        return "the run is not compiled"
+    if rt.device.type != "cuda":
+        return "CUDA graphs need a GPU"
+    if rt.world > 1 or rt.parallel != "none":
+        return f"{rt.world} processes ({rt.parallel}): the step graph runs one process on one GPU"
+    if rt.precision == "fp16":
+        return "fp16's GradScaler reads the gradients on the host every step"
+    if cfg.on_nonfinite == "skip":
+        return "--on-nonfinite skip decides on the host before each update"
+    if cfg.compile_mode in ("reduce-overhead", "max-autotune"):
+        return f"--compile-mode {cfg.compile_mode} captures the model's own graphs"
+    return None
+
+
+def step_graph(cfg: TrainConfig, rt: Runtime) -> bool:
+    """``--step-graph`` resolved: on when asked and possible (asked and impossible is a usage error);
+    auto: off until measured faster (docs/results/training-speed.md)."""
+    if cfg.step_graph == "off":
+        return False
+    why = step_graph_refusal(cfg, rt)
+    if cfg.step_graph == "on" and why is not None:
+        raise UsageError(f"--step-graph on cannot be used here: {why}", hint="leave --step-graph out (auto)")
+    return cfg.step_graph == "on" and why is None
 
 
 def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:

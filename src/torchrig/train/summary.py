@@ -36,6 +36,7 @@ def finish(job: Job, metrics: Metrics, run: Run) -> TrainSummary:
         parallel=rt.parallel,
         compile=cfg.compile,
         compile_mode=setup.compile_mode(cfg, rt) if cfg.compile else None,
+        step_graph=job.step_graph is not None,
         attention=cfg.attention,
         loss=("fused" if setup.fused_loss(cfg, rt) else "plain") if cfg.model == "gpt" else None,
         fp8=Fp8Summary(cfg.fp8_recipe, len(job.fp8_layers), _torchao_version())
