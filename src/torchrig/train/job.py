@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -17,7 +17,9 @@ from torchrig.train.gpuwatch import GpuWatch
 from torchrig.train.lategrads import LateGrads
 from torchrig.train.record import GpuClocks, ProfileSummary
 from torchrig.train.setup import Runtime
-from torchrig.train.stepgraph import StepGraph
+
+if TYPE_CHECKING:
+    from torchrig.train.stepgraph import StepGraph
 
 
 @dataclass

@@ -194,17 +194,20 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     )
 
 
+def _graph_step(job: Job, _: Metrics, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor | None:
+    """One optimizer step as one replay of the whole step's CUDA graph (train/stepgraph.py); as ``_step``."""
+    assert job.step_graph is not None and job.nonfinite is not None  # --on-nonfinite stop: it never skips
+    step_loss, norm, bad = job.step_graph.step(lr_at(step, job.cfg), it)
+    job.nonfinite.note(step, bad)
+    loss_sum += step_loss
+    return norm
+
+
 def _step(job: Job, metrics: Metrics, step: int, it: Any, loss_sum: torch.Tensor) -> torch.Tensor | None:
     """One optimizer step of ``grad_accum`` micro-steps; returns the gradient norm (a tensor, no sync).
     A step whose loss or gradients are NaN/inf is noted on the device (``--on-nonfinite stop``) or, with
     ``--on-nonfinite skip``, not applied (one sync: the decision comes before the optimizer steps)."""
     cfg, rt = job.cfg, job.rt
-    if job.step_graph is not None:  # the whole step as one CUDA graph (train/stepgraph.py)
-        step_loss, norm, bad = job.step_graph.step(lr_at(step, cfg), it)
-        assert job.nonfinite is not None  # --on-nonfinite stop: the step graph never skips
-        job.nonfinite.note(step, bad)
-        loss_sum += step_loss
-        return norm
     for group in job.opt.param_groups:
         group["lr"] = lr_at(step, cfg)
     graphs = setup.uses_cudagraphs(cfg, rt)
@@ -372,13 +375,9 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
         pin=rt.device.type == "cuda",
     )
     t0, profiler = time.perf_counter(), None
-    if cfg.compile and run.start < cfg.steps and rt.parallel != "fsdp":
-        it = _check_compile(job, metrics, it, run.start)  # compiles the model (as the first step did before)
-        cfg = job.cfg  # compile off when the check failed
-    if setup.step_graph(cfg, rt):
-        from torchrig.train.stepgraph import StepGraph
-
-        job.step_graph = StepGraph(job)
+    it = _prepare(job, metrics, it, run)
+    cfg = job.cfg  # compile off when the compile check failed
+    one_step = _step if job.step_graph is None else _graph_step
     loss_sum = torch.zeros((), device=rt.device)
     last: dict[str, Any] = {"step": run.start, "t": t0}
     collector = Collector(cfg.gc_every)
@@ -389,7 +388,7 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
             if step == run.prof_first:
                 profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
                 profiler.start()
-            grad_norm = _step(job, metrics, step, it, loss_sum)
+            grad_norm = one_step(job, metrics, step, it, loss_sum)
             collector.after_step(step, run.start + 1)
             if step == cfg.steps and profiler is not None:
                 run.profile = profiler.stop(cfg.steps - (run.prof_first or step) + 1)
@@ -409,6 +408,20 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
         if job.watch is not None:
             job.watch.close()
     run.elapsed_s = time.perf_counter() - t0
+
+
+def _prepare(job: Job, metrics: Metrics, it: Any, run: Run) -> Any:
+    """Before the first step: the compile check (it compiles the model, as the first step did before) and
+    the whole-step CUDA graph where it runs. Returns the batches."""
+    cfg, rt = job.cfg, job.rt
+    if cfg.compile and run.start < cfg.steps and rt.parallel != "fsdp":
+        it = _check_compile(job, metrics, it, run.start)
+        cfg = job.cfg  # compile off when the check failed
+    if setup.step_graph(cfg, rt):
+        from torchrig.train.stepgraph import StepGraph
+
+        job.step_graph = StepGraph(cfg, rt, job.model, job.run_model, job.opt, job.autocast)
+    return it
 
 
 def _check_compile(job: Job, metrics: Metrics, it: Any, start: int) -> Any:

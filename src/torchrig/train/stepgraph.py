@@ -27,9 +27,12 @@ import torch
 from torchrig.train import finite
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
-    from torchrig.train.job import Job
+    from torch import nn
+
+    from torchrig.train.config import TrainConfig
+    from torchrig.train.setup import Runtime
 
 # Real steps before the capture (PyTorch's notes warm up with 3; torch.compile compiles in the first):
 # the optimizer's state exists after the first, and lazily created handles and workspaces after a few.
@@ -39,17 +42,25 @@ WARMUP_STEPS = 3
 class StepGraph:
     """One run's step: warm-up steps on a side stream, then one capture, then a replay each step."""
 
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        device = job.rt.device
-        self.params = [p for p in job.model.parameters() if p.requires_grad]
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        rt: Runtime,
+        model: nn.Module,
+        run_model: nn.Module,
+        opt: torch.optim.Optimizer,
+        autocast: Callable[[], Any],
+    ) -> None:
+        self.cfg, self.rt, self.run_model, self.opt, self.autocast = cfg, rt, run_model, opt, autocast
+        device = rt.device
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.side = torch.cuda.Stream(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.warm = 0
         self.inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.out: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
         self.lrs = []
-        for group in job.opt.param_groups:
+        for group in opt.param_groups:
             # the graph reads the learning rate from this tensor: filled in place, never replaced
             group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
             group["capturable"] = True
@@ -63,8 +74,8 @@ class StepGraph:
         (device tensors, no sync)."""
         for t in self.lrs:
             t.fill_(lr)
-        batches = [next(it) for _ in range(self.job.cfg.grad_accum)]
-        device = self.job.rt.device
+        batches = [next(it) for _ in range(self.cfg.grad_accum)]
+        device = self.rt.device
         if self.graph is None and self.warm < WARMUP_STEPS:
             self.warm += 1
             current = torch.cuda.current_stream(device)
@@ -90,12 +101,12 @@ class StepGraph:
         return self.out
 
     def _capture(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        device = self.job.rt.device
+        device = self.rt.device
         self.inputs = [(x.to(device).clone(), y.to(device).clone()) for x, y in batches]
         torch.cuda.synchronize(device)
         self.graph = torch.cuda.CUDAGraph()
         # the gradients of the last warm-up step go; the captured backward makes its own in the graph's pool
-        self.job.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=True)
         # thread_local: the DataLoader's pin-memory thread goes on with its own CUDA calls (host buffers, their
         # events) while this thread captures; only this thread's calls must be capturable
         with torch.cuda.graph(self.graph, stream=self.side, capture_error_mode="thread_local"):
@@ -103,16 +114,16 @@ class StepGraph:
 
     def _body(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, Any, Any]:
         """The step itself, as the ordinary loop runs it (train/loop.py ``_step``) without host decisions."""
-        job, cfg = self.job, self.job.cfg
-        job.opt.zero_grad(set_to_none=True)
-        step_loss = torch.zeros((), device=job.rt.device)
+        cfg = self.cfg
+        self.opt.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), device=self.rt.device)
         for x, y in batches:
-            with job.autocast():
-                loss = job.run_model(x, y) / cfg.grad_accum
+            with self.autocast():
+                loss = self.run_model(x, y) / cfg.grad_accum
             loss.backward()
             step_loss += loss.detach().float()
         norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.clip_grad) if cfg.clip_grad else None
         checked = norm if norm is not None else finite.grad_norm(self.params)
         bad = finite.NonFiniteWatch.bad(step_loss, checked)
-        job.opt.step()
+        self.opt.step()
         return step_loss, norm, bad
