@@ -259,19 +259,23 @@ def measure(item: str, stdout: str, run_dir: Path) -> dict:
         s = json.loads(stdout).get("summary") or {}
     except ValueError:
         s = {}
-    curve = {}
+    curve, check = {}, None
     m = run_dir / "metrics.jsonl"
     if m.exists():
         for x in m.read_text().splitlines():
             r = json.loads(x) if x.strip() else {}
             if "loss" in r and "step" in r:
                 curve[r["step"]] = r["loss"]
+            if r.get("event") == "compile_check":  # the compiled model's first loss against eager's
+                check = {k: r.get(k) for k in ("eager_loss", "compiled_loss", "action")}
     pr = s.get("profile") or {}
     return {
         "tokens_per_s": s.get("tokens_per_s"),
         "mfu": s.get("mfu"),
         "final_loss": s.get("final_loss"),
         "bf16_weight_copies": s.get("bf16_weight_copies"),
+        "step_graph": s.get("step_graph"),
+        "compile_check": check,
         "curve": curve,
         "profile": {
             "step_ms": pr.get("step_ms"),
