@@ -363,7 +363,7 @@ def test_other_model_names_what_differs_in_the_weights_shapes_only():
         ("cuda", 1, "none", "bf16", {"compile_mode": "max-autotune-no-cudagraphs"}, None),
         ("cpu", 1, "none", "fp32", {}, "CUDA graphs need a GPU"),
         ("cuda", 2, "ddp", "bf16", {}, "2 processes (ddp)"),
-        ("cuda", 1, "none", "fp16", {}, "GradScaler"),
+        ("cuda", 1, "none", "fp16", {"precision": "fp16"}, "GradScaler"),
         ("cuda", 1, "none", "bf16", {"on_nonfinite": "skip"}, "--on-nonfinite skip"),
         ("cuda", 1, "none", "bf16", {"compile_mode": "reduce-overhead"}, "captures the model's own graphs"),
         ("cuda", 1, "none", "bf16", {"compile": False}, "not compiled"),

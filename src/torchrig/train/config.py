@@ -205,6 +205,34 @@ class Rule:
     hint: str | None = None
 
 
+def step_graph_conflict(c: TrainConfig) -> tuple[str, str] | None:
+    """The option that keeps this run's step out of one CUDA graph (train/stepgraph.py), as (why, the fix);
+    None: the options allow it (the runtime's own reasons: setup.step_graph_refusal)."""
+    if not c.compile:
+        return "the run is not compiled", "add --compile"
+    if c.compile_mode in ("reduce-overhead", "max-autotune"):
+        return (
+            f"--compile-mode {c.compile_mode} captures the model's own graphs, and graphs do not nest",
+            "use --compile-mode auto or default",
+        )
+    if c.precision == "fp16":
+        return (
+            "fp16's GradScaler reads the gradients on the host every step",
+            "use --precision bf16 (or fp32, fp8)",
+        )
+    if c.on_nonfinite == "skip":
+        return (
+            "--on-nonfinite skip decides on the host before each update",
+            "use --on-nonfinite stop (the default)",
+        )
+    if c.parallel in ("ddp", "fsdp"):
+        return (
+            f"--parallel {c.parallel} runs several processes; the step graph runs one process on one GPU",
+            "use --parallel none or auto with one process",
+        )
+    return None
+
+
 def _seq_len_broken(c: TrainConfig) -> bool:
     return c.seq_len is not None and not 2 <= c.seq_len <= c.size_info.get("block_size", 1 << 30)
 
@@ -255,37 +283,9 @@ RULES: tuple[Rule, ...] = (
         "use --compile-mode default or max-autotune-no-cudagraphs with --parallel fsdp",
     ),
     Rule(
-        lambda c: c.step_graph == "on" and not c.compile,
-        lambda c: "--step-graph on captures the compiled step; this run is not compiled",
-        "add --compile, or leave --step-graph out",
-    ),
-    Rule(
-        lambda c: c.step_graph == "on" and c.compile_mode in ("reduce-overhead", "max-autotune"),
-        lambda c: (
-            f"--step-graph on captures the whole step in one CUDA graph; --compile-mode {c.compile_mode} "
-            "captures the model's own graphs, and graphs do not nest"
-        ),
-        "use --compile-mode auto or default with --step-graph on",
-    ),
-    Rule(
-        lambda c: c.step_graph == "on" and c.precision == "fp16",
-        lambda c: (
-            "--step-graph on cannot capture fp16's loss scaling (its GradScaler reads the gradients on the "
-            "host every step)"
-        ),
-        "use --precision bf16 (or fp32, fp8) with --step-graph on",
-    ),
-    Rule(
-        lambda c: c.step_graph == "on" and c.on_nonfinite == "skip",
-        lambda c: (
-            "--step-graph on cannot skip a step: --on-nonfinite skip decides on the host before each update"
-        ),
-        "use --on-nonfinite stop (the default) with --step-graph on",
-    ),
-    Rule(
-        lambda c: c.step_graph == "on" and c.parallel in ("ddp", "fsdp"),
-        lambda c: f"--step-graph on runs one process on one GPU; --parallel {c.parallel} has several",
-        "use --parallel none or auto with one process, or leave --step-graph out",
+        lambda c: c.step_graph == "on" and step_graph_conflict(c) is not None,
+        lambda c: "--step-graph on cannot be used here: " + "; ".join(step_graph_conflict(c) or ()),
+        "or leave --step-graph out (auto)",
     ),
     Rule(
         lambda c: not c.ddp_bucket_mb > 0,

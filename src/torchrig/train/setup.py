@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchrig.errors import UsageError
-from torchrig.train.config import TrainConfig
+from torchrig.train.config import TrainConfig, step_graph_conflict
 
 
 @dataclass(frozen=True)
@@ -218,19 +218,14 @@ def compile_mode(cfg: TrainConfig, rt: Runtime) -> str:
 
 def step_graph_refusal(cfg: TrainConfig, rt: Runtime) -> str | None:
     """Why this run cannot capture its whole step as one CUDA graph (train/stepgraph.py); None: it can.
-    The options' own conflicts are the config's rules; these are the runtime's."""
-    if not cfg.compile:
-        return "the run is not compiled"
+    The options' reasons (config.step_graph_conflict), then the runtime's."""
+    conflict = step_graph_conflict(cfg)
+    if conflict is not None:
+        return conflict[0]
     if rt.device.type != "cuda":
         return "CUDA graphs need a GPU"
     if rt.world > 1 or rt.parallel != "none":
         return f"{rt.world} processes ({rt.parallel}): the step graph runs one process on one GPU"
-    if rt.precision == "fp16":
-        return "fp16's GradScaler reads the gradients on the host every step"
-    if cfg.on_nonfinite == "skip":
-        return "--on-nonfinite skip decides on the host before each update"
-    if cfg.compile_mode in ("reduce-overhead", "max-autotune"):
-        return f"--compile-mode {cfg.compile_mode} captures the model's own graphs"
     return None
 
 
@@ -242,7 +237,7 @@ def step_graph(cfg: TrainConfig, rt: Runtime) -> bool:
     why = step_graph_refusal(cfg, rt)
     if cfg.step_graph == "on" and why is not None:
         raise UsageError(f"--step-graph on cannot be used here: {why}", hint="leave --step-graph out (auto)")
-    return cfg.step_graph == "on" and why is None
+    return cfg.step_graph == "on"
 
 
 def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
