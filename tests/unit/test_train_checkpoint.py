@@ -66,6 +66,26 @@ def test_a_save_records_each_files_sha256_and_the_run(tmp_path):
     assert not list(root.glob("*.tmp")) and not list(root.glob(".*tmp"))
 
 
+def test_a_step_graph_checkpoint_loads_into_an_ordinary_run_and_back(tmp_path):
+    # the step graph holds lr as a tensor and sets capturable (train/stepgraph.py): a checkpoint saves them as
+    # every run has them, so runs with and without --step-graph resume each other's checkpoints
+    m, opt = _model()
+    for g in opt.param_groups:
+        g["lr"], g["capturable"] = torch.tensor(3e-3), True
+    final = ckpt.save(tmp_path / "checkpoints", 1, m, opt, {"global_batch": 4}, keep=2, run_id="run-a")
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # the running optimizer keeps its own
+    m2, opt2 = _model()
+    ckpt.load(final, m2, opt2)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(3e-3) and opt2.param_groups[0]["capturable"] is False
+    for a, b in zip(opt.state.values(), opt2.state.values(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"])
+    ckpt.save(tmp_path / "again", 1, m2, opt2, {"global_batch": 4}, keep=2, run_id="run-a")
+    for g in opt.param_groups:
+        g["lr"] = torch.tensor(1.0)
+    ckpt.load(tmp_path / "again" / "step-000001", m, opt)  # the step graph's run resumes an ordinary one
+    assert float(opt.param_groups[0]["lr"]) == pytest.approx(3e-3)
+
+
 def test_flipped_bytes_in_a_shard_are_found_and_the_file_named(tmp_path):
     root = tmp_path / "checkpoints"
     final = _save(root, 2)

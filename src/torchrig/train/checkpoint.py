@@ -243,6 +243,24 @@ def clean_partial(root: Path) -> None:
 # ---------------------------------------------------------------- saving
 
 
+def _portable(osd: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer's state as every run saves it: the step graph (train/stepgraph.py) holds the learning rate
+    as a GPU tensor and sets ``capturable``, run-time settings that are not state. Saved as they are, a run
+    with --step-graph and one without could not resume each other's checkpoints (DCP matches the saved
+    entries' kinds: a tensor against a float). The state dict's groups are copies; the optimizer keeps its own."""
+    groups = osd.get("param_groups")
+    if not isinstance(groups, list):
+        return osd
+    out = []
+    for g in groups:
+        g = dict(g)
+        if isinstance(g.get("lr"), torch.Tensor):
+            g["lr"] = float(g["lr"].item())
+            g["capturable"] = False
+        out.append(g)
+    return {**osd, "param_groups": out}
+
+
 def save(
     root: Path,
     step: int,
@@ -265,7 +283,7 @@ def save(
         msd, osd = get_state_dict(model, optim)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ONE_PROCESS)
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+            dcp.save({"model": msd, "optim": _portable(osd)}, checkpoint_id=str(tmp))
         _barrier()  # every rank's shard is on disk (DCP fsynced each file)
     except (Exception, CheckpointException) as e:  # DCP raises on every rank when one rank's write failed
         _failed(root, tmp, step, e)
