@@ -166,7 +166,9 @@ def test_the_page_shows_what_gpus_and_ps_say_and_a_new_lease_appears(engine, env
             ps = json.loads(_torchrig(["ps", "--json"], env).stdout)["environments"]
             # the page is a snapshot taken every interval: one taken between the lease and the container
             # shows the GPUs held and no environment yet, so wait for the next one
-            assert _wait(lambda: {e["name"] for e in ps} <= {row[0] for row in _rows(browser, "envs")}, timeout_s=10)
+            assert _wait(
+                lambda: {e["name"] for e in ps} <= {row[0] for row in _rows(browser, "envs")}, timeout_s=10
+            )
             page_envs = {row[0]: row for row in _rows(browser, "envs")}
             for e in ps:
                 assert e["name"] in page_envs and page_envs[e["name"]][1] == e["user"]
