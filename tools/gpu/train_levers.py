@@ -15,6 +15,7 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   lt     TORCH_BLAS_PREFER_CUBLASLT=1: every GEMM through cuBLASLt instead of cuBLAS
   fp8    --precision fp8 --fp8-recipe tensorwise (torchao's float8 training of the Linear layers)
   sg     --step-graph on: the whole optimizer step captured as one CUDA graph (train/stepgraph.py)
+  fmlp   TORCHRIG_FUSED_MLP=1: the MLP's GELU in cuBLASLt's GEMM epilogues (train/fusedmlp.py)
   nosg   --step-graph off (the default's reference when the default captures the step)
 and the model tags `med` (--size medium, GPT-2 medium) and `large` (--size large), compared with the default
 of the same size (`cg+med`): the baseline script is GPT-2 small only, so they have no "vs base" figure.
@@ -56,6 +57,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "lt": ({"TORCH_BLAS_PREFER_CUBLASLT": "1"}, []),
     "fp8": ({}, ["--precision", "fp8", "--fp8-recipe", "tensorwise"]),
     "sg": ({}, ["--step-graph", "on"]),
+    "fmlp": ({"TORCHRIG_FUSED_MLP": "1"}, []),
     "nosg": ({}, ["--step-graph", "off"]),
     "med": ({}, ["--size", "medium"]),
     "large": ({}, ["--size", "large"]),
@@ -274,6 +276,7 @@ def measure(item: str, stdout: str, run_dir: Path) -> dict:
         "mfu": s.get("mfu"),
         "final_loss": s.get("final_loss"),
         "bf16_weight_copies": s.get("bf16_weight_copies"),
+        "fused_mlp_blocks": s.get("fused_mlp_blocks"),
         "step_graph": s.get("step_graph"),
         "compile_check": check,
         "curve": curve,

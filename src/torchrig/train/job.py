@@ -49,6 +49,9 @@ class Job:
         default_factory=list
     )  # --precision fp8: the Float8Linear layers
     weight_copies: int = 0  # TORCHRIG_BF16_WEIGHTS=1: Linear layers using bf16 weight copies (train/optim.py)
+    fused_mlp_blocks: int = (
+        0  # TORCHRIG_FUSED_MLP=1: GPT blocks with the GELU in GEMM epilogues (train/fusedmlp.py)
+    )
     nonfinite: NonFiniteWatch | None = None  # the first step whose loss or gradients were NaN/inf
     skipped: list[int] = dataclasses.field(default_factory=list)  # --on-nonfinite skip: the steps skipped
     skipped_in_a_row: int = 0

@@ -162,6 +162,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     model = model.to(rt.device)
     if setup.fused_loss(cfg, rt):
         model.fused_loss = True  # type: ignore[assignment,unused-ignore]  # only with torch installed
+    fused_mlp_blocks = setup.fused_mlp(model, rt)
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
     fp8_layers = setup.low_precision(model, rt, cfg)  # --precision fp8: Float8Linear layers, same parameters
     late = outside_ddp(model, rt, cfg)
@@ -190,6 +191,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
         late=LateGrads.for_backend(late) if late else None,
         fp8_layers=fp8_layers,
         weight_copies=setup.bf16_weight_copies(model, opt, rt, cfg),
+        fused_mlp_blocks=fused_mlp_blocks,
         nonfinite=NonFiniteWatch(rt.device),
     )
 

@@ -35,6 +35,9 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(c.width), nn.LayerNorm(c.width)
         self.qkv, self.proj = nn.Linear(c.width, 3 * c.width), nn.Linear(c.width, c.width)
         self.fc, self.out = nn.Linear(c.width, 4 * c.width), nn.Linear(4 * c.width, c.width)
+        self.fused_mlp = (
+            False  # the trainer sets it: the GELU in cuBLASLt's GEMM epilogues (train/fusedmlp.py)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -42,6 +45,10 @@ class Block(nn.Module):
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
+        if self.fused_mlp:
+            from torchrig.train.fusedmlp import mlp
+
+            return x + mlp(self.ln2(x), self.fc, self.out)
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 

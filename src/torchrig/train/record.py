@@ -112,6 +112,7 @@ class TrainSummary:
     fp8: Fp8Summary | None
     ddp: DdpSummary | None
     bf16_weight_copies: int | None
+    fused_mlp_blocks: int | None  # TORCHRIG_FUSED_MLP=1: blocks whose GELU runs in GEMM epilogues
     gc_every: int
     on_nonfinite: str
     skipped_steps: tuple[int, ...]  # --on-nonfinite skip: the steps skipped

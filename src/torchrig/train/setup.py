@@ -248,6 +248,23 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
     return cfg.loss == "fused" or (rt.device.type == "cuda" and rt.parallel != "fsdp")
 
 
+def fused_mlp(model: nn.Module, rt: Runtime) -> int:
+    """``TORCHRIG_FUSED_MLP=1`` (a speed lever under measurement, off by default): the GPT blocks' MLPs run
+    with the GELU in cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many
+    blocks do (0: off)."""
+    if os.environ.get("TORCHRIG_FUSED_MLP", "0") != "1" or rt.device.type != "cuda" or rt.precision != "bf16":
+        return 0
+    if rt.parallel != "none":
+        return 0
+    from torchrig.train.models import Block
+
+    # the epilogue's aux matrix (the GELU's input) needs a leading dimension that is a multiple of 8
+    blocks = [m for m in model.modules() if isinstance(m, Block) and m.fc.in_features % 8 == 0]
+    for m in blocks:
+        m.fused_mlp = True
+    return len(blocks)
+
+
 def uses_cudagraphs(cfg: TrainConfig, rt: Runtime) -> bool:
     return (
         cfg.compile

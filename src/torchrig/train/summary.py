@@ -44,6 +44,7 @@ def finish(job: Job, metrics: Metrics, run: Run) -> TrainSummary:
         else None,
         ddp=_ddp(job) if rt.parallel == "ddp" else None,
         bf16_weight_copies=job.weight_copies or None,
+        fused_mlp_blocks=job.fused_mlp_blocks or None,
         gc_every=cfg.gc_every,
         on_nonfinite=cfg.on_nonfinite,
         skipped_steps=tuple(job.skipped),

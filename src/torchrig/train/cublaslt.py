@@ -1,0 +1,267 @@
+"""cuBLASLt matmuls with the GELU epilogues PyTorch does not expose: the adapter to libcublasLt.
+
+PyTorch calls cuBLASLt with a bias or a bias+GELU epilogue (``torch._addmm_activation``) but not with the
+two a transformer MLP's training step needs (NVIDIA's cuBLAS guide, "cublasLtEpilogue_t",
+https://docs.nvidia.com/cuda/cublas/#cublasltepilogue-t):
+
+- ``GELU_AUX_BIAS`` (forward of ``fc``): ``h = gelu(x @ W1ᵀ + b1)`` and the GELU's input ``pre`` written by
+  the GEMM itself, instead of a GEMM that writes ``pre`` and a kernel that reads it back for ``h``;
+- ``DGELU_BGRAD`` (backward of ``out``): ``dpre = (dout @ W2) * gelu'(pre)`` and ``db1 = Σ dpre`` in the
+  GEMM's epilogue, instead of a GEMM that writes ``dh`` and a kernel that reads ``dh`` and ``pre`` back.
+
+The GELU is the tanh approximation (the guide's footnote), the model's. This module is the ctypes boundary:
+it calls the ``libcublasLt`` that PyTorch itself loaded (one copy in the process), on PyTorch's current
+stream, with a workspace it keeps per device, so its calls can be captured in CUDA graphs. Descriptors and
+the heuristic's algorithm are made once per shape. Row-major PyTorch matrices are cuBLASLt's column-major
+transposes: ``Y[T,N] = X[T,K] @ W[N,K]ᵀ`` is ``Yᵀ = op_T(W) · op_N(Xᵀ)`` with ``m=N, n=T, k=K``.
+The enum values are cublasLt.h's; ``header_mismatches`` compares them with the header of the installed
+cuBLAS (tools/gpu/lt_epilogue_bench.py runs it on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# cublasLt.h / cublas_api.h / library_types.h
+CUBLAS_COMPUTE_32F = 68
+CUDA_R_32F = 0
+CUDA_R_16BF = 14
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
+DESC_EPILOGUE_AUX_POINTER, DESC_EPILOGUE_AUX_LD = 11, 12
+PREF_MAX_WORKSPACE_BYTES = 1
+EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4
+EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD = 164, 208
+HEADER_NAMES = {
+    "CUBLAS_COMPUTE_32F": CUBLAS_COMPUTE_32F,
+    "CUBLASLT_MATMUL_DESC_TRANSA": DESC_TRANSA,
+    "CUBLASLT_MATMUL_DESC_TRANSB": DESC_TRANSB,
+    "CUBLASLT_MATMUL_DESC_EPILOGUE": DESC_EPILOGUE,
+    "CUBLASLT_MATMUL_DESC_BIAS_POINTER": DESC_BIAS_POINTER,
+    "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER": DESC_EPILOGUE_AUX_POINTER,
+    "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD": DESC_EPILOGUE_AUX_LD,
+    "CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES": PREF_MAX_WORKSPACE_BYTES,
+    "CUBLASLT_EPILOGUE_DEFAULT": EPILOGUE_DEFAULT,
+    "CUBLASLT_EPILOGUE_BIAS": EPILOGUE_BIAS,
+}
+WORKSPACE_BYTES = 32 * 1024 * 1024  # what PyTorch gives cuBLASLt on Hopper (CUBLASLT_WORKSPACE_SIZE default)
+
+
+class CublasLtError(RuntimeError):
+    """A cuBLASLt call failed: the function and its cublasStatus_t."""
+
+
+class _Algo(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class _Heuristic(ctypes.Structure):
+    _fields_ = [
+        ("algo", _Algo),
+        ("workspaceSize", ctypes.c_size_t),
+        ("state", ctypes.c_int),
+        ("wavesCount", ctypes.c_float),
+        ("reserved", ctypes.c_int * 4),
+    ]
+
+
+def library_path() -> str | None:
+    """The libcublasLt this process has loaded (PyTorch's CUDA build loads it with libtorch_cuda)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "/libcublasLt.so" in path:
+            return path
+    return None
+
+
+def header_mismatches(header: str) -> list[str]:
+    """The names whose value in cublasLt.h's text differs from this module's (the epilogues are checked by
+    their composition in the header: ``GELU_AUX_BIAS = GELU_AUX | BIAS`` …, so they are read by
+    ``epilogue_values``)."""
+    out = []
+    for name, value in HEADER_NAMES.items():
+        m = re.search(rf"\b{name}\s*=\s*(\d+)", header)
+        if m is None or int(m.group(1)) != value:
+            out.append(f"{name}: header {m.group(1) if m else 'absent'}, module {value}")
+    return out
+
+
+class _Lib:
+    def __init__(self, path: str) -> None:
+        self.lib = ctypes.CDLL(path)
+        self.handle = ctypes.c_void_p()
+        self.check("cublasLtCreate", ctypes.byref(self.handle))
+
+    def check(self, fn: str, *args: object) -> None:
+        status = getattr(self.lib, fn)(*args)
+        if status != 0:
+            raise CublasLtError(f"{fn} returned cublasStatus_t {status}")
+
+
+@dataclass
+class _Plan:
+    desc: ctypes.c_void_p
+    layouts: tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]  # A, B, D
+    algo: _Algo
+
+
+_state: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def _lib() -> _Lib:
+    lib = _state.get("lib")
+    if lib is None:
+        eye = torch.eye(8, device="cuda", dtype=torch.bfloat16)
+        eye @ eye  # PyTorch's CUDA build has loaded cuBLAS and cuBLASLt by its first GEMM
+        path = library_path()
+        if path is None:
+            raise CublasLtError("libcublasLt is not loaded in this process (a CPU-only PyTorch?)")
+        lib = _state["lib"] = _Lib(path)
+    assert isinstance(lib, _Lib)
+    return lib
+
+
+def _workspace(device: torch.device) -> torch.Tensor:
+    key = f"ws{device.index}"
+    ws = _state.get(key)
+    if ws is None:
+        ws = _state[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    assert isinstance(ws, torch.Tensor)
+    return ws
+
+
+def _set(lib: _Lib, desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:
+    size = ctypes.c_size_t(ctypes.sizeof(value))
+    lib.check("cublasLtMatmulDescSetAttribute", desc, ctypes.c_int(attr), ctypes.byref(value), size)
+
+
+def _plan(key: tuple[int, ...]) -> _Plan:
+    """Descriptors and the heuristic's first algorithm for (transa, transb, m, n, k, lda, ldb, ldd, epilogue,
+    device)."""
+    plans = _state.setdefault("plans", {})
+    assert isinstance(plans, dict)
+    if key in plans:
+        return plans[key]
+    lib = _lib()
+    ta, tb, m, n, k, lda, ldb, ldd, epilogue, _device = key
+    desc = ctypes.c_void_p()
+    lib.check(
+        "cublasLtMatmulDescCreate",
+        ctypes.byref(desc),
+        ctypes.c_int(CUBLAS_COMPUTE_32F),
+        ctypes.c_int(CUDA_R_32F),
+    )
+    _set(lib, desc, DESC_TRANSA, ctypes.c_int32(ta))
+    _set(lib, desc, DESC_TRANSB, ctypes.c_int32(tb))
+    _set(lib, desc, DESC_EPILOGUE, ctypes.c_uint32(epilogue))
+    layouts = []
+    for rows, cols, ld in (
+        (k, m, lda) if ta else (m, k, lda),
+        (n, k, ldb) if tb else (k, n, ldb),
+        (m, n, ldd),
+    ):
+        lay = ctypes.c_void_p()
+        lib.check(
+            "cublasLtMatrixLayoutCreate", ctypes.byref(lay), ctypes.c_int(CUDA_R_16BF),
+            ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld),
+        )  # fmt: skip
+        layouts.append(lay)
+    pref = ctypes.c_void_p()
+    lib.check("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))
+    ws = ctypes.c_uint64(WORKSPACE_BYTES)
+    lib.check(
+        "cublasLtMatmulPreferenceSetAttribute",
+        pref,
+        ctypes.c_int(PREF_MAX_WORKSPACE_BYTES),
+        ctypes.byref(ws),
+        ctypes.c_size_t(8),
+    )
+    if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_BIAS):
+        # the heuristic checks the epilogue's pointers' alignment: give it an aligned stand-in until the call
+        _set(lib, desc, DESC_BIAS_POINTER, ctypes.c_void_p(256))
+    if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD):
+        _set(lib, desc, DESC_EPILOGUE_AUX_POINTER, ctypes.c_void_p(256))
+        _set(lib, desc, DESC_EPILOGUE_AUX_LD, ctypes.c_int64(ldd))
+    result, count = _Heuristic(), ctypes.c_int(0)
+    lib.check(
+        "cublasLtMatmulAlgoGetHeuristic", lib.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
+        ctypes.c_int(1), ctypes.byref(result), ctypes.byref(count),
+    )  # fmt: skip
+    lib.check("cublasLtMatmulPreferenceDestroy", pref)
+    if count.value < 1:
+        raise CublasLtError(f"cuBLASLt has no algorithm for this GEMM and epilogue {epilogue} ({key})")
+    plan = plans[key] = _Plan(desc, (layouts[0], layouts[1], layouts[2]), result.algo)
+    return plan
+
+
+def _matmul(
+    a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, *, ta: int, tb: int, m: int, n: int, k: int,
+    lda: int, ldb: int, ldd: int, epilogue: int, bias: torch.Tensor | None = None, aux: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """D = op(A)·op(B) (column-major), with the epilogue's bias and aux pointers."""
+    with _lock:
+        plan = _plan((ta, tb, m, n, k, lda, ldb, ldd, epilogue, d.device.index or 0))
+        lib = _lib()
+        if bias is not None:
+            _set(lib, plan.desc, DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
+        if aux is not None:
+            _set(lib, plan.desc, DESC_EPILOGUE_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        ws = _workspace(d.device)
+        lib.check(
+            "cublasLtMatmul", lib.handle, plan.desc, ctypes.byref(one),
+            ctypes.c_void_p(a.data_ptr()), plan.layouts[0], ctypes.c_void_p(b.data_ptr()), plan.layouts[1],
+            ctypes.byref(zero), ctypes.c_void_p(d.data_ptr()), plan.layouts[2],
+            ctypes.c_void_p(d.data_ptr()), plan.layouts[2], ctypes.byref(plan.algo),
+            ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(WORKSPACE_BYTES),
+            ctypes.c_void_p(torch.cuda.current_stream(d.device).cuda_stream),
+        )  # fmt: skip
+
+
+def _check_2d(*ts: torch.Tensor) -> None:
+    for t in ts:
+        if t.dtype != torch.bfloat16 or not t.is_cuda or not t.is_contiguous():
+            raise CublasLtError(
+                f"cuBLASLt epilogues take contiguous bf16 CUDA tensors, got {t.dtype} {t.device}"
+            )
+
+
+def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gelu_tanh(x @ wᵀ + b), x @ wᵀ + b)`` for x [T, K], w [N, K], b [N], bf16: one GEMM
+    (``GELU_AUX_BIAS``)."""
+    _check_2d(x, w, b)
+    t, k = x.shape
+    n = w.shape[0]
+    h = torch.empty(t, n, dtype=x.dtype, device=x.device)
+    pre = torch.empty_like(h)
+    _matmul(
+        w, x, h, ta=CUBLAS_OP_T, tb=CUBLAS_OP_N, m=n, n=t, k=k, lda=k, ldb=k, ldd=n,
+        epilogue=EPILOGUE_GELU_AUX_BIAS, bias=b, aux=pre,
+    )  # fmt: skip
+    return h, pre
+
+
+def dgelu_matmul(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dpre = (g @ w) * gelu_tanh'(pre)`` and ``dbias = dpre.sum(0)`` for g [T, N2], w [N2, N], pre [T, N],
+    bf16: one GEMM (``DGELU_BGRAD``)."""
+    _check_2d(g, w, pre)
+    t, n2 = g.shape
+    n = w.shape[1]
+    dpre = torch.empty(t, n, dtype=g.dtype, device=g.device)
+    dbias = torch.empty(n, dtype=g.dtype, device=g.device)
+    _matmul(
+        w, g, dpre, ta=CUBLAS_OP_N, tb=CUBLAS_OP_N, m=n, n=t, k=n2, lda=n, ldb=n2, ldd=n,
+        epilogue=EPILOGUE_DGELU_BGRAD, bias=dbias, aux=pre,
+    )  # fmt: skip
+    return dpre, dbias

@@ -1,0 +1,93 @@
+"""The transformer MLP ``out(gelu_tanh(fc(x)))`` with the GELU inside the GEMMs' epilogues (bf16, CUDA).
+
+Compiled, the MLP's step is six GEMMs and, between them, Inductor's kernels for the GELU: in the forward one
+that reads ``fc``'s output and writes the GELU's, in the backward one that reads ``dh`` and ``pre`` and
+writes ``dpre`` and ``fc``'s bias gradient. Here cuBLASLt's epilogues do that work inside two of the GEMMs
+(train/cublaslt.py): ``fc``'s forward GEMM writes both ``h`` and ``pre``; the backward GEMM of ``out``'s
+input gradient writes ``dpre = dh * gelu'(pre)`` and ``fc``'s bias gradient. The other GEMMs are PyTorch's.
+
+The arithmetic is the autocast path's: bf16 inputs, fp32 accumulation, bf16 outputs, the tanh GELU computed
+in fp32. Two roundings move: the epilogue applies the GELU (and its derivative) to the fp32 accumulator where
+the compiled model applies it to the GEMM's bf16 output, so results agree to bf16's rounding, not bit for
+bit (tests/gpu/test_train_fusedmlp_gpu.py bounds it). The two cuBLASLt calls are ``torch.library`` custom
+ops, so ``torch.compile`` keeps them as calls and CUDA graphs capture them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.library.custom_op("torchrig::linear_gelu", mutates_args=())
+def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gelu_tanh(pre), pre)`` with ``pre = x @ wᵀ + b`` accumulated in fp32, both rounded to x's dtype
+    once: the epilogue's arithmetic. This definition runs on any device; CUDA's is one cuBLASLt GEMM."""
+    pre = torch.addmm(b.float(), x.float(), w.float().t())
+    return F.gelu(pre, approximate="tanh").to(x.dtype), pre.to(x.dtype)
+
+
+@linear_gelu.register_kernel("cuda")
+def _(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from torchrig.train import cublaslt
+
+    return cublaslt.linear_gelu(x, w, b)
+
+
+@linear_gelu.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = x.new_empty(x.shape[0], w.shape[0])
+    return h, torch.empty_like(h)
+
+
+@torch.library.custom_op("torchrig::dgelu_matmul", mutates_args=())
+def dgelu_matmul(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dpre = (g @ w) * gelu_tanh'(pre)`` with the product in fp32, and ``dbias = Σ_rows dpre`` (fp32 sum),
+    each rounded to g's dtype once: the epilogue's arithmetic. CUDA's is one cuBLASLt GEMM."""
+    dpre = torch.ops.aten.gelu_backward(g.float() @ w.float(), pre.float(), approximate="tanh")
+    return dpre.to(g.dtype), dpre.sum(0).to(g.dtype)
+
+
+@dgelu_matmul.register_kernel("cuda")
+def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from torchrig.train import cublaslt
+
+    return cublaslt.dgelu_matmul(g, w, pre)
+
+
+@dgelu_matmul.register_fake
+def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(pre), pre.new_empty(pre.shape[1])
+
+
+class _MLP(torch.autograd.Function):
+    """y = gelu_tanh(x @ w1ᵀ + b1) @ w2ᵀ + b2 on 2-D bf16 tensors, with the GELU in the epilogues."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:  # type: ignore[override,unused-ignore]  # fmt: skip
+        h, pre = linear_gelu(x, w1, b1)
+        ctx.save_for_backward(x, w1, w2, h, pre)
+        return torch.addmm(b2, h, w2.t())
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override,unused-ignore]
+        x, w1, w2, h, pre = ctx.saved_tensors
+        dy = dy.contiguous()
+        dpre, db1 = dgelu_matmul(dy, w2, pre)
+        return dpre @ w1, dpre.t() @ x, db1, dy.t() @ h, dy.sum(0)
+
+
+def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torch.Tensor:
+    """``out(gelu_tanh(fc(x)))`` in bf16 for x [..., width]: the weights are cast to bf16 as autocast casts
+    them (the fp32 parameters get their gradients through the casts)."""
+    dt = torch.bfloat16
+    assert fc.bias is not None and out.bias is not None
+    shape = x.shape
+    with torch.autocast(x.device.type, enabled=False):
+        y = _MLP.apply(
+            x.reshape(-1, shape[-1]).to(dt).contiguous(), fc.weight.to(dt), fc.bias.to(dt),
+            out.weight.to(dt), out.bias.to(dt),
+        )  # fmt: skip
+    return y.view(*shape[:-1], y.shape[-1])

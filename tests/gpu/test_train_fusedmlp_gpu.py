@@ -1,0 +1,117 @@
+"""cuBLASLt's GELU epilogues (train/cublaslt.py) and the fused MLP (train/fusedmlp.py) on a real GPU: the
+module's enums against the installed cublasLt.h, each epilogue against the ops' own definitions at GPT-2
+small's MLP shape, the fused MLP's gradients under CUDA graphs against the plain MLP's, and a training run
+with ``TORCHRIG_FUSED_MLP=1`` against one without. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.gpu.test_train_gpu import TINY
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+F = torch.nn.functional
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def test_the_enums_are_the_installed_headers():
+    from torchrig.train import cublaslt
+
+    roots = [*site.getsitepackages(), site.getusersitepackages()]
+    headers = [p for r in roots for p in glob.glob(f"{r}/nvidia/**/include/cublasLt.h", recursive=True)]
+    if not headers:
+        pytest.skip("no cublasLt.h in the nvidia packages of this Python")
+    assert cublaslt.header_mismatches(Path(headers[0]).read_text()) == []
+    assert cublaslt.library_path() is not None
+
+
+def test_each_epilogue_computes_its_ops_definition():
+    from torchrig.train import cublaslt
+    from torchrig.train.fusedmlp import dgelu_matmul, linear_gelu
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    t, d, n = 2048, 768, 3072
+
+    def rnd(*s, std=1.0):
+        return (torch.randn(*s, device="cuda", generator=g) * std).bfloat16()
+
+    x, w1, b1, w2, dy = (
+        rnd(t, d),
+        rnd(n, d, std=0.02),
+        rnd(n, std=0.1),
+        rnd(d, n, std=0.02),
+        rnd(t, d, std=0.01),
+    )
+    h, pre = cublaslt.linear_gelu(x, w1, b1)
+    exact = x.float() @ w1.float().t() + b1.float()
+    ref_h, ref_pre = F.gelu(exact, approximate="tanh"), exact
+    assert _rel(pre, ref_pre) < 0.01 and _rel(h, ref_h) < 0.01
+    dpre, db = cublaslt.dgelu_matmul(dy, w2, pre)
+    d_exact = torch.ops.aten.gelu_backward(dy.float() @ w2.float(), pre.float(), approximate="tanh")
+    assert _rel(dpre, d_exact) < 0.01 and _rel(db, d_exact.sum(0)) < 0.01
+    # the custom ops reach the same kernels on CUDA
+    assert torch.equal(linear_gelu(x, w1, b1)[0], h) and torch.equal(dgelu_matmul(dy, w2, pre)[1], db)
+
+
+def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients():
+    from torchrig.train.fusedmlp import mlp
+
+    torch.manual_seed(0)
+    fc, out = torch.nn.Linear(768, 3072).cuda(), torch.nn.Linear(3072, 768).cuda()
+    for p in (*fc.parameters(), *out.parameters()):
+        torch.nn.init.normal_(p, std=0.02)
+    x0 = torch.randn(4, 512, 768, device="cuda")
+
+    def grads(f):
+        cf = torch.compile(f, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            x = x0.clone().requires_grad_(True)
+            for p in (*fc.parameters(), *out.parameters()):
+                p.grad = None
+            with torch.autocast("cuda", torch.bfloat16):
+                y = cf(x)
+            y.float().square().mean().backward()
+        return [y.detach().float().clone(), x.grad, *(p.grad for p in (*fc.parameters(), *out.parameters()))]
+
+    plain = grads(lambda x: out(F.gelu(fc(x), approximate="tanh")))
+    fused = grads(lambda x: mlp(x, fc, out))
+    for a, b in zip(fused, plain, strict=True):
+        assert _rel(a, b) < 0.03
+
+
+def _train(tmp_path: Path, name: str, fused: bool) -> dict[int, float]:
+    out = tmp_path / name
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHRIG_FUSED_MLP")}
+    if fused:
+        env["TORCHRIG_FUSED_MLP"] = "1"
+    args = [*TINY, "--precision", "bf16", "--compile", "--log-every", "5", "--out", str(out)]
+    r = subprocess.run(
+        [sys.executable, "-m", "torchrig", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)["summary"]
+    assert (s["fused_mlp_blocks"] or 0) > 0 if fused else s["fused_mlp_blocks"] is None
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r and r.get("step")}
+
+
+def test_a_run_with_the_fused_mlp_trains_as_one_without(tmp_path):
+    plain, fused = _train(tmp_path, "plain", False), _train(tmp_path, "fused", True)
+    assert sorted(fused) == sorted(plain) and len(plain) >= 5
+    for step, loss in plain.items():
+        assert abs(loss - fused[step]) < 0.02 * abs(loss), (plain, fused)

@@ -1,0 +1,142 @@
+"""The fused MLP (train/fusedmlp.py) on the CPU: its autograd against the plain MLP's, eager and compiled.
+
+On the CPU the two custom ops run their portable definitions (the epilogues' arithmetic in PyTorch ops); the
+cuBLASLt kernels themselves are compared with those definitions on the GPU (tests/gpu/test_train_fusedmlp_gpu.py).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from torchrig.train import cublaslt, setup  # noqa: E402
+from torchrig.train.fusedmlp import dgelu_matmul, linear_gelu, mlp  # noqa: E402
+from torchrig.train.models import GPT, GPTConfig  # noqa: E402
+
+
+def _layers(d: int = 32) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    torch.manual_seed(0)
+    fc, out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+    for p in (*fc.parameters(), *out.parameters()):
+        torch.nn.init.normal_(p, std=0.1)
+    return fc, out
+
+
+def _run(f, fc: torch.nn.Linear, out: torch.nn.Linear, x: torch.Tensor) -> list[torch.Tensor]:
+    x = x.clone().requires_grad_(True)
+    for p in (*fc.parameters(), *out.parameters()):
+        p.grad = None
+    with torch.autocast("cpu", torch.bfloat16):
+        y = f(x)
+    y.float().square().mean().backward()
+    return [y.detach().float(), x.grad, fc.weight.grad, fc.bias.grad, out.weight.grad, out.bias.grad]
+
+
+def _plain(fc: torch.nn.Linear, out: torch.nn.Linear):
+    return lambda x: out(F.gelu(fc(x), approximate="tanh"))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def test_the_fused_mlp_computes_the_plain_mlp_and_its_gradients_to_bf16_rounding() -> None:
+    fc, out = _layers()
+    x = torch.randn(2, 64, 32)
+    ref = _run(_plain(fc, out), fc, out, x)
+    got = _run(lambda x: mlp(x, fc, out), fc, out, x)
+    names = ["y", "x", "fc.weight", "fc.bias", "out.weight", "out.bias"]
+    for name, a, b in zip(names, got, ref, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert _rel(a, b) < 0.03, (name, _rel(a, b))  # bf16 keeps 8 bits: 2^-8 = 0.004 per rounding
+    # the fp32 parameters get fp32 gradients, through autocast's casts
+    assert fc.weight.grad.dtype == torch.float32 and out.bias.grad.dtype == torch.float32
+
+
+def test_a_wrong_gradient_would_show_in_that_comparison() -> None:
+    """The comparison above can fail: the same MLP with the GELU's derivative left out is far off."""
+    fc, out = _layers()
+    x = torch.randn(2, 64, 32)
+    ref = _run(_plain(fc, out), fc, out, x)
+    broken = _run(lambda x: out((p := fc(x)) + (F.gelu(p, approximate="tanh") - p).detach()), fc, out, x)
+    assert max(_rel(a, b) for a, b in zip(broken[1:], ref[1:], strict=True)) > 0.1
+
+
+def test_compiled_the_ops_stay_calls_and_give_the_eager_results() -> None:
+    fc, out = _layers()
+    x = torch.randn(2, 64, 32)
+    eager = _run(lambda x: mlp(x, fc, out), fc, out, x)
+    compiled = _run(torch.compile(lambda x: mlp(x, fc, out)), fc, out, x)
+    for a, b in zip(compiled, eager, strict=True):
+        assert _rel(a, b) < 1e-3
+
+
+def test_the_ops_definitions_are_the_epilogues_arithmetic() -> None:
+    torch.manual_seed(1)
+    x, w, b = torch.randn(8, 16).bfloat16(), torch.randn(24, 16).bfloat16(), torch.randn(24).bfloat16()
+    h, pre = linear_gelu(x, w, b)
+    exact = x.float() @ w.float().t() + b.float()
+    assert torch.equal(pre, exact.bfloat16())
+    assert torch.equal(
+        h, F.gelu(exact, approximate="tanh").bfloat16()
+    )  # GELU of the fp32 value, rounded once
+    g, w2 = torch.randn(8, 16).bfloat16(), torch.randn(16, 24).bfloat16()
+    dpre, db = dgelu_matmul(g, w2, pre)
+    d = torch.ops.aten.gelu_backward(g.float() @ w2.float(), pre.float(), approximate="tanh")
+    assert torch.equal(dpre, d.bfloat16()) and torch.equal(db, d.sum(0).bfloat16())
+
+
+def test_a_gpt_with_fused_mlps_trains_as_the_plain_one() -> None:
+    def losses(fused: bool) -> list[float]:
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
+        for blk in m.blocks:
+            blk.fused_mlp = fused
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        batch = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+        out = []
+        for _ in range(4):
+            with torch.autocast("cpu", torch.bfloat16):
+                loss = m(batch, batch.roll(-1, 1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    plain, fused = losses(False), losses(True)
+    assert plain[-1] < plain[0]
+    assert max(abs(a - b) for a, b in zip(plain, fused, strict=True)) < 0.02, (plain, fused)
+
+
+def test_the_lever_is_off_unless_asked_and_on_one_gpu_in_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
+
+    def rt(device: str, precision: str = "bf16", parallel: str = "none") -> object:
+        return types.SimpleNamespace(device=torch.device(device), precision=precision, parallel=parallel)
+
+    monkeypatch.delenv("TORCHRIG_FUSED_MLP", raising=False)
+    assert setup.fused_mlp(m, rt("cuda")) == 0
+    monkeypatch.setenv("TORCHRIG_FUSED_MLP", "1")
+    assert setup.fused_mlp(m, rt("cpu")) == 0
+    assert setup.fused_mlp(m, rt("cuda", precision="fp8")) == 0
+    assert setup.fused_mlp(m, rt("cuda", parallel="ddp")) == 0
+    assert not any(b.fused_mlp for b in m.blocks)
+    assert setup.fused_mlp(m, rt("cuda")) == 2
+    assert all(b.fused_mlp for b in m.blocks)
+
+
+def test_the_cublaslt_boundary_checks_its_enums_against_the_header_and_refuses_cpu_tensors() -> None:
+    header = "\n".join(f"  {name} = {value}," for name, value in cublaslt.HEADER_NAMES.items())
+    assert cublaslt.header_mismatches(header) == []
+    wrong = header.replace(
+        "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12", "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 13"
+    )
+    assert cublaslt.header_mismatches(wrong) == ["CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: header 13, module 12"]
+    x = torch.zeros(8, 8, dtype=torch.bfloat16)
+    with pytest.raises(cublaslt.CublasLtError, match="contiguous bf16 CUDA tensors"):
+        cublaslt.linear_gelu(x, x, x[0])

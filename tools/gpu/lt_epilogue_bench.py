@@ -1,0 +1,159 @@
+"""cuBLASLt's GELU epilogues (train/cublaslt.py, train/fusedmlp.py) against the compiled GEMM + GELU kernels.
+
+Run on the GPU machine (repository root): `python3 tools/gpu/lt_epilogue_bench.py [MICRO_BATCH ...]`.
+For GPT-2 small's MLP (width 768, hidden 3072, seq 1024) at each micro-batch (16 when none is given):
+1. the module's enum values against the installed cuBLAS's cublasLt.h;
+2. each epilogue's result against an fp32 reference (relative error of the largest element);
+3. the time of each part, CUDA events, median of 7 repeats of 50 calls: the forward (`fc` GEMM + GELU,
+   compiled, against `GELU_AUX_BIAS`), the backward piece (`dh = dy @ W2`, then GELU backward and the bias
+   sum, compiled, against `DGELU_BGRAD`), and the whole MLP forward + backward, compiled with CUDA graphs
+   (`reduce-overhead`), the plain MLP against train/fusedmlp.py's, with their gradients compared.
+Prints one JSON object per line; the last line is the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from torchrig.train import cublaslt
+from torchrig.train.fusedmlp import mlp as fused_mlp
+
+
+def header_check() -> dict:
+    import glob
+    import site
+
+    roots = [*site.getsitepackages(), site.getusersitepackages()]
+    found = [p for r in roots for p in glob.glob(f"{r}/nvidia/**/include/cublasLt.h", recursive=True)]
+    if not found:
+        return {"header": None}
+    text = Path(found[0]).read_text()
+    return {
+        "header": found[0],
+        "mismatches": cublaslt.header_mismatches(text),
+        "library": cublaslt.library_path(),
+    }
+
+
+def timed(fn, reps: int = 7, calls: int = 50) -> float:
+    """Median ms per call."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / calls)
+    return sorted(out)[len(out) // 2]
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def parts(mb: int) -> dict:
+    t, d, n = mb * 1024, 768, 3072
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+
+    def rnd(*s: int, std: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*s, device="cuda", generator=g) * std).to(bf)
+
+    x, w1, b1, w2, dy = (
+        rnd(t, d),
+        rnd(n, d, std=0.02),
+        rnd(n, std=0.1),
+        rnd(d, n, std=0.02),
+        rnd(t, d, std=0.01),
+    )
+    pre_ref = x.float() @ w1.float().t() + b1.float()
+    h_ref = F.gelu(pre_ref, approximate="tanh")
+    h, pre = cublaslt.linear_gelu(x, w1, b1)
+    pre_b = pre_ref.to(bf)
+    dh_ref = dy.float() @ w2.float()
+    dpre_ref = torch.ops.aten.gelu_backward(dh_ref, pre_b.float(), approximate="tanh")
+    dpre, db = cublaslt.dgelu_matmul(dy, w2, pre_b)
+    errors = {
+        "h": rel(h, h_ref), "pre": rel(pre, pre_ref), "dpre": rel(dpre, dpre_ref), "db1": rel(db, dpre_ref.sum(0)),
+    }  # fmt: skip
+
+    fwd_ref = torch.compile(lambda x, w, b: (F.gelu(p := F.linear(x, w, b), approximate="tanh"), p))
+    bwd_ref = torch.compile(
+        lambda dy, w2, pre: (
+            q := torch.ops.aten.gelu_backward(dy @ w2, pre, approximate="tanh"),
+            q.sum(0),
+        )
+    )
+    ms = {
+        "fwd_compiled": timed(lambda: fwd_ref(x, w1, b1)),
+        "fwd_gemm_only": timed(lambda: F.linear(x, w1, b1)),
+        "fwd_lt_gelu_aux_bias": timed(lambda: cublaslt.linear_gelu(x, w1, b1)),
+        "bwd_compiled": timed(lambda: bwd_ref(dy, w2, pre_b)),
+        "bwd_gemm_only": timed(lambda: dy @ w2),
+        "bwd_lt_dgelu_bgrad": timed(lambda: cublaslt.dgelu_matmul(dy, w2, pre_b)),
+    }
+    return {"micro_batch": mb, "rel_error": errors, "ms": ms}
+
+
+def whole(mb: int) -> dict:
+    """The MLP's forward + backward, compiled with CUDA graphs: plain against fused, same weights."""
+    t, d = mb * 1024, 768
+    torch.manual_seed(0)
+    fc, out = torch.nn.Linear(d, 4 * d).cuda(), torch.nn.Linear(4 * d, d).cuda()
+    for p in (*fc.parameters(), *out.parameters()):
+        torch.nn.init.normal_(p, std=0.02)
+    x = torch.randn(t, d, device="cuda", requires_grad=True)
+    params = [x, *fc.parameters(), *out.parameters()]
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return out(F.gelu(fc(x), approximate="tanh"))
+
+    def fused(x: torch.Tensor) -> torch.Tensor:
+        return fused_mlp(x, fc, out)
+
+    res = {}
+    grads = {}
+    for name, f in (("plain", plain), ("fused", fused)):
+        cf = torch.compile(f, mode="reduce-overhead")
+
+        def step(cf=cf) -> None:
+            for p in params:
+                p.grad = None
+            with torch.autocast("cuda", torch.bfloat16):
+                y = cf(x)
+            (y.float().square().mean()).backward()
+
+        step()
+        grads[name] = [p.grad.float().clone() for p in params]
+        res[f"{name}_ms"] = timed(step, reps=5, calls=20)
+    res["grad_rel_error"] = [rel(a, b) for a, b in zip(grads["fused"], grads["plain"], strict=True)]
+    return {"micro_batch": mb, "whole_mlp": res}
+
+
+def main() -> None:
+    mbs = [int(a) for a in sys.argv[1:]] or [16]
+    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **header_check()}))
+    summary = []
+    for mb in mbs:
+        p = parts(mb)
+        print(json.dumps(p), flush=True)
+        w = whole(mb)
+        print(json.dumps(w), flush=True)
+        summary.append({**p, **w})
+    print(json.dumps({"summary": summary}))
+
+
+if __name__ == "__main__":
+    main()
