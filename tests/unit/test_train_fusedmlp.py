@@ -132,7 +132,18 @@ def test_the_lever_is_off_unless_asked_and_on_one_gpu_in_bf16(monkeypatch: pytes
 
 def test_the_cublaslt_boundary_checks_its_enums_against_the_header_and_refuses_cpu_tensors() -> None:
     header = "\n".join(f"  {name} = {value}," for name, value in cublaslt.HEADER_NAMES.items())
+    # as cublasLt.h writes the epilogues: some as numbers, some composed of others
+    header += """
+    CUBLASLT_EPILOGUE_GELU = 32,
+    CUBLASLT_EPILOGUE_GELU_AUX = (CUBLASLT_EPILOGUE_GELU | 128),
+    CUBLASLT_EPILOGUE_GELU_AUX_BIAS = (CUBLASLT_EPILOGUE_GELU_AUX | CUBLASLT_EPILOGUE_BIAS),
+    CUBLASLT_EPILOGUE_DGELU_BGRAD = 16 | 64 | 128,
+} cublasLtEpilogue_t;"""
+    assert cublaslt.epilogue_values(header)["GELU_AUX_BIAS"] == 164
     assert cublaslt.header_mismatches(header) == []
+    assert cublaslt.header_mismatches(header.replace("16 | 64 | 128", "64 | 128")) == [
+        "CUBLASLT_EPILOGUE_DGELU_BGRAD: header 192, module 208"
+    ]
     wrong = header.replace(
         "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12", "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 13"
     )

@@ -15,7 +15,7 @@ stream, with a workspace it keeps per device, so its calls can be captured in CU
 the heuristic's algorithm are made once per shape. Row-major PyTorch matrices are cuBLASLt's column-major
 transposes: ``Y[T,N] = X[T,K] @ W[N,K]ᵀ`` is ``Yᵀ = op_T(W) · op_N(Xᵀ)`` with ``m=N, n=T, k=K``.
 The enum values are cublasLt.h's; ``header_mismatches`` compares them with the header of the installed
-cuBLAS (tools/gpu/lt_epilogue_bench.py runs it on the GPU machine).
+cuBLAS (tests/gpu/test_train_fusedmlp_gpu.py runs it on the GPU machine).
 """
 
 from __future__ import annotations
@@ -84,15 +84,38 @@ def library_path() -> str | None:
     return None
 
 
+EPILOGUES = {"GELU_AUX_BIAS": EPILOGUE_GELU_AUX_BIAS, "DGELU_BGRAD": EPILOGUE_DGELU_BGRAD}
+
+
+def epilogue_values(header: str) -> dict[str, int]:
+    """The ``cublasLtEpilogue_t`` members of cublasLt.h's text and their values; the header writes some as
+    compositions (``CUBLASLT_EPILOGUE_GELU_AUX_BIAS = (CUBLASLT_EPILOGUE_GELU_AUX | CUBLASLT_EPILOGUE_BIAS)``)."""
+    exprs = dict(re.findall(r"\bCUBLASLT_EPILOGUE_(\w+)\s*=\s*([^,}\n]+)", header))
+    values: dict[str, int] = {}
+    for _ in range(len(exprs)):  # each pass resolves the members whose parts are known
+        for name, expr in exprs.items():
+            parts = [
+                p.strip().removeprefix("CUBLASLT_EPILOGUE_")
+                for p in expr.replace("(", " ").replace(")", " ").split("|")
+            ]
+            if name not in values and all(p.isdigit() or p in values for p in parts):
+                values[name] = 0
+                for p in parts:
+                    values[name] |= int(p) if p.isdigit() else values[p]
+    return values
+
+
 def header_mismatches(header: str) -> list[str]:
-    """The names whose value in cublasLt.h's text differs from this module's (the epilogues are checked by
-    their composition in the header: ``GELU_AUX_BIAS = GELU_AUX | BIAS`` …, so they are read by
-    ``epilogue_values``)."""
+    """The names whose value in cublasLt.h's text differs from this module's."""
     out = []
     for name, value in HEADER_NAMES.items():
         m = re.search(rf"\b{name}\s*=\s*(\d+)", header)
         if m is None or int(m.group(1)) != value:
             out.append(f"{name}: header {m.group(1) if m else 'absent'}, module {value}")
+    found = epilogue_values(header)
+    for name, value in EPILOGUES.items():
+        if found.get(name) != value:
+            out.append(f"CUBLASLT_EPILOGUE_{name}: header {found.get(name, 'absent')}, module {value}")
     return out
 
 
@@ -237,10 +260,17 @@ def _check_2d(*ts: torch.Tensor) -> None:
             )
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy of it at a 256-byte boundary: the heuristic chose the algorithm for aligned pointers (its
+    default assumption), and a view into a larger buffer (Inductor packs some outputs so) may not be."""
+    return t if t.data_ptr() % 256 == 0 else t.clone()
+
+
 def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gelu_tanh(x @ wᵀ + b), x @ wᵀ + b)`` for x [T, K], w [N, K], b [N], bf16: one GEMM
     (``GELU_AUX_BIAS``)."""
     _check_2d(x, w, b)
+    x, w, b = _aligned(x), _aligned(w), _aligned(b)
     t, k = x.shape
     n = w.shape[0]
     h = torch.empty(t, n, dtype=x.dtype, device=x.device)
@@ -256,6 +286,7 @@ def dgelu_matmul(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> tuple[t
     """``dpre = (g @ w) * gelu_tanh'(pre)`` and ``dbias = dpre.sum(0)`` for g [T, N2], w [N2, N], pre [T, N],
     bf16: one GEMM (``DGELU_BGRAD``)."""
     _check_2d(g, w, pre)
+    g, w, pre = _aligned(g), _aligned(w), _aligned(pre)
     t, n2 = g.shape
     n = w.shape[1]
     dpre = torch.empty(t, n, dtype=g.dtype, device=g.device)
