@@ -14,8 +14,10 @@ it calls the ``libcublasLt`` that PyTorch itself loaded (one copy in the process
 stream, with a workspace it keeps per device, so its calls can be captured in CUDA graphs. Descriptors and
 the heuristic's algorithm are made once per shape. Row-major PyTorch matrices are cuBLASLt's column-major
 transposes: ``Y[T,N] = X[T,K] @ W[N,K]ᵀ`` is ``Yᵀ = op_T(W) · op_N(Xᵀ)`` with ``m=N, n=T, k=K``.
-The enum values are cublasLt.h's; ``header_mismatches`` compares them with the header of the installed
-cuBLAS (tests/gpu/test_train_fusedmlp_gpu.py runs it on the GPU machine).
+The enum values are cublasLt.h's and cublas_api.h's (checked against those of nvidia-cublas 13.10.0.20 from
+PyPI, whose libcublasLt also took these descriptors and gave their values back on a machine without a GPU);
+``header_mismatches`` compares them with the headers of the installed cuBLAS on the GPU machine
+(tests/gpu/test_train_fusedmlp_gpu.py).
 """
 
 from __future__ import annotations
@@ -103,6 +105,19 @@ def epilogue_values(header: str) -> dict[str, int]:
                 for p in parts:
                     values[name] |= int(p) if p.isdigit() else values[p]
     return values
+
+
+def installed_headers() -> str | None:
+    """cublasLt.h and cublas_api.h (where ``cublasComputeType_t`` is) of the cuBLAS wheel in this Python's
+    site-packages (``nvidia/cu13/include`` for CUDA 13, ``nvidia/cublas/include`` for 12), or None."""
+    import glob
+    import site
+
+    roots = [*site.getsitepackages(), site.getusersitepackages()]
+    for lt in sorted(p for r in roots for p in glob.glob(f"{r}/nvidia/*/include/cublasLt.h")):
+        api = Path(lt).with_name("cublas_api.h")
+        return Path(lt).read_text() + (api.read_text() if api.exists() else "")
+    return None
 
 
 def header_mismatches(header: str) -> list[str]:
