@@ -75,9 +75,10 @@ class _Heuristic(ctypes.Structure):
 
 def library_path() -> str | None:
     """The libcublasLt this process has loaded (PyTorch's CUDA build loads it with libtorch_cuda)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
+    from torchrig.inputfiles import read_proc
+
+    maps = read_proc("/proc/self/maps", max_bytes=16 * 2**20)  # a CUDA process maps a few thousand regions
+    if maps is None:
         return None
     for line in maps.splitlines():
         path = line.split()[-1] if line.split() else ""
@@ -113,10 +114,12 @@ def installed_headers() -> str | None:
     import glob
     import site
 
+    from torchrig.inputfiles import read_text
+
     roots = [*site.getsitepackages(), site.getusersitepackages()]
     for lt in sorted(p for r in roots for p in glob.glob(f"{r}/nvidia/*/include/cublasLt.h")):
         api = Path(lt).with_name("cublas_api.h")
-        return Path(lt).read_text() + (api.read_text() if api.exists() else "")
+        return read_text(lt, "cublasLt.h") + (read_text(api, "cublas_api.h") if api.exists() else "")
     return None
 
 
