@@ -62,8 +62,9 @@ def test_each_epilogue_computes_its_ops_definition():
 
 
 def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients():
-    from torchrig.train.fusedmlp import mlp
+    from torchrig.train.fusedmlp import mlp, prepare
 
+    prepare("cuda")  # the workspace outside the CUDA-graph tree's pool
     torch.manual_seed(0)
     fc, out = torch.nn.Linear(768, 3072).cuda(), torch.nn.Linear(3072, 768).cuda()
     for p in (*fc.parameters(), *out.parameters()):
@@ -73,13 +74,16 @@ def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients():
     def grads(f):
         cf = torch.compile(f, mode="reduce-overhead")
         for _ in range(3):  # warm-up, record, replay
+            torch.compiler.cudagraph_mark_step_begin()
             x = x0.clone().requires_grad_(True)
             for p in (*fc.parameters(), *out.parameters()):
                 p.grad = None
             with torch.autocast("cuda", torch.bfloat16):
                 y = cf(x)
             y.float().square().mean().backward()
-        return [y.detach().float().clone(), x.grad, *(p.grad for p in (*fc.parameters(), *out.parameters()))]
+        # copies: the next compiled function's graphs reuse the memory of these outputs
+        grads = [x.grad, *(p.grad for p in (*fc.parameters(), *out.parameters()))]
+        return [t.detach().float().clone() for t in (y, *grads)]
 
     plain = grads(lambda x: out(F.gelu(fc(x), approximate="tanh")))
     fused = grads(lambda x: mlp(x, fc, out))

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from torchrig.train import cublaslt, setup  # noqa: E402
+from torchrig.train import cublaslt, fusedmlp, setup  # noqa: E402
 from torchrig.train.fusedmlp import dgelu_matmul, linear_gelu, mlp  # noqa: E402
 from torchrig.train.models import GPT, GPTConfig  # noqa: E402
 
@@ -119,6 +119,8 @@ def test_the_lever_is_off_unless_asked_and_on_one_gpu_in_bf16(monkeypatch: pytes
     def rt(device: str, precision: str = "bf16", parallel: str = "none") -> object:
         return types.SimpleNamespace(device=torch.device(device), precision=precision, parallel=parallel)
 
+    prepared: list[torch.device] = []
+    monkeypatch.setattr(fusedmlp, "prepare", prepared.append)  # the GPU boundary: no CUDA on this machine
     monkeypatch.delenv("TORCHRIG_FUSED_MLP", raising=False)
     assert setup.fused_mlp(m, rt("cuda")) == 0
     monkeypatch.setenv("TORCHRIG_FUSED_MLP", "1")
@@ -128,6 +130,23 @@ def test_the_lever_is_off_unless_asked_and_on_one_gpu_in_bf16(monkeypatch: pytes
     assert not any(b.fused_mlp for b in m.blocks)
     assert setup.fused_mlp(m, rt("cuda")) == 2
     assert all(b.fused_mlp for b in m.blocks)
+    assert prepared == [torch.device("cuda")]  # the workspace before the first compiled step
+
+
+def test_the_lever_stands_down_where_cublaslt_cannot_load(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
+
+    def refuse(device: object) -> None:
+        raise cublaslt.CublasLtError("libcublasLt is not loaded in this process (a CPU-only PyTorch?)")
+
+    monkeypatch.setattr(fusedmlp, "prepare", refuse)
+    monkeypatch.setenv("TORCHRIG_FUSED_MLP", "1")
+    rt = types.SimpleNamespace(device=torch.device("cuda"), precision="bf16", parallel="none")
+    assert setup.fused_mlp(m, rt) == 0
+    assert not any(b.fused_mlp for b in m.blocks)
+    assert "TORCHRIG_FUSED_MLP=1 ignored: libcublasLt is not loaded" in capsys.readouterr().err
 
 
 def test_the_cublaslt_boundary_checks_its_enums_against_the_header_and_refuses_cpu_tensors() -> None:

@@ -177,9 +177,26 @@ def _workspace(device: torch.device) -> torch.Tensor:
     key = f"ws{device.index}"
     ws = _state.get(key)
     if ws is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise CublasLtError(
+                "cuBLASLt's workspace cannot be allocated during CUDA graph capture: call "
+                "torchrig.train.fusedmlp.prepare(device) before compiling or capturing"
+            )
         ws = _state[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     assert isinstance(ws, torch.Tensor)
     return ws
+
+
+def prepare(device: torch.device | str) -> None:
+    """Load cuBLASLt and allocate ``device``'s workspace now. Called before the first compiled step: a workspace
+    allocated lazily inside a CUDA-graph tree's warm-up run would land in that graph's private memory pool, which
+    must hold nothing but the graph's own tensors (torch/_inductor/cudagraph_trees.py, check_memory_pool)."""
+    dev = torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    with torch.cuda.device(dev):
+        _lib()
+        _workspace(dev)
 
 
 def _set(lib: _Lib, desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData) -> None:

@@ -79,9 +79,19 @@ class _MLP(torch.autograd.Function):
         return dpre @ w1, dpre.t() @ x, db1, dy.t() @ h, dy.sum(0)
 
 
+def prepare(device: torch.device | str) -> None:
+    """Make the CUDA kernels ready on ``device`` (cuBLASLt loaded, its workspace allocated): call it once before
+    compiling a model that uses ``mlp`` with CUDA graphs, or capturing it (raises ``CublasLtError`` where
+    cuBLASLt cannot be used)."""
+    from torchrig.train import cublaslt
+
+    cublaslt.prepare(device)
+
+
 def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torch.Tensor:
     """``out(gelu_tanh(fc(x)))`` in bf16 for x [..., width]: the weights are cast to bf16 as autocast casts
-    them (the fp32 parameters get their gradients through the casts)."""
+    them (the fp32 parameters get their gradients through the casts). On CUDA, call ``prepare(device)`` first
+    (train/setup.py does for the trainer)."""
     dt = torch.bfloat16
     assert fc.bias is not None and out.bias is not None
     shape = x.shape

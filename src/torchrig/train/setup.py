@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,6 +261,14 @@ def fused_mlp(model: nn.Module, rt: Runtime) -> int:
 
     # the epilogue's aux matrix (the GELU's input) needs a leading dimension that is a multiple of 8
     blocks = [m for m in model.modules() if isinstance(m, Block) and m.fc.in_features % 8 == 0]
+    if blocks:
+        from torchrig.train import cublaslt, fusedmlp
+
+        try:
+            fusedmlp.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
+        except cublaslt.CublasLtError as e:
+            print(f"torchrig train: TORCHRIG_FUSED_MLP=1 ignored: {e}", file=sys.stderr)
+            return 0
     for m in blocks:
         m.fused_mlp = True
     return len(blocks)
