@@ -250,9 +250,9 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
 
 
 def fused_mlp(model: nn.Module, rt: Runtime) -> int:
-    """``TORCHRIG_FUSED_MLP=1`` (a speed lever under measurement, off by default): the GPT blocks' MLPs run
-    with the GELU in cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many
-    blocks do (0: off)."""
+    """``TORCHRIG_FUSED_MLP=1`` (a measured lever, off by default: 6 % slower a step on an H100, its backward
+    epilogue being the slow part; docs/results/training-speed.md): the GPT blocks' MLPs run with the GELU in
+    cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off)."""
     if os.environ.get("TORCHRIG_FUSED_MLP", "0") != "1" or rt.device.type != "cuda" or rt.precision != "bf16":
         return 0
     if rt.parallel != "none":
