@@ -57,6 +57,9 @@ def test_each_epilogue_computes_its_ops_definition():
     dpre, db = cublaslt.dgelu_matmul(dy, w2, pre)
     d_exact = torch.ops.aten.gelu_backward(dy.float() @ w2.float(), pre.float(), approximate="tanh")
     assert _rel(dpre, d_exact) < 0.01 and _rel(db, d_exact.sum(0)) < 0.01
+    assert _rel(cublaslt.dgelu_only(dy, w2, pre), d_exact) < 0.01  # DGELU, the bias sum left out
+    with pytest.raises(cublaslt.CublasLtError, match="algorithms for this GEMM"):
+        cublaslt.linear_gelu(x, w1, b1, algo=cublaslt.HEURISTIC_RESULTS)
     # the custom ops reach the same kernels on CUDA
     assert torch.equal(linear_gelu(x, w1, b1)[0], h) and torch.equal(dgelu_matmul(dy, w2, pre)[1], db)
 

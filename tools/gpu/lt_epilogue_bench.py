@@ -6,7 +6,9 @@ For GPT-2 small's MLP (width 768, hidden 3072, seq 1024) at each micro-batch (16
 2. each epilogue's result against an fp32 reference (relative error of the largest element);
 3. the time of each part, CUDA events, median of 7 repeats of 50 calls: the forward (`fc` GEMM + GELU,
    compiled, against `GELU_AUX_BIAS`), the backward piece (`dh = dy @ W2`, then GELU backward and the bias
-   sum, compiled, against `DGELU_BGRAD`), and the whole MLP forward + backward, compiled with CUDA graphs
+   sum, compiled, against `DGELU_BGRAD`, and against `DGELU` with the bias sum compiled apart), each
+   epilogue by every algorithm cuBLASLt's heuristic offers (`ms_by_algorithm`, its first choice first),
+   and the whole MLP forward + backward, compiled with CUDA graphs
    (`reduce-overhead`), the plain MLP against train/fusedmlp.py's, with their gradients compared.
 Prints one JSON object per line; the last line is the summary.
 """
@@ -98,8 +100,31 @@ def parts(mb: int) -> dict:
         "bwd_compiled": timed(lambda: bwd_ref(dy, w2, pre_b)),
         "bwd_gemm_only": timed(lambda: dy @ w2),
         "bwd_lt_dgelu_bgrad": timed(lambda: cublaslt.dgelu_matmul(dy, w2, pre_b)),
+        "bwd_lt_dgelu": timed(lambda: cublaslt.dgelu_only(dy, w2, pre_b)),
+        "bwd_lt_dgelu_then_sum": timed(lambda: bias_sum(cublaslt.dgelu_only(dy, w2, pre_b))),
     }
-    return {"micro_batch": mb, "rel_error": errors, "ms": ms}
+    errors["dpre_dgelu_only"] = rel(cublaslt.dgelu_only(dy, w2, pre_b), dpre_ref)
+    # every algorithm the heuristic offers, not only its first choice (ms per call, in its order)
+    algos = {
+        "fwd_gelu_aux_bias": each_algorithm(lambda a: cublaslt.linear_gelu(x, w1, b1, algo=a)),
+        "bwd_dgelu_bgrad": each_algorithm(lambda a: cublaslt.dgelu_matmul(dy, w2, pre_b, algo=a)),
+        "bwd_dgelu": each_algorithm(lambda a: cublaslt.dgelu_only(dy, w2, pre_b, algo=a)),
+    }
+    return {"micro_batch": mb, "rel_error": errors, "ms": ms, "ms_by_algorithm": algos}
+
+
+bias_sum = torch.compile(lambda q: q.sum(0, dtype=torch.float32).to(q.dtype))
+
+
+def each_algorithm(call) -> list[float]:
+    out = []
+    for a in range(cublaslt.HEURISTIC_RESULTS):
+        try:
+            call(a)
+        except cublaslt.CublasLtError:
+            break
+        out.append(round(timed(lambda a=a: call(a)), 4))
+    return out
 
 
 def whole(mb: int) -> dict:

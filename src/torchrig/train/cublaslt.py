@@ -39,7 +39,8 @@ DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
 DESC_EPILOGUE_AUX_POINTER, DESC_EPILOGUE_AUX_LD = 11, 12
 PREF_MAX_WORKSPACE_BYTES = 1
 EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4
-EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD = 164, 208
+EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_DGELU = 164, 208, 192
+HEURISTIC_RESULTS = 8  # algorithms asked of the heuristic per GEMM: the first is used, the rest can be timed
 HEADER_NAMES = {
     "CUBLAS_COMPUTE_32F": CUBLAS_COMPUTE_32F,
     "CUBLASLT_MATMUL_DESC_TRANSA": DESC_TRANSA,
@@ -87,7 +88,11 @@ def library_path() -> str | None:
     return None
 
 
-EPILOGUES = {"GELU_AUX_BIAS": EPILOGUE_GELU_AUX_BIAS, "DGELU_BGRAD": EPILOGUE_DGELU_BGRAD}
+EPILOGUES = {
+    "GELU_AUX_BIAS": EPILOGUE_GELU_AUX_BIAS,
+    "DGELU_BGRAD": EPILOGUE_DGELU_BGRAD,
+    "DGELU": EPILOGUE_DGELU,
+}
 
 
 def epilogue_values(header: str) -> dict[str, int]:
@@ -153,7 +158,7 @@ class _Lib:
 class _Plan:
     desc: ctypes.c_void_p
     layouts: tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]  # A, B, D
-    algo: _Algo
+    algos: tuple[_Algo, ...]  # the heuristic's choices, best first
 
 
 _state: dict[str, object] = {}
@@ -205,7 +210,7 @@ def _set(lib: _Lib, desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData
 
 
 def _plan(key: tuple[int, ...]) -> _Plan:
-    """Descriptors and the heuristic's first algorithm for (transa, transb, m, n, k, lda, ldb, ldd, epilogue,
+    """Descriptors and the heuristic's algorithms (up to HEURISTIC_RESULTS, best first) for (transa, transb, m, n, k, lda, ldb, ldd, epilogue,
     device)."""
     plans = _state.setdefault("plans", {})
     assert isinstance(plans, dict)
@@ -248,28 +253,39 @@ def _plan(key: tuple[int, ...]) -> _Plan:
     if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_BIAS):
         # the heuristic checks the epilogue's pointers' alignment: give it an aligned stand-in until the call
         _set(lib, desc, DESC_BIAS_POINTER, ctypes.c_void_p(256))
-    if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD):
+    if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_DGELU):
         _set(lib, desc, DESC_EPILOGUE_AUX_POINTER, ctypes.c_void_p(256))
         _set(lib, desc, DESC_EPILOGUE_AUX_LD, ctypes.c_int64(ldd))
-    result, count = _Heuristic(), ctypes.c_int(0)
+    results, count = (_Heuristic * HEURISTIC_RESULTS)(), ctypes.c_int(0)
     lib.check(
         "cublasLtMatmulAlgoGetHeuristic", lib.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
-        ctypes.c_int(1), ctypes.byref(result), ctypes.byref(count),
+        ctypes.c_int(HEURISTIC_RESULTS), results, ctypes.byref(count),
     )  # fmt: skip
     lib.check("cublasLtMatmulPreferenceDestroy", pref)
     if count.value < 1:
         raise CublasLtError(f"cuBLASLt has no algorithm for this GEMM and epilogue {epilogue} ({key})")
-    plan = plans[key] = _Plan(desc, (layouts[0], layouts[1], layouts[2]), result.algo)
+    algos = tuple(
+        results[i].algo for i in range(min(count.value, HEURISTIC_RESULTS)) if results[i].state == 0
+    )
+    if not algos:
+        raise CublasLtError(f"cuBLASLt's algorithms for this GEMM and epilogue {epilogue} all failed ({key})")
+    plan = plans[key] = _Plan(desc, (layouts[0], layouts[1], layouts[2]), algos)
     return plan
 
 
 def _matmul(
     a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, *, ta: int, tb: int, m: int, n: int, k: int,
     lda: int, ldb: int, ldd: int, epilogue: int, bias: torch.Tensor | None = None, aux: torch.Tensor | None = None,
+    algo: int = 0,
 ) -> None:  # fmt: skip
-    """D = op(A)·op(B) (column-major), with the epilogue's bias and aux pointers."""
+    """D = op(A)·op(B) (column-major), with the epilogue's bias and aux pointers, by the heuristic's ``algo``-th
+    algorithm (0: its first choice)."""
     with _lock:
         plan = _plan((ta, tb, m, n, k, lda, ldb, ldd, epilogue, d.device.index or 0))
+        if not 0 <= algo < len(plan.algos):
+            raise CublasLtError(
+                f"the heuristic gave {len(plan.algos)} algorithms for this GEMM, not {algo + 1}"
+            )
         lib = _lib()
         if bias is not None:
             _set(lib, plan.desc, DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
@@ -281,7 +297,7 @@ def _matmul(
             "cublasLtMatmul", lib.handle, plan.desc, ctypes.byref(one),
             ctypes.c_void_p(a.data_ptr()), plan.layouts[0], ctypes.c_void_p(b.data_ptr()), plan.layouts[1],
             ctypes.byref(zero), ctypes.c_void_p(d.data_ptr()), plan.layouts[2],
-            ctypes.c_void_p(d.data_ptr()), plan.layouts[2], ctypes.byref(plan.algo),
+            ctypes.c_void_p(d.data_ptr()), plan.layouts[2], ctypes.byref(plan.algos[algo]),
             ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(WORKSPACE_BYTES),
             ctypes.c_void_p(torch.cuda.current_stream(d.device).cuda_stream),
         )  # fmt: skip
@@ -301,9 +317,11 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 256 == 0 else t.clone()
 
 
-def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_gelu(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *, algo: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gelu_tanh(x @ wᵀ + b), x @ wᵀ + b)`` for x [T, K], w [N, K], b [N], bf16: one GEMM
-    (``GELU_AUX_BIAS``)."""
+    (``GELU_AUX_BIAS``; ``algo``: which of the heuristic's algorithms, 0 its first)."""
     _check_2d(x, w, b)
     x, w, b = _aligned(x), _aligned(w), _aligned(b)
     t, k = x.shape
@@ -312,22 +330,38 @@ def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torc
     pre = torch.empty_like(h)
     _matmul(
         w, x, h, ta=CUBLAS_OP_T, tb=CUBLAS_OP_N, m=n, n=t, k=k, lda=k, ldb=k, ldd=n,
-        epilogue=EPILOGUE_GELU_AUX_BIAS, bias=b, aux=pre,
+        epilogue=EPILOGUE_GELU_AUX_BIAS, bias=b, aux=pre, algo=algo,
     )  # fmt: skip
     return h, pre
 
 
-def dgelu_matmul(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def dgelu_matmul(
+    g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor, *, algo: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``dpre = (g @ w) * gelu_tanh'(pre)`` and ``dbias = dpre.sum(0)`` for g [T, N2], w [N2, N], pre [T, N],
     bf16: one GEMM (``DGELU_BGRAD``)."""
+    dpre, dbias = _dgelu(g, w, pre, bgrad=True, algo=algo)
+    assert dbias is not None
+    return dpre, dbias
+
+
+def dgelu_only(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor, *, algo: int = 0) -> torch.Tensor:
+    """``dpre = (g @ w) * gelu_tanh'(pre)`` alone (``DGELU``): the bias gradient left to a separate sum, for
+    GPUs where the epilogue's column sum slows the GEMM (tools/gpu/lt_epilogue_bench.py measures both)."""
+    return _dgelu(g, w, pre, bgrad=False, algo=algo)[0]
+
+
+def _dgelu(
+    g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor, *, bgrad: bool, algo: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     _check_2d(g, w, pre)
     g, w, pre = _aligned(g), _aligned(w), _aligned(pre)
     t, n2 = g.shape
     n = w.shape[1]
     dpre = torch.empty(t, n, dtype=g.dtype, device=g.device)
-    dbias = torch.empty(n, dtype=g.dtype, device=g.device)
+    dbias = torch.empty(n, dtype=g.dtype, device=g.device) if bgrad else None
     _matmul(
         w, g, dpre, ta=CUBLAS_OP_N, tb=CUBLAS_OP_N, m=n, n=t, k=n2, lda=n, ldb=n2, ldd=n,
-        epilogue=EPILOGUE_DGELU_BGRAD, bias=dbias, aux=pre,
+        epilogue=EPILOGUE_DGELU_BGRAD if bgrad else EPILOGUE_DGELU, bias=dbias, aux=pre, algo=algo,
     )  # fmt: skip
     return dpre, dbias
