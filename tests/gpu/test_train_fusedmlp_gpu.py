@@ -64,7 +64,8 @@ def test_each_epilogue_computes_its_ops_definition():
     assert torch.equal(linear_gelu(x, w1, b1)[0], h) and torch.equal(dgelu_matmul(dy, w2, pre)[1], db)
 
 
-def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients():
+@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain"])
+def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
     from torchrig.train.fusedmlp import mlp, prepare
 
     prepare("cuda")  # the workspace outside the CUDA-graph tree's pool
@@ -89,7 +90,7 @@ def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients():
         return [t.detach().float().clone() for t in (y, *grads)]
 
     plain = grads(lambda x: out(F.gelu(fc(x), approximate="tanh")))
-    fused = grads(lambda x: mlp(x, fc, out))
+    fused = grads(lambda x: mlp(x, fc, out, backward))
     for a, b in zip(fused, plain, strict=True):
         assert _rel(a, b) < 0.03
 

@@ -16,6 +16,8 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   fp8    --precision fp8 --fp8-recipe tensorwise (torchao's float8 training of the Linear layers)
   sg     --step-graph on: the whole optimizer step captured as one CUDA graph (train/stepgraph.py)
   fmlp   TORCHRIG_FUSED_MLP=1: the MLP's GELU in cuBLASLt's GEMM epilogues (train/fusedmlp.py)
+  fmlpd  TORCHRIG_FUSED_MLP=dgelu: the same, the backward epilogue without the bias sum (compiled apart)
+  fmlpf  TORCHRIG_FUSED_MLP=plain: the forward epilogue only, the GELU's backward compiled as before
   fa     --attention flash: FlashAttention-2 (PyTorch's flash SDPA kernel) instead of cuDNN's
   nosg   --step-graph off (the default's reference when the default captures the step)
 and the model tags `med` (--size medium, GPT-2 medium) and `large` (--size large), compared with the default
@@ -59,6 +61,8 @@ LEVERS = {  # tag: (environment, torchrig options)
     "fp8": ({}, ["--precision", "fp8", "--fp8-recipe", "tensorwise"]),
     "sg": ({}, ["--step-graph", "on"]),
     "fmlp": ({"TORCHRIG_FUSED_MLP": "1"}, []),
+    "fmlpd": ({"TORCHRIG_FUSED_MLP": "dgelu"}, []),
+    "fmlpf": ({"TORCHRIG_FUSED_MLP": "plain"}, []),
     "fa": ({}, ["--attention", "flash"]),
     "nosg": ({}, ["--step-graph", "off"]),
     "med": ({}, ["--size", "medium"]),

@@ -62,21 +62,56 @@ def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor
     return torch.empty_like(pre), pre.new_empty(pre.shape[1])
 
 
+@torch.library.custom_op("torchrig::dgelu_only", mutates_args=())
+def dgelu_only(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """``dpre = (g @ w) * gelu_tanh'(pre)`` with the product in fp32, rounded to g's dtype once (``DGELU``: no
+    bias sum). CUDA's is one cuBLASLt GEMM."""
+    return torch.ops.aten.gelu_backward(g.float() @ w.float(), pre.float(), approximate="tanh").to(g.dtype)
+
+
+@dgelu_only.register_kernel("cuda")
+def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    from torchrig.train import cublaslt
+
+    return cublaslt.dgelu_only(g, w, pre)
+
+
+@dgelu_only.register_fake
+def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(pre)
+
+
+# how the backward gets dpre (the GELU's input gradient) and fc's bias gradient
+BACKWARDS = {
+    "bgrad": "both in one GEMM's epilogue (DGELU_BGRAD)",
+    "dgelu": "dpre in the GEMM's epilogue (DGELU), the bias sum compiled apart",
+    "plain": "the GEMM, then GELU's backward and the bias sum as compiled ops (only the forward is fused)",
+}
+
+
 class _MLP(torch.autograd.Function):
     """y = gelu_tanh(x @ w1ᵀ + b1) @ w2ᵀ + b2 on 2-D bf16 tensors, with the GELU in the epilogues."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:  # type: ignore[override,unused-ignore]  # fmt: skip
+    def forward(ctx: Any, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, backward: str) -> torch.Tensor:  # type: ignore[override,unused-ignore]  # fmt: skip
         h, pre = linear_gelu(x, w1, b1)
         ctx.save_for_backward(x, w1, w2, h, pre)
+        ctx.how = backward
         return torch.addmm(b2, h, w2.t())
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override,unused-ignore]
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override,unused-ignore]
         x, w1, w2, h, pre = ctx.saved_tensors
         dy = dy.contiguous()
-        dpre, db1 = dgelu_matmul(dy, w2, pre)
-        return dpre @ w1, dpre.t() @ x, db1, dy.t() @ h, dy.sum(0)
+        if ctx.how == "bgrad":
+            dpre, db1 = dgelu_matmul(dy, w2, pre)
+        else:
+            if ctx.how == "dgelu":
+                dpre = dgelu_only(dy, w2, pre)
+            else:
+                dpre = torch.ops.aten.gelu_backward(dy @ w2, pre, approximate="tanh")
+            db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
+        return dpre @ w1, dpre.t() @ x, db1, dy.t() @ h, dy.sum(0), None
 
 
 def prepare(device: torch.device | str) -> None:
@@ -88,16 +123,18 @@ def prepare(device: torch.device | str) -> None:
     cublaslt.prepare(device)
 
 
-def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torch.Tensor:
+def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear, backward: str = "bgrad") -> torch.Tensor:
     """``out(gelu_tanh(fc(x)))`` in bf16 for x [..., width]: the weights are cast to bf16 as autocast casts
-    them (the fp32 parameters get their gradients through the casts). On CUDA, call ``prepare(device)`` first
-    (train/setup.py does for the trainer)."""
+    them (the fp32 parameters get their gradients through the casts); ``backward``: one of ``BACKWARDS``. On
+    CUDA, call ``prepare(device)`` first (train/setup.py does for the trainer)."""
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward {backward!r}: one of {', '.join(BACKWARDS)}")
     dt = torch.bfloat16
     assert fc.bias is not None and out.bias is not None
     shape = x.shape
     with torch.autocast(x.device.type, enabled=False):
         y = _MLP.apply(
             x.reshape(-1, shape[-1]).to(dt).contiguous(), fc.weight.to(dt), fc.bias.to(dt),
-            out.weight.to(dt), out.bias.to(dt),
+            out.weight.to(dt), out.bias.to(dt), backward,
         )  # fmt: skip
     return y.view(*shape[:-1], y.shape[-1])

@@ -35,9 +35,9 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(c.width), nn.LayerNorm(c.width)
         self.qkv, self.proj = nn.Linear(c.width, 3 * c.width), nn.Linear(c.width, c.width)
         self.fc, self.out = nn.Linear(c.width, 4 * c.width), nn.Linear(4 * c.width, c.width)
-        self.fused_mlp = (
-            False  # the trainer sets it: the GELU in cuBLASLt's GEMM epilogues (train/fusedmlp.py)
-        )
+        # the trainer sets it: the GELU in cuBLASLt's GEMM epilogues, with this backward (train/fusedmlp.py's
+        # BACKWARDS); "" for the plain MLP
+        self.fused_mlp = ""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -48,7 +48,7 @@ class Block(nn.Module):
         if self.fused_mlp:
             from torchrig.train.fusedmlp import mlp
 
-            return x + mlp(self.ln2(x), self.fc, self.out)
+            return x + mlp(self.ln2(x), self.fc, self.out, self.fused_mlp)
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 

@@ -252,25 +252,33 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
 def fused_mlp(model: nn.Module, rt: Runtime) -> int:
     """``TORCHRIG_FUSED_MLP=1`` (a measured lever, off by default: 6 % slower a step on an H100, its backward
     epilogue being the slow part; docs/results/training-speed.md): the GPT blocks' MLPs run with the GELU in
-    cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off)."""
-    if os.environ.get("TORCHRIG_FUSED_MLP", "0") != "1" or rt.device.type != "cuda" or rt.precision != "bf16":
+    cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off).
+    ``1`` is the ``bgrad`` backward; ``dgelu`` and ``plain`` name the others (fusedmlp.BACKWARDS)."""
+    value = os.environ.get("TORCHRIG_FUSED_MLP", "0").strip()
+    if value in ("", "0"):
         return 0
-    if rt.parallel != "none":
+    from torchrig.train import cublaslt, fusedmlp
+
+    backward = "bgrad" if value == "1" else value
+    if backward not in fusedmlp.BACKWARDS:
+        raise UsageError(
+            f"TORCHRIG_FUSED_MLP={value!r} is not 0, 1 or a backward ({', '.join(fusedmlp.BACKWARDS)})",
+            hint="unset it, or set it to 1 (the epilogue computes the bias gradient too), dgelu or plain",
+        )
+    if rt.device.type != "cuda" or rt.precision != "bf16" or rt.parallel != "none":
         return 0
     from torchrig.train.models import Block
 
     # the epilogue's aux matrix (the GELU's input) needs a leading dimension that is a multiple of 8
     blocks = [m for m in model.modules() if isinstance(m, Block) and m.fc.in_features % 8 == 0]
     if blocks:
-        from torchrig.train import cublaslt, fusedmlp
-
         try:
             fusedmlp.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
         except cublaslt.CublasLtError as e:
-            print(f"torchrig train: TORCHRIG_FUSED_MLP=1 ignored: {e}", file=sys.stderr)
+            print(f"torchrig train: TORCHRIG_FUSED_MLP={value} ignored: {e}", file=sys.stderr)
             return 0
     for m in blocks:
-        m.fused_mlp = True
+        m.fused_mlp = backward
     return len(blocks)
 
 
