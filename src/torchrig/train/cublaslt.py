@@ -209,9 +209,39 @@ def _set(lib: _Lib, desc: ctypes.c_void_p, attr: int, value: ctypes._SimpleCData
     lib.check("cublasLtMatmulDescSetAttribute", desc, ctypes.c_int(attr), ctypes.byref(value), size)
 
 
+def _algorithms(
+    lib: _Lib, desc: ctypes.c_void_p, layouts: tuple[ctypes.c_void_p, ...], what: str
+) -> tuple[_Algo, ...]:
+    """The heuristic's algorithms for this GEMM (up to HEURISTIC_RESULTS, best first, within the workspace)."""
+    pref = ctypes.c_void_p()
+    lib.check("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))
+    ws = ctypes.c_uint64(WORKSPACE_BYTES)
+    lib.check(
+        "cublasLtMatmulPreferenceSetAttribute",
+        pref,
+        ctypes.c_int(PREF_MAX_WORKSPACE_BYTES),
+        ctypes.byref(ws),
+        ctypes.c_size_t(8),
+    )
+    results, count = (_Heuristic * HEURISTIC_RESULTS)(), ctypes.c_int(0)
+    lib.check(
+        "cublasLtMatmulAlgoGetHeuristic", lib.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
+        ctypes.c_int(HEURISTIC_RESULTS), results, ctypes.byref(count),
+    )  # fmt: skip
+    lib.check("cublasLtMatmulPreferenceDestroy", pref)
+    if count.value < 1:
+        raise CublasLtError(f"cuBLASLt has no algorithm for this GEMM and {what}")
+    algos = tuple(
+        results[i].algo for i in range(min(count.value, HEURISTIC_RESULTS)) if results[i].state == 0
+    )
+    if not algos:
+        raise CublasLtError(f"cuBLASLt's algorithms for this GEMM and {what} all failed")
+    return algos
+
+
 def _plan(key: tuple[int, ...]) -> _Plan:
-    """Descriptors and the heuristic's algorithms (up to HEURISTIC_RESULTS, best first) for (transa, transb, m, n, k, lda, ldb, ldd, epilogue,
-    device)."""
+    """Descriptors and the heuristic's algorithms (best first) for (transa, transb, m, n, k, lda, ldb, ldd,
+    epilogue, device)."""
     plans = _state.setdefault("plans", {})
     assert isinstance(plans, dict)
     if key in plans:
@@ -240,35 +270,13 @@ def _plan(key: tuple[int, ...]) -> _Plan:
             ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld),
         )  # fmt: skip
         layouts.append(lay)
-    pref = ctypes.c_void_p()
-    lib.check("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))
-    ws = ctypes.c_uint64(WORKSPACE_BYTES)
-    lib.check(
-        "cublasLtMatmulPreferenceSetAttribute",
-        pref,
-        ctypes.c_int(PREF_MAX_WORKSPACE_BYTES),
-        ctypes.byref(ws),
-        ctypes.c_size_t(8),
-    )
     if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_BIAS):
         # the heuristic checks the epilogue's pointers' alignment: give it an aligned stand-in until the call
         _set(lib, desc, DESC_BIAS_POINTER, ctypes.c_void_p(256))
     if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_DGELU):
         _set(lib, desc, DESC_EPILOGUE_AUX_POINTER, ctypes.c_void_p(256))
         _set(lib, desc, DESC_EPILOGUE_AUX_LD, ctypes.c_int64(ldd))
-    results, count = (_Heuristic * HEURISTIC_RESULTS)(), ctypes.c_int(0)
-    lib.check(
-        "cublasLtMatmulAlgoGetHeuristic", lib.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
-        ctypes.c_int(HEURISTIC_RESULTS), results, ctypes.byref(count),
-    )  # fmt: skip
-    lib.check("cublasLtMatmulPreferenceDestroy", pref)
-    if count.value < 1:
-        raise CublasLtError(f"cuBLASLt has no algorithm for this GEMM and epilogue {epilogue} ({key})")
-    algos = tuple(
-        results[i].algo for i in range(min(count.value, HEURISTIC_RESULTS)) if results[i].state == 0
-    )
-    if not algos:
-        raise CublasLtError(f"cuBLASLt's algorithms for this GEMM and epilogue {epilogue} all failed ({key})")
+    algos = _algorithms(lib, desc, (layouts[0], layouts[1], layouts[2]), f"epilogue {epilogue} ({key})")
     plan = plans[key] = _Plan(desc, (layouts[0], layouts[1], layouts[2]), algos)
     return plan
 
