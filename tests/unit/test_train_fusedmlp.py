@@ -192,3 +192,26 @@ def test_the_cublaslt_boundary_checks_its_enums_against_the_header_and_refuses_c
     x = torch.zeros(8, 8, dtype=torch.bfloat16)
     with pytest.raises(cublaslt.CublasLtError, match="contiguous bf16 CUDA tensors"):
         cublaslt.linear_gelu(x, x, x[0])
+
+
+def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path) -> None:
+    """What a user meets: `torchrig train` with a hostile TORCHRIG_FUSED_MLP stops before training, on one line."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHRIG_FUSED_MLP": "$(touch pwned)\nbgrad"}
+    argv = [sys.executable, "-m", "torchrig", "train", "--model", "gpt", "--size", "tiny", "--steps", "1"]
+    r = subprocess.run(
+        [*argv, "--no-tensorboard", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TORCHRIG_FUSED_MLP='$(touch pwned)\\nbgrad' is not 0, 1" in lines[0], lines
+    assert "Traceback" not in r.stderr and not (tmp_path / "pwned").exists()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
