@@ -69,7 +69,7 @@ def engine_ready() -> str | None:
     try:
         import docker
 
-        client = docker.from_env(timeout=30)
+        client = docker.from_env(timeout=120)  # a busy engine (another run committing a GB layer) is slow
         client.ping()
     except Exception as err:
         return f"no Docker engine ({type(err).__name__}); run tools/ci/start-dockerd.sh"

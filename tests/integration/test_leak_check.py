@@ -134,6 +134,7 @@ def test_an_image_a_test_left_fails_the_session_and_is_removed(engine, tmp_path,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert note.exists(), f"the child session left no note (exit {proc.returncode}):\n{out[-3000:]}"
     image_id = json.loads(note.read_text())["image"]
     try:
         assert "1 passed" in out and proc.returncode == 1, out[-3000:]
