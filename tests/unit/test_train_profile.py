@@ -148,3 +148,87 @@ def test_kernel_groups_of_the_recorded_h200_trace():
         2.337,
         1.022,
     )
+
+
+def test_profiler_cuda_needs_a_window_and_a_gpu():
+    with pytest.raises(UsageError) as err:
+        TrainConfig(steps=5, profiler="cuda")
+    assert (
+        "--profile-steps" in err.value.one_line() and "ncu --profile-from-start off" in err.value.one_line()
+    )
+    with pytest.raises(UsageError) as err:
+        TrainConfig(steps=5, profile_steps=1, profiler="cuda", device="cpu")
+    assert "needs a CUDA GPU" in err.value.one_line()
+    with pytest.raises(UsageError) as err:
+        TrainConfig(steps=5, profile_steps=1, profiler="nsys")
+    assert "choose from torch, cuda" in err.value.one_line()
+    assert TrainConfig(steps=5, profile_steps=1, profiler="cuda").profiler == "cuda"
+
+
+def test_profiler_cuda_on_a_machine_without_a_gpu_stops_before_training(cli, tmp_path):
+    """``--device auto`` finds no GPU here: refused at start-up in one line, not at the profiled steps."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = cli(
+        "train",
+        "--size",
+        "tiny",
+        "--steps",
+        "3",
+        "--profile-steps",
+        "1",
+        "--profiler",
+        "cuda",
+        "--out",
+        str(tmp_path / "run"),
+        "--no-tensorboard",
+    )
+    assert r.code == 2, r.err
+    assert r.err.count("\n") == 1 and "--profiler cuda needs a CUDA GPU" in r.err and "Traceback" not in r.err
+    assert (
+        not list((tmp_path / "run").glob("checkpoints/*"))
+        and not (tmp_path / "run" / "summary.json").exists()
+    )
+
+
+def test_cuda_window_brackets_the_steps_between_profiler_start_and_stop(monkeypatch):
+    """The calls an outside profiler keys on, in order (the CUDA runtime calls are the hardware boundary,
+    recorded here instead of made): start after a sync, one NVTX range per step, stop after a sync."""
+    import torch
+
+    from torchrig.train.profile import CudaWindow
+    from torchrig.train.record import render_profile
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append("cudaProfilerStart"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: calls.append("cudaProfilerStop"))
+
+    class Range:
+        def __init__(self, msg):
+            self.msg = msg
+
+        def __enter__(self):
+            calls.append(f"push {self.msg}")
+
+        def __exit__(self, *exc):
+            calls.append("pop")
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range", Range)
+    w = CudaWindow(torch.device("cuda", 0))
+    w.start()
+    for step in (9, 10):
+        with w.step(step):
+            calls.append(f"step {step}")
+    summary = w.stop(2)
+    assert calls == [
+        "sync", "cudaProfilerStart",
+        "push torchrig step 9", "step 9", "pop", "push torchrig step 10", "step 10", "pop",
+        "sync", "cudaProfilerStop",
+    ]  # fmt: skip
+    assert summary.steps == 2 and summary.step_ms >= 0 and summary.window == "cudaProfilerStart/Stop"
+    assert to_json(summary)["window"] == "cudaProfilerStart/Stop"
+    line = render_profile(summary)
+    assert "marked by cudaProfilerStart/Stop" in line and "no GPU kernels" not in line

@@ -129,3 +129,13 @@ def test_finish_builds_the_record_and_writes_what_it_returns(tmp_path):
     assert written["profile"] == {"steps": 3, "step_ms": 10.0, "device_events": 0, "trace": "t.json.gz"}
     assert written["gpus"] == [GPU] and (got.profile, got.gpus) == (profile, (clocks,))
     assert read_summary(tmp_path / "summary.json") == got
+
+
+def test_a_profile_window_for_an_outside_profiler_reads_back_and_is_said():
+    """``--profiler cuda``: the summary keeps what marked the window, and its line says where the kernels are."""
+    data = json.loads(json.dumps(SUMMARY))
+    data["profile"] = {"steps": 2, "step_ms": 31.2, "device_events": 0, "window": "cudaProfilerStart/Stop"}
+    got = TrainSummary.from_json(data)
+    assert got.profile is not None and got.profile.window == "cudaProfilerStart/Stop"
+    assert got.to_json()["profile"] == data["profile"]
+    assert any("marked by cudaProfilerStart/Stop for the outside profiler" in ln for ln in got.lines())

@@ -19,6 +19,7 @@ examples:
   torchrig train --model gpt --data tokens.bin --size mini           # a uint16 token file (nanoGPT's .bin)
   torchrig train --gpus 2 --size small --compile --steps 60 --profile-steps 5   # where the step time goes
   torchrig train --size small --compile --precision fp8 --fp8-recipe tensorwise  # torchao float8 (sm_89+)
+  nsys profile --capture-range=cudaProfilerApi torchrig train --compile --profile-steps 3 --profiler cuda
 
 outputs under --out: run.json (the run's id), metrics.jsonl, tensorboard/, checkpoints/step-N/ (+ latest),
 summary.json, profile/rankR.trace.json.gz (with --profile-steps; open in Perfetto or chrome://tracing).

@@ -29,6 +29,9 @@ LOSSES = ("auto", "fused", "plain")
 # what a step whose loss or gradients are NaN/inf does (train/finite.py; kept free of torch here)
 NONFINITE_ACTIONS = ("stop", "skip")
 STEP_GRAPHS = ("auto", "on", "off")  # the whole optimizer step as one CUDA graph (train/stepgraph.py)
+# what records the --profile-steps window (train/profile.py): torch.profiler, or cudaProfilerStart/Stop for a
+# profiler outside the process (nsys --capture-range=cudaProfilerApi, ncu --profile-from-start off)
+PROFILERS = ("torch", "cuda")
 
 
 @cache
@@ -96,6 +99,7 @@ class TrainConfig:
     tensorboard: bool = True
     timing_warmup_steps: int = 10  # steps excluded from the steady-state throughput
     profile_steps: int = 0  # profile the last N steps (torch.profiler): trace + GPU time breakdown
+    profiler: str = "torch"  # what records those steps: torch.profiler, or cuda (an outside tool's window)
     # Python's collector runs only every N steps, at the same step on every rank (0: Python's automatic
     # collection): an automatic collection pauses one rank at a random moment and the others wait for it.
     gc_every: int = 50
@@ -176,6 +180,7 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fp8_recipe", FP8_RECIPES),
     ("on_nonfinite", NONFINITE_ACTIONS),
     ("step_graph", STEP_GRAPHS),
+    ("profiler", PROFILERS),
 )
 # The lower bounds of the numbers (their upper bounds are the parser's: train/options.py).
 AT_LEAST: tuple[tuple[str, int], ...] = (
@@ -273,6 +278,20 @@ RULES: tuple[Rule, ...] = (
         lambda c: bool(c.profile_steps) and c.profile_steps >= c.steps,
         lambda c: f"--profile-steps {c.profile_steps} leaves no unprofiled step of --steps {c.steps}",
         "profile fewer steps than the run has (the profiled ones are left out of the throughput)",
+    ),
+    Rule(
+        lambda c: c.profiler == "cuda" and not c.profile_steps,
+        lambda c: (
+            "--profiler cuda marks the --profile-steps window for a profiler outside torchrig, and "
+            "--profile-steps is 0"
+        ),
+        "add --profile-steps N, e.g. ncu --profile-from-start off torchrig train ... --profile-steps 1 "
+        "--profiler cuda",
+    ),
+    Rule(
+        lambda c: c.profiler == "cuda" and c.device == "cpu",
+        lambda c: "--profiler cuda needs a CUDA GPU (it calls cudaProfilerStart and cudaProfilerStop)",
+        "use --profiler torch on the CPU",
     ),
     Rule(
         lambda c: c.parallel == "fsdp" and c.compile_mode in ("reduce-overhead", "max-autotune"),

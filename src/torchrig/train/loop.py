@@ -32,7 +32,6 @@ from torchrig.train.job import Job, Run
 from torchrig.train.lategrads import LateGrads
 from torchrig.train.metrics import Metrics, peak_tflops
 from torchrig.train.models import build_model, model_spec
-from torchrig.train.profile import StepProfiler
 from torchrig.train.record import TrainSummary
 from torchrig.train.runstart import Start
 from torchrig.train.setup import Runtime, init, optimizer, outside_ddp, teardown, wrap
@@ -388,9 +387,10 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
         for step in range(run.start + 1, cfg.steps + 1):
             _test_hooks(cfg, rt, step)
             if step == run.prof_first:
-                profiler = StepProfiler(job.out / "profile", rt.rank, rt.device)
+                profiler = setup.profiler(cfg, rt, job.out / "profile")
                 profiler.start()
-            grad_norm = one_step(job, metrics, step, it, loss_sum)
+            with profiler.step(step) if profiler is not None else contextlib.nullcontext():
+                grad_norm = one_step(job, metrics, step, it, loss_sum)
             collector.after_step(step, run.start + 1)
             if step == cfg.steps and profiler is not None:
                 run.profile = profiler.stop(cfg.steps - (run.prof_first or step) + 1)

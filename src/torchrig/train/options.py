@@ -63,6 +63,9 @@ _HELP = {
     "profile_steps": "profile the last N steps with torch.profiler: a Chrome trace per rank in OUT/profile/ and "
     "where each step's GPU time went (compute, NCCL, NCCL not hidden behind compute, idle); those steps are "
     "left out of the throughput (0: off)",
+    "profiler": "what records the --profile-steps window: torch (torch.profiler: a trace and the breakdown), or "
+    "cuda (cudaProfilerStart/Stop around those steps, each step an NVTX range, for a profiler outside "
+    "torchrig: nsys profile --capture-range=cudaProfilerApi, ncu --profile-from-start off)",
     "on_nonfinite": "a step whose loss or gradients are NaN/inf: stop (the default: exit 1, checked at every "
     "log step and before every save, so no such checkpoint is written) or skip (drop that step's update; one "
     "host sync per step; stops after 10 in a row)",

@@ -1,4 +1,5 @@
-"""``--profile-steps N``: torch.profiler over the last N steps, a Chrome trace per rank, and where the GPU time went.
+"""``--profile-steps N``: torch.profiler over the last N steps, a Chrome trace per rank, and where the GPU time went
+(``--profiler cuda``: the same steps marked for a profiler outside the process instead, :class:`CudaWindow`).
 
 The breakdown answers the question a slow multi-GPU run raises: is the GPU computing, communicating (and is
 that communication hidden behind compute or exposed), or waiting for the host? It is computed from the
@@ -14,6 +15,7 @@ The profiled steps are left out of the run's throughput (the profiler slows the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import io
@@ -179,6 +181,10 @@ class StepProfiler:
         self.prof.__enter__()
         self.t0 = time.perf_counter()
 
+    def step(self, step: int) -> Any:
+        """Nothing around one step (torch.profiler records the whole window)."""
+        return contextlib.nullcontext()
+
     def stop(self, steps: int) -> ProfileSummary:
         self._sync()
         wall = time.perf_counter() - self.t0
@@ -189,4 +195,41 @@ class StepProfiler:
         events = read_trace(path)
         return dataclasses.replace(
             breakdown(events, steps, wall), kernels=kernel_groups(events, steps), trace=str(path)
+        )
+
+
+class CudaWindow:
+    """``--profiler cuda``: the profiled steps between ``cudaProfilerStart`` and ``cudaProfilerStop``, each
+    step an NVTX range ``torchrig step N``, so that a profiler outside the process records those steps and
+    nothing else: ``nsys profile --capture-range=cudaProfilerApi`` (Nsight Systems' user guide) and
+    ``ncu --profile-from-start off`` (Nsight Compute's CLI guide), not the compile, the warm-up or the
+    checkpoints. torchrig measures the window's step time; the kernels are in that tool's report."""
+
+    WINDOW = "cudaProfilerStart/Stop"
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        torch.cuda.profiler.start()
+        self.t0 = time.perf_counter()
+
+    def step(self, step: int) -> Any:
+        """The NVTX range of one step (a context manager)."""
+        import torch
+
+        return torch.cuda.nvtx.range(f"torchrig step {step}")
+
+    def stop(self, steps: int) -> ProfileSummary:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - self.t0
+        torch.cuda.profiler.stop()
+        return ProfileSummary(
+            steps=steps, step_ms=round(wall * 1000 / max(steps, 1), 3), device_events=0, window=self.WINDOW
         )

@@ -51,6 +51,8 @@ class ProfileSummary:
     comm_kernels: int | None = field(default=None, metadata=WHEN_KNOWN)
     kernels: KernelTimes | None = field(default=None, metadata=WHEN_KNOWN)
     trace: str | None = field(default=None, metadata=WHEN_KNOWN)  # the rank's Chrome trace
+    # --profiler cuda: what marked the window for a profiler outside torchrig (its kernels are that tool's)
+    window: str | None = field(default=None, metadata=WHEN_KNOWN)
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,10 @@ def render_profile(p: ProfileSummary) -> str:
     """One line of ``--profile-steps``' breakdown (rank 0's GPU), and where its trace is."""
     head = f"profile, {p.steps} step(s) on rank 0: {p.step_ms:.2f} ms/step"
     trace = f"; trace {p.trace}" if p.trace else ""
+    if p.window:
+        return (
+            f"{head}, marked by {p.window} for the outside profiler (its kernels are in that tool's report)"
+        )
     if not p.device_events:
         return head + " (no GPU kernels recorded)" + trace
     return (

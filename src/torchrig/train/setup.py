@@ -44,6 +44,12 @@ def init(cfg: TrainConfig) -> Runtime:
         err = fp8.problem(device.type, capability, fp8.torchao_version())
         if err is not None:
             raise err
+    if cfg.profiler == "cuda" and not want_cuda:  # refused here, not at the profiled steps at the run's end
+        raise UsageError(
+            "--profiler cuda needs a CUDA GPU (it calls cudaProfilerStart and cudaProfilerStop); this run "
+            "found none",
+            hint="use --profiler torch, or run on a machine where torch.cuda.is_available()",
+        )
     _compile_settings(cfg)
     if world > 1:
         timeout = datetime.timedelta(seconds=int(os.environ.get("TORCHRIG_COLLECTIVE_TIMEOUT_S", "600")))
@@ -280,6 +286,16 @@ def fused_mlp(model: nn.Module, rt: Runtime) -> int:
     for m in blocks:
         m.fused_mlp = backward
     return len(blocks)
+
+
+def profiler(cfg: TrainConfig, rt: Runtime, trace_dir: Any) -> Any:
+    """What records the ``--profile-steps`` window (train/profile.py): torch.profiler with its trace in
+    ``trace_dir``, or (``--profiler cuda``) the CUDA profiler's window for a tool outside the process."""
+    from torchrig.train.profile import CudaWindow, StepProfiler
+
+    if cfg.profiler == "cuda":
+        return CudaWindow(rt.device)
+    return StepProfiler(trace_dir, rt.rank, rt.device)
 
 
 def uses_cudagraphs(cfg: TrainConfig, rt: Runtime) -> bool:
