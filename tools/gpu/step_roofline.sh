@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Each kernel of one training step against the GPU's memory bandwidth (Nsight Compute's counters), for the
+# trainer's default run (GPT-2 small, bf16, compiled, micro-batch 16 unless MICRO_BATCH says otherwise).
+# `--profiler cuda` opens cudaProfilerStart/Stop around the last --profile-steps, and `ncu
+# --profile-from-start off` measures only those: no compile, no warm-up. Then tools/gpu/ncu_roofline.py.
+# Usage (repository root, on the GPU machine): OUT=/some/dir bash tools/gpu/step_roofline.sh
+#   MICRO_BATCH (16), STEPS (12: the run), PROF_STEPS (1: the steps measured), EXTRA ("": more train options,
+#   e.g. "--step-graph on"). Writes $OUT/step_roofline/{ncu.csv,roofline.txt,roofline.json,train.log}.
+set -euo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor-cache}"
+out="${OUT:-/tmp/gpu-out}/step_roofline"
+mkdir -p "$out" "$TORCHINDUCTOR_CACHE_DIR"
+mb="${MICRO_BATCH:-16}" steps="${STEPS:-12}" prof="${PROF_STEPS:-1}"
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+echo "step_roofline: $gpu, $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)," \
+  "$(ncu --version | tail -n 1), torch $(python3 -c 'import torch; print(torch.__version__)'), $(date -u +%FT%TZ)"
+# shellcheck disable=SC2086  # EXTRA is a list of options
+ncu --profile-from-start off --clock-control none --print-units base --csv --log-file "$out/ncu.csv" \
+  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+  python3 -m torchrig train --model gpt --size small --data generated --precision bf16 --compile \
+  --micro-batch "$mb" --steps "$steps" --profile-steps "$prof" --profiler cuda --log-every 5 \
+  --warmup-steps 5 --clip-grad 0 --no-ckpt-final --no-tensorboard --no-preflight \
+  --out "$out/run" --overwrite ${EXTRA:-} >"$out/train.log" 2>&1 || { tail -n 40 "$out/train.log"; exit 1; }
+tail -n 3 "$out/train.log"
+python3 tools/gpu/ncu_roofline.py "$out/ncu.csv" --gpu "$gpu" --steps "$prof" | tee "$out/roofline.txt"
+python3 tools/gpu/ncu_roofline.py "$out/ncu.csv" --gpu "$gpu" --steps "$prof" --json >"$out/roofline.json"
