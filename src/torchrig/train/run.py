@@ -86,6 +86,13 @@ def run(plan: TrainPlan) -> TrainResult:
     from torchrig.train import runstart
     from torchrig.train.rundir import hold
 
+    if (
+        plan.launch is None and plan.holds_folder
+    ):  # in this process: what the device refuses, before the folder
+        from torchrig.train import setup
+
+        setup.check_device(plan.config)
+
     # one run per folder: a second one (even two --resume-if-possible) is refused. Run as one rank of a
     # torchrun job, rank 0 takes it in the loop instead (every rank runs this).
     with hold(plan.out) if plan.holds_folder else contextlib.nullcontext():

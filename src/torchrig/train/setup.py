@@ -37,19 +37,9 @@ def init(cfg: TrainConfig) -> Runtime:
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = _device(cfg, local)
     want_cuda = device.type == "cuda"
-    if cfg.precision == "fp8":  # refused before joining the process group: nothing to tear down
-        from torchrig.train import fp8
-
-        capability = torch.cuda.get_device_capability(device) if want_cuda else None
-        err = fp8.problem(device.type, capability, fp8.torchao_version())
-        if err is not None:
-            raise err
-    if cfg.profiler == "cuda" and not want_cuda:  # refused here, not at the profiled steps at the run's end
-        raise UsageError(
-            "--profiler cuda needs a CUDA GPU (it calls cudaProfilerStart and cudaProfilerStop); this run "
-            "found none",
-            hint="use --profiler torch, or run on a machine where torch.cuda.is_available()",
-        )
+    err = device_refusal(cfg, device)  # before joining the process group: nothing to tear down
+    if err is not None:
+        raise err
     _compile_settings(cfg)
     if world > 1:
         timeout = datetime.timedelta(seconds=int(os.environ.get("TORCHRIG_COLLECTIVE_TIMEOUT_S", "600")))
@@ -65,6 +55,34 @@ def init(cfg: TrainConfig) -> Runtime:
         _parallel(cfg, world),
         int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )
+
+
+def device_refusal(cfg: TrainConfig, device: torch.device) -> UsageError | None:
+    """What ``device`` cannot do of ``cfg`` (None: nothing): fp8 without fp8 tensor cores or torchao,
+    ``--profiler cuda`` without a GPU (refused at start, not at the profiled steps at the run's end)."""
+    want_cuda = device.type == "cuda"
+    if cfg.precision == "fp8":
+        from torchrig.train import fp8
+
+        capability = torch.cuda.get_device_capability(device) if want_cuda else None
+        err = fp8.problem(device.type, capability, fp8.torchao_version())
+        if err is not None:
+            return err
+    if cfg.profiler == "cuda" and not want_cuda:
+        return UsageError(
+            "--profiler cuda needs a CUDA GPU (it calls cudaProfilerStart and cudaProfilerStop); this run "
+            "found none",
+            hint="use --profiler torch, or run on a machine where torch.cuda.is_available()",
+        )
+    return None
+
+
+def check_device(cfg: TrainConfig) -> None:
+    """:func:`device_refusal` for a run in this process, before ``torchrig train`` takes its run folder: a
+    refused run leaves no folder and no lock file behind."""
+    err = device_refusal(cfg, _device(cfg, int(os.environ.get("LOCAL_RANK", "0"))))
+    if err is not None:
+        raise err
 
 
 def _device(cfg: TrainConfig, local_rank: int) -> torch.device:
