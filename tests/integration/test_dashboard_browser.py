@@ -374,7 +374,15 @@ def _from_a_laptop(url: str, forward: str, jupyter_port: int, scratch: Path) -> 
         )
         procs.append(subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(keys / "sshd_config")],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
-        assert _wait(lambda: _connects(host_ip, sshd_port), 15), "the laptop's sshd did not start"
+        sshd = procs[-1]
+        if (
+            not _wait(lambda: _connects(host_ip, sshd_port) or sshd.poll() is not None, 60)
+            or sshd.poll() is not None
+        ):
+            if sshd.poll() is None:
+                sshd.kill()
+            said = sshd.communicate(timeout=10)[0].decode(errors="replace")[-2000:]
+            raise AssertionError(f"the laptop's sshd did not start (exit {sshd.returncode}): {said}")
         # the printed line, as the laptop runs it: its destination is this host's end of the veth
         argv = shlex.split(forward)
         assert argv[0] == "ssh" and "@" in argv[-1], argv
