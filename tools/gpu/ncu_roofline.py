@@ -32,10 +32,10 @@ TIME = "gpu__time_duration.sum"
 READ = "dram__bytes_read.sum"
 WRITE = "dram__bytes_write.sum"
 METRICS = (TIME, READ, WRITE)
-# ncu's units, to seconds and bytes (--print-units base gives nsecond and byte; the others are its
-# auto-scaled units, accepted all the same)
+# ncu's units, to seconds and bytes: --print-units base gives second and byte (an empty unit is taken as
+# that base unit); the others are its auto-scaled units, accepted all the same
 SCALE = {
-    "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
+    "": 1.0, "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
     "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
     "KB": 1e3, "MB": 1e6, "GB": 1e9,
 }  # fmt: skip
