@@ -47,6 +47,19 @@ def test_parts_time_bytes_and_the_floor_at_the_datasheet_bandwidth():
         "triton_per_f",
     ]
     assert "the rest 0.055 ms, 0.040 ms of it at the datasheet bandwidth" in roof.render(rep)
+    assert triton["sm_busy"] is None and "      -" in roof.render(rep).splitlines()[2]
+
+
+def test_sm_busy_is_weighted_by_each_kernels_time():
+    kernels = [
+        K("nvjet_a_gemm", 300e-6, 1e6, 0.9),
+        K("nvjet_b_gemm", 100e-6, 1e6, 0.5),
+        K("nvjet_c_gemm", 1e-6, 0),
+    ]
+    (matmul,) = roof.report(kernels, steps=1, peak_gbps=4800.0)["parts"]
+    assert matmul["sm_busy"] == pytest.approx(
+        0.8
+    )  # (0.9 * 300 + 0.5 * 100) / 400; the unmeasured one left out
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 `tools/gpu/step_roofline.sh` runs `torchrig train ... --profile-steps N --profiler cuda` under
 `ncu --profile-from-start off`, so that ncu measures every kernel of those N steps and nothing else (not the
 compile, not the warm-up): its time (`gpu__time_duration.sum`) and the bytes it read from and wrote to the
-GPU's memory (`dram__bytes_read.sum`, `dram__bytes_write.sum`). ncu runs the kernels one at a time, so the
+GPU's memory (`dram__bytes_read.sum`, `dram__bytes_write.sum`), and how busy its SMs were
+(`sm__throughput.avg.pct_of_peak_sustained_elapsed`, optional). ncu runs the kernels one at a time, so the
 times are each kernel's own, without the gaps between them.
 
 For each part of the step (train/profile.py's kernel groups: matmul, attention, Inductor's Triton kernels,
@@ -32,12 +33,15 @@ TIME = "gpu__time_duration.sum"
 READ = "dram__bytes_read.sum"
 WRITE = "dram__bytes_write.sum"
 METRICS = (TIME, READ, WRITE)
+# optional: how busy the SMs were, as a share of their peak (Nsight Compute's "Speed Of Light" figure); for a
+# GEMM near 100 % its kernel is at the compute roof, where only fewer FLOPs help
+SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 # ncu's units, to seconds and bytes: --print-units base gives second and byte (an empty unit is taken as
 # that base unit); the others are its auto-scaled units, accepted all the same
 SCALE = {
     "": 1.0, "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
     "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
-    "KB": 1e3, "MB": 1e6, "GB": 1e9,
+    "KB": 1e3, "MB": 1e6, "GB": 1e9, "%": 0.01,
 }  # fmt: skip
 # the parts whose time is arithmetic, not bytes: their bandwidth floor says little
 COMPUTE_BOUND = ("matmul", "attention")
@@ -52,6 +56,7 @@ class Kernel:
     name: str
     seconds: float
     bytes: float
+    sm_busy: float | None = None  # 0..1 (SM), when measured
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Row:
     share_of_peak: float  # the bandwidth reached, as a share of the datasheet's
     floor_ms: float  # the bytes at the datasheet bandwidth
     excess_ms: float  # ms - floor_ms
+    sm_busy: float | None  # time-weighted SM throughput, 0..1, when measured
 
 
 def read_ncu_csv(text: str) -> list[Kernel]:
@@ -86,7 +92,7 @@ def read_ncu_csv(text: str) -> list[Kernel]:
     names: dict[str, str] = {}
     for row in reader:
         metric = row["Metric Name"]
-        if metric not in METRICS:
+        if metric not in (*METRICS, SM):
             continue
         unit = row["Metric Unit"]
         if unit not in SCALE:
@@ -101,12 +107,12 @@ def read_ncu_csv(text: str) -> list[Kernel]:
         names[row["ID"]] = row["Kernel Name"]
     kernels = []
     for launch, values in launches.items():
-        if set(values) != set(METRICS):
+        if not set(METRICS) <= set(values):
             absent = sorted(set(METRICS) - set(values))
             raise RooflineError(
                 f"kernel {launch} lacks {', '.join(absent)}: pass --metrics {','.join(METRICS)}"
             )
-        kernels.append(Kernel(names[launch], values[TIME], values[READ] + values[WRITE]))
+        kernels.append(Kernel(names[launch], values[TIME], values[READ] + values[WRITE], values.get(SM)))
     if not kernels:
         raise RooflineError(
             "the ncu CSV holds no kernel: was the window empty (--profiler cuda, --profile-steps)?"
@@ -131,6 +137,8 @@ def rows(kernels: list[Kernel], key, steps: int, peak_gbps: float) -> list[Row]:
         s = sum(k.seconds for k in ks) / steps
         b = sum(k.bytes for k in ks) / steps
         floor = b / (peak_gbps * 1e9)
+        busy = [k for k in ks if k.sm_busy is not None]
+        busy_s = sum(k.seconds for k in busy)
         out.append(
             Row(
                 name=name,
@@ -141,6 +149,7 @@ def rows(kernels: list[Kernel], key, steps: int, peak_gbps: float) -> list[Row]:
                 share_of_peak=round(b / s / (peak_gbps * 1e9), 3) if s > 0 else 0.0,
                 floor_ms=round(floor * 1e3, 4),
                 excess_ms=round((s - floor) * 1e3, 4),
+                sm_busy=round(sum(k.sm_busy * k.seconds for k in busy) / busy_s, 3) if busy_s > 0 else None,
             )
         )
     return sorted(out, key=lambda r: -r.ms)
@@ -165,7 +174,7 @@ def report(kernels: list[Kernel], steps: int, peak_gbps: float, top: int = 25) -
 
 
 def render(rep: dict) -> str:
-    head = f"{'':<44} {'ms/step':>8} {'GB/step':>8} {'TB/s':>6} {'of peak':>8} {'floor ms':>9}"
+    head = f"{'':<44} {'ms/step':>8} {'GB/step':>8} {'TB/s':>6} {'of peak':>8} {'floor ms':>9} {'SM busy':>8}"
     out = [
         f"per step, {rep['steps']} step(s) measured; datasheet bandwidth {rep['peak_gbps']:,.0f} GB/s",
         head,
@@ -173,7 +182,7 @@ def render(rep: dict) -> str:
     for r in rep["parts"]:
         out.append(
             f"{r['name'][:44]:<44} {r['ms']:>8.3f} {r['gb']:>8.3f} {r['tb_per_s']:>6.2f} "
-            f"{r['share_of_peak']:>8.0%} {r['floor_ms']:>9.3f}"
+            f"{r['share_of_peak']:>8.0%} {r['floor_ms']:>9.3f} {_share(r['sm_busy']):>8}"
         )
     out.append(
         f"all kernels {rep['kernel_ms']:.3f} ms: matmul + attention {rep['compute_bound_ms']:.3f} ms; the rest "
@@ -183,6 +192,10 @@ def render(rep: dict) -> str:
     for r in rep["kernels_above_floor"]:
         out.append(f"  {r['excess_ms']:8.4f} above {r['floor_ms']:.4f}  x{r['kernels']}  {r['name'][:100]}")
     return "\n".join(out)
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ echo "step_roofline: $gpu, $(nvidia-smi --query-gpu=driver_version --format=csv,
   "$(ncu --version | tail -n 1), torch $(python3 -c 'import torch; print(torch.__version__)'), $(date -u +%FT%TZ)"
 # shellcheck disable=SC2086  # EXTRA is a list of options
 ncu --profile-from-start off --clock-control none --print-units base --csv --log-file "$out/ncu.csv" \
-  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed \
   python3 -m torchrig train --model gpt --size small --data generated --precision bf16 --compile \
   --micro-batch "$mb" --steps "$steps" --profile-steps "$prof" --profiler cuda --log-every 5 \
   --warmup-steps 5 --clip-grad 0 --no-ckpt-final --no-tensorboard --no-preflight \
