@@ -34,6 +34,36 @@ def test_inductor_settings_of_two_tags_add_up(tmp_path, monkeypatch) -> None:
     assert env["TORCHRIG_INDUCTOR_CONFIG"] == "combo_kernels=1,benchmark_combo_kernel=1,a=1"
 
 
+def test_every_tags_inductor_settings_are_real_entries() -> None:
+    """A misspelt entry would cost a GPU call: the trainer's own parser (which refuses unknown entries)
+    takes every tag's TORCHRIG_INDUCTOR_CONFIG here."""
+    from torchrig.train.setup import inductor_settings
+
+    specs = {
+        t: e["TORCHRIG_INDUCTOR_CONFIG"]
+        for t, (e, _) in levers.LEVERS.items()
+        if "TORCHRIG_INDUCTOR_CONFIG" in e
+    }
+    assert {"combo", "aggr", "bfus", "tma"} <= set(specs)
+    import torch._inductor.config as inductor_config
+
+    def owner_of(key):
+        *path, name = key.split(".")
+        owner = inductor_config
+        for part in path:
+            owner = getattr(owner, part)
+        return owner, name
+
+    for tag, spec in specs.items():
+        keys = [item.partition("=")[0] for item in spec.split(",")]
+        before = {k: getattr(*owner_of(k)) for k in keys}
+        try:
+            assert set(inductor_settings(spec)) == set(keys), tag
+        finally:  # this worker's later compiles keep Inductor's defaults
+            for k, v in before.items():
+                setattr(*owner_of(k), v)
+
+
 def test_default_runs_fit_the_card() -> None:
     items = set(levers.DEFAULT_RUNS.split())
     assert all(levers.parse(i)[1] in (16, 64) for i in items)

@@ -11,6 +11,8 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   mixs   TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE=1: autotuned split of the LayerNorm
          backward's fused row/column reductions
   combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
+  aggr   TORCHRIG_INDUCTOR_CONFIG=aggressive_fusion=1: Inductor fuses kernels even without common reads
+  bfus   TORCHRIG_INDUCTOR_CONFIG=benchmark_fusion=1: Inductor times each fusion it may make, keeps the faster
   plain  --loss plain (the head's cross-entropy over kept logits: the trainer before the fused loss)
   lt     TORCH_BLAS_PREFER_CUBLASLT=1: every GEMM through cuBLASLt instead of cuBLAS
   fp8    --precision fp8 --fp8-recipe tensorwise (torchao's float8 training of the Linear layers)
@@ -57,6 +59,8 @@ LEVERS = {  # tag: (environment, torchrig options)
     "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
     "plain": ({}, ["--loss", "plain"]),
     "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
+    "aggr": ({"TORCHRIG_INDUCTOR_CONFIG": "aggressive_fusion=1"}, []),
+    "bfus": ({"TORCHRIG_INDUCTOR_CONFIG": "benchmark_fusion=1"}, []),
     "lt": ({"TORCH_BLAS_PREFER_CUBLASLT": "1"}, []),
     "fp8": ({}, ["--precision", "fp8", "--fp8-recipe", "tensorwise"]),
     "sg": ({}, ["--step-graph", "on"]),
