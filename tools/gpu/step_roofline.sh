@@ -13,6 +13,7 @@ export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor-c
 out="${OUT:-/tmp/gpu-out}/step_roofline"
 mkdir -p "$out" "$TORCHINDUCTOR_CACHE_DIR"
 mb="${MICRO_BATCH:-16}" steps="${STEPS:-12}" prof="${PROF_STEPS:-1}"
+command -v ncu >/dev/null || { echo "step_roofline: no ncu (Nsight Compute) on PATH" >&2; exit 1; }
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
 echo "step_roofline: $gpu, $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)," \
   "$(ncu --version | tail -n 1), torch $(python3 -c 'import torch; print(torch.__version__)'), $(date -u +%FT%TZ)"
@@ -22,7 +23,9 @@ ncu --profile-from-start off --clock-control none --print-units base --csv --log
   python3 -m torchrig train --model gpt --size small --data generated --precision bf16 --compile \
   --micro-batch "$mb" --steps "$steps" --profile-steps "$prof" --profiler cuda --log-every 5 \
   --warmup-steps 5 --clip-grad 0 --no-ckpt-final --no-tensorboard --no-preflight \
-  --out "$out/run" --overwrite ${EXTRA:-} >"$out/train.log" 2>&1 || { tail -n 40 "$out/train.log"; exit 1; }
+  --out "$out/run" --overwrite ${EXTRA:-} >"$out/train.log" 2>&1 || {
+  # ncu's own messages (a refused counter access: ERR_NVGPUCTRPERM) are in its --log-file
+  tail -n 30 "$out/train.log"; grep -v '^"' "$out/ncu.csv" | tail -n 20; exit 1; }
 tail -n 3 "$out/train.log"
 python3 tools/gpu/ncu_roofline.py "$out/ncu.csv" --gpu "$gpu" --steps "$prof" | tee "$out/roofline.txt"
 python3 tools/gpu/ncu_roofline.py "$out/ncu.csv" --gpu "$gpu" --steps "$prof" --json >"$out/roofline.json"
