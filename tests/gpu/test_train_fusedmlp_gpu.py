@@ -1,7 +1,8 @@
 """cuBLASLt's GELU epilogues (train/cublaslt.py) and the fused MLP (train/fusedmlp.py) on a real GPU: the
 module's enums against the installed cublasLt.h, each epilogue against the ops' own definitions at GPT-2
-small's MLP shape, the fused MLP's gradients under CUDA graphs against the plain MLP's, and a training run
-with ``TORCHRIG_FUSED_MLP=1`` against one without. Skipped without CUDA."""
+small's MLP shape, the Triton GELU-backward kernel (train/gelubias.py) against its definition, the fused MLP's
+gradients under CUDA graphs against the plain MLP's, and training runs with ``TORCHRIG_FUSED_MLP=1`` and
+``=triton`` against one without. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -64,7 +65,25 @@ def test_each_epilogue_computes_its_ops_definition():
     assert torch.equal(linear_gelu(x, w1, b1)[0], h) and torch.equal(dgelu_matmul(dy, w2, pre)[1], db)
 
 
-@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain"])
+def test_the_triton_gelu_bias_kernel_computes_its_ops_definition():
+    """train/gelubias.py at GPT-2 small's MLP shape (micro-batch 4): dpre as aten's gelu_backward rounds it
+    (the GPU rounds to nearest, as aten does; fp32's order of operations may move the last bit), the bias
+    gradient as the fp32 column sum of that dpre."""
+    from torchrig.train import gelubias
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dh = (torch.randn(4096, 3072, device="cuda", generator=g) * 0.01).bfloat16()
+    pre = (torch.randn(4096, 3072, device="cuda", generator=g) * 3).bfloat16()
+    ref_dpre, ref_db = gelubias.reference(dh, pre)
+    dpre, db = gelubias.gelu_bias_backward(dh, pre)
+    off = (dpre.float() - ref_dpre.float()).abs() > 2.0**-7 * ref_dpre.float().abs() + 4e-6 * dh.float().abs()
+    assert int(off.sum()) == 0 and _rel(db, ref_db) < 1e-2
+    assert (dpre != ref_dpre).float().mean() < 0.01  # at most the last bit of a few elements
+    again = gelubias.gelu_bias_backward(dh, pre)
+    assert torch.equal(again[0], dpre) and torch.equal(again[1], db)  # the partial sums' fixed order
+
+
+@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton"])
 def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
     from torchrig.train.fusedmlp import mlp, prepare
 
@@ -95,11 +114,11 @@ def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
         assert _rel(a, b) < 0.03
 
 
-def _train(tmp_path: Path, name: str, fused: bool) -> dict[int, float]:
+def _train(tmp_path: Path, name: str, fused: str) -> dict[int, float]:
     out = tmp_path / name
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHRIG_FUSED_MLP")}
     if fused:
-        env["TORCHRIG_FUSED_MLP"] = "1"
+        env["TORCHRIG_FUSED_MLP"] = fused
     args = [*TINY, "--precision", "bf16", "--compile", "--log-every", "5", "--out", str(out)]
     r = subprocess.run(
         [sys.executable, "-m", "torchrig", "--json", *args],
@@ -115,8 +134,9 @@ def _train(tmp_path: Path, name: str, fused: bool) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r and r.get("step")}
 
 
-def test_a_run_with_the_fused_mlp_trains_as_one_without(tmp_path):
-    plain, fused = _train(tmp_path, "plain", False), _train(tmp_path, "fused", True)
-    assert sorted(fused) == sorted(plain) and len(plain) >= 5
+@pytest.mark.parametrize("fused", ["1", "triton"])
+def test_a_run_with_the_fused_mlp_trains_as_one_without(tmp_path, fused):
+    plain, fused_run = _train(tmp_path, "plain", ""), _train(tmp_path, "fused", fused)
+    assert sorted(fused_run) == sorted(plain) and len(plain) >= 5
     for step, loss in plain.items():
-        assert abs(loss - fused[step]) < 0.02 * abs(loss), (plain, fused)
+        assert abs(loss - fused_run[step]) < 0.02 * abs(loss), (plain, fused_run)

@@ -86,6 +86,7 @@ BACKWARDS = {
     "bgrad": "both in one GEMM's epilogue (DGELU_BGRAD)",
     "dgelu": "dpre in the GEMM's epilogue (DGELU), the bias sum compiled apart",
     "plain": "the GEMM, then GELU's backward and the bias sum as compiled ops (only the forward is fused)",
+    "triton": "the GEMM, then GELU's backward and the bias sum in one Triton kernel (train/gelubias.py)",
 }
 
 
@@ -106,11 +107,16 @@ class _MLP(torch.autograd.Function):
         if ctx.how == "bgrad":
             dpre, db1 = dgelu_matmul(dy, w2, pre)
         else:
-            if ctx.how == "dgelu":
+            if ctx.how == "triton":
+                from torchrig.train.gelubias import gelu_bias_backward
+
+                dpre, db1 = gelu_bias_backward(dy @ w2, pre)
+            elif ctx.how == "dgelu":
                 dpre = dgelu_only(dy, w2, pre)
+                db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
             else:
                 dpre = torch.ops.aten.gelu_backward(dy @ w2, pre, approximate="tanh")
-            db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
+                db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
         return dpre @ w1, dpre.t() @ x, db1, dy.t() @ h, dy.sum(0), None
 
 

@@ -277,7 +277,7 @@ def fused_mlp(model: nn.Module, rt: Runtime) -> int:
     """``TORCHRIG_FUSED_MLP=1`` (a measured lever, off by default: 6 % slower a step on an H100, its backward
     epilogue being the slow part; docs/results/training-speed.md): the GPT blocks' MLPs run with the GELU in
     cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off).
-    ``1`` is the ``bgrad`` backward; ``dgelu`` and ``plain`` name the others (fusedmlp.BACKWARDS)."""
+    ``1`` is the ``bgrad`` backward; ``dgelu``, ``plain`` and ``triton`` name the others (fusedmlp.BACKWARDS)."""
     value = os.environ.get("TORCHRIG_FUSED_MLP", "0").strip()
     if value in ("", "0"):
         return 0
@@ -287,7 +287,7 @@ def fused_mlp(model: nn.Module, rt: Runtime) -> int:
     if backward not in fusedmlp.BACKWARDS:
         raise UsageError(
             f"TORCHRIG_FUSED_MLP={value!r} is not 0, 1 or a backward ({', '.join(fusedmlp.BACKWARDS)})",
-            hint="unset it, or set it to 1 (the epilogue computes the bias gradient too), dgelu or plain",
+            hint="unset it, or set it to 1 (the epilogue computes the bias gradient too), dgelu, plain or triton",
         )
     if rt.device.type != "cuda" or rt.precision != "bf16" or rt.parallel != "none":
         return 0
