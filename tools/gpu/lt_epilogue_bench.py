@@ -8,7 +8,8 @@ For GPT-2 small's MLP (width 768, hidden 3072, seq 1024) at each micro-batch (16
    compiled, against `GELU_AUX_BIAS`), the backward piece (`dh = dy @ W2`, then GELU backward and the bias
    sum, compiled, against `DGELU_BGRAD`, and against `DGELU` with the bias sum compiled apart), each
    epilogue by every algorithm cuBLASLt's heuristic offers (`ms_by_algorithm`, its first choice first),
-   and the whole MLP forward + backward, compiled with CUDA graphs
+   the Triton kernel of train/gelubias.py (GELU backward and bias sum in one pass) against Inductor's two
+   kernels, and the whole MLP forward + backward, compiled with CUDA graphs
    (`reduce-overhead`), the plain MLP against train/fusedmlp.py's, with their gradients compared.
 Prints one JSON object per line; the last line is the summary.
 """
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from torchrig.train import cublaslt
+from torchrig.train import cublaslt, gelubias
 from torchrig.train.fusedmlp import mlp as fused_mlp
 
 
@@ -104,6 +105,16 @@ def parts(mb: int) -> dict:
         "bwd_lt_dgelu_then_sum": timed(lambda: bias_sum(cublaslt.dgelu_only(dy, w2, pre_b))),
     }
     errors["dpre_dgelu_only"] = rel(cublaslt.dgelu_only(dy, w2, pre_b), dpre_ref)
+    # the Triton kernel (train/gelubias.py) after the plain GEMM, and against Inductor's two kernels alone
+    dh_b = dy @ w2
+    t_dpre, t_db = gelubias.gelu_bias_backward(dh_b, pre_b)
+    errors["dpre_triton"], errors["db1_triton"] = rel(t_dpre, dpre_ref), rel(t_db, dpre_ref.sum(0))
+    gelu_bwd_sum = torch.compile(
+        lambda dh, pre: (q := torch.ops.aten.gelu_backward(dh, pre, approximate="tanh"), q.sum(0))
+    )
+    ms["bwd_gemm_then_triton"] = timed(lambda: gelubias.gelu_bias_backward(dy @ w2, pre_b))
+    ms["gelu_bwd_sum_compiled"] = timed(lambda: gelu_bwd_sum(dh_b, pre_b))
+    ms["gelu_bwd_sum_triton"] = timed(lambda: gelubias.gelu_bias_backward(dh_b, pre_b))
     # every algorithm the heuristic offers, not only its first choice (ms per call, in its order)
     algos = {
         "fwd_gelu_aux_bias": each_algorithm(lambda a: cublaslt.linear_gelu(x, w1, b1, algo=a)),
@@ -143,9 +154,12 @@ def whole(mb: int) -> dict:
     def fused(x: torch.Tensor) -> torch.Tensor:
         return fused_mlp(x, fc, out)
 
+    def fused_triton(x: torch.Tensor) -> torch.Tensor:
+        return fused_mlp(x, fc, out, "triton")
+
     res = {}
     grads = {}
-    for name, f in (("plain", plain), ("fused", fused)):
+    for name, f in (("plain", plain), ("fused", fused), ("fused_triton", fused_triton)):
         cf = torch.compile(f, mode="reduce-overhead")
 
         def step(cf=cf) -> None:
@@ -159,6 +173,9 @@ def whole(mb: int) -> dict:
         grads[name] = [p.grad.float().clone() for p in params]
         res[f"{name}_ms"] = timed(step, reps=5, calls=20)
     res["grad_rel_error"] = [rel(a, b) for a, b in zip(grads["fused"], grads["plain"], strict=True)]
+    res["grad_rel_error_triton"] = [
+        rel(a, b) for a, b in zip(grads["fused_triton"], grads["plain"], strict=True)
+    ]
     return {"micro_batch": mb, "whole_mlp": res}
 
 

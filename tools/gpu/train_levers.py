@@ -20,6 +20,8 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   fmlp   TORCHRIG_FUSED_MLP=1: the MLP's GELU in cuBLASLt's GEMM epilogues (train/fusedmlp.py)
   fmlpd  TORCHRIG_FUSED_MLP=dgelu: the same, the backward epilogue without the bias sum (compiled apart)
   fmlpf  TORCHRIG_FUSED_MLP=plain: the forward epilogue only, the GELU's backward compiled as before
+  fmlpt  TORCHRIG_FUSED_MLP=triton: the forward epilogue; the GELU's backward and fc's bias gradient in one
+         Triton kernel (train/gelubias.py)
   fa     --attention flash: FlashAttention-2 (PyTorch's flash SDPA kernel) instead of cuDNN's
   nosg   --step-graph off (the default's reference when the default captures the step)
 and the model tags `med` (--size medium, GPT-2 medium) and `large` (--size large), compared with the default
@@ -67,6 +69,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "fmlp": ({"TORCHRIG_FUSED_MLP": "1"}, []),
     "fmlpd": ({"TORCHRIG_FUSED_MLP": "dgelu"}, []),
     "fmlpf": ({"TORCHRIG_FUSED_MLP": "plain"}, []),
+    "fmlpt": ({"TORCHRIG_FUSED_MLP": "triton"}, []),
     "fa": ({}, ["--attention", "flash"]),
     "nosg": ({}, ["--step-graph", "off"]),
     "med": ({}, ["--size", "medium"]),
