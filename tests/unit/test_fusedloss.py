@@ -1,7 +1,7 @@
 """The fused GPT head (train/fusedloss.py) against the plain one: the same loss and gradients, with ignored
 targets, under bf16 autocast and compiled whole (fullgraph: no graph break, so CUDA graphs keep the step).
-On this CPU the operator runs its PyTorch reference; tests/gpu/test_fusedloss_gpu.py checks the Triton kernel
-against the same reference."""
+On this CPU the operator runs its PyTorch reference, and the Triton kernel runs under Triton's interpreter;
+tests/gpu/test_fusedloss_gpu.py checks the kernel on a GPU against the same reference."""
 
 from __future__ import annotations
 
@@ -99,3 +99,35 @@ def test_the_triton_kernel_runs_only_where_triton_compiles(monkeypatch):
     assert not fusedloss.triton_runs_on((6, 1))  # a P40: the PyTorch reference instead
     monkeypatch.setattr(fusedloss, "triton", None)
     assert not fusedloss.triton_runs_on((9, 0))
+
+
+CE_KERNEL_CHECK = r"""
+import sys, torch
+from torchrig.train import fusedloss as fl
+for rows, cols, block in ((5, 997, 256), (3, 4096, 1024), (4, 300, 512)):
+    g = torch.Generator().manual_seed(rows)
+    logits = (4 * torch.randn(rows, cols, generator=g)).float()
+    targets = torch.randint(0, cols, (rows,), generator=g)
+    targets[1] = fl.IGNORE_INDEX
+    ref_loss, ref_grad = fl._rows_reference(logits, targets, fl.IGNORE_INDEX)
+    grad, loss = torch.empty_like(logits), torch.empty(rows)
+    fl._ce_rows_kernel.fn[(rows,)](logits, grad, targets, loss, logits.stride(0), cols, fl.IGNORE_INDEX, BLOCK=block)
+    if not (torch.allclose(loss, ref_loss, atol=1e-5) and torch.allclose(grad, ref_grad, atol=1e-6)):
+        sys.exit(f"{rows}x{cols} block {block}: loss {(loss - ref_loss).abs().max()}, grad {(grad - ref_grad).abs().max()}")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(fusedloss.triton is None, reason="needs Triton (its CPU interpreter)")
+def test_the_triton_kernel_under_its_interpreter_is_the_reference():
+    """The kernel itself (not its PyTorch reference) on the CPU, several blocks a row and a ragged last block,
+    an ignored target: its losses and its softmax - onehot rows are the reference's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", CE_KERNEL_CHECK], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.stdout + r.stderr)[-3000:]

@@ -1,6 +1,6 @@
 """train/gelubias.py: the tanh GELU's backward and the bias gradient in one pass. Its definition here (the
-CPU runs it); the Triton kernel itself under Triton's CPU interpreter where Triton is installed, and on the
-GPU in tests/gpu/test_train_fusedmlp_gpu.py."""
+CPU runs it); the Triton kernel itself under Triton's CPU interpreter (the dev extras install Triton), and on
+the GPU in tests/gpu/test_train_fusedmlp_gpu.py."""
 
 from __future__ import annotations
 
