@@ -64,7 +64,8 @@ if triton is not None:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < n_cols
         for chunk in range(0, ROWS // _CHUNK):
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            # fp32 sums per element of the tile over the chunk's rows, reduced across rows once at its end
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             first = pid_m * ROWS + chunk * _CHUNK
             for start in range(0, _CHUNK, BLOCK_M):
                 rows = (first + start + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -75,17 +76,16 @@ if triton is not None:
                 x = x.to(tl.float32)
                 x_sq = x * x
                 inner = _BETA * (x + _KAPPA * x_sq * x)
-                inner = tl.minimum(
-                    tl.maximum(inner, -15.0), 15.0
-                )  # tanh is +-1 in fp32 beyond; exp stays finite
+                # tanh is +-1 in fp32 beyond 15, and exp stays finite
+                inner = tl.minimum(tl.maximum(inner, -15.0), 15.0)
                 t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # tanh(inner)
                 d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (_BETA * (1.0 + 3.0 * _KAPPA * x_sq))
                 dpre = (g * d).to(dpre_ptr.dtype.element_ty)
                 tl.store(dpre_ptr + rows[:, None] * stride_dpre + cols[None, :], dpre, mask=mask)
-                acc += tl.sum(tl.where(mask, dpre.to(tl.float32), 0.0), axis=0)
+                acc += dpre.to(tl.float32)  # 0 outside the tensor: g was loaded as 0 there
             slot = first // _CHUNK
             if slot < n_slots:
-                tl.store(part_ptr + slot.to(tl.int64) * n_cols + cols, acc, mask=col_ok)
+                tl.store(part_ptr + slot.to(tl.int64) * n_cols + cols, tl.sum(acc, axis=0), mask=col_ok)
 
 
 # the block sizes tried on the GPU at the first call of each shape (a compiled step's warm-up, before CUDA
