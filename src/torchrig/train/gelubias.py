@@ -101,15 +101,6 @@ if triton is not None:
     )(_gelu_bias_kernel)
 
 
-# Triton compiles for compute capability 7.0 and newer (torch/_inductor/exc.py, GPUTooOldForTriton)
-TRITON_MIN_CAPABILITY = (7, 0)
-
-
-def triton_runs_on(capability: tuple[int, int]) -> bool:
-    """Whether the Triton kernel can run on a GPU of this compute capability (and Triton is installed)."""
-    return triton is not None and tuple(capability) >= TRITON_MIN_CAPABILITY
-
-
 def run_kernel(
     dh: torch.Tensor, pre: torch.Tensor, config: tuple[int, int, int, int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,6 +139,8 @@ def _(dh: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @gelu_bias_backward.register_kernel("cuda")
 def _(dh: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from torchrig.train.fusedloss import triton_runs_on  # Triton's GPUs: compute capability 7.0 and newer
+
     if not triton_runs_on(torch.cuda.get_device_capability(dh.device)):
         return reference(dh, pre)
     return run_kernel(dh, pre)
