@@ -86,9 +86,8 @@ def run(plan: TrainPlan) -> TrainResult:
     from torchrig.train import runstart
     from torchrig.train.rundir import hold
 
-    if (
-        plan.launch is None and plan.holds_folder
-    ):  # in this process: what the device refuses, before the folder
+    # a run in this process: what its device refuses is refused before the folder is taken
+    if plan.launch is None and plan.holds_folder:
         from torchrig.train import setup
 
         setup.check_device(plan.config)
