@@ -104,19 +104,17 @@ class _MLP(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override,unused-ignore]
         x, w1, w2, h, pre = ctx.saved_tensors
         dy = dy.contiguous()
+        from torchrig.train import gelubias
+
         if ctx.how == "bgrad":
             dpre, db1 = dgelu_matmul(dy, w2, pre)
-        else:
-            if ctx.how == "triton":
-                from torchrig.train.gelubias import gelu_bias_backward
-
-                dpre, db1 = gelu_bias_backward(dy @ w2, pre)
-            elif ctx.how == "dgelu":
-                dpre = dgelu_only(dy, w2, pre)
-                db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
-            else:
-                dpre = torch.ops.aten.gelu_backward(dy @ w2, pre, approximate="tanh")
-                db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
+        elif ctx.how == "triton":
+            dpre, db1 = gelubias.gelu_bias_backward(dy @ w2, pre)
+        elif ctx.how == "dgelu":
+            dpre = dgelu_only(dy, w2, pre)
+            db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
+        else:  # plain: the same arithmetic as the Triton kernel, as ops that Inductor compiles
+            dpre, db1 = gelubias.reference(dy @ w2, pre)
         return dpre @ w1, dpre.t() @ x, db1, dy.t() @ h, dy.sum(0), None
 
 
