@@ -214,4 +214,4 @@ def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path) -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "TORCHRIG_FUSED_MLP='$(touch pwned)\\nbgrad' is not 0, 1" in lines[0], lines
     assert "Traceback" not in r.stderr and not (tmp_path / "pwned").exists()
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run").exists()  # refused before torchrig train took the run folder

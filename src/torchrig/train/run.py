@@ -86,11 +86,13 @@ def run(plan: TrainPlan) -> TrainResult:
     from torchrig.train import runstart
     from torchrig.train.rundir import hold
 
-    # a run in this process: what its device refuses is refused before the folder is taken
-    if plan.launch is None and plan.holds_folder:
+    # refused before the folder is taken: a bad TORCHRIG_FUSED_MLP, and in this process what its device refuses
+    if plan.holds_folder:
         from torchrig.train import setup
 
-        setup.check_device(plan.config)
+        setup.fused_mlp_backward()
+        if plan.launch is None:
+            setup.check_device(plan.config)
 
     # one run per folder: a second one (even two --resume-if-possible) is refused. Run as one rank of a
     # torchrun job, rank 0 takes it in the loop instead (every rank runs this).

@@ -273,15 +273,13 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
     return cfg.loss == "fused" or (rt.device.type == "cuda" and rt.parallel != "fsdp")
 
 
-def fused_mlp(model: nn.Module, rt: Runtime) -> int:
-    """``TORCHRIG_FUSED_MLP=1`` (a measured lever, off by default: 6 % slower a step on an H100, its backward
-    epilogue being the slow part; docs/results/training-speed.md): the GPT blocks' MLPs run with the GELU in
-    cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off).
-    ``1`` is the ``bgrad`` backward; ``dgelu``, ``plain`` and ``triton`` name the others (fusedmlp.BACKWARDS)."""
+def fused_mlp_backward() -> str:
+    """``TORCHRIG_FUSED_MLP``'s backward (fusedmlp.BACKWARDS; ``1`` is ``bgrad``), "" when unset or 0; any other
+    value is a UsageError (``torchrig train`` checks it before it takes the run folder)."""
     value = os.environ.get("TORCHRIG_FUSED_MLP", "0").strip()
     if value in ("", "0"):
-        return 0
-    from torchrig.train import cublaslt, fusedmlp
+        return ""
+    from torchrig.train import fusedmlp
 
     backward = "bgrad" if value == "1" else value
     if backward not in fusedmlp.BACKWARDS:
@@ -289,6 +287,19 @@ def fused_mlp(model: nn.Module, rt: Runtime) -> int:
             f"TORCHRIG_FUSED_MLP={value!r} is not 0, 1 or a backward ({', '.join(fusedmlp.BACKWARDS)})",
             hint="unset it, or set it to 1 (the epilogue computes the bias gradient too), dgelu, plain or triton",
         )
+    return backward
+
+
+def fused_mlp(model: nn.Module, rt: Runtime) -> int:
+    """``TORCHRIG_FUSED_MLP=1`` (a measured lever, off by default: 6 % slower a step on an H100, its backward
+    epilogue being the slow part; docs/results/training-speed.md): the GPT blocks' MLPs run with the GELU in
+    cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off).
+    ``1`` is the ``bgrad`` backward; ``dgelu``, ``plain`` and ``triton`` name the others (fusedmlp.BACKWARDS)."""
+    backward = fused_mlp_backward()
+    if not backward:
+        return 0
+    from torchrig.train import cublaslt, fusedmlp
+
     if rt.device.type != "cuda" or rt.precision != "bf16" or rt.parallel != "none":
         return 0
     from torchrig.train.models import Block
@@ -299,6 +310,7 @@ def fused_mlp(model: nn.Module, rt: Runtime) -> int:
         try:
             fusedmlp.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
         except cublaslt.CublasLtError as e:
+            value = os.environ["TORCHRIG_FUSED_MLP"].strip()
             print(f"torchrig train: TORCHRIG_FUSED_MLP={value} ignored: {e}", file=sys.stderr)
             return 0
     for m in blocks:
