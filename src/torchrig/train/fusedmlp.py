@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from torchrig.train.config import FUSED_MLP_BACKWARDS
+
 
 @torch.library.custom_op("torchrig::linear_gelu", mutates_args=())
 def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,13 +83,8 @@ def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(pre)
 
 
-# how the backward gets dpre (the GELU's input gradient) and fc's bias gradient
-BACKWARDS = {
-    "bgrad": "both in one GEMM's epilogue (DGELU_BGRAD)",
-    "dgelu": "dpre in the GEMM's epilogue (DGELU), the bias sum compiled apart",
-    "plain": "the GEMM, then GELU's backward and the bias sum as compiled ops (only the forward is fused)",
-    "triton": "the GEMM, then GELU's backward and the bias sum in one Triton kernel (train/gelubias.py)",
-}
+# how the backward gets dpre (the GELU's input gradient) and fc's bias gradient: the names and what they mean
+BACKWARDS = FUSED_MLP_BACKWARDS
 
 
 class _MLP(torch.autograd.Function):

@@ -86,12 +86,15 @@ def run(plan: TrainPlan) -> TrainResult:
     from torchrig.train import runstart
     from torchrig.train.rundir import hold
 
-    # refused before the folder is taken: a bad TORCHRIG_FUSED_MLP, and in this process what its device refuses
+    # refused before the folder is taken: a bad TORCHRIG_FUSED_MLP (no torch import: a launcher may have none),
+    # and for a run in this process, what its device refuses
     if plan.holds_folder:
-        from torchrig.train import setup
+        from torchrig.train.config import fused_mlp_backward
 
-        setup.fused_mlp_backward()
+        fused_mlp_backward()
         if plan.launch is None:
+            from torchrig.train import setup
+
             setup.check_device(plan.config)
 
     # one run per folder: a second one (even two --resume-if-possible) is refused. Run as one rank of a

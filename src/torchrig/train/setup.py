@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchrig.errors import UsageError
-from torchrig.train.config import TrainConfig, step_graph_conflict
+from torchrig.train.config import TrainConfig, fused_mlp_backward, step_graph_conflict
 
 
 @dataclass(frozen=True)
@@ -273,29 +273,12 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
     return cfg.loss == "fused" or (rt.device.type == "cuda" and rt.parallel != "fsdp")
 
 
-def fused_mlp_backward() -> str:
-    """``TORCHRIG_FUSED_MLP``'s backward (fusedmlp.BACKWARDS; ``1`` is ``bgrad``), "" when unset or 0; any other
-    value is a UsageError (``torchrig train`` checks it before it takes the run folder)."""
-    value = os.environ.get("TORCHRIG_FUSED_MLP", "0").strip()
-    if value in ("", "0"):
-        return ""
-    from torchrig.train import fusedmlp
-
-    backward = "bgrad" if value == "1" else value
-    if backward not in fusedmlp.BACKWARDS:
-        raise UsageError(
-            f"TORCHRIG_FUSED_MLP={value!r} is not 0, 1 or a backward ({', '.join(fusedmlp.BACKWARDS)})",
-            hint="unset it, or set it to 1 (the epilogue computes the bias gradient too), dgelu, plain or triton",
-        )
-    return backward
-
-
 def fused_mlp(model: nn.Module, rt: Runtime) -> int:
     """``TORCHRIG_FUSED_MLP=1`` (a measured lever, off by default: 6 % slower a step on an H100, its backward
     epilogue being the slow part; docs/results/training-speed.md): the GPT blocks' MLPs run with the GELU in
     cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off).
-    ``1`` is the ``bgrad`` backward; ``dgelu``, ``plain`` and ``triton`` name the others (fusedmlp.BACKWARDS)."""
-    backward = fused_mlp_backward()
+    ``1`` is the ``bgrad`` backward; ``dgelu``, ``plain`` and ``triton`` name the others (config.FUSED_MLP_BACKWARDS)."""
+    backward = fused_mlp_backward()  # config.py's: a bad value was refused before the run folder was taken
     if not backward:
         return 0
     from torchrig.train import cublaslt, fusedmlp
