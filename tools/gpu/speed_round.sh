@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call of the training-speed work (GPT-2 small, one GPU), fitted into the call's limit:
+#   1. where Nsight Compute can read the counters (not under gVisor: docs/results/training-speed.md), the
+#      default's step against the card's bandwidth (tools/gpu/step_roofline.sh);
+#   2. the GELU epilogues and the Triton GELU backward against the compiled kernels
+#      (tools/gpu/lt_epilogue_bench.py 16 64);
+#   3. the timed runs, alternating (tools/gpu/train_levers.sh) with the time that is left.
+# Usage (repository root, the baseline carried as .baselines/gpt_ddp.py): OUT=/some/dir bash tools/gpu/speed_round.sh
+#   LIMIT_S (570): the whole call; RUNS: train_levers' runs (default: the baseline, the default
+#   and the fused MLP's backwards, fewer after a roofline);
+#   ROOFLINE (auto): 1 to run it, 0 not to, auto where the card is an H100 (Firecracker machines, where ncu
+#   reads counters). Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor-cache}"
+out="${OUT:-/tmp/gpu-out}"
+mkdir -p "$out"
+start=$(date +%s) limit="${LIMIT_S:-570}"
+left() { echo $((limit - ($(date +%s) - start))); }
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+echo "speed_round: $gpu, $(date -u +%FT%TZ)"
+roof="${ROOFLINE:-auto}"
+[ "$roof" = auto ] && { case "$gpu" in *H100*) roof=1 ;; *) roof=0 ;; esac; }
+if [ "$roof" = 1 ]; then
+  timeout --kill-after=10 200 bash tools/gpu/step_roofline.sh >"$out/roofline.txt" 2>&1
+  echo "== roofline rc=$? at $(( $(date +%s) - start ))s"; tail -n 45 "$out/roofline.txt"
+fi
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 110 \
+  python3 tools/gpu/lt_epilogue_bench.py 16 64 >"$out/epilogues.txt" 2>&1
+echo "== epilogues rc=$? at $(( $(date +%s) - start ))s"; tail -c 3000 "$out/epilogues.txt"; echo
+rem=$(left)
+[ "$roof" = 1 ] && runs="base cg fmlpt base cg fmlpt" || runs="base cg fmlpt fmlpf base cg fmlpt fmlpf"
+export RUNS="${RUNS:-$runs}" BUDGET_S=$((rem - 75)) DEADLINE_S=$((rem - 25))
+echo "== levers: RUNS=\"$RUNS\" BUDGET_S=$BUDGET_S DEADLINE_S=$DEADLINE_S"
+bash tools/gpu/train_levers.sh >"$out/levers.txt" 2>&1
+echo "== levers rc=$? at $(( $(date +%s) - start ))s"; tail -c 5000 "$out/levers.txt"
