@@ -6,7 +6,7 @@
 #      (tools/gpu/lt_epilogue_bench.py 16 64);
 #   3. the timed runs, alternating (tools/gpu/train_levers.sh) with the time that is left.
 # Usage (repository root, the baseline carried as .baselines/gpt_ddp.py): OUT=/some/dir bash tools/gpu/speed_round.sh
-#   LIMIT_S (570): the whole call; RUNS: train_levers' runs (default: the baseline, the default
+#   LIMIT_S (570): the whole call; EPILOGUES (1): 0 skips part 2; RUNS: train_levers' runs (default: the baseline, the default
 #   and the fused MLP's backwards, fewer after a roofline);
 #   ROOFLINE (auto): 1 to run it, 0 not to, auto where the card is an H100 (Firecracker machines, where ncu
 #   reads counters). Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
@@ -25,9 +25,11 @@ if [ "$roof" = 1 ]; then
   timeout --kill-after=10 200 bash tools/gpu/step_roofline.sh >"$out/roofline.txt" 2>&1
   echo "== roofline rc=$? at $(( $(date +%s) - start ))s"; tail -n 45 "$out/roofline.txt"
 fi
-PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 110 \
-  python3 tools/gpu/lt_epilogue_bench.py 16 64 >"$out/epilogues.txt" 2>&1
-echo "== epilogues rc=$? at $(( $(date +%s) - start ))s"; tail -c 3000 "$out/epilogues.txt"; echo
+if [ "${EPILOGUES:-1}" = 1 ]; then
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 110 \
+    python3 tools/gpu/lt_epilogue_bench.py 16 64 >"$out/epilogues.txt" 2>&1
+  echo "== epilogues rc=$? at $(( $(date +%s) - start ))s"; tail -c 3000 "$out/epilogues.txt"; echo
+fi
 rem=$(left)
 [ "$roof" = 1 ] && runs="base cg fmlpt base cg fmlpt" || runs="base cg fmlpt fmlpf base cg fmlpt fmlpf"
 export RUNS="${RUNS:-$runs}" BUDGET_S=$((rem - 75)) DEADLINE_S=$((rem - 25))
