@@ -10,12 +10,13 @@ For GPT-2 small's MLP (width 768, hidden 3072, seq 1024) at each micro-batch (16
    epilogue by every algorithm cuBLASLt's heuristic offers (`ms_by_algorithm`, its first choice first),
    the Triton kernel of train/gelubias.py (GELU backward and bias sum in one pass) against Inductor's two
    kernels, and the whole MLP forward + backward, compiled with CUDA graphs
-   (`reduce-overhead`), the plain MLP against train/fusedmlp.py's, with their gradients compared.
+   (`reduce-overhead`), the plain MLP against train/fusedmlp.py's with each backward, gradients compared.
 Prints one JSON object per line; the last line is the summary.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from torchrig.train import cublaslt, gelubias
+from torchrig.train.fusedmlp import BACKWARDS
 from torchrig.train.fusedmlp import mlp as fused_mlp
 
 
@@ -139,7 +141,7 @@ def each_algorithm(call) -> list[float]:
 
 
 def whole(mb: int) -> dict:
-    """The MLP's forward + backward, compiled with CUDA graphs: plain against fused, same weights."""
+    """The MLP's forward + backward, compiled with CUDA graphs: plain against each fused backward, same weights."""
     t, d = mb * 1024, 768
     torch.manual_seed(0)
     fc, out = torch.nn.Linear(d, 4 * d).cuda(), torch.nn.Linear(4 * d, d).cuda()
@@ -151,15 +153,15 @@ def whole(mb: int) -> dict:
     def plain(x: torch.Tensor) -> torch.Tensor:
         return out(F.gelu(fc(x), approximate="tanh"))
 
-    def fused(x: torch.Tensor) -> torch.Tensor:
-        return fused_mlp(x, fc, out)
-
-    def fused_triton(x: torch.Tensor) -> torch.Tensor:
-        return fused_mlp(x, fc, out, "triton")
+    # each backward of the fused MLP (train/fusedmlp.py BACKWARDS), under its own name
+    variants = {
+        "plain": plain,
+        **{f"fused_{b}": functools.partial(fused_mlp, fc=fc, out=out, backward=b) for b in BACKWARDS},
+    }
 
     res = {}
     grads = {}
-    for name, f in (("plain", plain), ("fused", fused), ("fused_triton", fused_triton)):
+    for name, f in variants.items():
         cf = torch.compile(f, mode="reduce-overhead")
 
         def step(cf=cf) -> None:
@@ -172,10 +174,11 @@ def whole(mb: int) -> dict:
         step()
         grads[name] = [p.grad.float().clone() for p in params]
         res[f"{name}_ms"] = timed(step, reps=5, calls=20)
-    res["grad_rel_error"] = [rel(a, b) for a, b in zip(grads["fused"], grads["plain"], strict=True)]
-    res["grad_rel_error_triton"] = [
-        rel(a, b) for a, b in zip(grads["fused_triton"], grads["plain"], strict=True)
-    ]
+    for name in variants:
+        if name != "plain":
+            res[f"{name}_grad_rel_error"] = [
+                rel(a, b) for a, b in zip(grads[name], grads["plain"], strict=True)
+            ]
     return {"micro_batch": mb, "whole_mlp": res}
 
 
