@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # One device call of the training-speed work (GPT-2 small, one GPU), fitted into the call's limit:
+#   0. the GPU tests named in TESTS, if any (with torchao from .whl/ where its wheel was carried);
 #   1. where Nsight Compute can read the counters (not under gVisor: docs/results/training-speed.md), the
 #      default's step against the card's bandwidth (tools/gpu/step_roofline.sh);
 #   2. the GELU epilogues and the Triton GELU backward against the compiled kernels
 #      (tools/gpu/lt_epilogue_bench.py 16 64);
-#   3. the timed runs, alternating (tools/gpu/train_levers.sh) with the time that is left.
-# Usage (repository root, the baseline carried as .baselines/gpt_ddp.py): OUT=/some/dir bash tools/gpu/speed_round.sh
-#   LIMIT_S (570): the whole call; EPILOGUES (1): 0 skips part 2; RUNS: train_levers' runs (default: the baseline, the default
-#   and the fused MLP's backwards, fewer after a roofline);
-#   ROOFLINE (auto): 1 to run it, 0 not to, auto where the card is an H100 (Firecracker machines, where ncu
-#   reads counters). Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
+#   3. the timed runs, alternating (tools/gpu/train_levers.sh), with the time that is left.
+# Usage (repository root, the baseline carried as .baselines/gpt_ddp.py):
+#   OUT=/some/dir bash tools/gpu/speed_round.sh
+# Settings:
+#   LIMIT_S (570): the whole call;
+#   TESTS (""): pytest paths for part 0; TESTS_S (300): its time limit;
+#   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
+#     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
+#   EPILOGUES (1): 0 skips part 2;
+#   RUNS: train_levers' runs (default: the baseline, the default and the fused MLP's backwards, fewer after
+#     a roofline).
+# Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor-cache}"
@@ -19,14 +26,25 @@ start=$(date +%s) limit="${LIMIT_S:-570}"
 left() { echo $((limit - ($(date +%s) - start))); }
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
 echo "speed_round: $gpu, $(date -u +%FT%TZ)"
+if [ -n "${TESTS:-}" ]; then
+  site=""
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    site=/tmp/speed-round-site
+    python3 -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl >"$out/tests.txt" 2>&1
+  fi
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  PYTHONPATH="$PWD/src${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "${TESTS_S:-300}" \
+    python3 -m pytest -q -rs -p no:cacheprovider $TESTS >>"$out/tests.txt" 2>&1
+  echo "== tests rc=$? at $(( $(date +%s) - start ))s"; tail -n 40 "$out/tests.txt"
+fi
 roof="${ROOFLINE:-auto}"
 [ "$roof" = auto ] && { case "$gpu" in *H100*) roof=1 ;; *) roof=0 ;; esac; }
 if [ "$roof" = 1 ]; then
-  timeout --kill-after=10 200 bash tools/gpu/step_roofline.sh >"$out/roofline.txt" 2>&1
+  timeout --kill-after=10 "${ROOFLINE_S:-380}" bash tools/gpu/step_roofline.sh >"$out/roofline.txt" 2>&1
   echo "== roofline rc=$? at $(( $(date +%s) - start ))s"; tail -n 45 "$out/roofline.txt"
 fi
 if [ "${EPILOGUES:-1}" = 1 ]; then
-  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 110 \
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 170 \
     python3 tools/gpu/lt_epilogue_bench.py 16 64 >"$out/epilogues.txt" 2>&1
   echo "== epilogues rc=$? at $(( $(date +%s) - start ))s"; tail -c 3000 "$out/epilogues.txt"; echo
 fi
