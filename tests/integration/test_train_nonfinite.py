@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,9 @@ import pytest
 pytest.importorskip("torch")
 pytestmark = pytest.mark.integration
 
-# lr 50 after a 10-step warm-up: finite up to step 4 (checkpoint), NaN/inf from step 6 on (measured: the
-# gradient norm is 2.4e9 at step 4, inf at step 6)
+# lr 50 after a 10-step warm-up: finite for the first steps (the loss about 2,500 at step 4), NaN/inf some
+# steps later. Where exactly depends on the CPU's kernels (measured: step 6 on one machine, step 12 on an
+# AVX-512 one), so the tests read the step from the error line and check the checkpoints against it.
 DIVERGE = [
     "train",
     "--model", "gpt", "--size", "tiny", "--seq-len", "16", "--micro-batch", "2", "--steps", "20",
@@ -58,13 +60,18 @@ def check_stopped(r: subprocess.CompletedProcess, out: Path, launched: bool = Fa
     # one process: the error line; ranks under torchrun: the launch report quotes each rank's line
     line = r.stdout if launched else error_line(r)
     assert "training diverged: NaN/inf loss or gradient at step" in line, line
+    bad = int(re.search(r"NaN/inf loss or gradient at step (\d+);", line)[1])
+    # seen at the first log step (every 2) or save (every 4) at or after the NaN: every save before that step
+    # was finite, the one at that step (when it is one) was refused
+    last = f"step-{4 * ((bad - 1) // 4):06d}"
+    assert bad > 4, f"the run must diverge after its first checkpoint: {line}"
     root = out / "checkpoints"
-    assert (root / "latest").read_text().strip() == "step-000004", line
-    assert f"the last finite checkpoint is {root / 'step-000004'}" in line, line
-    assert sorted(p.name for p in root.glob("step-*")) == ["step-000004"], "no NaN checkpoint, none pruned"
-    meta = json.loads((root / "step-000004" / "meta.json").read_text())
+    assert (root / "latest").read_text().strip() == last, line
+    assert f"the last finite checkpoint is {root / last}" in line, line
+    assert sorted(p.name for p in root.glob("step-*")) == [last], "no NaN checkpoint, none pruned"
+    meta = json.loads((root / last / "meta.json").read_text())
     assert meta["finite"] is True
-    assert every_weight_finite(root / "step-000004")
+    assert every_weight_finite(root / last)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("event") == "nonfinite" and r.get("action") == "stop" for r in rows)
     assert all(r["loss"] == r["loss"] for r in rows if "loss" in r), "no NaN loss row in metrics.jsonl"
@@ -74,9 +81,9 @@ def test_a_diverging_run_stops_with_exit_1_and_keeps_its_last_finite_checkpoint(
     out = tmp_path / "run"
     r = torchrig(*DIVERGE, "--out", str(out))
     check_stopped(r, out)
-    # its weights are finite but already far out (loss 2421): a resume diverges again at once, and the
-    # checkpoint it resumed from is still there and still latest
-    r = torchrig(*DIVERGE, "--lr", "1e-3", "--out", str(out), "--resume")
+    # its weights are finite but already far out: a resume at the same learning rate diverges again, and the
+    # checkpoint it resumed from (or a finite later one) is still there and latest
+    r = torchrig(*DIVERGE, "--out", str(out), "--resume")
     check_stopped(r, out)
     assert "resume" in (out / "metrics.jsonl").read_text()
 
