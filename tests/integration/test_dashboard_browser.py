@@ -372,6 +372,9 @@ def _from_a_laptop(url: str, forward: str, jupyter_port: int, scratch: Path) -> 
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "AllowTcpForwarding yes\nPidFile none\n"
         )
+        # OpenSSH's privilege-separation directory, which Debian's service unit makes at boot; a machine that
+        # never started the ssh service has none
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         procs.append(subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(keys / "sshd_config")],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
         sshd = procs[-1]
