@@ -127,47 +127,132 @@ def test_a_gpt_with_fused_mlps_trains_as_the_plain_one(backward: str) -> None:
     assert max(abs(a - b) for a, b in zip(plain, fused, strict=True)) < 0.02, (plain, fused)
 
 
-def test_the_lever_is_off_unless_asked_and_on_one_gpu_in_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+def _rt(device: str, precision: str = "bf16", parallel: str = "none") -> object:
+    return types.SimpleNamespace(device=torch.device(device), precision=precision, parallel=parallel)
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The GPU boundary (no CUDA on this machine): the card's compute capability, and what prepare and check were
+    called with."""
+    state: dict = {"capability": (9, 0), "prepared": [], "checked": []}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: state["capability"])
+    monkeypatch.setattr(fusedmlp, "prepare", state["prepared"].append)
+    monkeypatch.setattr(fusedmlp, "check", lambda *a: state["checked"].append(a))
+    return state
+
+
+def test_auto_is_dgelu_compiled_on_one_hopper_gpu_in_bf16_and_off_elsewhere(monkeypatch, gpu) -> None:
     m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
+    for value in (None, "auto", " "):  # unset, named, empty: auto
+        if value is None:
+            monkeypatch.delenv("TORCHRIG_FUSED_MLP", raising=False)
+        else:
+            monkeypatch.setenv("TORCHRIG_FUSED_MLP", value)
+        for off in (
+            _rt("cpu"),
+            _rt("cuda", precision="fp8"),
+            _rt("cuda", precision="fp16"),
+            _rt("cuda", parallel="ddp"),
+        ):
+            assert setup.fused_mlp(m, off, compiled=True) == 0
+        assert setup.fused_mlp(m, _rt("cuda"), compiled=False) == 0  # measured compiled only
+        gpu["capability"] = (8, 0)  # an A100: not measured there
+        assert setup.fused_mlp(m, _rt("cuda"), compiled=True) == 0
+        assert not any(b.fused_mlp for b in m.blocks) and not gpu["checked"]
+        gpu["capability"] = (9, 0)
+        assert setup.fused_mlp(m, _rt("cuda"), compiled=True) == 2
+        assert {b.fused_mlp for b in m.blocks} == {"dgelu"}
+        assert gpu["prepared"][-1] == torch.device("cuda")  # the workspace before the first compiled step
+        assert gpu["checked"][-1] == (torch.device("cuda"), 32, 128, "dgelu")  # the blocks' own widths
+        for b in m.blocks:
+            b.fused_mlp = ""
+        gpu["checked"].clear()
 
-    def rt(device: str, precision: str = "bf16", parallel: str = "none") -> object:
-        return types.SimpleNamespace(device=torch.device(device), precision=precision, parallel=parallel)
 
-    prepared: list[torch.device] = []
-    monkeypatch.setattr(fusedmlp, "prepare", prepared.append)  # the GPU boundary: no CUDA on this machine
-    monkeypatch.delenv("TORCHRIG_FUSED_MLP", raising=False)
-    assert setup.fused_mlp(m, rt("cuda")) == 0
+def test_a_named_backward_runs_wherever_it_can_and_0_is_off(monkeypatch, gpu) -> None:
+    m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
+    monkeypatch.setenv("TORCHRIG_FUSED_MLP", "0")
+    assert setup.fused_mlp(m, _rt("cuda"), compiled=True) == 0 and not gpu["prepared"]
+    gpu["capability"] = (8, 0)
     monkeypatch.setenv("TORCHRIG_FUSED_MLP", "1")
-    assert setup.fused_mlp(m, rt("cpu")) == 0
-    assert setup.fused_mlp(m, rt("cuda", precision="fp8")) == 0
-    assert setup.fused_mlp(m, rt("cuda", parallel="ddp")) == 0
-    assert not any(b.fused_mlp for b in m.blocks)
-    assert setup.fused_mlp(m, rt("cuda")) == 2
-    assert all(b.fused_mlp for b in m.blocks)
-    assert prepared == [torch.device("cuda")]  # the workspace before the first compiled step
+    assert setup.fused_mlp(m, _rt("cpu"), compiled=True) == 0
+    assert setup.fused_mlp(m, _rt("cuda", parallel="ddp"), compiled=True) == 0
+    assert setup.fused_mlp(m, _rt("cuda"), compiled=False) == 2  # asked for: not only where auto would
     assert {b.fused_mlp for b in m.blocks} == {"bgrad"}  # 1: the epilogue sums the bias gradient too
-    for value in ("dgelu", "plain"):
+    for value in ("dgelu", "plain", "triton"):
         monkeypatch.setenv("TORCHRIG_FUSED_MLP", value)
-        assert setup.fused_mlp(m, rt("cuda")) == 2 and {b.fused_mlp for b in m.blocks} == {value}
+        assert setup.fused_mlp(m, _rt("cuda"), compiled=True) == 2 and {b.fused_mlp for b in m.blocks} == {
+            value
+        }
     monkeypatch.setenv("TORCHRIG_FUSED_MLP", "yes")
-    with pytest.raises(UsageError, match="TORCHRIG_FUSED_MLP='yes' is not 0, 1 or a backward"):
-        setup.fused_mlp(m, rt("cpu"))
+    with pytest.raises(UsageError, match="TORCHRIG_FUSED_MLP='yes' is not auto, 0, 1 or a backward"):
+        setup.fused_mlp(m, _rt("cpu"), compiled=True)
 
 
-def test_the_lever_stands_down_where_cublaslt_cannot_load(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("value", ["1", None])
+def test_the_fused_mlp_stays_off_where_cublaslt_cannot_load_or_its_check_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], gpu: dict, value: str | None
 ) -> None:
     m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
 
     def refuse(device: object) -> None:
         raise cublaslt.CublasLtError("libcublasLt is not loaded in this process (a CPU-only PyTorch?)")
 
+    def wrong(*args: object) -> None:
+        raise cublaslt.CublasLtError("the fused MLP's fc.bias gradient is 0.5 off the plain MLP's on cuda")
+
+    if value is None:
+        monkeypatch.delenv("TORCHRIG_FUSED_MLP", raising=False)
+    else:
+        monkeypatch.setenv("TORCHRIG_FUSED_MLP", value)
+    shown = value or "auto"
     monkeypatch.setattr(fusedmlp, "prepare", refuse)
-    monkeypatch.setenv("TORCHRIG_FUSED_MLP", "1")
-    rt = types.SimpleNamespace(device=torch.device("cuda"), precision="bf16", parallel="none")
-    assert setup.fused_mlp(m, rt) == 0
+    assert setup.fused_mlp(m, _rt("cuda"), compiled=True) == 0
     assert not any(b.fused_mlp for b in m.blocks)
-    assert "TORCHRIG_FUSED_MLP=1 ignored: libcublasLt is not loaded" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"torchrig train: TORCHRIG_FUSED_MLP={shown}: the fused MLP stays off: libcublasLt is not loaded in this process (a CPU-only PyTorch?)\n"
+    )
+    monkeypatch.setattr(fusedmlp, "prepare", lambda device: None)
+    monkeypatch.setattr(fusedmlp, "check", wrong)
+    assert setup.fused_mlp(m, _rt("cuda"), compiled=True) == 0
+    assert not any(b.fused_mlp for b in m.blocks)
+    assert "the fused MLP stays off: the fused MLP's fc.bias gradient is 0.5 off" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+def test_the_check_passes_the_fused_mlp_and_leaves_the_random_state(backward: str) -> None:
+    """On the CPU the custom ops run their definitions: the check passes each backward, and the global random
+    state after it is the one before (a run that checks draws the same data)."""
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    fusedmlp.check("cpu", 32, 128, backward)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_check_finds_a_wrong_epilogue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An epilogue whose derivative is off (here: twice the GELU's) fails the check, naming what is off; one
+    that raises fails it with its first line."""
+    real = fusedmlp.dgelu_only
+    monkeypatch.setattr(fusedmlp, "dgelu_only", lambda dy, w, pre: 2 * real(dy, w, pre))
+    with pytest.raises(
+        cublaslt.CublasLtError, match=r"the fused MLP's input gradient is [\d.]+ off the plain"
+    ):
+        fusedmlp.check("cpu", 32, 128, "dgelu")
+
+    def fails(dy: object, w: object, pre: object) -> None:
+        raise cublaslt.CublasLtError(
+            "cublasLtMatmulAlgoGetHeuristic: no algorithm (CUBLAS_STATUS_NOT_SUPPORTED)\nmore"
+        )
+
+    monkeypatch.setattr(fusedmlp, "dgelu_only", fails)
+    with pytest.raises(
+        cublaslt.CublasLtError,
+        match=r"failed its check on cpu: cublasLtMatmulAlgoGetHeuristic: no algorithm \(CUBLAS_STATUS_NOT_SUPPORTED\)$",
+    ):
+        fusedmlp.check("cpu", 32, 128, "dgelu")
 
 
 def test_the_cublaslt_boundary_checks_its_enums_against_the_header_and_refuses_cpu_tensors() -> None:
@@ -212,6 +297,8 @@ def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path) -> None:
     )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "TORCHRIG_FUSED_MLP='$(touch pwned)\\nbgrad' is not 0, 1" in lines[0], lines
+    assert len(lines) == 1 and "TORCHRIG_FUSED_MLP='$(touch pwned)\\nbgrad' is not auto, 0, 1" in lines[0], (
+        lines
+    )
     assert "Traceback" not in r.stderr and not (tmp_path / "pwned").exists()
     assert not (tmp_path / "run").exists()  # refused before torchrig train took the run folder

@@ -29,14 +29,16 @@ ATTENTION = ("auto", "cudnn", "flash", "efficient", "math")
 LOSSES = ("auto", "fused", "plain")
 # what a step whose loss or gradients are NaN/inf does (train/finite.py; kept free of torch here)
 NONFINITE_ACTIONS = ("stop", "skip")
-# TORCHRIG_FUSED_MLP (a speed lever under measurement, train/fusedmlp.py): how the fused MLP's backward gets dpre
-# (the GELU's input gradient) and fc's bias gradient
+# TORCHRIG_FUSED_MLP (train/fusedmlp.py): the GPT MLP's GELU in cuBLASLt's GEMM epilogues, and how its backward
+# gets dpre (the GELU's input gradient) and fc's bias gradient. Unset or auto: FUSED_MLP_AUTO where it was
+# measured faster (compiled, one Hopper GPU, bf16: docs/results/training-speed.md); 0: off; 1: bgrad
 FUSED_MLP_BACKWARDS = {
     "bgrad": "both in one GEMM's epilogue (DGELU_BGRAD)",
     "dgelu": "dpre in the GEMM's epilogue (DGELU), the bias sum compiled apart",
     "plain": "the GEMM, then GELU's backward and the bias sum as compiled ops (only the forward is fused)",
     "triton": "the GEMM, then GELU's backward and the bias sum in one Triton kernel (train/gelubias.py)",
 }
+FUSED_MLP_AUTO = "dgelu"
 STEP_GRAPHS = ("auto", "on", "off")  # the whole optimizer step as one CUDA graph (train/stepgraph.py)
 # what records the --profile-steps window (train/profile.py): torch.profiler, or cudaProfilerStart/Stop for a
 # profiler outside the process (nsys --capture-range=cudaProfilerApi, ncu --profile-from-start off)
@@ -327,16 +329,19 @@ RULES: tuple[Rule, ...] = (
 
 
 def fused_mlp_backward() -> str:
-    """``TORCHRIG_FUSED_MLP``'s backward (:data:`FUSED_MLP_BACKWARDS`; ``1`` is ``bgrad``), "" when unset or 0;
-    any other value is a UsageError. No torch import: ``torchrig train`` checks it before it takes the run
-    folder, also where it only launches the ranks."""
-    value = os.environ.get("TORCHRIG_FUSED_MLP", "0").strip()
-    if value in ("", "0"):
+    """``TORCHRIG_FUSED_MLP``'s choice: a backward of :data:`FUSED_MLP_BACKWARDS` (``1`` is ``bgrad``), ``auto``
+    when unset or auto, "" when 0; any other value is a UsageError. No torch import: ``torchrig train`` checks
+    it before it takes the run folder, also where it only launches the ranks."""
+    value = os.environ.get("TORCHRIG_FUSED_MLP", "auto").strip()
+    if value in ("", "auto"):
+        return "auto"
+    if value == "0":
         return ""
     backward = "bgrad" if value == "1" else value
     if backward not in FUSED_MLP_BACKWARDS:
         raise UsageError(
-            f"TORCHRIG_FUSED_MLP={value!r} is not 0, 1 or a backward ({', '.join(FUSED_MLP_BACKWARDS)})",
-            hint="unset it, or set it to 1 (the epilogue computes the bias gradient too), dgelu, plain or triton",
+            f"TORCHRIG_FUSED_MLP={value!r} is not auto, 0, 1 or a backward ({', '.join(FUSED_MLP_BACKWARDS)})",
+            hint="unset it (auto), set it to 0 (off), 1 (the epilogue computes the bias gradient too), dgelu, "
+            "plain or triton",
         )
     return backward

@@ -124,6 +124,46 @@ def prepare(device: torch.device | str) -> None:
     cublaslt.prepare(device)
 
 
+def check(device: torch.device | str, width: int, hidden: int, backward: str) -> None:
+    """One small forward and backward of the fused MLP (64 tokens, these widths) against the plain one on
+    ``device``: raises ``CublasLtError`` where a call fails or a result is off by more than bf16's rounding
+    allows (the bound of tests/gpu/test_train_fusedmlp_gpu.py). The random state is left as it was, so a run
+    that checks draws the same data as one that does not."""
+    from torchrig.train.cublaslt import CublasLtError
+
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(0)
+        fc, out = torch.nn.Linear(width, hidden, device=dev), torch.nn.Linear(hidden, width, device=dev)
+        for p in (*fc.parameters(), *out.parameters()):
+            torch.nn.init.normal_(p, std=0.02)
+        x0 = torch.randn(64, width, device=dev)
+
+        def grads(f: Any) -> list[torch.Tensor]:
+            x = x0.clone().requires_grad_(True)
+            for p in (*fc.parameters(), *out.parameters()):
+                p.grad = None
+            with torch.autocast(dev.type, torch.bfloat16):
+                y = f(x)
+            y.float().square().mean().backward()
+            return [
+                t.detach().float()
+                for t in (y, x.grad, *(p.grad for p in (*fc.parameters(), *out.parameters())))
+            ]
+
+        try:
+            fused = grads(lambda x: mlp(x, fc, out, backward))
+        except RuntimeError as e:  # CublasLtError is one; a kernel that cannot launch is another
+            raise CublasLtError(f"the fused MLP failed its check on {dev}: {str(e).splitlines()[0]}") from e
+        plain = grads(lambda x: out(F.gelu(fc(x), approximate="tanh")))
+        names = ("output", "input gradient", "fc.weight gradient", "fc.bias gradient", "out.weight gradient",
+                 "out.bias gradient")  # fmt: skip
+        for name, a, b in zip(names, fused, plain, strict=True):
+            err = float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+            if not err < 0.03:
+                raise CublasLtError(f"the fused MLP's {name} is {err:.3g} off the plain MLP's on {dev}")
+
+
 def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear, backward: str = "bgrad") -> torch.Tensor:
     """``out(gelu_tanh(fc(x)))`` in bf16 for x [..., width]: the weights are cast to bf16 as autocast casts
     them (the fp32 parameters get their gradients through the casts); ``backward``: one of ``BACKWARDS``. On

@@ -161,7 +161,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     model = model.to(rt.device)
     if setup.fused_loss(cfg, rt):
         model.fused_loss = True  # type: ignore[assignment,unused-ignore]  # only with torch installed
-    fused_mlp_blocks = setup.fused_mlp(model, rt)
+    fused_mlp_blocks = setup.fused_mlp(model, rt, cfg.compile)
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
     fp8_layers = setup.low_precision(model, rt, cfg)  # --precision fp8: Float8Linear layers, same parameters
     late = outside_ddp(model, rt, cfg)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchrig.errors import UsageError
-from torchrig.train.config import TrainConfig, fused_mlp_backward, step_graph_conflict
+from torchrig.train.config import FUSED_MLP_AUTO, TrainConfig, fused_mlp_backward, step_graph_conflict
 
 
 @dataclass(frozen=True)
@@ -273,29 +273,33 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
     return cfg.loss == "fused" or (rt.device.type == "cuda" and rt.parallel != "fsdp")
 
 
-def fused_mlp(model: nn.Module, rt: Runtime) -> int:
-    """``TORCHRIG_FUSED_MLP=1`` (a measured lever, off by default: 6 % slower a step on an H100, its backward
-    epilogue being the slow part; docs/results/training-speed.md): the GPT blocks' MLPs run with the GELU in
-    cuBLASLt's GEMM epilogues (train/fusedmlp.py), on one GPU under bf16; returns how many blocks do (0: off).
-    ``1`` is the ``bgrad`` backward; ``dgelu``, ``plain`` and ``triton`` name the others (config.FUSED_MLP_BACKWARDS)."""
-    backward = fused_mlp_backward()  # config.py's: a bad value was refused before the run folder was taken
-    if not backward:
+def fused_mlp(model: nn.Module, rt: Runtime, compiled: bool) -> int:
+    """``TORCHRIG_FUSED_MLP`` (train/fusedmlp.py): the GPT blocks' MLPs run with the GELU in cuBLASLt's GEMM
+    epilogues, on one GPU under bf16; returns how many blocks do (0: off). ``auto`` (unset) takes
+    ``config.FUSED_MLP_AUTO`` (``dgelu``) where it was measured faster than Inductor's kernels: compiled, on a
+    Hopper GPU (compute capability 9.x; 1.7-3.2 % a step on an H100, docs/results/training-speed.md), after a
+    small check that the fused MLP gives the plain one's results there. A named backward (``1`` is ``bgrad``;
+    ``dgelu``, ``plain``, ``triton``: config.FUSED_MLP_BACKWARDS) runs wherever it can, compiled or not."""
+    choice = fused_mlp_backward()  # config.py's: a bad value was refused before the run folder was taken
+    if not choice or rt.device.type != "cuda" or rt.precision != "bf16" or rt.parallel != "none":
         return 0
+    if choice == "auto" and (not compiled or torch.cuda.get_device_capability(rt.device)[0] != 9):
+        return 0
+    backward = FUSED_MLP_AUTO if choice == "auto" else choice
     from torchrig.train import cublaslt, fusedmlp
-
-    if rt.device.type != "cuda" or rt.precision != "bf16" or rt.parallel != "none":
-        return 0
     from torchrig.train.models import Block
 
     # the epilogue's aux matrix (the GELU's input) needs a leading dimension that is a multiple of 8
     blocks = [m for m in model.modules() if isinstance(m, Block) and m.fc.in_features % 8 == 0]
-    if blocks:
-        try:
-            fusedmlp.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
-        except cublaslt.CublasLtError as e:
-            value = os.environ["TORCHRIG_FUSED_MLP"].strip()
-            print(f"torchrig train: TORCHRIG_FUSED_MLP={value} ignored: {e}", file=sys.stderr)
-            return 0
+    if not blocks:
+        return 0
+    try:
+        fusedmlp.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
+        fusedmlp.check(rt.device, blocks[0].fc.in_features, blocks[0].fc.out_features, backward)
+    except cublaslt.CublasLtError as e:
+        value = os.environ.get("TORCHRIG_FUSED_MLP", "auto").strip() or "auto"
+        print(f"torchrig train: TORCHRIG_FUSED_MLP={value}: the fused MLP stays off: {e}", file=sys.stderr)
+        return 0
     for m in blocks:
         m.fused_mlp = backward
     return len(blocks)
