@@ -66,6 +66,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "lt": ({"TORCH_BLAS_PREFER_CUBLASLT": "1"}, []),
     "fp8": ({}, ["--precision", "fp8", "--fp8-recipe", "tensorwise"]),
     "sg": ({}, ["--step-graph", "on"]),
+    "nofmlp": ({"TORCHRIG_FUSED_MLP": "0"}, []),  # the default before the fused MLP's auto (2026-12-06)
     "fmlp": ({"TORCHRIG_FUSED_MLP": "1"}, []),
     "fmlpd": ({"TORCHRIG_FUSED_MLP": "dgelu"}, []),
     "fmlpf": ({"TORCHRIG_FUSED_MLP": "plain"}, []),
