@@ -86,6 +86,19 @@ def test_the_triton_gelu_bias_kernel_computes_its_ops_definition():
 
 
 @pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton"])
+def test_the_trainers_check_passes_on_this_gpu_and_keeps_the_random_state(backward):
+    """fusedmlp.check, which the trainer runs before it fuses (GPT-2 small's widths): it passes every backward
+    here, and the CPU's and the GPU's random states after it are the ones before."""
+    from torchrig.train.fusedmlp import check, prepare
+
+    prepare("cuda")
+    torch.manual_seed(7)
+    cpu, gpu = torch.get_rng_state(), torch.cuda.get_rng_state()
+    check(torch.device("cuda", torch.cuda.current_device()), 768, 3072, backward)
+    assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), gpu)
+
+
+@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton"])
 def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
     from torchrig.train.fusedmlp import mlp, prepare
 
