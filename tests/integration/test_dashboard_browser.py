@@ -165,9 +165,10 @@ def test_the_page_shows_what_gpus_and_ps_say_and_a_new_lease_appears(engine, env
             assert shown == {g["gpu"] for g in held} and len(held) == 2
             ps = json.loads(_torchrig(["ps", "--json"], env).stdout)["environments"]
             # the page is a snapshot taken every interval: one taken between the lease and the container
-            # shows the GPUs held and no environment yet, so wait for the next one
+            # shows the GPUs held and no environment yet, so wait for the next one (a snapshot asks the engine
+            # for every container: under CI's load, with images building beside it, 10 s was once too few)
             assert _wait(
-                lambda: {e["name"] for e in ps} <= {row[0] for row in _rows(browser, "envs")}, timeout_s=10
+                lambda: {e["name"] for e in ps} <= {row[0] for row in _rows(browser, "envs")}, timeout_s=30
             )
             page_envs = {row[0]: row for row in _rows(browser, "envs")}
             for e in ps:
