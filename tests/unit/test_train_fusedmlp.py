@@ -9,6 +9,8 @@ from __future__ import annotations
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -302,3 +304,23 @@ def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path) -> None:
     )
     assert "Traceback" not in r.stderr and not (tmp_path / "pwned").exists()
     assert not (tmp_path / "run").exists()  # refused before torchrig train took the run folder
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.text(max_size=40))
+def test_any_value_of_the_variable_is_a_choice_or_one_usage_error(value: str) -> None:
+    """Whatever TORCHRIG_FUSED_MLP holds: auto, off, a backward, or a UsageError naming the value; never
+    another exception."""
+    from torchrig.train.config import FUSED_MLP_BACKWARDS, fused_mlp_backward
+
+    if "\x00" in value:  # the environment cannot hold a NUL
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHRIG_FUSED_MLP", value)
+        try:
+            choice = fused_mlp_backward()
+        except UsageError as e:
+            assert f"TORCHRIG_FUSED_MLP={value.strip()!r} is not auto, 0, 1 or a backward" in str(e)
+            return
+    assert choice in ("auto", "", *FUSED_MLP_BACKWARDS)
+    assert choice == {"": "auto", "0": "", "1": "bgrad"}.get(value.strip(), value.strip())
