@@ -14,8 +14,8 @@
 #   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
 #     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
 #   EPILOGUES (1): 0 skips part 2;
-#   RUNS: train_levers' runs (default: the baseline, the default and the fused MLP's backwards, fewer after
-#     a roofline).
+#   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
+#     without a roofline, the Triton backward).
 # Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -49,7 +49,7 @@ if [ "${EPILOGUES:-1}" = 1 ]; then
   echo "== epilogues rc=$? at $(( $(date +%s) - start ))s"; tail -c 3000 "$out/epilogues.txt"; echo
 fi
 rem=$(left)
-[ "$roof" = 1 ] && runs="base cg fmlpt base cg fmlpt" || runs="base cg fmlpt fmlpf base cg fmlpt fmlpf"
+[ "$roof" = 1 ] && runs="base cg nofmlp base cg nofmlp" || runs="base cg nofmlp fmlpt base cg nofmlp fmlpt"
 export RUNS="${RUNS:-$runs}" BUDGET_S=$((rem - 75)) DEADLINE_S=$((rem - 25))
 echo "== levers: RUNS=\"$RUNS\" BUDGET_S=$BUDGET_S DEADLINE_S=$DEADLINE_S"
 bash tools/gpu/train_levers.sh >"$out/levers.txt" 2>&1
