@@ -5,7 +5,8 @@
 #      default's step against the card's bandwidth (tools/gpu/step_roofline.sh);
 #   2. the GELU epilogues and the Triton GELU backward against the compiled kernels
 #      (tools/gpu/lt_epilogue_bench.py 16 64);
-#   3. the timed runs, alternating (tools/gpu/train_levers.sh), with the time that is left.
+#   3. the fused loss's row kernel by each autotuning choice, one pass or two (tools/gpu/loss_bench.py 16 64);
+#   4. the timed runs, alternating (tools/gpu/train_levers.sh), with the time that is left.
 # Usage (repository root, the baseline carried as .baselines/gpt_ddp.py):
 #   OUT=/some/dir bash tools/gpu/speed_round.sh
 # Settings:
@@ -13,7 +14,7 @@
 #   TESTS (""): pytest paths for part 0; TESTS_S (300): its time limit;
 #   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
 #     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
-#   EPILOGUES (1): 0 skips part 2;
+#   EPILOGUES (1): 0 skips part 2; LOSS (1): 0 skips part 3;
 #   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
 #     without a roofline, the Triton backward).
 # Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
@@ -47,6 +48,11 @@ if [ "${EPILOGUES:-1}" = 1 ]; then
   PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 170 \
     python3 tools/gpu/lt_epilogue_bench.py 16 64 >"$out/epilogues.txt" 2>&1
   echo "== epilogues rc=$? at $(( $(date +%s) - start ))s"; tail -c 3000 "$out/epilogues.txt"; echo
+fi
+if [ "${LOSS:-1}" = 1 ]; then
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 90 \
+    python3 tools/gpu/loss_bench.py 16 64 >"$out/loss.txt" 2>&1
+  echo "== loss rc=$? at $(( $(date +%s) - start ))s"; tail -n 14 "$out/loss.txt"
 fi
 rem=$(left)
 [ "$roof" = 1 ] && runs="base cg nofmlp base cg nofmlp" || runs="base cg nofmlp fmlpt base cg nofmlp fmlpt"

@@ -1,0 +1,114 @@
+"""The fused loss's row kernel (train/fusedloss.py) by each of its autotuning choices, against the bandwidth.
+
+Run on the GPU machine (repository root): `python3 tools/gpu/loss_bench.py [MICRO_BATCH ...]` (16 when none
+is given). For GPT-2's head (vocabulary 50,304, seq 1024) at each micro-batch: bf16 logits, one target in
+17 ignored, then
+1. each configuration of `_ce_rows_kernel` (block, warps, one pass or two) called directly: ms per call
+   (CUDA events, median of 7 repeats of 20 calls), GB/s for the bytes one pass must move (the logits read
+   once, their gradient written once), and its rows against the PyTorch reference (largest difference);
+2. `ce_rows` as training calls it, with the autotuner's pick.
+Prints one JSON object per line; the last line is the summary (the fastest two-pass and one-pass choices).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from torchrig.train import fusedloss as fl
+
+VOCAB, SEQ = 50304, 1024
+
+
+def timed(fn, reps: int = 7, calls: int = 20) -> float:
+    """Median ms per call."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / calls)
+    return sorted(out)[len(out) // 2]
+
+
+def one(mb: int) -> dict:
+    rows = mb * SEQ
+    g = torch.Generator(device="cuda").manual_seed(mb)
+    logits = (4 * torch.randn(rows, VOCAB, device="cuda", generator=g)).to(torch.bfloat16)
+    targets = torch.randint(0, VOCAB, (rows,), device="cuda", generator=g)
+    targets[::17] = fl.IGNORE_INDEX
+    ref_loss, ref_grad = fl._rows_reference(logits[:512], targets[:512], fl.IGNORE_INDEX)
+    ideal_gb = 2 * logits.numel() * logits.element_size() / 1e9
+    grad, loss = torch.empty_like(logits), torch.empty(rows, dtype=torch.float32, device="cuda")
+    configs = []
+    for cfg in fl._ce_rows_kernel.configs:
+        block, warps = cfg.kwargs["BLOCK"], cfg.num_warps
+
+        def call(block=block, warps=warps) -> None:
+            fl._ce_rows_kernel.fn[(rows,)](
+                logits,
+                grad,
+                targets,
+                loss,
+                logits.stride(0),
+                VOCAB,
+                fl.IGNORE_INDEX,
+                BLOCK=block,
+                num_warps=warps,
+            )
+
+        try:
+            ms = timed(call)
+        except Exception as e:  # a configuration the GPU cannot run is a result too
+            configs.append({"block": block, "warps": warps, "error": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        row = {
+            "block": block,
+            "warps": warps,
+            "one_pass": block >= VOCAB,
+            "ms": round(ms, 4),
+            "gb_s_of_one_pass": round(ideal_gb / ms * 1e3),
+            "loss_diff": float((loss[:512] - ref_loss).abs().max()),
+            "grad_diff": float((grad[:512].float() - ref_grad.float()).abs().max()),
+        }
+        configs.append(row)
+        print(json.dumps({"micro_batch": mb, **row}), flush=True)
+    ms = timed(lambda: fl.ce_rows(logits, targets, fl.IGNORE_INDEX))
+    best = fl._ce_rows_kernel.best_config
+    picked = {"block": best.kwargs["BLOCK"], "warps": best.num_warps, "ms": round(ms, 4)}
+    ok = [c for c in configs if "ms" in c]
+    two = min((c for c in ok if not c["one_pass"]), key=lambda c: c["ms"], default=None)
+    onep = min((c for c in ok if c["one_pass"]), key=lambda c: c["ms"], default=None)
+    return {
+        "micro_batch": mb,
+        "rows": rows,
+        "ideal_gb": round(ideal_gb, 3),
+        "autotuned": picked,
+        "best_two_pass": two,
+        "best_one_pass": onep,
+        "saved_ms_per_step": round(two["ms"] - onep["ms"], 4) if two and onep else None,
+    }
+
+
+def main() -> None:
+    mbs = [int(a) for a in sys.argv[1:]] or [16]
+    name = torch.cuda.get_device_name()
+    out = [one(mb) for mb in mbs]
+    for o in out:
+        print(json.dumps(o), flush=True)
+    print(json.dumps({"gpu": name, "torch": torch.__version__, "summary": out}))
+
+
+if __name__ == "__main__":
+    main()
