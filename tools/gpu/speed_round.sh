@@ -35,8 +35,8 @@ if [ -n "${TESTS:-}" ]; then
   fi
   # shellcheck disable=SC2086  # TESTS is a list of paths
   PYTHONPATH="$PWD/src${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "${TESTS_S:-300}" \
-    python3 -m pytest -q -rs -p no:cacheprovider $TESTS >>"$out/tests.txt" 2>&1
-  echo "== tests rc=$? at $(( $(date +%s) - start ))s"; tail -n 40 "$out/tests.txt"
+    python3 -m pytest -v -rs -p no:cacheprovider $TESTS >>"$out/tests.txt" 2>&1
+  echo "== tests rc=$? at $(( $(date +%s) - start ))s"; grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$out/tests.txt" | tail -n 60
 fi
 roof="${ROOFLINE:-auto}"
 [ "$roof" = auto ] && { case "$gpu" in *H100*) roof=1 ;; *) roof=0 ;; esac; }
