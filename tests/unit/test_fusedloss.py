@@ -104,7 +104,7 @@ def test_the_triton_kernel_runs_only_where_triton_compiles(monkeypatch):
 CE_KERNEL_CHECK = r"""
 import sys, torch
 from torchrig.train import fusedloss as fl
-for rows, cols, block in ((5, 997, 256), (3, 4096, 1024), (4, 300, 512), (3, 1024, 1024), (2, 1000, 4096)):
+for rows, cols, block in ((5, 997, 256), (3, 4096, 1024), (4, 300, 512), (3, 5000, 2048)):
     g = torch.Generator().manual_seed(rows)
     logits = (4 * torch.randn(rows, cols, generator=g)).float()
     targets = torch.randint(0, cols, (rows,), generator=g)
@@ -121,8 +121,7 @@ print("ok")
 @pytest.mark.skipif(fusedloss.triton is None, reason="needs Triton (its CPU interpreter)")
 def test_the_triton_kernel_under_its_interpreter_is_the_reference():
     """The kernel itself (not its PyTorch reference) on the CPU, several blocks a row and a ragged last block,
-    an ignored target, and the one-pass form where one block holds the row (exactly, or with masked lanes):
-    its losses and its softmax - onehot rows are the reference's."""
+    an ignored target: its losses and its softmax - onehot rows are the reference's."""
     import os
     import subprocess
     import sys

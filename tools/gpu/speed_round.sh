@@ -5,7 +5,7 @@
 #      default's step against the card's bandwidth (tools/gpu/step_roofline.sh);
 #   2. the GELU epilogues and the Triton GELU backward against the compiled kernels
 #      (tools/gpu/lt_epilogue_bench.py 16 64);
-#   3. the fused loss's row kernel by each autotuning choice, one pass or two (tools/gpu/loss_bench.py 16 64);
+#   3. the fused loss's row kernel by each autotuning choice (tools/gpu/loss_bench.py 16 64);
 #   4. the timed runs, alternating (tools/gpu/train_levers.sh), with the time that is left.
 # Usage (repository root, the baseline carried as .baselines/gpt_ddp.py):
 #   OUT=/some/dir bash tools/gpu/speed_round.sh

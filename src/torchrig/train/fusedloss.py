@@ -4,11 +4,10 @@ The plain head (``F.cross_entropy(head(x).float(), y)``) writes the logits (toke
 GPT-2 small's micro-batch 16), reads them in the loss's forward, and reads them again and writes their
 gradient in the backward: on 1x H200 its two loss kernels took 2.05 ms of a 32.3 ms step
 (docs/results/training-speed.md). Here one kernel per row computes the row's log-sum-exp and then, in the same
-pass over the logits, the gradient ``softmax(x) - onehot(y)`` (where the row fits one block, from the
-registers its first read filled); the backward only multiplies that gradient into the two matmuls
-(scaled there by ``grad_output / n``, on the small results, never on the logits). The numerics are the
-plain head's: logits in the autocast dtype, the softmax and its sums in fp32, the gradient stored in the
-logits' dtype as autograd stores it for the plain head.
+pass over the logits, the gradient ``softmax(x) - onehot(y)``; the backward only multiplies that gradient
+into the two matmuls (scaled there by ``grad_output / n``, on the small results, never on the logits). The
+numerics are the plain head's: logits in the autocast dtype, the softmax and its sums in fp32, the
+gradient stored in the logits' dtype as autograd stores it for the plain head.
 
 Liger-Kernel's fused cross-entropy does the same on one pass per row, but it reads the count of non-ignored
 targets back to the host with ``.item()`` on every call (src/liger_kernel/ops/cross_entropy.py, liger-kernel
@@ -52,21 +51,21 @@ def _rows_reference(
 
 if triton is not None:
     # Block width and warps tuned per vocabulary size on the GPU at the first call (a compiled step's warm-up
-    # run, before CUDA graphs record it); Liger-Kernel's fixed choice is 32768 columns and 32 warps. Where one
-    # block holds the whole row (GPT-2's 50,304 columns in 65,536), the row stays in registers between the
-    # sums and the gradient: one read of the logits instead of two (``ONE_PASS``); the autotuner keeps it only
-    # where it is faster on this GPU.
+    # run, before CUDA graphs record it); Liger-Kernel's fixed choice is 32768 columns and 32 warps. On 1x H200
+    # the smallest blocks were the fastest (4096 columns: 1.17 ms at GPT-2's micro-batch 16, 32768: 1.55 ms);
+    # the whole row in one block, kept in registers for the gradient (one read instead of two), took 1.83 ms:
+    # the second read comes from L2 (tools/gpu/loss_bench.py, docs/results/training-speed.md).
     @triton.autotune(
         configs=[
+            triton.Config({"BLOCK": 2048}, num_warps=4),
+            triton.Config({"BLOCK": 4096}, num_warps=4),
             triton.Config({"BLOCK": 4096}, num_warps=8),
             triton.Config({"BLOCK": 8192}, num_warps=16),
             triton.Config({"BLOCK": 16384}, num_warps=16),
             triton.Config({"BLOCK": 32768}, num_warps=32),
-            triton.Config({"BLOCK": 65536}, num_warps=32),
         ],
         key=["n_cols"],
     )
-    @triton.heuristics({"ONE_PASS": lambda args: args["n_cols"] <= args["BLOCK"]})
     @triton.jit
     def _ce_rows_kernel(
         logits_ptr,
@@ -77,46 +76,33 @@ if triton is not None:
         n_cols,
         ignore_index,
         BLOCK: tl.constexpr,
-        ONE_PASS: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         src = logits_ptr + row * stride
         dst = grad_ptr + row * stride
         target = tl.load(targets_ptr + row)
+        # pass 1: the row's maximum and sum of exponentials, online (one read of the row)
+        m = tl.full([], float("-inf"), tl.float32)
+        d = tl.zeros([], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(src + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(d)
         valid = target != ignore_index
-        keep = tl.where(valid, 1.0, 0.0)
         picked = tl.load(src + target, mask=valid, other=0.0).to(tl.float32)
-        if ONE_PASS:
-            # the whole row in one block: read once, kept in registers for the gradient
-            cols = tl.arange(0, BLOCK)
+        tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
+        # pass 2: softmax - onehot, written once (the row was just read: it comes from L2)
+        keep = tl.where(valid, 1.0, 0.0)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
             mask = cols < n_cols
             x = tl.load(src + cols, mask=mask, other=float("-inf")).to(tl.float32)
-            m = tl.max(x, axis=0)
-            lse = m + tl.log(tl.sum(tl.exp(x - m), axis=0))
-            tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
             p = tl.exp(x - lse)
             p = tl.where(cols == target, p - 1.0, p) * keep
             tl.store(dst + cols, p.to(dst.dtype.element_ty), mask=mask)
-        else:
-            # pass 1: the row's maximum and sum of exponentials, online (one read of the row)
-            m = tl.full([], float("-inf"), tl.float32)
-            d = tl.zeros([], tl.float32)
-            for start in range(0, n_cols, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                x = tl.load(src + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-                m_new = tl.maximum(m, tl.max(x, axis=0))
-                d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-                m = m_new
-            lse = m + tl.log(d)
-            tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
-            # pass 2: softmax - onehot, written once (the row was just read: it comes from L2)
-            for start in range(0, n_cols, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < n_cols
-                x = tl.load(src + cols, mask=mask, other=float("-inf")).to(tl.float32)
-                p = tl.exp(x - lse)
-                p = tl.where(cols == target, p - 1.0, p) * keep
-                tl.store(dst + cols, p.to(dst.dtype.element_ty), mask=mask)
 
 
 # Triton compiles for compute capability 7.0 and newer; on older GPUs (Pascal, Maxwell) the operator runs its
