@@ -71,6 +71,12 @@ def test_default_runs_fit_the_card() -> None:
     assert levers.weight("base@64") == 3 and levers.weight("cg@64") == 2 and levers.weight("cg") == 1
 
 
+def test_compiles_at_once_fit_the_cards_memory() -> None:
+    assert levers.warm_units(143771) == 8  # H200 (nvidia-smi's memory.total, MiB)
+    assert levers.warm_units(81559) == 4  # H100 80GB HBM3, where 8 units ran out of memory
+    assert levers.warm_units(24576) == 1 and levers.warm_units(None) == 8
+
+
 def test_table_compares_within_a_micro_batch(tmp_path) -> None:
     def run(name, item, tok, curve=None):
         return {

@@ -143,6 +143,29 @@ def command(
     return [*argv, "--out", str(out), "--overwrite", *opts, *extra, *more], env
 
 
+def warm_units(memory_mib: int | None) -> int:
+    """Compiles at once, in ``weight``'s units of 16 GB: the card's memory less 8 GB for the CUDA contexts
+    and the allocators' slack (8 on a 141 GB H200, 4 on an 80 GB H100, where 8 ran out of memory on
+    2026-12-06); 8 where the memory is not known."""
+    if not memory_mib:
+        return 8
+    return max(1, (memory_mib // 1024 - 8) // 16)
+
+
+def gpu_memory_mib() -> int | None:
+    """The first GPU's memory (nvidia-smi's memory.total, MiB), or None without nvidia-smi."""
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return int(r.stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def weight(item: str) -> int:
     """GPU memory of a compile run in units of 16 GB: GPT-2 small at micro-batch 16 needs about 10 GB
     (activations 4 GB, logits and their gradient 3.3 GB, weights and AdamW 2 GB), 64 about 32 GB; the
@@ -161,7 +184,7 @@ def main() -> int:
     steps, budget = int(os.environ.get("STEPS", "50")), float(os.environ.get("BUDGET_S", "480"))
     runs = os.environ.get("RUNS", DEFAULT_RUNS).split()
     profile = os.environ.get("PROFILE", "").split()
-    capacity = int(os.environ.get("WARM_UNITS", "8"))
+    capacity = int(os.environ.get("WARM_UNITS") or warm_units(gpu_memory_mib()))
     deadline = float(os.environ.get("DEADLINE_S", "520"))  # no run goes on past it (the call's limit)
     base = next(
         (

@@ -4,8 +4,9 @@
 # the loss curve's largest difference from the default's. Tags and run items: tools/gpu/train_levers.py.
 # Usage (repository root): OUT=/some/dir bash tools/gpu/train_levers.sh
 #   RUNS="base cg w16 ..." the timed runs in order; PROFILE="cg w16+pdl" profiled runs at the end;
-#   BUDGET_S (480): timed runs that would start later are skipped; WARM_UNITS (8): compiles at once, in
-#   units of 16 GB of GPU memory (micro-batch 16: 1; 64: 2, the baseline 3); DEADLINE_S (520): any run
+#   BUDGET_S (480): timed runs that would start later are skipped; WARM_UNITS (from the card's memory: 8
+#   on an H200, 4 on an H100): compiles at once, in units of 16 GB of GPU memory (micro-batch 16: 1; 64: 2,
+#   the baseline 3); DEADLINE_S (520): any run
 #   still going then is stopped (a 540 s call keeps its last seconds for the summary).
 # Inductor's cache goes to build/inductor-cache (ignored by git): a second call on the same warm machine
 # finds it there; $OUT gets summary.txt, results.json and log.txt only.
