@@ -26,24 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from torchrig.train import fusedloss as fl
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lt_epilogue_bench import timed  # the same CUDA-event timing: median ms per call
+
 VOCAB, SEQ = 50304, 1024
-
-
-def timed(fn, reps: int = 7, calls: int = 20) -> float:
-    """Median ms per call."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / calls)
-    return sorted(out)[len(out) // 2]
 
 
 def one(mb: int) -> dict:
@@ -73,7 +59,7 @@ def one(mb: int) -> dict:
             )
 
         try:
-            ms = timed(call)
+            ms = timed(call, calls=20)
         except Exception as e:  # a configuration the GPU cannot run is a result too
             configs.append({"block": block, "warps": warps, "error": f"{type(e).__name__}: {e}"[:300]})
             continue
@@ -87,7 +73,7 @@ def one(mb: int) -> dict:
         }
         configs.append(row)
         print(json.dumps({"micro_batch": mb, **row}), flush=True)
-    ms = timed(lambda: fl.ce_rows(logits, targets, fl.IGNORE_INDEX))
+    ms = timed(lambda: fl.ce_rows(logits, targets, fl.IGNORE_INDEX), calls=20)
     best = fl._ce_rows_kernel.best_config
     picked = {"block": best.kwargs["BLOCK"], "warps": best.num_warps, "ms": round(ms, 4)}
     fastest = min((c for c in configs if "ms" in c), key=lambda c: c["ms"], default=None)
