@@ -100,7 +100,7 @@ def test_the_trainers_check_passes_on_this_gpu_and_keeps_the_random_state(backwa
 
 @pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton"])
 def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
-    from torchrig.train.fusedmlp import mlp, prepare
+    from torchrig.train.fusedmlp import CHECK_TOLERANCE, mlp, prepare
 
     prepare("cuda")  # the workspace outside the CUDA-graph tree's pool
     torch.manual_seed(0)
@@ -126,7 +126,7 @@ def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
     plain = grads(lambda x: out(F.gelu(fc(x), approximate="tanh")))
     fused = grads(lambda x: mlp(x, fc, out, backward))
     for a, b in zip(fused, plain, strict=True):
-        assert _rel(a, b) < 0.03
+        assert _rel(a, b) < CHECK_TOLERANCE
 
 
 def _train(tmp_path: Path, name: str, fused: str) -> dict[int, float]:
