@@ -281,6 +281,41 @@ def test_the_cublaslt_boundary_checks_its_enums_against_the_header_and_refuses_c
         cublaslt.linear_gelu(x, x, x[0])
 
 
+@given(m=st.integers(1, 64), k=st.integers(1, 64), n=st.integers(1, 64), xt=st.booleans(), yt=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_the_plain_matmul_maps_row_major_operands_onto_cublaslt_column_major_call(m, k, n, xt, yt) -> None:
+    """cuBLASLt computes D = op(A)·op(B) in column-major storage; a row-major C = X @ Y is Cᵀ = Yᵀ·Xᵀ. The
+    key given to cuBLASLt, applied to the tensors' storage read column-major, must give X @ Y for every
+    shape and either layout of each operand."""
+    import numpy as np
+
+    xs = np.arange(m * k, dtype=np.float64).reshape((k, m) if xt else (m, k)) % 7 - 3
+    ys = np.arange(k * n, dtype=np.float64).reshape((n, k) if yt else (k, n)) % 5 - 2
+    x = torch.from_numpy(xs).t() if xt else torch.from_numpy(xs)
+    y = torch.from_numpy(ys).t() if yt else torch.from_numpy(ys)
+    ta, tb, mm, nn, kk, lda, ldb, ldd = cublaslt._mm_key(x, y)
+
+    def column_major(t: torch.Tensor, rows: int, cols: int, ld: int) -> np.ndarray:
+        flat = t.contiguous().numpy().ravel() if t.is_contiguous() else t.t().contiguous().numpy().ravel()
+        return np.array([[flat[c * ld + r] for c in range(cols)] for r in range(rows)])
+
+    a = column_major(y, *((kk, mm) if ta else (mm, kk)), lda)  # A is y's storage
+    b = column_major(x, *((nn, kk) if tb else (kk, nn)), ldb)  # B is x's storage
+    d = (a.T if ta else a) @ (b.T if tb else b)  # [mm, nn] column-major, ld = ldd
+    assert (mm, nn, kk, ldd) == (n, m, k, n)
+    np.testing.assert_array_equal(d.T, x.numpy() @ y.numpy())
+
+
+def test_the_plain_matmul_refuses_operands_it_cannot_read_in_place() -> None:
+    x = torch.zeros(8, 6)
+    with pytest.raises(cublaslt.CublasLtError, match=r"\[M, K\] @ \[K, N\]"):
+        cublaslt._mm_key(x[:, ::2], torch.zeros(3, 4))
+    with pytest.raises(cublaslt.CublasLtError, match=r"got \(8, 6\) strides \(6, 1\) and \(5, 4\)"):
+        cublaslt._mm_key(x, torch.zeros(5, 4))
+    with pytest.raises(cublaslt.CublasLtError, match="bf16 CUDA tensors"):
+        cublaslt.matmul(x, torch.zeros(6, 4))
+
+
 def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path) -> None:
     """What a user meets: `torchrig train` with a hostile TORCHRIG_FUSED_MLP stops before training, on one line."""
     import os

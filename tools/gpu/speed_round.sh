@@ -6,6 +6,7 @@
 #   2. the GELU epilogues and the Triton GELU backward against the compiled kernels
 #      (tools/gpu/lt_epilogue_bench.py 16 64);
 #   3. the fused loss's row kernel by each autotuning choice (tools/gpu/loss_bench.py 16 64);
+#   3b. with GEMMS=1, each GEMM of the step by every cuBLASLt algorithm against PyTorch's (tools/gpu/gemm_algos.py);
 #   4. the timed runs, alternating (tools/gpu/train_levers.sh), with the time that is left.
 # Usage (repository root, the baseline carried as .baselines/gpt_ddp.py):
 #   OUT=/some/dir bash tools/gpu/speed_round.sh
@@ -14,7 +15,7 @@
 #   TESTS (""): pytest paths for part 0; TESTS_S (300): its time limit;
 #   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
 #     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
-#   EPILOGUES (1): 0 skips part 2; LOSS (1): 0 skips part 3;
+#   EPILOGUES (1): 0 skips part 2; LOSS (1): 0 skips part 3; GEMMS (0): 1 runs part 3b;
 #   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
 #     without a roofline, the Triton backward).
 # Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
@@ -53,6 +54,15 @@ if [ "${LOSS:-1}" = 1 ]; then
   PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 90 \
     python3 tools/gpu/loss_bench.py 16 64 >"$out/loss.txt" 2>&1
   echo "== loss rc=$? at $(( $(date +%s) - start ))s"; tail -n 14 "$out/loss.txt"
+fi
+if [ "${GEMMS:-0}" = 1 ]; then
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "${GEMMS_S:-150}" \
+    python3 tools/gpu/gemm_algos.py 16 64 >"$out/gemms.txt" 2>&1
+  echo "== gemms rc=$? at $(( $(date +%s) - start ))s"
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    if not l.startswith("{"): continue
+    r = json.loads(l); r.pop("by_algo", None); print(json.dumps(r))' "$out/gemms.txt" | tail -n 30
 fi
 rem=$(left)
 [ "$roof" = 1 ] && runs="base cg nofmlp base cg nofmlp" || runs="base cg nofmlp fmlpt base cg nofmlp fmlpt"

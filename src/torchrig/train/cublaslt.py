@@ -325,6 +325,62 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 256 == 0 else t.clone()
 
 
+def operand_layout(t: torch.Tensor) -> tuple[int, int] | None:
+    """(transpose, leading dimension) of a row-major matrix operand for cuBLASLt's column-major call: a
+    contiguous [R, C] matrix is the column-major [C, R] with leading dimension C (``CUBLAS_OP_N``); the
+    transpose of a contiguous matrix (``w.t()``, as a Linear's weight gradient reads its output gradient) is
+    used through ``CUBLAS_OP_T`` with the stored matrix's leading dimension. None for any other strides."""
+    rows, cols = t.shape
+    if t.stride() == (cols, 1):
+        return CUBLAS_OP_N, cols
+    if t.stride() == (1, rows):
+        return CUBLAS_OP_T, rows
+    return None
+
+
+def _mm_key(x: torch.Tensor, y: torch.Tensor) -> tuple[int, int, int, int, int, int, int, int]:
+    lx, ly = operand_layout(x), operand_layout(y)
+    if lx is None or ly is None or x.shape[1] != y.shape[0]:
+        raise CublasLtError(
+            f"matmul takes [M, K] @ [K, N], each contiguous or a contiguous matrix's transpose; got "
+            f"{tuple(x.shape)} strides {x.stride()} and {tuple(y.shape)} strides {y.stride()}"
+        )
+    (tb, ldb), (ta, lda) = lx, ly
+    m, k = x.shape
+    n = y.shape[1]
+    # C[M, N] row-major is Cᵀ [N, M] column-major = op(y's storage) · op(x's storage)
+    return ta, tb, n, m, k, lda, ldb, n
+
+
+def algorithm_count(x: torch.Tensor, y: torch.Tensor, bias: bool = False) -> int:
+    """How many algorithms the heuristic gave for ``matmul(x, y)`` (with a bias epilogue when ``bias``)."""
+    ta, tb, m, n, k, lda, ldb, ldd = _mm_key(x, y)
+    with _lock:
+        key = (ta, tb, m, n, k, lda, ldb, ldd, EPILOGUE_BIAS if bias else EPILOGUE_DEFAULT, x.device.index or 0)
+        return len(_plan(key).algos)
+
+
+def matmul(
+    x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None, *, algo: int = 0
+) -> torch.Tensor:
+    """``x @ y (+ bias)`` for bf16 x [M, K], y [K, N] (each contiguous or a contiguous matrix's transpose),
+    bias [N], fp32 accumulation, by the heuristic's ``algo``-th algorithm (0: its first choice)."""
+    for t in (x, y) if bias is None else (x, y, bias):
+        if t.dtype != torch.bfloat16 or not t.is_cuda:
+            raise CublasLtError(f"cuBLASLt matmul takes bf16 CUDA tensors, got {t.dtype} {t.device}")
+    if bias is not None and (bias.shape != (y.shape[1],) or not bias.is_contiguous()):
+        raise CublasLtError(f"the bias must be a contiguous [{y.shape[1]}] vector, got {tuple(bias.shape)}")
+    ta, tb, m, n, k, lda, ldb, ldd = _mm_key(x, y)
+    x, y = _aligned(x), _aligned(y)
+    d = torch.empty(x.shape[0], y.shape[1], dtype=x.dtype, device=x.device)
+    _matmul(
+        y, x, d, ta=ta, tb=tb, m=m, n=n, k=k, lda=lda, ldb=ldb, ldd=ldd,
+        epilogue=EPILOGUE_DEFAULT if bias is None else EPILOGUE_BIAS,
+        bias=None if bias is None else _aligned(bias), algo=algo,
+    )  # fmt: skip
+    return d
+
+
 def linear_gelu(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *, algo: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
