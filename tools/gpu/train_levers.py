@@ -22,6 +22,8 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   fmlpf  TORCHRIG_FUSED_MLP=plain: the forward epilogue only, the GELU's backward compiled as before
   fmlpt  TORCHRIG_FUSED_MLP=triton: the forward epilogue; the GELU's backward and fc's bias gradient in one
          Triton kernel (train/gelubias.py)
+  ltg    TORCHRIG_TUNED_GEMMS=1: each GEMM shape by the fastest of cuBLASLt's algorithms, timed at start
+         (train/ltgemm.py)
   fa     --attention flash: FlashAttention-2 (PyTorch's flash SDPA kernel) instead of cuDNN's
   nosg   --step-graph off (the default's reference when the default captures the step)
 and the model tags `med` (--size medium, GPT-2 medium) and `large` (--size large), compared with the default
@@ -71,6 +73,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "fmlpd": ({"TORCHRIG_FUSED_MLP": "dgelu"}, []),
     "fmlpf": ({"TORCHRIG_FUSED_MLP": "plain"}, []),
     "fmlpt": ({"TORCHRIG_FUSED_MLP": "triton"}, []),
+    "ltg": ({"TORCHRIG_TUNED_GEMMS": "1"}, []),
     "fa": ({}, ["--attention", "flash"]),
     "nosg": ({}, ["--step-graph", "off"]),
     "med": ({}, ["--size", "medium"]),
@@ -272,8 +275,14 @@ def main() -> int:
         row.update(measure(item, stdout, work / f"run-{name}"))
         if rc:
             row["error_tail"] = (stderr or stdout).splitlines()[-6:]
+        # what a lever says it did (e.g. TORCHRIG_TUNED_GEMMS=1: how many GEMM shapes got another algorithm)
+        notes = [x for x in (stderr or "").splitlines() if x.startswith("torchrig train: TORCHRIG_")]
+        if notes:
+            row["notes"] = notes[-3:]
         results.append(row)
         say(f"{name}: rc={rc} {row.get('tokens_per_s')} tok/s MFU {row.get('mfu')} ({row['wall_s']}s)")
+        for x in notes[-3:]:
+            say(f"  {x}")
         write(out, results, budget)
     say(f"done; inductor cache {du(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))}")
     write(out, results, budget)

@@ -328,6 +328,19 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def tuned_gemms() -> bool:
+    """``TORCHRIG_TUNED_GEMMS=1`` (train/ltgemm.py, a speed lever under measurement): the GPT's GEMMs by the
+    fastest of cuBLASLt's algorithms, timed at start; unset or 0: PyTorch's. Any other value is a UsageError,
+    checked (without torch) before the run folder is taken."""
+    value = os.environ.get("TORCHRIG_TUNED_GEMMS", "0").strip()
+    if value not in ("", "0", "1"):
+        raise UsageError(
+            f"TORCHRIG_TUNED_GEMMS={value!r} is not 0 or 1",
+            hint="unset it (PyTorch's GEMMs) or set it to 1 (time cuBLASLt's algorithms at start)",
+        )
+    return value == "1"
+
+
 def fused_mlp_backward() -> str:
     """``TORCHRIG_FUSED_MLP``'s choice: a backward of :data:`FUSED_MLP_BACKWARDS` (``1`` is ``bgrad``), ``auto``
     when unset or auto, "" when 0; any other value is a UsageError. No torch import: ``torchrig train`` checks

@@ -356,7 +356,18 @@ def algorithm_count(x: torch.Tensor, y: torch.Tensor, bias: bool = False) -> int
     """How many algorithms the heuristic gave for ``matmul(x, y)`` (with a bias epilogue when ``bias``)."""
     ta, tb, m, n, k, lda, ldb, ldd = _mm_key(x, y)
     with _lock:
-        key = (ta, tb, m, n, k, lda, ldb, ldd, EPILOGUE_BIAS if bias else EPILOGUE_DEFAULT, x.device.index or 0)
+        key = (
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldd,
+            EPILOGUE_BIAS if bias else EPILOGUE_DEFAULT,
+            x.device.index or 0,
+        )
         return len(_plan(key).algos)
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from torchrig.train.config import FUSED_MLP_BACKWARDS
+from torchrig.train.ltgemm import mm  # PyTorch's GEMM, or with TORCHRIG_TUNED_GEMMS=1 the timed algorithm
 
 
 @torch.library.custom_op("torchrig::linear_gelu", mutates_args=())
@@ -95,7 +96,7 @@ class _MLP(torch.autograd.Function):
         h, pre = linear_gelu(x, w1, b1)
         ctx.save_for_backward(x, w1, w2, h, pre)
         ctx.how = backward
-        return torch.addmm(b2, h, w2.t())
+        return mm(h, w2.t(), b2)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override,unused-ignore]
@@ -106,13 +107,13 @@ class _MLP(torch.autograd.Function):
         if ctx.how == "bgrad":
             dpre, db1 = dgelu_matmul(dy, w2, pre)
         elif ctx.how == "triton":
-            dpre, db1 = gelubias.gelu_bias_backward(dy @ w2, pre)
+            dpre, db1 = gelubias.gelu_bias_backward(mm(dy, w2), pre)
         elif ctx.how == "dgelu":
             dpre = dgelu_only(dy, w2, pre)
             db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
         else:  # plain: the same arithmetic as the Triton kernel, as ops that Inductor compiles
-            dpre, db1 = gelubias.reference(dy @ w2, pre)
-        return dpre @ w1, dpre.t() @ x, db1, dy.t() @ h, dy.sum(0), None
+            dpre, db1 = gelubias.reference(mm(dy, w2), pre)
+        return mm(dpre, w1), mm(dpre.t(), x), db1, mm(dy.t(), h), dy.sum(0), None
 
 
 def prepare(device: torch.device | str) -> None:

@@ -38,18 +38,27 @@ class Block(nn.Module):
         # the trainer sets it: the GELU in cuBLASLt's GEMM epilogues, with this backward (train/fusedmlp.py's
         # BACKWARDS); "" for the plain MLP
         self.fused_mlp = ""
+        # the trainer sets it with TORCHRIG_TUNED_GEMMS=1: qkv and proj through train/ltgemm.py's timed GEMMs
+        self.tuned_gemms = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = self._linear(self.qkv, self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
+        x = x + self._linear(self.proj, y)
         if self.fused_mlp:
             from torchrig.train.fusedmlp import mlp
 
             return x + mlp(self.ln2(x), self.fc, self.out, self.fused_mlp)
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return x + self._linear(self.out, F.gelu(self._linear(self.fc, self.ln2(x)), approximate="tanh"))
+
+    def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if self.tuned_gemms:
+            from torchrig.train.ltgemm import linear
+
+            return linear(x, layer)
+        return layer(x)
 
 
 class GPT(nn.Module):

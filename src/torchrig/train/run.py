@@ -86,12 +86,13 @@ def run(plan: TrainPlan) -> TrainResult:
     from torchrig.train import runstart
     from torchrig.train.rundir import hold
 
-    # refused before the folder is taken: a bad TORCHRIG_FUSED_MLP (no torch import: a launcher may have none),
+    # refused before the folder is taken: a bad TORCHRIG_FUSED_MLP or TORCHRIG_TUNED_GEMMS (no torch import: a launcher may have none),
     # and for a run in this process, what its device refuses
     if plan.holds_folder:
-        from torchrig.train.config import fused_mlp_backward
+        from torchrig.train.config import fused_mlp_backward, tuned_gemms
 
         fused_mlp_backward()
+        tuned_gemms()
         if plan.launch is None:
             from torchrig.train import setup
 

@@ -13,7 +13,13 @@ import torch.distributed as dist
 from torch import nn
 
 from torchrig.errors import UsageError
-from torchrig.train.config import FUSED_MLP_AUTO, TrainConfig, fused_mlp_backward, step_graph_conflict
+from torchrig.train.config import (
+    FUSED_MLP_AUTO,
+    TrainConfig,
+    fused_mlp_backward,
+    step_graph_conflict,
+    tuned_gemms,
+)
 
 
 @dataclass(frozen=True)
@@ -303,6 +309,41 @@ def fused_mlp(model: nn.Module, rt: Runtime, compiled: bool) -> int:
     for m in blocks:
         m.fused_mlp = backward
     return len(blocks)
+
+
+def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
+    """``TORCHRIG_TUNED_GEMMS=1`` (train/ltgemm.py): on one GPU under bf16, a GPT's GEMMs run the fastest of
+    cuBLASLt's algorithms for their shape, timed now in one eager forward and backward at the run's
+    micro-batch (before anything compiles; the gradients it leaves are cleared, the random state kept).
+    Returns how many shapes got an algorithm other than PyTorch's (0: off, or none was faster)."""
+    if not tuned_gemms() or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
+        return 0
+    if rt.parallel != "none":
+        return 0
+    from torchrig.train import cublaslt, ltgemm
+    from torchrig.train.models import Block
+
+    try:
+        cublaslt.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
+    except cublaslt.CublasLtError as e:
+        print(f"torchrig train: TORCHRIG_TUNED_GEMMS=1: PyTorch's GEMMs stay: {e}", file=sys.stderr)
+        return 0
+    ltgemm.enable()
+    for m in model.modules():
+        if isinstance(m, Block):
+            m.tuned_gemms = True
+    vocab, context = int(model.config.vocab), cfg.context  # type: ignore[union-attr,arg-type,unused-ignore]
+
+    def one_step() -> None:
+        idx = torch.randint(0, vocab, (cfg.micro_batch, context), device=rt.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(idx, targets=idx)
+        loss.backward()
+
+    tuned = ltgemm.tune_model(one_step)
+    model.zero_grad(set_to_none=True)
+    print(f"torchrig train: TORCHRIG_TUNED_GEMMS=1: {tuned.line()}", file=sys.stderr)
+    return tuned.chosen
 
 
 def profiler(cfg: TrainConfig, rt: Runtime, trace_dir: Any) -> Any:

@@ -1,0 +1,134 @@
+"""TORCHRIG_TUNED_GEMMS (train/ltgemm.py): the choice between PyTorch's GEMM and cuBLASLt's algorithms, the
+custom operator's registration, the autograd of the routed Linear, and the variable's refusal. The timing and
+the cuBLASLt calls themselves run on a GPU: tests/gpu/test_train_ltgemm_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from torchrig.errors import UsageError  # noqa: E402
+from torchrig.train import config, ltgemm  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    ltgemm.disable()
+
+
+def test_an_algorithm_replaces_pytorchs_gemm_only_where_it_is_faster_by_the_margin_and_agrees() -> None:
+    assert ltgemm.pick(1.0, {0: 1.0, 1: 0.95, 2: 0.97}, {0: 0.0, 1: 0.001, 2: 0.0}) == 1
+    assert ltgemm.pick(1.0, {0: 0.99, 1: 0.985}, {0: 0.0, 1: 0.0}) is None  # inside the margin: PyTorch's
+    assert ltgemm.pick(1.0, {0: 0.5, 1: 0.9}, {0: 0.5, 1: 0.0}) == 1  # the fastest gives another result
+    assert ltgemm.pick(1.0, {0: 0.5}, {}) is None  # no result compared: never chosen
+    assert ltgemm.pick(1.0, {}, {}) is None
+
+
+@given(
+    torch_ms=st.floats(0.001, 100),
+    times=st.dictionaries(st.integers(0, 31), st.floats(0.001, 100), max_size=8),
+    bad=st.sets(st.integers(0, 31)),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_choice_is_never_slower_than_pytorch_nor_off_its_result(torch_ms, times, bad) -> None:
+    diffs = {a: (0.5 if a in bad else 0.0) for a in times}
+    algo = ltgemm.pick(torch_ms, times, diffs)
+    if algo is not None:
+        assert algo not in bad
+        assert times[algo] <= torch_ms * (1 - ltgemm.MIN_GAIN)
+        assert times[algo] == min(t for a, t in times.items() if a not in bad)
+
+
+def test_off_or_off_the_gpu_every_gemm_is_pytorchs_own_call() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(6, 4, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, generator=g)
+    for active in (False, True):
+        ltgemm.disable()
+        if active:
+            ltgemm.enable()  # on: a CPU tensor has no cuBLASLt key, so PyTorch's call still
+        assert torch.equal(ltgemm.mm(x, w.t()), x @ w.t())
+        assert torch.equal(ltgemm.mm(x, w.t(), b), torch.addmm(b, x, w.t()))
+        layer = torch.nn.Linear(4, 5)
+        assert torch.equal(ltgemm.linear(x, layer), layer(x))
+
+
+def test_the_routed_linear_has_nn_linears_gradients() -> None:
+    ltgemm.enable()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: ltgemm._Linear.apply(x, w, b), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: ltgemm._Linear.apply(x, w, None), (x, w))
+
+
+def test_the_custom_operator_is_registered_for_compile_and_runs_pytorchs_gemm_where_cublaslt_cannot() -> None:
+    g = torch.Generator().manual_seed(2)
+    x, y, b = torch.randn(8, 4, generator=g), torch.randn(4, 6, generator=g), torch.randn(6, generator=g)
+    torch.library.opcheck(ltgemm.lt_mm, (x, y, b, 0))
+    torch.library.opcheck(ltgemm.lt_mm, (x, y.t().contiguous().t(), None, 3))
+    compiled = torch.compile(lambda x, y, b: ltgemm.lt_mm(x, y, b, 1), fullgraph=True, backend="inductor")
+    assert torch.allclose(compiled(x, y, b), torch.addmm(b, x, y), atol=1e-6)
+
+
+def test_a_gpt_with_the_flag_set_computes_what_it_computed_without_it_on_the_cpu() -> None:
+    from torchrig.train.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(layers=2, heads=2, width=16, vocab=64, block_size=8))
+    idx = torch.randint(0, 64, (2, 8))
+    plain = model(idx, targets=idx)
+    ltgemm.enable()
+    for blk in model.blocks:
+        blk.tuned_gemms = True
+    assert torch.equal(model(idx, targets=idx), plain)
+
+
+def test_the_trainer_leaves_pytorchs_gemms_on_the_cpu(monkeypatch) -> None:
+    from torchrig.train import setup
+
+    monkeypatch.setenv("TORCHRIG_TUNED_GEMMS", "1")
+    rt = setup.Runtime(0, 0, 1, torch.device("cpu"), precision="bf16", parallel="none", restart=0)
+    cfg = config.TrainConfig(model="gpt")
+    assert setup.tuned_gemm_shapes(torch.nn.Linear(2, 2), rt, cfg) == 0
+
+
+@given(value=st.text(max_size=20).filter(lambda v: v.strip() not in ("", "0", "1") and "\x00" not in v))
+@settings(max_examples=80, deadline=None)
+def test_any_other_value_of_the_variable_is_refused_with_what_to_do(value) -> None:
+    old = os.environ.get("TORCHRIG_TUNED_GEMMS")
+    os.environ["TORCHRIG_TUNED_GEMMS"] = value
+    try:
+        with pytest.raises(UsageError, match=r"^TORCHRIG_TUNED_GEMMS=.* is not 0 or 1$") as e:
+            config.tuned_gemms()
+        assert "unset it" in (e.value.hint or "")
+    finally:
+        if old is None:
+            del os.environ["TORCHRIG_TUNED_GEMMS"]
+        else:
+            os.environ["TORCHRIG_TUNED_GEMMS"] = old
+
+
+def test_a_bad_value_from_the_shell_stops_train_on_one_line_with_exit_2(tmp_path) -> None:
+    env = {**os.environ, "TORCHRIG_TUNED_GEMMS": "yes; rm -rf ~"}
+    argv = [sys.executable, "-m", "torchrig", "train", "--model", "gpt", "--size", "tiny", "--steps", "1"]
+    r = subprocess.run(
+        [*argv, "--no-tensorboard", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "TORCHRIG_TUNED_GEMMS='yes; rm -rf ~' is not 0 or 1" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run folder was taken
