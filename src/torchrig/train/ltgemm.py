@@ -66,16 +66,17 @@ def pick(torch_ms: float, algo_ms: dict[int, float], rel_diff: dict[int, float])
 
 
 def _key(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> tuple[Any, ...] | None:
+    """The shape and layout that a choice is made for; None where cuBLASLt's matmul cannot take the operands
+    (no exception on the way: this runs while torch.compile traces the model)."""
     from torchrig.train import cublaslt
 
     if not (x.is_cuda and x.dtype == y.dtype == torch.bfloat16 and x.dim() == y.dim() == 2):
         return None
     if bias is not None and (bias.dtype != torch.bfloat16 or bias.dim() != 1 or not bias.is_contiguous()):
         return None
-    try:
-        return (*cublaslt._mm_key(x, y), bias is not None, x.device.index or 0)
-    except cublaslt.CublasLtError:
+    if x.shape[1] != y.shape[0] or cublaslt.operand_layout(x) is None or cublaslt.operand_layout(y) is None:
         return None
+    return (*cublaslt._mm_key(x, y), bias is not None, x.device.index or 0)
 
 
 def _torch_mm(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
