@@ -132,3 +132,47 @@ def test_a_bad_value_from_the_shell_stops_train_on_one_line_with_exit_2(tmp_path
     assert "TORCHRIG_TUNED_GEMMS='yes; rm -rf ~' is not 0 or 1" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()  # refused before the run folder was taken
+
+
+def test_compiled_the_chosen_algorithms_are_calls_of_the_custom_operator_with_nn_linears_gradients(
+    monkeypatch,
+) -> None:
+    """As on a GPU after the timing: every shape has a chosen algorithm, so torch.compile traces the forward
+    and the backward as calls of torchrig::lt_mm (which on the CPU runs PyTorch's GEMM); the gradients are
+    nn.Linear's."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from torchrig.train import cublaslt
+
+    monkeypatch.setattr(ltgemm, "_key", lambda x, y, bias: (*cublaslt._mm_key(x, y), bias is not None, 0))
+    ltgemm.enable()
+    g = torch.Generator().manual_seed(3)
+    layer = torch.nn.Linear(8, 12)
+    x0, dy = torch.randn(5, 8, generator=g), torch.zeros(5, 12)
+    for x, y, b in ((x0, layer.weight.t(), layer.bias), (dy, layer.weight, None), (dy.t(), x0, None)):
+        ltgemm._choices[ltgemm._key(x, y, b)] = 2
+    graphs: list[str] = []
+
+    def keep(gm, _inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    def f(x, w, b):
+        return ltgemm._Linear.apply(x, w, b).square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    for fn in (f, compiled):
+        x = x0.clone().requires_grad_(True)
+        w, b = (
+            layer.weight.detach().clone().requires_grad_(True),
+            layer.bias.detach().clone().requires_grad_(True),
+        )
+        fn(x, w, b).backward()
+        xr = x0.clone().requires_grad_(True)
+        layer.zero_grad()
+        layer(xr).square().sum().backward()
+        assert torch.allclose(x.grad, xr.grad, atol=1e-5)
+        assert torch.allclose(w.grad, layer.weight.grad, atol=1e-5)
+        assert torch.allclose(b.grad, layer.bias.grad, atol=1e-5)
+    forward, backward = graphs
+    assert forward.count("torchrig.lt_mm") == 1 and backward.count("torchrig.lt_mm") == 2, graphs

@@ -15,7 +15,8 @@
 #   TESTS (""): pytest paths for part 0; TESTS_S (300): its time limit;
 #   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
 #     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
-#   EPILOGUES (1): 0 skips part 2; LOSS (1): 0 skips part 3; GEMMS (0): 1 runs part 3b;
+#   EPILOGUES (1): 0 skips part 2; LOSS (1): 0 skips part 3; GEMMS (0): 1 runs part 3b at the micro-batches
+#     GEMM_MBS ("16 64");
 #   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
 #     without a roofline, the Triton backward).
 # Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
@@ -57,7 +58,7 @@ if [ "${LOSS:-1}" = 1 ]; then
 fi
 if [ "${GEMMS:-0}" = 1 ]; then
   PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "${GEMMS_S:-150}" \
-    python3 tools/gpu/gemm_algos.py 16 64 >"$out/gemms.txt" 2>&1
+    python3 tools/gpu/gemm_algos.py ${GEMM_MBS:-16 64} >"$out/gemms.txt" 2>&1
   echo "== gemms rc=$? at $(( $(date +%s) - start ))s"
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):
