@@ -316,13 +316,29 @@ def test_the_plain_matmul_refuses_operands_it_cannot_read_in_place() -> None:
         cublaslt.matmul(x, torch.zeros(6, 4))
 
 
-def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path) -> None:
-    """What a user meets: `torchrig train` with a hostile TORCHRIG_FUSED_MLP stops before training, on one line."""
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        (
+            "TORCHRIG_FUSED_MLP",
+            "$(touch pwned)\nbgrad",
+            "TORCHRIG_FUSED_MLP='$(touch pwned)\\nbgrad' is not auto, 0, 1",
+        ),
+        (
+            "TORCHRIG_TUNED_GEMMS",
+            "$(touch pwned)\n1",
+            "TORCHRIG_TUNED_GEMMS='$(touch pwned)\\n1' is not 0 or 1",
+        ),
+    ],
+)
+def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path, variable, value, says) -> None:
+    """What a user meets: `torchrig train` with a hostile TORCHRIG_FUSED_MLP or TORCHRIG_TUNED_GEMMS stops
+    before training and before taking the run folder, on one line."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "TORCHRIG_FUSED_MLP": "$(touch pwned)\nbgrad"}
+    env = {**os.environ, variable: value}
     argv = [sys.executable, "-m", "torchrig", "train", "--model", "gpt", "--size", "tiny", "--steps", "1"]
     r = subprocess.run(
         [*argv, "--no-tensorboard", "--out", str(tmp_path / "run")],
@@ -334,10 +350,9 @@ def test_a_bad_value_from_the_shell_is_one_line_and_exit_2(tmp_path) -> None:
     )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "TORCHRIG_FUSED_MLP='$(touch pwned)\\nbgrad' is not auto, 0, 1" in lines[0], (
-        lines
-    )
+    assert len(lines) == 1 and says in lines[0], lines
     assert "Traceback" not in r.stderr and not (tmp_path / "pwned").exists()
+    assert not (tmp_path / "run").exists()
     assert not (tmp_path / "run").exists()  # refused before torchrig train took the run folder
 
 

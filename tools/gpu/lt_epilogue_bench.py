@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from torchrig.train import cublaslt, gelubias
 from torchrig.train.fusedmlp import BACKWARDS
 from torchrig.train.fusedmlp import mlp as fused_mlp
+from torchrig.train.ltgemm import time_ms
 
 
 def header_check() -> dict:
@@ -43,20 +44,8 @@ def header_check() -> dict:
 
 
 def timed(fn, reps: int = 7, calls: int = 50) -> float:
-    """Median ms per call."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / calls)
-    return sorted(out)[len(out) // 2]
+    """Median ms per call (CUDA events, after 5 warm-up calls): train/ltgemm.py's timing."""
+    return time_ms(fn, reps=reps, calls=calls, warmup=5)
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:

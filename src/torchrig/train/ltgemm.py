@@ -117,9 +117,10 @@ def mm(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None) -> to
     return lt_mm(x, y, bias, algo)
 
 
-def _time(fn: Any, reps: int = 5, calls: int = 10) -> float:
-    """Median ms per call, CUDA events."""
-    for _ in range(3):
+def time_ms(fn: Any, reps: int = 5, calls: int = 10, warmup: int = 3) -> float:
+    """Median ms per call of ``fn`` on the current GPU: CUDA events around ``calls`` calls, ``reps`` times,
+    after ``warmup`` calls (also the benchmarks' timing: tools/gpu/lt_epilogue_bench.py)."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     out = []
@@ -142,7 +143,7 @@ def _tune_shape(tuned: Tuned, seen: dict[tuple[Any, ...], dict[str, Any]]) -> An
             seen[key]["calls"] += 1
             return
         ref = _torch_mm(x, y, bias)
-        torch_ms = _time(lambda: _torch_mm(x, y, bias))
+        torch_ms = time_ms(lambda: _torch_mm(x, y, bias))
         algo_ms, diffs = {}, {}
         try:
             count = cublaslt.algorithm_count(x, y, bias is not None)
@@ -154,7 +155,7 @@ def _tune_shape(tuned: Tuned, seen: dict[tuple[Any, ...], dict[str, Any]]) -> An
                 diffs[a] = float(
                     (out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)
                 )
-                algo_ms[a] = _time(lambda a=a: cublaslt.matmul(x, y, bias, algo=a))
+                algo_ms[a] = time_ms(lambda a=a: cublaslt.matmul(x, y, bias, algo=a))
             except (
                 cublaslt.CublasLtError,
                 RuntimeError,
