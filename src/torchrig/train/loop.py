@@ -159,12 +159,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     )
     model = build_model(cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=classes)
     model = model.to(rt.device)
-    if setup.fused_loss(cfg, rt):
-        model.fused_loss = True  # type: ignore[assignment,unused-ignore]  # only with torch installed
-    fused_mlp_blocks = setup.fused_mlp(model, rt, cfg.compile)
-    setup.tuned_gemm_shapes(
-        model, rt, cfg
-    )  # TORCHRIG_TUNED_GEMMS=1: after the fused MLP, whose GEMMs it times
+    fused_mlp_blocks = setup.gpt_kernels(model, rt, cfg)  # the fused loss and MLP, the timed GEMMs
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
     fp8_layers = setup.low_precision(model, rt, cfg)  # --precision fp8: Float8Linear layers, same parameters
     late = outside_ddp(model, rt, cfg)

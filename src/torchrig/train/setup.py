@@ -279,6 +279,17 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
     return cfg.loss == "fused" or (rt.device.type == "cuda" and rt.parallel != "fsdp")
 
 
+def gpt_kernels(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
+    """The GPT's own kernels, in this order: the fused loss (``--loss``), the fused MLP
+    (``TORCHRIG_FUSED_MLP``), then the timed GEMMs (``TORCHRIG_TUNED_GEMMS``), which time the fused MLP's
+    GEMMs too. Returns how many blocks run the fused MLP (0: none)."""
+    if fused_loss(cfg, rt):
+        model.fused_loss = True  # type: ignore[assignment,unused-ignore]  # only with torch installed
+    blocks = fused_mlp(model, rt, cfg.compile)
+    tuned_gemm_shapes(model, rt, cfg)
+    return blocks
+
+
 def fused_mlp(model: nn.Module, rt: Runtime, compiled: bool) -> int:
     """``TORCHRIG_FUSED_MLP`` (train/fusedmlp.py): the GPT blocks' MLPs run with the GELU in cuBLASLt's GEMM
     epilogues, on one GPU under bf16; returns how many blocks do (0: off). ``auto`` (unset) takes
