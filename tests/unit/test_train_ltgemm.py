@@ -157,3 +157,46 @@ def test_compiled_the_chosen_algorithms_are_calls_of_the_custom_operator_with_nn
         assert torch.allclose(b.grad, layer.bias.grad, atol=1e-5)
     forward, backward = graphs
     assert forward.count("torchrig.lt_mm") == 1 and backward.count("torchrig.lt_mm") == 2, graphs
+
+
+def test_on_a_gpu_the_trainer_times_the_gpts_step_or_says_in_one_line_why_not(monkeypatch, capsys) -> None:
+    from torchrig.train import cublaslt, setup
+    from torchrig.train.models import GPT, GPTConfig
+
+    monkeypatch.setenv("TORCHRIG_TUNED_GEMMS", "1")
+    rt = setup.Runtime(0, 0, 1, torch.device("cuda"), precision="bf16", parallel="none", restart=0)
+    cfg = config.TrainConfig(model="gpt")
+    model = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
+
+    def no_cublaslt(device):
+        raise cublaslt.CublasLtError("libcublasLt is not loaded in this process (a CPU-only PyTorch?)")
+
+    monkeypatch.setattr(cublaslt, "prepare", no_cublaslt)
+    assert setup.tuned_gemm_shapes(model, rt, cfg) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "torchrig train: TORCHRIG_TUNED_GEMMS=1: PyTorch's GEMMs stay: libcublasLt is not loaded in this "
+        "process (a CPU-only PyTorch?)"
+    ]
+    assert not any(b.tuned_gemms for b in model.blocks)
+
+    monkeypatch.setattr(cublaslt, "prepare", lambda device: None)
+    shapes = [
+        {"calls": 2, "torch_ms": 1.0, "algo": 3, "ms": 0.9},
+        {"calls": 1, "torch_ms": 0.5, "algo": None, "ms": None},
+    ]
+    monkeypatch.setattr(ltgemm, "tune_model", lambda run: ltgemm.Tuned(shapes))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    for parallel, precision in (("ddp", "bf16"), ("none", "fp16")):
+        other = setup.Runtime(
+            0, 0, 1, torch.device("cuda"), precision=precision, parallel=parallel, restart=0
+        )
+        assert setup.tuned_gemm_shapes(model, other, cfg) == 0
+    assert setup.tuned_gemm_shapes(model, rt, cfg) == 1
+    assert all(b.tuned_gemms for b in model.blocks) and ltgemm._state["active"]
+    assert all(p.grad is None for p in model.parameters())  # the timing step leaves no gradient behind
+    assert capsys.readouterr().err.strip() == (
+        "torchrig train: TORCHRIG_TUNED_GEMMS=1: 1 of 2 GEMM shapes run a faster cuBLASLt algorithm "
+        "(0.20 ms a step by their timing)"
+    )
