@@ -129,10 +129,12 @@ def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
         assert _rel(a, b) < CHECK_TOLERANCE
 
 
-def _train(tmp_path: Path, name: str, fused: str) -> dict[int, float]:
+def train_run(tmp_path: Path, name: str, env_extra: dict[str, str]) -> tuple[dict, dict[int, float], str]:
+    """A compiled bf16 run of the tiny GPT with these environment variables: its summary, its loss by step,
+    its stderr (also tests/gpu/test_train_ltgemm_gpu.py's)."""
     out = tmp_path / name
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    env["TORCHRIG_FUSED_MLP"] = fused or "0"
+    env.update(env_extra)
     args = [*TINY, "--precision", "bf16", "--compile", "--log-every", "5", "--out", str(out)]
     r = subprocess.run(
         [sys.executable, "-m", "torchrig", "--json", *args],
@@ -142,12 +144,17 @@ def _train(tmp_path: Path, name: str, fused: str) -> dict[int, float]:
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    s = json.loads(r.stdout)["summary"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = {r["step"]: r["loss"] for r in rows if "loss" in r and r.get("step")}
+    return json.loads(r.stdout)["summary"], losses, r.stderr
+
+
+def _train(tmp_path: Path, name: str, fused: str) -> dict[int, float]:
+    s, losses, _ = train_run(tmp_path, name, {"TORCHRIG_FUSED_MLP": fused or "0"})
     # auto (the default): on where it was measured faster, compiled on a Hopper GPU
     on = bool(fused) and (fused != "auto" or torch.cuda.get_device_capability()[0] == 9)
     assert (s["fused_mlp_blocks"] or 0) > 0 if on else s["fused_mlp_blocks"] is None
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r and r.get("step")}
+    return losses
 
 
 @pytest.mark.parametrize("fused", ["1", "triton", "auto"])

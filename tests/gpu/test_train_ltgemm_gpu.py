@@ -5,14 +5,8 @@ CUDA."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from tests.gpu.test_train_gpu import TINY
+from tests.gpu.test_train_fusedmlp_gpu import train_run
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -68,26 +62,9 @@ def test_the_timing_at_start_keeps_only_faster_algorithms_that_agree():
         ltgemm.disable()
 
 
-def _train(tmp_path: Path, name: str, tuned: str) -> tuple[dict[int, float], str]:
-    out = tmp_path / name
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    env["TORCHRIG_TUNED_GEMMS"] = tuned
-    args = [*TINY, "--precision", "bf16", "--compile", "--log-every", "5", "--out", str(out)]
-    r = subprocess.run(
-        [sys.executable, "-m", "torchrig", "--json", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r and r.get("step")}, r.stderr
-
-
 def test_a_run_with_tuned_gemms_trains_as_one_without(tmp_path):
-    plain, _ = _train(tmp_path, "plain", "0")
-    tuned, err = _train(tmp_path, "tuned", "1")
+    _, plain, _ = train_run(tmp_path, "plain", {"TORCHRIG_TUNED_GEMMS": "0"})
+    _, tuned, err = train_run(tmp_path, "tuned", {"TORCHRIG_TUNED_GEMMS": "1"})
     assert "TORCHRIG_TUNED_GEMMS=1:" in err and "GEMM shapes run a faster cuBLASLt algorithm" in err, err[
         -2000:
     ]
