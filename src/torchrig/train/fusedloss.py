@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from torchrig.train.ltgemm import mm  # PyTorch's GEMM, or with TORCHRIG_TUNED_GEMMS=1 the timed one
+
 IGNORE_INDEX = -100  # F.cross_entropy's default: a target with this value adds neither loss nor gradient
 
 try:  # Triton ships with PyTorch's CUDA builds; CPU builds have none
@@ -153,8 +155,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
         hc, wc = h.to(dtype), weight.to(dtype)
-        from torchrig.train.ltgemm import mm  # PyTorch's GEMM, or with TORCHRIG_TUNED_GEMMS=1 the timed one
-
         logits = mm(hc, wc.t())
         row_loss, grad = ce_rows(logits, targets, IGNORE_INDEX)
         n = (targets != IGNORE_INDEX).sum().clamp(min=1)
@@ -166,8 +166,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:  # type: ignore[override,unused-ignore]
         grad, hc, wc, n = ctx.saved_tensors
         scale = (g / n).float()
-        from torchrig.train.ltgemm import mm
-
         grad_h = (mm(grad, wc).float() * scale).to(ctx.dtypes[0])
         grad_w = (mm(grad.t(), hc).float() * scale).to(ctx.dtypes[1])
         return grad_h, grad_w, None, None

@@ -38,7 +38,7 @@ class Block(nn.Module):
         # the trainer sets it: the GELU in cuBLASLt's GEMM epilogues, with this backward (train/fusedmlp.py's
         # BACKWARDS); "" for the plain MLP
         self.fused_mlp = ""
-        # the trainer sets it with TORCHRIG_TUNED_GEMMS=1: qkv and proj through train/ltgemm.py's timed GEMMs
+        # the trainer sets it with TORCHRIG_TUNED_GEMMS=1: the Linear layers through train/ltgemm.py's timed GEMMs
         self.tuned_gemms = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

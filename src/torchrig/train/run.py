@@ -86,8 +86,8 @@ def run(plan: TrainPlan) -> TrainResult:
     from torchrig.train import runstart
     from torchrig.train.rundir import hold
 
-    # refused before the folder is taken: a bad TORCHRIG_FUSED_MLP or TORCHRIG_TUNED_GEMMS (no torch import: a launcher may have none),
-    # and for a run in this process, what its device refuses
+    # refused before the folder is taken: a bad TORCHRIG_FUSED_MLP or TORCHRIG_TUNED_GEMMS (no torch import: a
+    # launcher may have none), and for a run in this process, what its device refuses
     if plan.holds_folder:
         from torchrig.train.config import fused_mlp_backward, tuned_gemms
 

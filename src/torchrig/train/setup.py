@@ -329,7 +329,7 @@ def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
     Returns how many shapes got an algorithm other than PyTorch's (0: off, or none was faster)."""
     if not tuned_gemms() or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
         return 0
-    if rt.parallel != "none":
+    if rt.parallel != "none":  # measured on one GPU only
         return 0
     from torchrig.train import cublaslt, ltgemm
     from torchrig.train.models import Block
