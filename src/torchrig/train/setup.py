@@ -323,21 +323,27 @@ def fused_mlp(model: nn.Module, rt: Runtime, compiled: bool) -> int:
 
 
 def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
-    """``TORCHRIG_TUNED_GEMMS=1`` (train/ltgemm.py): on one GPU under bf16, a GPT's GEMMs run the fastest of
+    """``TORCHRIG_TUNED_GEMMS`` (train/ltgemm.py): on one GPU under bf16, a GPT's GEMMs run the fastest of
     cuBLASLt's algorithms for their shape, timed now in one eager forward and backward at the run's
     micro-batch (before anything compiles; the gradients it leaves are cleared, the random state kept).
-    Returns how many shapes got an algorithm other than PyTorch's (0: off, or none was faster)."""
-    if not tuned_gemms() or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
+    ``auto`` (unset) does so where it was measured faster: compiled, on a Hopper GPU (compute capability 9.x;
+    docs/results/training-speed.md); ``1`` wherever it can. Returns how many shapes got an algorithm other
+    than PyTorch's (0: off, or none was faster)."""
+    choice = tuned_gemms()  # config.py's: a bad value was refused before the run folder was taken
+    if not choice or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
         return 0
     if rt.parallel != "none":  # measured on one GPU only
+        return 0
+    if choice == "auto" and (not cfg.compile or torch.cuda.get_device_capability(rt.device)[0] != 9):
         return 0
     from torchrig.train import cublaslt, ltgemm
     from torchrig.train.models import Block
 
+    label = f"TORCHRIG_TUNED_GEMMS={choice}"
     try:
         cublaslt.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
     except cublaslt.CublasLtError as e:
-        print(f"torchrig train: TORCHRIG_TUNED_GEMMS=1: PyTorch's GEMMs stay: {e}", file=sys.stderr)
+        print(f"torchrig train: {label}: PyTorch's GEMMs stay: {e}", file=sys.stderr)
         return 0
     ltgemm.enable()
     for m in model.modules():
@@ -353,7 +359,7 @@ def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
 
     tuned = ltgemm.tune_model(one_step)
     model.zero_grad(set_to_none=True)
-    print(f"torchrig train: TORCHRIG_TUNED_GEMMS=1: {tuned.line()}", file=sys.stderr)
+    print(f"torchrig train: {label}: {tuned.line()}", file=sys.stderr)
     return tuned.chosen
 
 
