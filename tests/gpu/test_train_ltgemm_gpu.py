@@ -63,8 +63,9 @@ def test_the_timing_at_start_keeps_only_faster_algorithms_that_agree():
 
 
 def test_a_run_with_tuned_gemms_trains_as_one_without(tmp_path):
-    _, plain, _ = train_run(tmp_path, "plain", {"TORCHRIG_TUNED_GEMMS": "0"})
-    _, tuned, err = train_run(tmp_path, "tuned", {"TORCHRIG_TUNED_GEMMS": "1"})
+    s_plain, plain, _ = train_run(tmp_path, "plain", {"TORCHRIG_TUNED_GEMMS": "0"})
+    s_tuned, tuned, err = train_run(tmp_path, "tuned", {"TORCHRIG_TUNED_GEMMS": "1"})
+    assert s_plain["tuned_gemm_shapes"] is None and isinstance(s_tuned["tuned_gemm_shapes"], int)
     assert "TORCHRIG_TUNED_GEMMS=1:" in err and "GEMM shapes run a faster cuBLASLt algorithm" in err, err[
         -2000:
     ]

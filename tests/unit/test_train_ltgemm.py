@@ -131,7 +131,7 @@ def test_the_trainer_leaves_pytorchs_gemms_on_the_cpu(monkeypatch) -> None:
     monkeypatch.setenv("TORCHRIG_TUNED_GEMMS", "1")
     rt = setup.Runtime(0, 0, 1, torch.device("cpu"), precision="bf16", parallel="none", restart=0)
     cfg = config.TrainConfig(model="gpt")
-    assert setup.tuned_gemm_shapes(torch.nn.Linear(2, 2), rt, cfg) == 0
+    assert setup.tuned_gemm_shapes(torch.nn.Linear(2, 2), rt, cfg) is None
 
 
 @given(
@@ -209,7 +209,7 @@ def test_on_a_gpu_the_trainer_times_the_gpts_step_or_says_in_one_line_why_not(mo
         raise cublaslt.CublasLtError("libcublasLt is not loaded in this process (a CPU-only PyTorch?)")
 
     monkeypatch.setattr(cublaslt, "prepare", no_cublaslt)
-    assert setup.tuned_gemm_shapes(model, rt, cfg) == 0
+    assert setup.tuned_gemm_shapes(model, rt, cfg) is None
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "torchrig train: TORCHRIG_TUNED_GEMMS=1: PyTorch's GEMMs stay: libcublasLt is not loaded in this "
@@ -229,7 +229,7 @@ def test_on_a_gpu_the_trainer_times_the_gpts_step_or_says_in_one_line_why_not(mo
         other = setup.Runtime(
             0, 0, 1, torch.device("cuda"), precision=precision, parallel=parallel, restart=0
         )
-        assert setup.tuned_gemm_shapes(model, other, cfg) == 0
+        assert setup.tuned_gemm_shapes(model, other, cfg) is None
     assert setup.tuned_gemm_shapes(model, rt, cfg) == 1
     assert all(b.tuned_gemms for b in model.blocks) and ltgemm._state["active"]
     assert all(p.grad is None for p in model.parameters())  # the timing step leaves no gradient behind

@@ -26,7 +26,7 @@ from torchrig.train.record import (
 # the keys, in order, of summary.json (GPT: tokens_per_s)
 KEYS = [
     "steps", "resumed_from", "final_loss", "world_size", "precision", "parallel", "compile", "compile_mode",
-    "step_graph", "attention", "loss", "fp8", "ddp", "bf16_weight_copies", "fused_mlp_blocks", "gc_every", "on_nonfinite",
+    "step_graph", "attention", "loss", "fp8", "ddp", "bf16_weight_copies", "fused_mlp_blocks", "tuned_gemm_shapes", "gc_every", "on_nonfinite",
     "skipped_steps",
     "micro_batch", "grad_accum", "global_batch", "params", "device", "tokens_per_s", "mfu", "peak_tflops",
     "peak_source", "elapsed_s", "profile", "gpus",
@@ -115,7 +115,7 @@ def test_finish_builds_the_record_and_writes_what_it_returns(tmp_path):
     cfg = dataclasses.replace(TrainConfig(steps=30), out=str(tmp_path))
     job = types.SimpleNamespace(
         cfg=cfg, rt=Runtime(0, 0, 1, torch.device("cpu"), "fp32", "none", 0), global_batch=8, params=1000,
-        unit="tokens", flops_per_unit=6000.0, fp8_layers=[], weight_copies=0, fused_mlp_blocks=0, skipped=[], out=tmp_path,
+        unit="tokens", flops_per_unit=6000.0, fp8_layers=[], weight_copies=0, fused_mlp_blocks=0, tuned_gemm_shapes=None, skipped=[], out=tmp_path,
         late=None, step_graph=None,
     )  # fmt: skip
     clocks = TrainSummary.from_json(SUMMARY).gpus[0]  # type: ignore[index]

@@ -159,7 +159,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
     )
     model = build_model(cfg.model, cfg.size_info, context=cfg.context, vocab=vocab, num_classes=classes)
     model = model.to(rt.device)
-    fused_mlp_blocks = setup.gpt_kernels(model, rt, cfg)  # the fused loss and MLP, the timed GEMMs
+    fused_mlp_blocks, tuned_gemm_shapes = setup.gpt_kernels(model, rt, cfg)  # fused loss and MLP, timed GEMMs
     per_unit = flops_per_unit(model, cfg, rt.device)  # before wrapping: counts the plain module
     fp8_layers = setup.low_precision(model, rt, cfg)  # --precision fp8: Float8Linear layers, same parameters
     late = outside_ddp(model, rt, cfg)
@@ -189,6 +189,7 @@ def _build(cfg: TrainConfig, rt: Runtime) -> Job:
         fp8_layers=fp8_layers,
         weight_copies=setup.bf16_weight_copies(model, opt, rt, cfg),
         fused_mlp_blocks=fused_mlp_blocks,
+        tuned_gemm_shapes=tuned_gemm_shapes,
         nonfinite=NonFiniteWatch(rt.device),
     )
 

@@ -115,6 +115,7 @@ class TrainSummary:
     ddp: DdpSummary | None
     bf16_weight_copies: int | None
     fused_mlp_blocks: int | None  # TORCHRIG_FUSED_MLP=1: blocks whose GELU runs in GEMM epilogues
+    tuned_gemm_shapes: int | None  # TORCHRIG_TUNED_GEMMS: GEMM shapes on a faster cuBLASLt algorithm; None: not timed
     gc_every: int
     on_nonfinite: str
     skipped_steps: tuple[int, ...]  # --on-nonfinite skip: the steps skipped
@@ -157,6 +158,7 @@ class TrainSummary:
             raise RecordError(f"{where}: no tokens_per_s or images_per_s")
         rest = {k: v for k, v in data.items() if k != f"{unit}_per_s"}
         rest.setdefault("step_graph", False)  # summaries written before the step graph existed
+        rest.setdefault("tuned_gemm_shapes", None)  # and before the timed GEMMs
         try:
             return structure({**rest, "rate_per_s": data[f"{unit}_per_s"], "unit": unit}, cls, where)
         except RecordError as err:  # named as the file names it

@@ -279,15 +279,15 @@ def fused_loss(cfg: TrainConfig, rt: Runtime) -> bool:
     return cfg.loss == "fused" or (rt.device.type == "cuda" and rt.parallel != "fsdp")
 
 
-def gpt_kernels(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
+def gpt_kernels(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> tuple[int, int | None]:
     """The GPT's own kernels, in this order: the fused loss (``--loss``), the fused MLP
     (``TORCHRIG_FUSED_MLP``), then the timed GEMMs (``TORCHRIG_TUNED_GEMMS``), which time the fused MLP's
-    GEMMs too. Returns how many blocks run the fused MLP (0: none)."""
+    GEMMs too. Returns how many blocks run the fused MLP (0: none) and how many GEMM shapes run another
+    algorithm than PyTorch's (None: not timed)."""
     if fused_loss(cfg, rt):
         model.fused_loss = True  # type: ignore[assignment,unused-ignore]  # only with torch installed
     blocks = fused_mlp(model, rt, cfg.compile)
-    tuned_gemm_shapes(model, rt, cfg)
-    return blocks
+    return blocks, tuned_gemm_shapes(model, rt, cfg)
 
 
 def fused_mlp(model: nn.Module, rt: Runtime, compiled: bool) -> int:
@@ -322,20 +322,20 @@ def fused_mlp(model: nn.Module, rt: Runtime, compiled: bool) -> int:
     return len(blocks)
 
 
-def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
+def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int | None:
     """``TORCHRIG_TUNED_GEMMS`` (train/ltgemm.py): on one GPU under bf16, a GPT's GEMMs run the fastest of
     cuBLASLt's algorithms for their shape, timed now in one eager forward and backward at the run's
     micro-batch (before anything compiles; the gradients it leaves are cleared, the random state kept).
     ``auto`` (unset) does so where it was measured faster: compiled, on a Hopper GPU (compute capability 9.x;
     docs/results/training-speed.md); ``1`` wherever it can. Returns how many shapes got an algorithm other
-    than PyTorch's (0: off, or none was faster)."""
+    than PyTorch's (0: none was faster), None where nothing was timed."""
     choice = tuned_gemms()  # config.py's: a bad value was refused before the run folder was taken
     if not choice or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
-        return 0
+        return None
     if rt.parallel != "none":  # measured on one GPU only
-        return 0
+        return None
     if choice == "auto" and (not cfg.compile or torch.cuda.get_device_capability(rt.device)[0] != 9):
-        return 0
+        return None
     from torchrig.train import cublaslt, ltgemm
     from torchrig.train.models import Block
 
@@ -344,7 +344,7 @@ def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int:
         cublaslt.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
     except cublaslt.CublasLtError as e:
         print(f"torchrig train: {label}: PyTorch's GEMMs stay: {e}", file=sys.stderr)
-        return 0
+        return None
     ltgemm.enable()
     for m in model.modules():
         if isinstance(m, Block):

@@ -45,6 +45,7 @@ def finish(job: Job, metrics: Metrics, run: Run) -> TrainSummary:
         ddp=_ddp(job) if rt.parallel == "ddp" else None,
         bf16_weight_copies=job.weight_copies or None,
         fused_mlp_blocks=job.fused_mlp_blocks or None,
+        tuned_gemm_shapes=job.tuned_gemm_shapes,
         gc_every=cfg.gc_every,
         on_nonfinite=cfg.on_nonfinite,
         skipped_steps=tuple(job.skipped),
