@@ -52,7 +52,8 @@ class Job:
     fused_mlp_blocks: int = (
         0  # TORCHRIG_FUSED_MLP=1: GPT blocks with the GELU in GEMM epilogues (train/fusedmlp.py)
     )
-    tuned_gemm_shapes: int | None = None  # TORCHRIG_TUNED_GEMMS: shapes on another cuBLASLt algorithm (ltgemm)
+    # TORCHRIG_TUNED_GEMMS: GEMM shapes on another cuBLASLt algorithm (train/ltgemm.py); None: not timed
+    tuned_gemm_shapes: int | None = None
     nonfinite: NonFiniteWatch | None = None  # the first step whose loss or gradients were NaN/inf
     skipped: list[int] = dataclasses.field(default_factory=list)  # --on-nonfinite skip: the steps skipped
     skipped_in_a_row: int = 0

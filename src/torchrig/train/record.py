@@ -115,7 +115,7 @@ class TrainSummary:
     ddp: DdpSummary | None
     bf16_weight_copies: int | None
     fused_mlp_blocks: int | None  # TORCHRIG_FUSED_MLP=1: blocks whose GELU runs in GEMM epilogues
-    tuned_gemm_shapes: int | None  # TORCHRIG_TUNED_GEMMS: GEMM shapes on a faster cuBLASLt algorithm; None: not timed
+    tuned_gemm_shapes: int | None  # TORCHRIG_TUNED_GEMMS: shapes on a timed cuBLASLt algorithm
     gc_every: int
     on_nonfinite: str
     skipped_steps: tuple[int, ...]  # --on-nonfinite skip: the steps skipped
