@@ -74,7 +74,6 @@ LEVERS = {  # tag: (environment, torchrig options)
     "fmlpf": ({"TORCHRIG_FUSED_MLP": "plain"}, []),
     "fmlpt": ({"TORCHRIG_FUSED_MLP": "triton"}, []),
     "ltg": ({"TORCHRIG_TUNED_GEMMS": "1"}, []),
-    "noltg": ({"TORCHRIG_TUNED_GEMMS": "0"}, []),  # the default before the timed GEMMs' auto (2026-12-07)
     "fa": ({}, ["--attention", "flash"]),
     "nosg": ({}, ["--step-graph", "off"]),
     "med": ({}, ["--size", "medium"]),

@@ -328,18 +328,17 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def tuned_gemms() -> str:
-    """``TORCHRIG_TUNED_GEMMS`` (train/ltgemm.py): the GPT's GEMMs by the fastest of cuBLASLt's algorithms,
-    timed at start. ``auto`` when unset or auto (on where it was measured faster: setup.tuned_gemm_shapes),
-    ``1`` wherever it can run, "" for 0 (PyTorch's GEMMs). Any other value is a UsageError, checked (without
-    torch) before the run folder is taken."""
-    value = os.environ.get("TORCHRIG_TUNED_GEMMS", "auto").strip()
-    if value not in ("", "auto", "0", "1"):
+def tuned_gemms() -> bool:
+    """``TORCHRIG_TUNED_GEMMS=1`` (train/ltgemm.py, a speed lever under measurement): the GPT's GEMMs by the
+    fastest of cuBLASLt's algorithms, timed at start; unset or 0: PyTorch's. Any other value is a UsageError,
+    checked (without torch) before the run folder is taken."""
+    value = os.environ.get("TORCHRIG_TUNED_GEMMS", "0").strip()
+    if value not in ("", "0", "1"):
         raise UsageError(
-            f"TORCHRIG_TUNED_GEMMS={value!r} is not auto, 0 or 1",
-            hint="unset it (auto), set it to 0 (PyTorch's GEMMs) or 1 (time cuBLASLt's algorithms on any GPU)",
+            f"TORCHRIG_TUNED_GEMMS={value!r} is not 0 or 1",
+            hint="unset it (PyTorch's GEMMs) or set it to 1 (time cuBLASLt's algorithms at start)",
         )
-    return "" if value == "0" else value or "auto"
+    return value == "1"
 
 
 def fused_mlp_backward() -> str:

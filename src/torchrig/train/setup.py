@@ -326,20 +326,16 @@ def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int | 
     """``TORCHRIG_TUNED_GEMMS`` (train/ltgemm.py): on one GPU under bf16, a GPT's GEMMs run the fastest of
     cuBLASLt's algorithms for their shape, timed now in one eager forward and backward at the run's
     micro-batch (before anything compiles; the gradients it leaves are cleared, the random state kept).
-    ``auto`` (unset) does so where it was measured faster: compiled, on a Hopper GPU (compute capability 9.x;
-    docs/results/training-speed.md); ``1`` wherever it can. Returns how many shapes got an algorithm other
-    than PyTorch's (0: none was faster), None where nothing was timed."""
-    choice = tuned_gemms()  # config.py's: a bad value was refused before the run folder was taken
-    if not choice or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
+    Returns how many shapes got an algorithm other than PyTorch's (0: none was faster), None where nothing
+    was timed (off: the default, until measured on a GPU)."""
+    if not tuned_gemms() or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
         return None
     if rt.parallel != "none":  # measured on one GPU only
-        return None
-    if choice == "auto" and (not cfg.compile or torch.cuda.get_device_capability(rt.device)[0] != 9):
         return None
     from torchrig.train import cublaslt, ltgemm
     from torchrig.train.models import Block
 
-    label = f"TORCHRIG_TUNED_GEMMS={choice}"
+    label = "TORCHRIG_TUNED_GEMMS=1"
     try:
         cublaslt.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
     except cublaslt.CublasLtError as e:
