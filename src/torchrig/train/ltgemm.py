@@ -1,7 +1,8 @@
 """The GPT's GEMMs by the fastest of cuBLASLt's algorithms for their shape, chosen by timing on this GPU.
 
-``TORCHRIG_TUNED_GEMMS=1`` (a speed lever under measurement, tools/gpu/train_levers.py's ``ltg``). PyTorch
-calls cuBLAS, which takes its heuristic's first algorithm for each shape; the heuristic offers several
+``TORCHRIG_TUNED_GEMMS=1`` (off by default: measured slower in the compiled step, docs/results/training-speed.md;
+tools/gpu/train_levers.py's ``ltg``). PyTorch calls cuBLAS, which takes its heuristic's first algorithm for
+each shape; the heuristic offers several
 (``cublasLtMatmulAlgoGetHeuristic``), and for some of a training step's shapes a later one may be faster
 (tools/gpu/gemm_algos.py times them all). Before the first compiled step the trainer runs one eager forward
 and backward of the model at the run's micro-batch (``tune_model``): every GEMM that goes through ``mm`` is met
