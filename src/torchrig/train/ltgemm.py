@@ -2,9 +2,8 @@
 
 ``TORCHRIG_TUNED_GEMMS=1`` (off by default: measured slower in the compiled step, docs/results/training-speed.md;
 tools/gpu/train_levers.py's ``ltg``). PyTorch calls cuBLAS, which takes its heuristic's first algorithm for
-each shape; the heuristic offers several
-(``cublasLtMatmulAlgoGetHeuristic``), and for some of a training step's shapes a later one may be faster
-(tools/gpu/gemm_algos.py times them all). Before the first compiled step the trainer runs one eager forward
+each shape; the heuristic offers several (``cublasLtMatmulAlgoGetHeuristic``), and for some of a training
+step's shapes a later one may be faster (tools/gpu/gemm_algos.py times them all). Before the first compiled step the trainer runs one eager forward
 and backward of the model at the run's micro-batch (``tune_model``): every GEMM that goes through ``mm`` is met
 there with its real shape and layout, and is timed, PyTorch's own call against each of the heuristic's
 algorithms (``TUNE_ALGOS``) on the same operands. A cuBLASLt algorithm is kept for that shape only where it

@@ -323,11 +323,11 @@ def fused_mlp(model: nn.Module, rt: Runtime, compiled: bool) -> int:
 
 
 def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int | None:
-    """``TORCHRIG_TUNED_GEMMS`` (train/ltgemm.py): on one GPU under bf16, a GPT's GEMMs run the fastest of
+    """``TORCHRIG_TUNED_GEMMS=1`` (train/ltgemm.py): on one GPU under bf16, a GPT's GEMMs run the fastest of
     cuBLASLt's algorithms for their shape, timed now in one eager forward and backward at the run's
     micro-batch (before anything compiles; the gradients it leaves are cleared, the random state kept).
-    Returns how many shapes got an algorithm other than PyTorch's (0: none was faster), None where nothing
-    was timed (off: the default, until measured on a GPU)."""
+    Off by default: slower in the compiled step (docs/results/training-speed.md). Returns how many shapes got
+    an algorithm other than PyTorch's (0: none was faster), None where nothing was timed."""
     if not tuned_gemms() or cfg.model != "gpt" or rt.device.type != "cuda" or rt.precision != "bf16":
         return None
     if rt.parallel != "none":  # measured on one GPU only
@@ -335,11 +335,10 @@ def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int | 
     from torchrig.train import cublaslt, ltgemm
     from torchrig.train.models import Block
 
-    label = "TORCHRIG_TUNED_GEMMS=1"
     try:
         cublaslt.prepare(rt.device)  # before the first compiled step: see cublaslt.prepare
     except cublaslt.CublasLtError as e:
-        print(f"torchrig train: {label}: PyTorch's GEMMs stay: {e}", file=sys.stderr)
+        print(f"torchrig train: TORCHRIG_TUNED_GEMMS=1: PyTorch's GEMMs stay: {e}", file=sys.stderr)
         return None
     ltgemm.enable()
     for m in model.modules():
@@ -355,7 +354,7 @@ def tuned_gemm_shapes(model: nn.Module, rt: Runtime, cfg: TrainConfig) -> int | 
 
     tuned = ltgemm.tune_model(one_step)
     model.zero_grad(set_to_none=True)
-    print(f"torchrig train: {label}: {tuned.line()}", file=sys.stderr)
+    print(f"torchrig train: TORCHRIG_TUNED_GEMMS=1: {tuned.line()}", file=sys.stderr)
     return tuned.chosen
 
 
