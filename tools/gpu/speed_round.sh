@@ -19,7 +19,9 @@
 #     GEMM_MBS ("16 64");
 #   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
 #     without a roofline, the Triton backward).
-# Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/.
+# Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/; at the end
+# $OUT/inductor-code.tgz holds the Python modules Inductor wrote (its Triton kernels' source, by the names
+# the profiles print).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor-cache}"
@@ -71,3 +73,6 @@ export RUNS="${RUNS:-$runs}" BUDGET_S=$((rem - 75)) DEADLINE_S=$((rem - 25))
 echo "== levers: RUNS=\"$RUNS\" BUDGET_S=$BUDGET_S DEADLINE_S=$DEADLINE_S"
 bash tools/gpu/train_levers.sh >"$out/levers.txt" 2>&1
 echo "== levers rc=$? at $(( $(date +%s) - start ))s"; tail -c 5000 "$out/levers.txt"
+find "$TORCHINDUCTOR_CACHE_DIR" -name '*.py' -size -4M -print0 2>/dev/null |
+  tar czf "$out/inductor-code.tgz" --null -T - 2>/dev/null
+echo "== inductor code: $(du -h "$out/inductor-code.tgz" 2>/dev/null | cut -f1)"

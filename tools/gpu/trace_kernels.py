@@ -8,14 +8,15 @@ usage: python3 tools/gpu/trace_kernels.py RUN/profile/rank0.trace.json.gz OUT.js
 import gzip
 import json
 import sys
+from pathlib import Path
 
-sys.path.insert(0, "src")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from torchrig.train.profile import DEVICE_CATEGORIES, read_trace
 
 src, dst = sys.argv[1], sys.argv[2]
 keep = [
     {k: e[k] for k in ("ph", "cat", "name", "ts", "dur") if k in e}
-    for e in read_trace(__import__("pathlib").Path(src))
+    for e in read_trace(Path(src))
     if e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATEGORIES
 ]
 meta = {"source": src}

@@ -10,6 +10,8 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   tma    mag, and Inductor's persistent TMA matmul templates (Hopper's bulk tensor copies) among the choices
   mixs   TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE=1: autotuned split of the LayerNorm
          backward's fused row/column reductions
+  nomix  TORCHINDUCTOR_MIX_ORDER_REDUCTION=0: no mix-order reduction (the LayerNorm backward's row and
+         column sums in separate kernels, as before torch 2.10)
   combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
   aggr   TORCHRIG_INDUCTOR_CONFIG=aggressive_fusion=1: Inductor fuses kernels even without common reads
   bfus   TORCHRIG_INDUCTOR_CONFIG=benchmark_fusion=1: Inductor times each fusion it may make, keeps the faster
@@ -31,7 +33,8 @@ of the same size (`cg+med`): the baseline script is GPT-2 small only, so they ha
 e.g. `w16+pdl+tune@64`. Every distinct item is first compiled (3 steps, several at once, Inductor's cache in
 TORCHINDUCTOR_CACHE_DIR), then the timed runs go one at a time in RUNS's order; a run that would start past
 BUDGET_S seconds is skipped. A RUNS item written `prof:ITEM` is a profiled run at that place in the order
-(PROFILE's items run after all of RUNS). After every run $OUT/train_levers/summary.txt (the table, the loss curves) and
+(PROFILE's items run after all of RUNS); its device events (every kernel, copy and memset of the profiled steps,
+tools/gpu/trace_kernels.py's form) go to $OUT/train_levers/NAME-kernels.json.gz. After every run $OUT/train_levers/summary.txt (the table, the loss curves) and
 results.json are rewritten, so a call cut short still returns what ran. The torchrig runs train on
 --data generated with the same seed; each curve (mean loss per 5 steps) is compared with `cg`'s at the same
 micro-batch. The baseline trains on one fixed random batch, so its loss is not on the same data.
@@ -61,6 +64,7 @@ LEVERS = {  # tag: (environment, torchrig options)
         [],
     ),
     "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
+    "nomix": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION": "0"}, []),
     "plain": ({}, ["--loss", "plain"]),
     "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
     "aggr": ({"TORCHRIG_INDUCTOR_CONFIG": "aggressive_fusion=1"}, []),
@@ -279,6 +283,10 @@ def main() -> int:
         notes = [x for x in (stderr or "").splitlines() if x.startswith("torchrig train: TORCHRIG_")]
         if notes:
             row["notes"] = notes[-3:]
+        if prof:
+            kept = keep_kernels(work / f"run-{name}", out / f"{name}-kernels.json.gz")
+            if kept:
+                say(f"{name}: {kept}")
         results.append(row)
         say(f"{name}: rc={rc} {row.get('tokens_per_s')} tok/s MFU {row.get('mfu')} ({row['wall_s']}s)")
         for x in notes[-3:]:
@@ -288,6 +296,21 @@ def main() -> int:
     write(out, results, budget)
     print((out / "summary.txt").read_text())
     return 0
+
+
+def keep_kernels(run_dir: Path, dst: Path) -> str | None:
+    """A profiled run's device events (kernels, copies, memsets: name, start, duration) as a small file, so
+    that every kernel's time, not only the top 15, comes back from the GPU machine."""
+    src = run_dir / "profile" / "rank0.trace.json.gz"
+    if not src.is_file():
+        return None
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("trace_kernels.py")), str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return (r.stdout or r.stderr).strip().splitlines()[-1] if (r.stdout or r.stderr).strip() else None
 
 
 def text(b: bytes | str | None) -> str:
