@@ -10,6 +10,8 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   tma    mag, and Inductor's persistent TMA matmul templates (Hopper's bulk tensor copies) among the choices
   mixs   TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE=1: autotuned split of the LayerNorm
          backward's fused row/column reductions
+  bk     TORCHINDUCTOR_BENCHMARK_KERNEL=1: the default's kernels, each with Inductor's estimate of the bytes it
+         moves (`kernel_num_gb` in the code that speed_round.sh brings back): for a profiled run (`prof:bk`)
   nomix  TORCHINDUCTOR_MIX_ORDER_REDUCTION=0: no mix-order reduction (the LayerNorm backward's row and
          column sums in separate kernels, as before torch 2.10)
   combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
@@ -65,6 +67,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     ),
     "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
     "nomix": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION": "0"}, []),
+    "bk": ({"TORCHINDUCTOR_BENCHMARK_KERNEL": "1"}, []),
     "plain": ({}, ["--loss", "plain"]),
     "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
     "aggr": ({"TORCHRIG_INDUCTOR_CONFIG": "aggressive_fusion=1"}, []),
