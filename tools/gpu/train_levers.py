@@ -13,7 +13,7 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   bk     TORCHINDUCTOR_BENCHMARK_KERNEL=1: the default's kernels, each with Inductor's estimate of the bytes it
          moves (`kernel_num_gb` in the code that speed_round.sh brings back): for a profiled run (`prof:bk`)
   nomix  TORCHINDUCTOR_MIX_ORDER_REDUCTION=0: no mix-order reduction (the LayerNorm backward's row and
-         column sums in separate kernels, as before torch 2.10)
+         column sums in separate kernels)
   combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
   aggr   TORCHRIG_INDUCTOR_CONFIG=aggressive_fusion=1: Inductor fuses kernels even without common reads
   bfus   TORCHRIG_INDUCTOR_CONFIG=benchmark_fusion=1: Inductor times each fusion it may make, keeps the faster
