@@ -7,6 +7,7 @@
 #      (tools/gpu/lt_epilogue_bench.py 16 64);
 #   3. the fused loss's row kernel by each autotuning choice (tools/gpu/loss_bench.py 16 64);
 #   3b. with GEMMS=1, each GEMM of the step by every cuBLASLt algorithm against PyTorch's (tools/gpu/gemm_algos.py);
+#   3c. with FLOOR=1, the step's GEMMs and attention alone in CUDA graphs at the power limit (tools/gpu/step_floor.py);
 #   4. the timed runs, alternating (tools/gpu/train_levers.sh), with the time that is left.
 # Usage (repository root, the baseline carried as .baselines/gpt_ddp.py):
 #   OUT=/some/dir bash tools/gpu/speed_round.sh
@@ -16,7 +17,7 @@
 #   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
 #     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
 #   EPILOGUES (1): 0 skips part 2; LOSS (1): 0 skips part 3; GEMMS (0): 1 runs part 3b at the micro-batches
-#     GEMM_MBS ("16 64");
+#     GEMM_MBS ("16 64"); FLOOR (0): 1 runs part 3c at the micro-batches FLOOR_MBS ("16"), SECONDS_EACH (8) a graph;
 #   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
 #     without a roofline, the Triton backward).
 # Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/; at the end
@@ -66,6 +67,11 @@ if [ "${GEMMS:-0}" = 1 ]; then
 for l in open(sys.argv[1]):
     if not l.startswith("{"): continue
     r = json.loads(l); r.pop("by_algo", None); print(json.dumps(r))' "$out/gemms.txt" | tail -n 30
+fi
+if [ "${FLOOR:-0}" = 1 ]; then
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "${FLOOR_S:-120}" \
+    python3 tools/gpu/step_floor.py ${FLOOR_MBS:-16} >"$out/floor.txt" 2>&1
+  echo "== floor rc=$? at $(( $(date +%s) - start ))s"; tail -n 12 "$out/floor.txt"
 fi
 rem=$(left)
 [ "$roof" = 1 ] && runs="base cg nofmlp base cg nofmlp" || runs="base cg nofmlp fmlpt base cg nofmlp fmlpt"
