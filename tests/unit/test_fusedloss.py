@@ -101,6 +101,14 @@ def test_the_triton_kernel_runs_only_where_triton_compiles(monkeypatch):
     assert not fusedloss.triton_runs_on((9, 0))
 
 
+def test_the_row_kernels_grid_is_one_program_a_row_or_a_few_an_sm():
+    grid = fusedloss.grid(16384, 132)
+    assert grid({"PER_SM": 0}) == (16384,)  # one program a row
+    assert grid({"PER_SM": 2}) == (264,)  # persistent: 2 programs an SM, each loops over rows
+    assert fusedloss.grid(100, 132)({"PER_SM": 4}) == (100,)  # never more programs than rows
+    assert fusedloss.grid(0, 132)({"PER_SM": 1}) == (1,)
+
+
 CE_KERNEL_CHECK = r"""
 import sys, torch
 from torchrig.train import fusedloss as fl
@@ -110,10 +118,14 @@ for rows, cols, block in ((5, 997, 256), (3, 4096, 1024), (4, 300, 512), (3, 500
     targets = torch.randint(0, cols, (rows,), generator=g)
     targets[1] = fl.IGNORE_INDEX
     ref_loss, ref_grad = fl._rows_reference(logits, targets, fl.IGNORE_INDEX)
-    grad, loss = torch.empty_like(logits), torch.empty(rows)
-    fl._ce_rows_kernel.fn[(rows,)](logits, grad, targets, loss, logits.stride(0), cols, fl.IGNORE_INDEX, BLOCK=block)
-    if not (torch.allclose(loss, ref_loss, atol=1e-5) and torch.allclose(grad, ref_grad, atol=1e-6)):
-        sys.exit(f"{rows}x{cols} block {block}: loss {(loss - ref_loss).abs().max()}, grad {(grad - ref_grad).abs().max()}")
+    # one program a row; a persistent grid smaller than the rows (each program loops), with L2 hints
+    for programs, first, last in ((rows, "", ""), (2, "evict_last", "evict_first"), (1, "", "")):
+        grad, loss = torch.full_like(logits, float("nan")), torch.full((rows,), float("nan"))
+        fl._ce_rows_kernel.fn[(programs,)](logits, grad, targets, loss, logits.stride(0), cols, fl.IGNORE_INDEX,
+                                           rows, BLOCK=block, PER_SM=1, FIRST=first, LAST=last)
+        if not (torch.allclose(loss, ref_loss, atol=1e-5) and torch.allclose(grad, ref_grad, atol=1e-6)):
+            sys.exit(f"{rows}x{cols} block {block}, {programs} programs: loss {(loss - ref_loss).abs().max()}, "
+                     f"grad {(grad - ref_grad).abs().max()}")
 print("ok")
 """
 
@@ -121,7 +133,8 @@ print("ok")
 @pytest.mark.skipif(fusedloss.triton is None, reason="needs Triton (its CPU interpreter)")
 def test_the_triton_kernel_under_its_interpreter_is_the_reference():
     """The kernel itself (not its PyTorch reference) on the CPU, several blocks a row and a ragged last block,
-    an ignored target: its losses and its softmax - onehot rows are the reference's."""
+    an ignored target, one program a row or fewer programs than rows (the persistent grid, each program
+    looping): its losses and its softmax - onehot rows are the reference's, every row written."""
     import os
     import subprocess
     import sys

@@ -7,7 +7,7 @@ micro-batch 16 (docs/results/training-speed.md); it is no longer among the choic
 Run on the GPU machine (repository root): `python3 tools/gpu/loss_bench.py [MICRO_BATCH ...]` (16 when none
 is given). For GPT-2's head (vocabulary 50,304, seq 1024) at each micro-batch: bf16 logits, one target in
 17 ignored, then
-1. each configuration of `_ce_rows_kernel` (block, warps) called directly: ms per call (CUDA events, median
+1. each configuration of `_ce_rows_kernel` (block, warps, programs an SM, L2 hints) called directly: ms per call (CUDA events, median
    of 7 repeats of 20 calls), GB/s for the bytes one pass must move (the logits read once, their gradient
    written once), and its rows against the PyTorch reference (largest difference);
 2. `ce_rows` as training calls it, with the autotuner's pick.
@@ -38,15 +38,19 @@ def one(mb: int) -> dict:
     logits = (4 * torch.randn(rows, VOCAB, device="cuda", generator=g)).to(torch.bfloat16)
     targets = torch.randint(0, VOCAB, (rows,), device="cuda", generator=g)
     targets[::17] = fl.IGNORE_INDEX
-    ref_loss, ref_grad = fl._rows_reference(logits[:512], targets[:512], fl.IGNORE_INDEX)
+    # the first and the last 256 rows: a persistent grid's programs reach the last rows on their last loop
+    check = torch.cat([torch.arange(256), torch.arange(rows - 256, rows)]).cuda()
+    ref_loss, ref_grad = fl._rows_reference(logits[check], targets[check], fl.IGNORE_INDEX)
     ideal_gb = 2 * logits.numel() * logits.element_size() / 1e9
     grad, loss = torch.empty_like(logits), torch.empty(rows, dtype=torch.float32, device="cuda")
     configs = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cfg in fl._ce_rows_kernel.configs:
-        block, warps = cfg.kwargs["BLOCK"], cfg.num_warps
+        kw, warps = cfg.kwargs, cfg.num_warps
+        block, per_sm, hints = kw["BLOCK"], kw["PER_SM"], bool(kw["FIRST"] or kw["LAST"])
 
-        def call(block=block, warps=warps) -> None:
-            fl._ce_rows_kernel.fn[(rows,)](
+        def call(kw=kw, warps=warps) -> None:
+            fl._ce_rows_kernel.fn[fl.grid(rows, sms)(kw)](
                 logits,
                 grad,
                 targets,
@@ -54,28 +58,41 @@ def one(mb: int) -> dict:
                 logits.stride(0),
                 VOCAB,
                 fl.IGNORE_INDEX,
-                BLOCK=block,
+                rows,
                 num_warps=warps,
+                **kw,
             )
 
+        grad.fill_(float("nan"))  # a row a configuration never writes shows as nan below
+        loss.fill_(float("nan"))
         try:
             ms = timed(call, calls=20)
         except Exception as e:  # a configuration the GPU cannot run is a result too
-            configs.append({"block": block, "warps": warps, "error": f"{type(e).__name__}: {e}"[:300]})
+            configs.append(
+                {"block": block, "warps": warps, "per_sm": per_sm, "error": f"{type(e).__name__}: {e}"[:300]}
+            )
             continue
         row = {
             "block": block,
             "warps": warps,
+            "per_sm": per_sm,  # 0: one program a row; else a persistent grid of per_sm programs an SM
+            "l2_hints": hints,
             "ms": round(ms, 4),
             "effective_gb_s": round(ideal_gb / ms * 1e3),
-            "loss_diff": float((loss[:512] - ref_loss).abs().max()),
-            "grad_diff": float((grad[:512].float() - ref_grad.float()).abs().max()),
+            "loss_diff": float((loss[check] - ref_loss).abs().max()),
+            "grad_diff": float((grad[check].float() - ref_grad.float()).abs().max()),
         }
         configs.append(row)
         print(json.dumps({"micro_batch": mb, **row}), flush=True)
     ms = timed(lambda: fl.ce_rows(logits, targets, fl.IGNORE_INDEX), calls=20)
     best = fl._ce_rows_kernel.best_config
-    picked = {"block": best.kwargs["BLOCK"], "warps": best.num_warps, "ms": round(ms, 4)}
+    picked = {
+        "block": best.kwargs["BLOCK"],
+        "warps": best.num_warps,
+        "per_sm": best.kwargs["PER_SM"],
+        "l2_hints": bool(best.kwargs["FIRST"] or best.kwargs["LAST"]),
+        "ms": round(ms, 4),
+    }
     fastest = min((c for c in configs if "ms" in c), key=lambda c: c["ms"], default=None)
     return {
         "micro_batch": mb,

@@ -55,16 +55,34 @@ if triton is not None:
     # Block width and warps tuned per vocabulary size on the GPU at the first call (a compiled step's warm-up
     # run, before CUDA graphs record it); Liger-Kernel's fixed choice is 32768 columns and 32 warps. On 1x H200
     # the smallest blocks were the fastest (4096 columns: 1.17 ms at GPT-2's micro-batch 16, 32768: 1.55 ms);
-    # the whole row in one block, kept in registers for the gradient (one read instead of two), took 1.83 ms:
-    # the second read comes from L2 (tools/gpu/loss_bench.py, docs/results/training-speed.md).
+    # the whole row in one block, kept in registers for the gradient (one read instead of two), took 1.83 ms
+    # (tools/gpu/loss_bench.py, docs/results/training-speed.md).
+    # The second read of a row should come from L2, but with one program per row the GPU keeps about a
+    # thousand rows in flight (8 programs an SM), 100 KB of logits and 100 KB of gradient each at GPT-2's
+    # vocabulary: far more than the 50 MB L2, so much of the second read goes to memory again (1.17 ms is
+    # 2.8 TB/s for the bytes one pass must move, of the H200's 4.8). PER_SM > 0 runs a persistent grid of
+    # PER_SM programs an SM, each looping over rows, so only that many rows are in flight; FIRST and LAST
+    # are L2 eviction policies: keep the first read (evict_last), stream the second and the gradient
+    # (evict_first). The autotuner keeps whichever configuration is fastest on the card.
+    _L2, _NO_L2 = {"FIRST": "evict_last", "LAST": "evict_first"}, {"FIRST": "", "LAST": ""}
+
     @triton.autotune(
         configs=[
-            triton.Config({"BLOCK": 2048}, num_warps=4),
-            triton.Config({"BLOCK": 4096}, num_warps=4),
-            triton.Config({"BLOCK": 4096}, num_warps=8),
-            triton.Config({"BLOCK": 8192}, num_warps=16),
-            triton.Config({"BLOCK": 16384}, num_warps=16),
-            triton.Config({"BLOCK": 32768}, num_warps=32),
+            triton.Config({"BLOCK": 2048, "PER_SM": 0, **_NO_L2}, num_warps=4),
+            triton.Config({"BLOCK": 4096, "PER_SM": 0, **_NO_L2}, num_warps=4),
+            triton.Config({"BLOCK": 4096, "PER_SM": 0, **_NO_L2}, num_warps=8),
+            triton.Config({"BLOCK": 8192, "PER_SM": 0, **_NO_L2}, num_warps=16),
+            triton.Config({"BLOCK": 16384, "PER_SM": 0, **_NO_L2}, num_warps=16),
+            triton.Config({"BLOCK": 32768, "PER_SM": 0, **_NO_L2}, num_warps=32),
+            triton.Config({"BLOCK": 4096, "PER_SM": 0, **_L2}, num_warps=8),
+            triton.Config({"BLOCK": 4096, "PER_SM": 1, **_L2}, num_warps=8),
+            triton.Config({"BLOCK": 4096, "PER_SM": 2, **_L2}, num_warps=8),
+            triton.Config({"BLOCK": 4096, "PER_SM": 4, **_L2}, num_warps=8),
+            triton.Config({"BLOCK": 4096, "PER_SM": 2, **_NO_L2}, num_warps=8),
+            triton.Config({"BLOCK": 8192, "PER_SM": 1, **_L2}, num_warps=16),
+            triton.Config({"BLOCK": 8192, "PER_SM": 2, **_L2}, num_warps=16),
+            triton.Config({"BLOCK": 2048, "PER_SM": 4, **_L2}, num_warps=4),
+            triton.Config({"BLOCK": 2048, "PER_SM": 8, **_L2}, num_warps=4),
         ],
         key=["n_cols"],
     )
@@ -77,34 +95,45 @@ if triton is not None:
         stride,
         n_cols,
         ignore_index,
+        n_rows,
         BLOCK: tl.constexpr,
+        PER_SM: tl.constexpr,  # only the grid depends on it (grid(), below)
+        FIRST: tl.constexpr,  # the first read's L2 eviction policy ("" = the default)
+        LAST: tl.constexpr,  # the second read's and the gradient's
     ):
-        row = tl.program_id(0).to(tl.int64)
-        src = logits_ptr + row * stride
-        dst = grad_ptr + row * stride
-        target = tl.load(targets_ptr + row)
-        # pass 1: the row's maximum and sum of exponentials, online (one read of the row)
-        m = tl.full([], float("-inf"), tl.float32)
-        d = tl.zeros([], tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            x = tl.load(src + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
-        lse = m + tl.log(d)
-        valid = target != ignore_index
-        picked = tl.load(src + target, mask=valid, other=0.0).to(tl.float32)
-        tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
-        # pass 2: softmax - onehot, written once (the row was just read: it comes from L2)
-        keep = tl.where(valid, 1.0, 0.0)
-        for start in range(0, n_cols, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < n_cols
-            x = tl.load(src + cols, mask=mask, other=float("-inf")).to(tl.float32)
-            p = tl.exp(x - lse)
-            p = tl.where(cols == target, p - 1.0, p) * keep
-            tl.store(dst + cols, p.to(dst.dtype.element_ty), mask=mask)
+        for i in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+            row = tl.cast(i, tl.int64)  # row * stride passes 2**31 at micro-batch 64
+            src = logits_ptr + row * stride
+            dst = grad_ptr + row * stride
+            target = tl.load(targets_ptr + row)
+            # pass 1: the row's maximum and sum of exponentials, online (one read of the row)
+            m = tl.full([], float("-inf"), tl.float32)
+            d = tl.zeros([], tl.float32)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                x = tl.load(src + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy=FIRST)
+                x = x.to(tl.float32)
+                m_new = tl.maximum(m, tl.max(x, axis=0))
+                d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+                m = m_new
+            lse = m + tl.log(d)
+            valid = target != ignore_index
+            picked = tl.load(src + target, mask=valid, other=0.0).to(tl.float32)
+            tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
+            # pass 2: softmax - onehot, written once (the row was just read: from L2 where it stayed)
+            keep = tl.where(valid, 1.0, 0.0)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                mask = cols < n_cols
+                x = tl.load(src + cols, mask=mask, other=float("-inf"), eviction_policy=LAST).to(tl.float32)
+                p = tl.exp(x - lse)
+                p = tl.where(cols == target, p - 1.0, p) * keep
+                tl.store(dst + cols, p.to(dst.dtype.element_ty), mask=mask, eviction_policy=LAST)
+
+
+def grid(rows: int, sms: int):
+    """The row kernel's launch grid for a configuration: one program per row, or PER_SM programs an SM."""
+    return lambda meta: (rows if not meta["PER_SM"] else max(1, min(rows, sms * meta["PER_SM"])),)
 
 
 # Triton compiles for compute capability 7.0 and newer; on older GPUs (Pascal, Maxwell) the operator runs its
@@ -145,7 +174,8 @@ def _ce_rows_cuda(
     rows, cols = logits.shape
     grad = torch.empty_like(logits)
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    _ce_rows_kernel[(rows,)](logits, grad, targets, loss, logits.stride(0), cols, ignore_index)
+    sms = torch.cuda.get_device_properties(logits.device).multi_processor_count
+    _ce_rows_kernel[grid(rows, sms)](logits, grad, targets, loss, logits.stride(0), cols, ignore_index, rows)
     return loss, grad
 
 
