@@ -98,3 +98,32 @@ def test_inductor_settings(monkeypatch) -> None:
     for bad in ("no_such_entry=1", "combo_kernels", "triton.no_such=1"):
         with pytest.raises(UsageError, match="TORCHRIG_INDUCTOR_CONFIG"):
             inductor_settings(bad)
+
+
+def test_mix_order_reduction_is_turned_off_on_hopper_only_unless_the_user_chose(monkeypatch) -> None:
+    import torch._inductor.config as c
+
+    from torchrig.train import setup
+
+    monkeypatch.delenv("TORCHINDUCTOR_MIX_ORDER_REDUCTION", raising=False)
+    monkeypatch.setattr(c.triton, "mix_order_reduction", True)
+    cuda = torch.device("cuda", 0)
+    capability = {"cc": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability["cc"])
+    assert setup.mix_order_reduction_off(cuda)
+    assert not setup.mix_order_reduction_off(torch.device("cpu"))
+    capability["cc"] = (8, 0)  # A100: not measured, Inductor's default stays
+    assert not setup.mix_order_reduction_off(cuda)
+    capability["cc"] = (9, 0)
+    monkeypatch.setenv("TORCHINDUCTOR_MIX_ORDER_REDUCTION", "1")  # the user's word wins
+    assert not setup.mix_order_reduction_off(cuda)
+    monkeypatch.delenv("TORCHINDUCTOR_MIX_ORDER_REDUCTION")
+
+    setup._compile_settings(TrainConfig(compile=False), cuda)  # no compile: nothing is touched
+    assert c.triton.mix_order_reduction is True
+    setup._compile_settings(TrainConfig(compile=True), cuda)
+    assert c.triton.mix_order_reduction is False
+    c.triton.mix_order_reduction = True
+    monkeypatch.setenv("TORCHRIG_INDUCTOR_CONFIG", "triton.mix_order_reduction=1")  # applied last
+    setup._compile_settings(TrainConfig(compile=True), cuda)
+    assert c.triton.mix_order_reduction is True

@@ -13,7 +13,9 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   bk     TORCHINDUCTOR_BENCHMARK_KERNEL=1: the default's kernels, each with Inductor's estimate of the bytes it
          moves (`kernel_num_gb` in the code that speed_round.sh brings back): for a profiled run (`prof:bk`)
   nomix  TORCHINDUCTOR_MIX_ORDER_REDUCTION=0: no mix-order reduction (the LayerNorm backward's row and
-         column sums in separate kernels)
+         column sums in separate kernels; the trainer's default on Hopper GPUs)
+  mix    TORCHINDUCTOR_MIX_ORDER_REDUCTION=1: Inductor's mix-order reduction on (its own default; the
+         trainer's before it turned it off on Hopper)
   combo  TORCHRIG_INDUCTOR_CONFIG=combo_kernels=1,benchmark_combo_kernel=1: Inductor's combo kernels
   aggr   TORCHRIG_INDUCTOR_CONFIG=aggressive_fusion=1: Inductor fuses kernels even without common reads
   bfus   TORCHRIG_INDUCTOR_CONFIG=benchmark_fusion=1: Inductor times each fusion it may make, keeps the faster
@@ -67,6 +69,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     ),
     "mixs": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION_AUTOTUNE_SPLIT_SIZE": "1"}, []),
     "nomix": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION": "0"}, []),
+    "mix": ({"TORCHINDUCTOR_MIX_ORDER_REDUCTION": "1"}, []),
     "bk": ({"TORCHINDUCTOR_BENCHMARK_KERNEL": "1"}, []),
     "plain": ({}, ["--loss", "plain"]),
     "combo": ({"TORCHRIG_INDUCTOR_CONFIG": "combo_kernels=1,benchmark_combo_kernel=1"}, []),
