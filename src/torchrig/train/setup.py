@@ -115,7 +115,7 @@ def mix_order_reduction_off(device: Any) -> bool:
 
     The mix-order reduction computes the LayerNorm backward's row sums and its weight/bias column sums in
     one kernel. On an H100 (torch 2.11, GPT-2 small, micro-batch 16) the step with separate kernels ran
-    1.3-1.5 % faster in three pairs of runs, its loss within 0.0003 of the fused kernel's
+    1.3-1.4 % faster in three pairs of runs, its loss within 0.0003 of the fused kernel's
     (docs/results/training-speed.md)."""
     if "TORCHINDUCTOR_MIX_ORDER_REDUCTION" in os.environ or getattr(device, "type", None) != "cuda":
         return False
