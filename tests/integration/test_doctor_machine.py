@@ -64,7 +64,7 @@ def test_the_doctor_page_shows_what_doctor_says_on_this_machine(tmp_path):
     ((cmd, shown),) = block.steps()
     r = docblocks.run(cmd, tmp_path)
     assert r.returncode == 0, r.stderr
-    vary = {r"in /\S+/python3\b": "in PYTHON", r"/dev/shm is [\d.]+ GiB": "/dev/shm is N GiB",
+    vary = {r"in /\S+/python3(?:\.\d+)?\b": "in PYTHON", r"/dev/shm is [\d.]+ GiB": "/dev/shm is N GiB",
             r"\([\d.]+ s, exit": "(T s, exit"}  # fmt: skip
     assert not docblocks.missing(r.stdout, shown, vary), r.stdout
 
