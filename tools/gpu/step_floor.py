@@ -3,7 +3,7 @@
 Usage (GPU machine, repository root): PYTHONPATH=src python3 tools/gpu/step_floor.py [MB ...] > floor.jsonl
 
 For each micro-batch MB (16 when none is given) three CUDA graphs are recorded and each is replayed for
-SECONDS (env, default 8) seconds, long enough for the driver to settle the clock under its power limit:
+SECONDS_EACH (env, default 8) seconds, long enough for the driver to settle the clock under its power limit:
 - ``gemms``: exactly the GEMMs of one step: the forward, input-gradient and weight-gradient product of every
   Linear layer of the 12 blocks (qkv 768->2304, attention projection 768->768, fc 768->3072, projection
   3072->768) and of the tied head (768->50304), bf16, each layer with its own buffers (no L2 reuse a real
@@ -170,7 +170,7 @@ def measure(mb: int, part: str, seconds: float, nv, h) -> dict:
 
 def main() -> int:
     mbs = [int(a) for a in sys.argv[1:]] or [16]
-    seconds = float(os.environ.get("SECONDS_EACH", os.environ.get("SECONDS", "8")))
+    seconds = float(os.environ.get("SECONDS_EACH", "8"))
     nv, h = nvml()
     info = {
         "gpu": torch.cuda.get_device_name(),

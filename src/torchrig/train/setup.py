@@ -125,18 +125,17 @@ def mix_order_reduction_off(device: Any) -> bool:
 def _compile_settings(cfg: TrainConfig, device: Any = None) -> None:
     """Inductor's settings for ``--compile-tuning``, the mix-order reduction (off on Hopper) and
     ``TORCHRIG_INDUCTOR_CONFIG`` (applied last, so it can set anything back), before anything compiles."""
-    if cfg.compile and mix_order_reduction_off(device):
-        import torch._inductor.config as inductor_config
+    if not cfg.compile:
+        return
+    import torch._inductor.config as inductor_config
 
-        if hasattr(inductor_config.triton, "mix_order_reduction"):
-            inductor_config.triton.mix_order_reduction = False
-    if cfg.compile and cfg.compile_tuning:
-        import torch._inductor.config as inductor_config
-
+    if mix_order_reduction_off(device) and hasattr(inductor_config.triton, "mix_order_reduction"):
+        inductor_config.triton.mix_order_reduction = False
+    if cfg.compile_tuning:
         # Tunes block sizes and warps of each generated kernel, measured on the GPU at compile time (the
         # results go into Inductor's cache with the kernel).
         inductor_config.coordinate_descent_tuning = True
-    if cfg.compile and os.environ.get("TORCHRIG_INDUCTOR_CONFIG"):
+    if os.environ.get("TORCHRIG_INDUCTOR_CONFIG"):
         inductor_settings(os.environ["TORCHRIG_INDUCTOR_CONFIG"])
 
 
