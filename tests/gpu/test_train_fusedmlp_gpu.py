@@ -59,6 +59,11 @@ def test_each_epilogue_computes_its_ops_definition():
     d_exact = torch.ops.aten.gelu_backward(dy.float() @ w2.float(), pre.float(), approximate="tanh")
     assert _rel(dpre, d_exact) < 0.01 and _rel(db, d_exact.sum(0)) < 0.01
     assert _rel(cublaslt.dgelu_only(dy, w2, pre), d_exact) < 0.01  # DGELU, the bias sum left out
+    # BGRADB: a Linear's weight gradient and its bias gradient in one GEMM, for fc's shapes and out's
+    for grad, inp in ((dpre, x), (dy, h)):
+        dw, dbias = cublaslt.weight_grad(grad, inp)
+        assert dw.shape == (grad.shape[1], inp.shape[1]) and dbias.shape == (grad.shape[1],)
+        assert _rel(dw, grad.float().t() @ inp.float()) < 0.01 and _rel(dbias, grad.float().sum(0)) < 0.01
     with pytest.raises(cublaslt.CublasLtError, match="algorithms for this GEMM"):
         cublaslt.linear_gelu(x, w1, b1, algo=cublaslt.HEURISTIC_RESULTS)
     # the custom ops reach the same kernels on CUDA
@@ -85,7 +90,7 @@ def test_the_triton_gelu_bias_kernel_computes_its_ops_definition():
     assert torch.equal(again[0], dpre) and torch.equal(again[1], db)  # the partial sums' fixed order
 
 
-@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton"])
+@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton", "wbgrad"])
 def test_the_trainers_check_passes_on_this_gpu_and_keeps_the_random_state(backward):
     """fusedmlp.check, which the trainer runs before it fuses (GPT-2 small's widths): it passes every backward
     here, and the CPU's and the GPU's random states after it are the ones before."""
@@ -98,7 +103,7 @@ def test_the_trainers_check_passes_on_this_gpu_and_keeps_the_random_state(backwa
     assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), gpu)
 
 
-@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton"])
+@pytest.mark.parametrize("backward", ["bgrad", "dgelu", "plain", "triton", "wbgrad"])
 def test_the_fused_mlp_under_cuda_graphs_has_the_plain_mlps_gradients(backward):
     from torchrig.train.fusedmlp import CHECK_TOLERANCE, mlp, prepare
 
@@ -157,7 +162,7 @@ def _train(tmp_path: Path, name: str, fused: str) -> dict[int, float]:
     return losses
 
 
-@pytest.mark.parametrize("fused", ["1", "triton", "auto"])
+@pytest.mark.parametrize("fused", ["1", "triton", "wbgrad", "auto"])
 def test_a_run_with_the_fused_mlp_trains_as_one_without(tmp_path, fused):
     plain, fused_run = _train(tmp_path, "plain", ""), _train(tmp_path, "fused", fused)
     assert sorted(fused_run) == sorted(plain) and len(plain) >= 5

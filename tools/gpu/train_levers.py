@@ -83,6 +83,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "fmlpd": ({"TORCHRIG_FUSED_MLP": "dgelu"}, []),
     "fmlpf": ({"TORCHRIG_FUSED_MLP": "plain"}, []),
     "fmlpt": ({"TORCHRIG_FUSED_MLP": "triton"}, []),
+    "fmlpw": ({"TORCHRIG_FUSED_MLP": "wbgrad"}, []),
     "ltg": ({"TORCHRIG_TUNED_GEMMS": "1"}, []),
     "fa": ({}, ["--attention", "flash"]),
     "nosg": ({}, ["--step-graph", "off"]),

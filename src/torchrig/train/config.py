@@ -37,6 +37,7 @@ FUSED_MLP_BACKWARDS = {
     "dgelu": "dpre in the GEMM's epilogue (DGELU), the bias sum compiled apart",
     "plain": "the GEMM, then GELU's backward and the bias sum as compiled ops (only the forward is fused)",
     "triton": "the GEMM, then GELU's backward and the bias sum in one Triton kernel (train/gelubias.py)",
+    "wbgrad": "dpre as dgelu; fc's and out's bias gradients in their weight-gradient GEMMs' epilogues (BGRADB)",
 }
 FUSED_MLP_AUTO = "dgelu"
 STEP_GRAPHS = ("auto", "on", "off")  # the whole optimizer step as one CUDA graph (train/stepgraph.py)
@@ -355,6 +356,6 @@ def fused_mlp_backward() -> str:
         raise UsageError(
             f"TORCHRIG_FUSED_MLP={value!r} is not auto, 0, 1 or a backward ({', '.join(FUSED_MLP_BACKWARDS)})",
             hint="unset it (auto), set it to 0 (off), 1 (the epilogue computes the bias gradient too), dgelu, "
-            "plain or triton",
+            "plain, triton or wbgrad",
         )
     return backward

@@ -1,13 +1,16 @@
 """cuBLASLt matmuls with the GELU epilogues PyTorch does not expose: the adapter to libcublasLt.
 
 PyTorch calls cuBLASLt with a bias or a bias+GELU epilogue (``torch._addmm_activation``) but not with the
-two a transformer MLP's training step needs (NVIDIA's cuBLAS guide, "cublasLtEpilogue_t",
+ones a transformer MLP's training step can use (NVIDIA's cuBLAS guide, "cublasLtEpilogue_t",
 https://docs.nvidia.com/cuda/cublas/#cublasltepilogue-t):
 
 - ``GELU_AUX_BIAS`` (forward of ``fc``): ``h = gelu(x @ W1ᵀ + b1)`` and the GELU's input ``pre`` written by
   the GEMM itself, instead of a GEMM that writes ``pre`` and a kernel that reads it back for ``h``;
 - ``DGELU_BGRAD`` (backward of ``out``): ``dpre = (dout @ W2) * gelu'(pre)`` and ``db1 = Σ dpre`` in the
-  GEMM's epilogue, instead of a GEMM that writes ``dh`` and a kernel that reads ``dh`` and ``pre`` back.
+  GEMM's epilogue, instead of a GEMM that writes ``dh`` and a kernel that reads ``dh`` and ``pre`` back;
+- ``BGRADB`` (a Linear's weight gradient): ``dW = dyᵀ @ x`` and the bias gradient ``db = Σ dy`` (the sum over
+  the GEMM's reduction dimension, the tokens) in one GEMM, instead of the GEMM and a kernel that reads ``dy``
+  again for the sum.
 
 The GELU is the tanh approximation (the guide's footnote), the model's. This module is the ctypes boundary:
 it calls the ``libcublasLt`` that PyTorch itself loaded (one copy in the process), on PyTorch's current
@@ -40,6 +43,7 @@ DESC_EPILOGUE_AUX_POINTER, DESC_EPILOGUE_AUX_LD = 11, 12
 PREF_MAX_WORKSPACE_BYTES = 1
 EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4
 EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_DGELU = 164, 208, 192
+EPILOGUE_BGRADB = 512
 HEURISTIC_RESULTS = 8  # algorithms asked of the heuristic per GEMM: the first is used, the rest can be timed
 HEADER_NAMES = {
     "CUBLAS_COMPUTE_32F": CUBLAS_COMPUTE_32F,
@@ -92,6 +96,7 @@ EPILOGUES = {
     "GELU_AUX_BIAS": EPILOGUE_GELU_AUX_BIAS,
     "DGELU_BGRAD": EPILOGUE_DGELU_BGRAD,
     "DGELU": EPILOGUE_DGELU,
+    "BGRADB": EPILOGUE_BGRADB,
 }
 
 
@@ -270,7 +275,7 @@ def _plan(key: tuple[int, ...]) -> _Plan:
             ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld),
         )  # fmt: skip
         layouts.append(lay)
-    if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_BIAS):
+    if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_BIAS, EPILOGUE_BGRADB):
         # the heuristic checks the epilogue's pointers' alignment: give it an aligned stand-in until the call
         _set(lib, desc, DESC_BIAS_POINTER, ctypes.c_void_p(256))
     if epilogue in (EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_DGELU):
@@ -440,3 +445,24 @@ def _dgelu(
         epilogue=EPILOGUE_DGELU_BGRAD if bgrad else EPILOGUE_DGELU, bias=dbias, aux=pre, algo=algo,
     )  # fmt: skip
     return dpre, dbias
+
+
+def weight_grad(dy: torch.Tensor, x: torch.Tensor, *, algo: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear's weight and bias gradients ``(dyᵀ @ x, dy.sum(0))`` for dy [T, N], x [T, K], bf16, fp32
+    accumulation: one GEMM (``BGRADB``: the bias gradient is the sum of the B operand, dy, over the GEMM's
+    reduction dimension T). Column-major: ``dWᵀ [K, N] = op_N(x's storage [K, T]) · op_T(dy's storage [N, T])``."""
+    _check_2d(dy, x)
+    if dy.shape[0] != x.shape[0]:
+        raise CublasLtError(
+            f"weight_grad takes dy [T, N] and x [T, K], got {tuple(dy.shape)} and {tuple(x.shape)}"
+        )
+    dy, x = _aligned(dy), _aligned(x)
+    t, n = dy.shape
+    k = x.shape[1]
+    dw = torch.empty(n, k, dtype=dy.dtype, device=dy.device)
+    db = torch.empty(n, dtype=dy.dtype, device=dy.device)
+    _matmul(
+        x, dy, dw, ta=CUBLAS_OP_N, tb=CUBLAS_OP_T, m=k, n=n, k=t, lda=k, ldb=n, ldd=k,
+        epilogue=EPILOGUE_BGRADB, bias=db, algo=algo,
+    )  # fmt: skip
+    return dw, db

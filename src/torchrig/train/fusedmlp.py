@@ -4,7 +4,9 @@ Compiled, the MLP's step is six GEMMs and, between them, Inductor's kernels for 
 that reads ``fc``'s output and writes the GELU's, in the backward one that reads ``dh`` and ``pre`` and
 writes ``dpre`` and ``fc``'s bias gradient. Here cuBLASLt's epilogues do that work inside two of the GEMMs
 (train/cublaslt.py): ``fc``'s forward GEMM writes both ``h`` and ``pre``; the backward GEMM of ``out``'s
-input gradient writes ``dpre = dh * gelu'(pre)`` and ``fc``'s bias gradient. The other GEMMs are PyTorch's.
+input gradient writes ``dpre = dh * gelu'(pre)`` and ``fc``'s bias gradient. The other GEMMs are PyTorch's,
+except with the ``wbgrad`` backward, where ``fc``'s and ``out``'s weight-gradient GEMMs also sum their bias
+gradients (``BGRADB``) instead of two kernels that read ``dpre`` and ``dy`` again.
 
 The arithmetic is the autocast path's: bf16 inputs, fp32 accumulation, bf16 outputs, the tanh GELU computed
 in fp32. Two roundings move: the epilogue applies the GELU (and its derivative) to the fp32 accumulator where
@@ -84,6 +86,25 @@ def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(pre)
 
 
+@torch.library.custom_op("torchrig::weight_grad", mutates_args=())
+def weight_grad(dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear's ``(dyᵀ @ x, Σ_rows dy)`` with the product and the sum in fp32, each rounded to dy's dtype once:
+    the epilogue's arithmetic. CUDA's is one cuBLASLt GEMM (``BGRADB``)."""
+    return (dy.float().t() @ x.float()).to(dy.dtype), dy.float().sum(0).to(dy.dtype)
+
+
+@weight_grad.register_kernel("cuda")
+def _(dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from torchrig.train import cublaslt
+
+    return cublaslt.weight_grad(dy, x)
+
+
+@weight_grad.register_fake
+def _(dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return dy.new_empty(dy.shape[1], x.shape[1]), dy.new_empty(dy.shape[1])
+
+
 # how the backward gets dpre (the GELU's input gradient) and fc's bias gradient: the names and what they mean
 BACKWARDS = FUSED_MLP_BACKWARDS
 
@@ -108,8 +129,12 @@ class _MLP(torch.autograd.Function):
             dpre, db1 = dgelu_matmul(dy, w2, pre)
         elif ctx.how == "triton":
             dpre, db1 = gelubias.gelu_bias_backward(mm(dy, w2), pre)
-        elif ctx.how == "dgelu":
+        elif ctx.how in ("dgelu", "wbgrad"):
             dpre = dgelu_only(dy, w2, pre)
+            if ctx.how == "wbgrad":  # both bias gradients in the weight-gradient GEMMs' epilogues
+                dw1, db1 = weight_grad(dpre, x)
+                dw2, db2 = weight_grad(dy, h)
+                return mm(dpre, w1), dw1, db1, dw2, db2, None
             db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
         else:  # plain: the same arithmetic as the Triton kernel, as ops that Inductor compiles
             dpre, db1 = gelubias.reference(mm(dy, w2), pre)

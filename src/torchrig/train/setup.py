@@ -164,9 +164,10 @@ def _parallel(cfg: TrainConfig, world: int) -> str:
 
 
 def inductor_settings(spec: str) -> dict[str, Any]:
-    """``TORCHRIG_INDUCTOR_CONFIG="combo_kernels=1,benchmark_combo_kernel=1"`` (speed levers under
+    """``TORCHRIG_INDUCTOR_CONFIG="aggressive_fusion=1,triton.mix_order_reduction=1"`` (speed levers under
     measurement, tools/gpu/train_levers.py): set those ``torch._inductor.config`` entries (dotted names
-    reach its sub-configs, e.g. ``triton.enable_pdl=1``) before torch.compile runs; returns what was set."""
+    reach its sub-configs) before torch.compile runs; returns what was set. Not every entry pays: on an H100,
+    ``combo_kernels=1,benchmark_combo_kernel=1`` halved GPT-2 small's tokens/s (docs/results/training-speed.md)."""
     import torch._inductor.config as inductor_config
 
     done: dict[str, Any] = {}
@@ -179,7 +180,7 @@ def inductor_settings(spec: str) -> dict[str, Any]:
         if not eq or owner is None or not hasattr(owner, name):
             raise UsageError(
                 f"TORCHRIG_INDUCTOR_CONFIG: {item!r} is not NAME=VALUE of an entry of torch._inductor.config",
-                hint="unset it, or name entries torch._inductor.config has (e.g. combo_kernels=1)",
+                hint="unset it, or name entries torch._inductor.config has (e.g. aggressive_fusion=1)",
             )
         old = getattr(owner, name)
         value: Any = raw.strip()
