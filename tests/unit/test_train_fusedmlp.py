@@ -102,6 +102,40 @@ def test_the_ops_definitions_are_the_epilogues_arithmetic() -> None:
     assert torch.equal(dbias, g.float().sum(0).bfloat16())
 
 
+def test_the_bias_grad_linear_computes_the_plain_linear_and_its_gradients_to_bf16_rounding() -> None:
+    torch.manual_seed(2)
+    layer = torch.nn.Linear(32, 96)
+    x0 = torch.randn(2, 64, 32)
+
+    def run(f) -> list[torch.Tensor]:
+        x = x0.clone().requires_grad_(True)
+        layer.weight.grad = layer.bias.grad = None
+        with torch.autocast("cpu", torch.bfloat16):
+            y = f(x)
+        (y.float() * torch.linspace(-1, 1, 96)).square().mean().backward()
+        return [y.detach().float(), x.grad, layer.weight.grad, layer.bias.grad]
+
+    ref, got = run(layer), run(lambda x: fusedmlp.linear(x, layer))
+    for name, a, b in zip(["y", "x", "weight", "bias"], got, ref, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert _rel(a, b) < 0.03, (name, _rel(a, b))
+    assert layer.bias.grad.dtype == torch.float32  # the fp32 parameter's gradient, through the cast
+    wrong = run(lambda x: layer(x) * 1.5)  # the comparison can fail: a bias gradient 1.5× too large
+    assert _rel(wrong[3], ref[3]) > 0.3
+
+
+def test_wbgrad_sends_a_gpt_blocks_attention_linears_through_the_bias_grad_linear(monkeypatch) -> None:
+    m = GPT(GPTConfig(vocab=64, block_size=16, layers=1, heads=2, width=32))
+    for b in m.blocks:
+        b.fused_mlp = "wbgrad"
+    seen = []
+    real = fusedmlp.linear
+    monkeypatch.setattr(fusedmlp, "linear", lambda x, layer: seen.append(layer) or real(x, layer))
+    with torch.autocast("cpu", torch.bfloat16):
+        m(torch.randint(0, 64, (2, 16)))
+    assert seen == [m.blocks[0].qkv, m.blocks[0].proj]
+
+
 def test_an_unknown_backward_is_refused() -> None:
     fc, out = _layers()
     with pytest.raises(ValueError, match="backward 'fast': one of bgrad, dgelu, plain"):

@@ -37,7 +37,7 @@ FUSED_MLP_BACKWARDS = {
     "dgelu": "dpre in the GEMM's epilogue (DGELU), the bias sum compiled apart",
     "plain": "the GEMM, then GELU's backward and the bias sum as compiled ops (only the forward is fused)",
     "triton": "the GEMM, then GELU's backward and the bias sum in one Triton kernel (train/gelubias.py)",
-    "wbgrad": "dpre as dgelu; fc's and out's bias gradients in their weight-gradient GEMMs' epilogues (BGRADB)",
+    "wbgrad": "dpre as dgelu; every Linear's bias gradient in its weight-gradient GEMM's epilogue (BGRADB)",
 }
 FUSED_MLP_AUTO = "dgelu"
 STEP_GRAPHS = ("auto", "on", "off")  # the whole optimizer step as one CUDA graph (train/stepgraph.py)

@@ -6,7 +6,8 @@ writes ``dpre`` and ``fc``'s bias gradient. Here cuBLASLt's epilogues do that wo
 (train/cublaslt.py): ``fc``'s forward GEMM writes both ``h`` and ``pre``; the backward GEMM of ``out``'s
 input gradient writes ``dpre = dh * gelu'(pre)`` and ``fc``'s bias gradient. The other GEMMs are PyTorch's,
 except with the ``wbgrad`` backward, where ``fc``'s and ``out``'s weight-gradient GEMMs also sum their bias
-gradients (``BGRADB``) instead of two kernels that read ``dpre`` and ``dy`` again.
+gradients (``BGRADB``) instead of two kernels that read ``dpre`` and ``dy`` again, and the block's other
+Linears (``qkv``, ``proj``) do the same through ``linear``.
 
 The arithmetic is the autocast path's: bf16 inputs, fp32 accumulation, bf16 outputs, the tanh GELU computed
 in fp32. Two roundings move: the epilogue applies the GELU (and its derivative) to the fp32 accumulator where
@@ -210,3 +211,34 @@ def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear, backward: st
             out.weight.to(dt), out.bias.to(dt), backward,
         )  # fmt: skip
     return y.view(*shape[:-1], y.shape[-1])
+
+
+class _BiasGradLinear(torch.autograd.Function):
+    """``x @ wᵀ + b`` on 2-D bf16 tensors whose backward computes the weight and the bias gradient in one GEMM
+    (``weight_grad``: ``BGRADB``), instead of the GEMM and a sum that reads ``dy`` again."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override,unused-ignore]
+        ctx.save_for_backward(x, w)
+        return mm(x, w.t(), b)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override,unused-ignore]
+        x, w = ctx.saved_tensors
+        dy = dy.contiguous()
+        dw, db = weight_grad(dy, x)
+        return mm(dy, w), dw, db
+
+
+def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """``layer(x)`` in bf16 for a Linear with a bias, its backward's weight and bias gradient in one GEMM (the
+    ``wbgrad`` backward applies it to a GPT block's other Linears, ``qkv`` and ``proj``). The weight and bias are
+    cast to bf16 as autocast casts them; on CUDA, call ``prepare(device)`` first."""
+    assert layer.bias is not None
+    dt = torch.bfloat16
+    shape = x.shape
+    with torch.autocast(x.device.type, enabled=False):
+        y = _BiasGradLinear.apply(
+            x.reshape(-1, shape[-1]).to(dt).contiguous(), layer.weight.to(dt), layer.bias.to(dt)
+        )
+    return y.view(*shape[:-1], y.shape[-1])  # type: ignore[no-any-return,unused-ignore]

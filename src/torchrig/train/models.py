@@ -54,6 +54,12 @@ class Block(nn.Module):
         return x + self._linear(self.out, F.gelu(self._linear(self.fc, self.ln2(x)), approximate="tanh"))
 
     def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if (
+            self.fused_mlp == "wbgrad" and layer.bias is not None
+        ):  # the bias gradient in the weight gradient's GEMM
+            from torchrig.train.fusedmlp import linear
+
+            return linear(x, layer)
         if self.tuned_gemms:
             from torchrig.train.ltgemm import linear
 
