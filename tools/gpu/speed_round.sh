@@ -3,7 +3,7 @@
 #   0. the GPU tests named in TESTS, if any (with torchao from .whl/ where its wheel was carried);
 #   1. where Nsight Compute can read the counters (not under gVisor: docs/results/training-speed.md), the
 #      default's step against the card's bandwidth (tools/gpu/step_roofline.sh);
-#   2. the GELU epilogues and the Triton GELU backward against the compiled kernels
+#   2. the GELU and bias-gradient epilogues and the Triton GELU backward against the compiled kernels
 #      (tools/gpu/lt_epilogue_bench.py 16 64);
 #   3. the fused loss's row kernel by each autotuning choice (tools/gpu/loss_bench.py 16 64);
 #   3b. with GEMMS=1, each GEMM of the step by every cuBLASLt algorithm against PyTorch's (tools/gpu/gemm_algos.py);
@@ -16,8 +16,8 @@
 #   TESTS (""): pytest paths for part 0; TESTS_S (300): its time limit;
 #   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
 #     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
-#   EPILOGUES (1): 0 skips part 2; LOSS (1): 0 skips part 3; GEMMS (0): 1 runs part 3b at the micro-batches
-#     GEMM_MBS ("16 64"); FLOOR (0): 1 runs part 3c at the micro-batches FLOOR_MBS ("16"), SECONDS_EACH (8) a graph;
+#   EPILOGUES (1): 0 skips part 2, EPILOGUE_MBS ("16 64") its micro-batches; LOSS (1): 0 skips part 3;
+#     GEMMS (0): 1 runs part 3b at the micro-batches GEMM_MBS ("16 64"); FLOOR (0): 1 runs part 3c at the micro-batches FLOOR_MBS ("16"), SECONDS_EACH (8) a graph;
 #   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
 #     without a roofline, the Triton backward).
 # Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/; at the end
@@ -51,7 +51,7 @@ if [ "$roof" = 1 ]; then
 fi
 if [ "${EPILOGUES:-1}" = 1 ]; then
   PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 170 \
-    python3 tools/gpu/lt_epilogue_bench.py 16 64 >"$out/epilogues.txt" 2>&1
+    python3 tools/gpu/lt_epilogue_bench.py ${EPILOGUE_MBS:-16 64} >"$out/epilogues.txt" 2>&1
   echo "== epilogues rc=$? at $(( $(date +%s) - start ))s"; tail -c 3000 "$out/epilogues.txt"; echo
 fi
 if [ "${LOSS:-1}" = 1 ]; then
