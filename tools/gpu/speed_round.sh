@@ -17,7 +17,8 @@
 #   ROOFLINE (auto): 1 to run part 1, 0 not to, auto where the card is an H100 (Firecracker machines, where
 #     ncu reads counters); ROOFLINE_S (380): its time limit (the compile and ncu's replay of ~1,000 kernels);
 #   EPILOGUES (1): 0 skips part 2, EPILOGUE_MBS ("16 64") its micro-batches; LOSS (1): 0 skips part 3;
-#     GEMMS (0): 1 runs part 3b at the micro-batches GEMM_MBS ("16 64"); FLOOR (0): 1 runs part 3c at the micro-batches FLOOR_MBS ("16"), SECONDS_EACH (8) a graph;
+#     GEMMS (0): 1 runs part 3b at the micro-batches GEMM_MBS ("16 64"); FLOOR (0): 1 runs part 3c at the
+#     micro-batches FLOOR_MBS ("16"), SECONDS_EACH (8) a graph;
 #   RUNS: train_levers' runs (default: the baseline, the default, the default without the fused MLP and,
 #     without a roofline, the Triton backward).
 # Each part's output: $OUT/<part>.txt, and train_levers' own $OUT/train_levers/; at the end
