@@ -2,10 +2,12 @@
 module's enums against the installed cublasLt.h, each epilogue against the ops' own definitions at GPT-2
 small's MLP shape, the Triton GELU-backward kernel (train/gelubias.py) against its definition, the fused MLP's
 gradients under CUDA graphs against the plain MLP's, and training runs with ``TORCHRIG_FUSED_MLP=1`` and
-``=triton`` against one without. Skipped without CUDA."""
+``=triton`` and ``=wbgrad`` (every Linear's bias gradient in its weight-gradient GEMM) against one without.
+Skipped without CUDA."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -60,9 +62,10 @@ def test_each_epilogue_computes_its_ops_definition():
     assert _rel(dpre, d_exact) < 0.01 and _rel(db, d_exact.sum(0)) < 0.01
     assert _rel(cublaslt.dgelu_only(dy, w2, pre), d_exact) < 0.01  # DGELU, the bias sum left out
     # BGRADB: a Linear's weight gradient and its bias gradient in one GEMM, for fc's shapes and out's
-    for grad, inp in ((dpre, x), (dy, h)):
-        dw, dbias = cublaslt.weight_grad(grad, inp)
+    for (grad, inp), fp32 in itertools.product(((dpre, x), (dy, h), (dy, x)), (False, True)):
+        dw, dbias = cublaslt.weight_grad(grad, inp, fp32=fp32)
         assert dw.shape == (grad.shape[1], inp.shape[1]) and dbias.shape == (grad.shape[1],)
+        assert dw.dtype == dbias.dtype == (torch.float32 if fp32 else torch.bfloat16)
         assert _rel(dw, grad.float().t() @ inp.float()) < 0.01 and _rel(dbias, grad.float().sum(0)) < 0.01
     with pytest.raises(cublaslt.CublasLtError, match="algorithms for this GEMM"):
         cublaslt.linear_gelu(x, w1, b1, algo=cublaslt.HEURISTIC_RESULTS)

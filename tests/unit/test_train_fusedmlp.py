@@ -100,6 +100,8 @@ def test_the_ops_definitions_are_the_epilogues_arithmetic() -> None:
     dw, dbias = weight_grad(g, x)  # a Linear's weight gradient [16, 16] and its bias gradient [16], fp32 sums
     assert torch.equal(dw, (g.float().t() @ x.float()).bfloat16())
     assert torch.equal(dbias, g.float().sum(0).bfloat16())
+    dw32, dbias32 = weight_grad(g, x, True)  # an fp32 parameter's gradients, never rounded to bf16
+    assert torch.equal(dw32, g.float().t() @ x.float()) and torch.equal(dbias32, g.float().sum(0))
 
 
 def test_the_bias_grad_linear_computes_the_plain_linear_and_its_gradients_to_bf16_rounding() -> None:

@@ -8,8 +8,8 @@ For GPT-2 small's MLP (width 768, hidden 3072, seq 1024) at each micro-batch (16
    compiled, against `GELU_AUX_BIAS`), the backward piece (`dh = dy @ W2`, then GELU backward and the bias
    sum, compiled, against `DGELU_BGRAD`, and against `DGELU` with the bias sum compiled apart), each
    epilogue by every algorithm cuBLASLt's heuristic offers (`ms_by_algorithm`, its first choice first),
-   `fc`'s and `out`'s weight-gradient GEMMs with the bias gradient in the epilogue (`BGRADB`) against the
-   GEMM and the compiled bias sum,
+   the block's four weight-gradient GEMMs with the bias gradient in the epilogue (`BGRADB`, bf16 or fp32
+   out) against the GEMM, the compiled bias sum and the casts to fp32,
    the Triton kernel of train/gelubias.py (GELU backward and bias sum in one pass) against Inductor's two
    kernels, and the whole MLP forward + backward, compiled with CUDA graphs
    (`reduce-overhead`), the plain MLP against train/fusedmlp.py's with each backward, gradients compared.
@@ -108,22 +108,35 @@ def parts(mb: int) -> dict:
     ms["bwd_gemm_then_triton"] = timed(lambda: gelubias.gelu_bias_backward(dy @ w2, pre_b))
     ms["gelu_bwd_sum_compiled"] = timed(lambda: gelu_bwd_sum(dh_b, pre_b))
     ms["gelu_bwd_sum_triton"] = timed(lambda: gelubias.gelu_bias_backward(dh_b, pre_b))
-    # a Linear's weight gradient with its bias gradient (BGRADB) against the GEMM and the compiled sum, for
-    # fc's shapes (dpre [T, 3072], x [T, 768]) and out's (dy [T, 768], h [T, 3072])
-    for name, grad, inp in (("fc", dpre, x), ("out", dy, h)):
-        dw, dbias = cublaslt.weight_grad(grad, inp)
-        errors[f"dw_{name}_bgradb"] = rel(dw, grad.float().t() @ inp.float())
-        errors[f"db_{name}_bgradb"] = rel(dbias, grad.float().sum(0))
+    # a Linear's weight gradient with its bias gradient (BGRADB, bf16 or fp32 out) against the GEMM, the
+    # compiled sum and (fp32) the casts autograd adds, for fc's shapes (dpre [T, 3072], x [T, 768]), out's
+    # (dy [T, 768], h [T, 3072]), qkv's (dqkv [T, 2304], x) and proj's (dy, x)
+    dqkv = rnd(t, 3 * d, std=0.01)
+    for name, grad, inp in (("fc", dpre, x), ("out", dy, h), ("qkv", dqkv, x), ("proj", dy, x)):
+        ref_w, ref_b = grad.float().t() @ inp.float(), grad.float().sum(0)
+        for fp32 in (False, True):
+            dw, dbias = cublaslt.weight_grad(grad, inp, fp32=fp32)
+            tag = "_fp32" if fp32 else ""
+            errors[f"dw_{name}_bgradb{tag}"], errors[f"db_{name}_bgradb{tag}"] = (
+                rel(dw, ref_w),
+                rel(dbias, ref_b),
+            )
         ms[f"wgrad_{name}_gemm_only"] = timed(lambda g=grad, i=inp: g.t() @ i)
         ms[f"wgrad_{name}_gemm_then_sum"] = timed(lambda g=grad, i=inp: (g.t() @ i, bias_sum(g)))
+        ms[f"wgrad_{name}_gemm_sum_casts"] = timed(
+            lambda g=grad, i=inp: ((g.t() @ i).float(), bias_sum(g).float())
+        )
         ms[f"wgrad_{name}_lt_bgradb"] = timed(lambda g=grad, i=inp: cublaslt.weight_grad(g, i))
+        ms[f"wgrad_{name}_lt_bgradb_fp32"] = timed(
+            lambda g=grad, i=inp: cublaslt.weight_grad(g, i, fp32=True)
+        )
     # every algorithm the heuristic offers, not only its first choice (ms per call, in its order)
     algos = {
         "fwd_gelu_aux_bias": each_algorithm(lambda a: cublaslt.linear_gelu(x, w1, b1, algo=a)),
         "bwd_dgelu_bgrad": each_algorithm(lambda a: cublaslt.dgelu_matmul(dy, w2, pre_b, algo=a)),
         "bwd_dgelu": each_algorithm(lambda a: cublaslt.dgelu_only(dy, w2, pre_b, algo=a)),
-        "wgrad_fc_bgradb": each_algorithm(lambda a: cublaslt.weight_grad(dpre, x, algo=a)),
-        "wgrad_out_bgradb": each_algorithm(lambda a: cublaslt.weight_grad(dy, h, algo=a)),
+        "wgrad_fc_bgradb_fp32": each_algorithm(lambda a: cublaslt.weight_grad(dpre, x, fp32=True, algo=a)),
+        "wgrad_out_bgradb_fp32": each_algorithm(lambda a: cublaslt.weight_grad(dy, h, fp32=True, algo=a)),
     }
     return {"micro_batch": mb, "rel_error": errors, "ms": ms, "ms_by_algorithm": algos}
 

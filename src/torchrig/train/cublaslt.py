@@ -246,13 +246,13 @@ def _algorithms(
 
 def _plan(key: tuple[int, ...]) -> _Plan:
     """Descriptors and the heuristic's algorithms (best first) for (transa, transb, m, n, k, lda, ldb, ldd,
-    epilogue, device)."""
+    epilogue, device, D's data type): A and B are bf16, D (and C) bf16 or fp32."""
     plans = _state.setdefault("plans", {})
     assert isinstance(plans, dict)
     if key in plans:
         return plans[key]
     lib = _lib()
-    ta, tb, m, n, k, lda, ldb, ldd, epilogue, _device = key
+    ta, tb, m, n, k, lda, ldb, ldd, epilogue, _device, d_type = key
     desc = ctypes.c_void_p()
     lib.check(
         "cublasLtMatmulDescCreate",
@@ -264,14 +264,14 @@ def _plan(key: tuple[int, ...]) -> _Plan:
     _set(lib, desc, DESC_TRANSB, ctypes.c_int32(tb))
     _set(lib, desc, DESC_EPILOGUE, ctypes.c_uint32(epilogue))
     layouts = []
-    for rows, cols, ld in (
-        (k, m, lda) if ta else (m, k, lda),
-        (n, k, ldb) if tb else (k, n, ldb),
-        (m, n, ldd),
+    for rows, cols, ld, dtype in (
+        (*((k, m, lda) if ta else (m, k, lda)), CUDA_R_16BF),
+        (*((n, k, ldb) if tb else (k, n, ldb)), CUDA_R_16BF),
+        (m, n, ldd, d_type),
     ):
         lay = ctypes.c_void_p()
         lib.check(
-            "cublasLtMatrixLayoutCreate", ctypes.byref(lay), ctypes.c_int(CUDA_R_16BF),
+            "cublasLtMatrixLayoutCreate", ctypes.byref(lay), ctypes.c_int(dtype),
             ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld),
         )  # fmt: skip
         layouts.append(lay)
@@ -292,9 +292,10 @@ def _matmul(
     algo: int = 0,
 ) -> None:  # fmt: skip
     """D = op(A)·op(B) (column-major), with the epilogue's bias and aux pointers, by the heuristic's ``algo``-th
-    algorithm (0: its first choice)."""
+    algorithm (0: its first choice); D is bf16 or fp32, as ``d`` is."""
+    d_type = CUDA_R_32F if d.dtype == torch.float32 else CUDA_R_16BF
     with _lock:
-        plan = _plan((ta, tb, m, n, k, lda, ldb, ldd, epilogue, d.device.index or 0))
+        plan = _plan((ta, tb, m, n, k, lda, ldb, ldd, epilogue, d.device.index or 0, d_type))
         if not 0 <= algo < len(plan.algos):
             raise CublasLtError(
                 f"the heuristic gave {len(plan.algos)} algorithms for this GEMM, not {algo + 1}"
@@ -372,6 +373,7 @@ def algorithm_count(x: torch.Tensor, y: torch.Tensor, bias: bool = False) -> int
             ldd,
             EPILOGUE_BIAS if bias else EPILOGUE_DEFAULT,
             x.device.index or 0,
+            CUDA_R_16BF,
         )
         return len(_plan(key).algos)
 
@@ -447,10 +449,14 @@ def _dgelu(
     return dpre, dbias
 
 
-def weight_grad(dy: torch.Tensor, x: torch.Tensor, *, algo: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def weight_grad(
+    dy: torch.Tensor, x: torch.Tensor, *, fp32: bool = False, algo: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A Linear's weight and bias gradients ``(dyᵀ @ x, dy.sum(0))`` for dy [T, N], x [T, K], bf16, fp32
     accumulation: one GEMM (``BGRADB``: the bias gradient is the sum of the B operand, dy, over the GEMM's
-    reduction dimension T). Column-major: ``dWᵀ [K, N] = op_N(x's storage [K, T]) · op_T(dy's storage [N, T])``."""
+    reduction dimension T). Both come out bf16, or with ``fp32`` fp32 (the bias gradient has D's type, cublasLt.h),
+    as an fp32 parameter's gradient is kept. Column-major:
+    ``dWᵀ [K, N] = op_N(x's storage [K, T]) · op_T(dy's storage [N, T])``."""
     _check_2d(dy, x)
     if dy.shape[0] != x.shape[0]:
         raise CublasLtError(
@@ -459,8 +465,9 @@ def weight_grad(dy: torch.Tensor, x: torch.Tensor, *, algo: int = 0) -> tuple[to
     dy, x = _aligned(dy), _aligned(x)
     t, n = dy.shape
     k = x.shape[1]
-    dw = torch.empty(n, k, dtype=dy.dtype, device=dy.device)
-    db = torch.empty(n, dtype=dy.dtype, device=dy.device)
+    out = torch.float32 if fp32 else dy.dtype
+    dw = torch.empty(n, k, dtype=out, device=dy.device)
+    db = torch.empty(n, dtype=out, device=dy.device)
     _matmul(
         x, dy, dw, ta=CUBLAS_OP_N, tb=CUBLAS_OP_T, m=k, n=n, k=t, lda=k, ldb=n, ldd=k,
         epilogue=EPILOGUE_BGRADB, bias=db, algo=algo,

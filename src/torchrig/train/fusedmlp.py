@@ -88,22 +88,25 @@ def _(g: torch.Tensor, w: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("torchrig::weight_grad", mutates_args=())
-def weight_grad(dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Linear's ``(dyᵀ @ x, Σ_rows dy)`` with the product and the sum in fp32, each rounded to dy's dtype once:
-    the epilogue's arithmetic. CUDA's is one cuBLASLt GEMM (``BGRADB``)."""
-    return (dy.float().t() @ x.float()).to(dy.dtype), dy.float().sum(0).to(dy.dtype)
+def weight_grad(dy: torch.Tensor, x: torch.Tensor, fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear's ``(dyᵀ @ x, Σ_rows dy)`` with the product and the sum in fp32, each rounded once to dy's dtype
+    or, with ``fp32``, kept in fp32 (the gradient of an fp32 parameter, without a cast kernel after): the
+    epilogue's arithmetic. CUDA's is one cuBLASLt GEMM (``BGRADB``)."""
+    out = torch.float32 if fp32 else dy.dtype
+    return (dy.float().t() @ x.float()).to(out), dy.float().sum(0).to(out)
 
 
 @weight_grad.register_kernel("cuda")
-def _(dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _(dy: torch.Tensor, x: torch.Tensor, fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     from torchrig.train import cublaslt
 
-    return cublaslt.weight_grad(dy, x)
+    return cublaslt.weight_grad(dy, x, fp32=fp32)
 
 
 @weight_grad.register_fake
-def _(dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return dy.new_empty(dy.shape[1], x.shape[1]), dy.new_empty(dy.shape[1])
+def _(dy: torch.Tensor, x: torch.Tensor, fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.float32 if fp32 else dy.dtype
+    return dy.new_empty(dy.shape[1], x.shape[1], dtype=out), dy.new_empty(dy.shape[1], dtype=out)
 
 
 # how the backward gets dpre (the GELU's input gradient) and fc's bias gradient: the names and what they mean
@@ -115,6 +118,8 @@ class _MLP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, backward: str) -> torch.Tensor:  # type: ignore[override,unused-ignore]  # fmt: skip
+        # wbgrad is given the fp32 parameters and returns their gradients in fp32; the others get bf16 copies
+        w1, b1, w2, b2 = (t.to(x.dtype) for t in (w1, b1, w2, b2))
         h, pre = linear_gelu(x, w1, b1)
         ctx.save_for_backward(x, w1, w2, h, pre)
         ctx.how = backward
@@ -133,8 +138,8 @@ class _MLP(torch.autograd.Function):
         elif ctx.how in ("dgelu", "wbgrad"):
             dpre = dgelu_only(dy, w2, pre)
             if ctx.how == "wbgrad":  # both bias gradients in the weight-gradient GEMMs' epilogues
-                dw1, db1 = weight_grad(dpre, x)
-                dw2, db2 = weight_grad(dy, h)
+                dw1, db1 = weight_grad(dpre, x, True)
+                dw2, db2 = weight_grad(dy, h, True)
                 return mm(dpre, w1), dw1, db1, dw2, db2, None
             db1 = dpre.sum(0, dtype=torch.float32).to(dpre.dtype)
         else:  # plain: the same arithmetic as the Triton kernel, as ops that Inductor compiles
@@ -205,40 +210,41 @@ def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear, backward: st
     dt = torch.bfloat16
     assert fc.bias is not None and out.bias is not None
     shape = x.shape
+    params: tuple[torch.Tensor, ...] = (fc.weight, fc.bias, out.weight, out.bias)
     with torch.autocast(x.device.type, enabled=False):
-        y = _MLP.apply(
-            x.reshape(-1, shape[-1]).to(dt).contiguous(), fc.weight.to(dt), fc.bias.to(dt),
-            out.weight.to(dt), out.bias.to(dt), backward,
-        )  # fmt: skip
+        if backward != "wbgrad":  # cast here, so autograd casts the gradients back to fp32
+            params = tuple(p.to(dt) for p in params)
+        y = _MLP.apply(x.reshape(-1, shape[-1]).to(dt).contiguous(), *params, backward)
     return y.view(*shape[:-1], y.shape[-1])
 
 
 class _BiasGradLinear(torch.autograd.Function):
-    """``x @ wᵀ + b`` on 2-D bf16 tensors whose backward computes the weight and the bias gradient in one GEMM
-    (``weight_grad``: ``BGRADB``), instead of the GEMM and a sum that reads ``dy`` again."""
+    """``x @ wᵀ + b`` for a 2-D bf16 x and an fp32 weight and bias used in bf16, whose backward computes the
+    weight and the bias gradient in one GEMM (``weight_grad``: ``BGRADB``) straight into fp32, instead of the
+    GEMM, a sum that reads ``dy`` again, and the kernels that cast both gradients to fp32."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override,unused-ignore]
+        w = w.to(x.dtype)
         ctx.save_for_backward(x, w)
-        return mm(x, w.t(), b)
+        return mm(x, w.t(), b.to(x.dtype))
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override,unused-ignore]
         x, w = ctx.saved_tensors
         dy = dy.contiguous()
-        dw, db = weight_grad(dy, x)
+        dw, db = weight_grad(dy, x, True)
         return mm(dy, w), dw, db
 
 
 def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     """``layer(x)`` in bf16 for a Linear with a bias, its backward's weight and bias gradient in one GEMM (the
     ``wbgrad`` backward applies it to a GPT block's other Linears, ``qkv`` and ``proj``). The weight and bias are
-    cast to bf16 as autocast casts them; on CUDA, call ``prepare(device)`` first."""
+    used in bf16 as autocast uses them, and get fp32 gradients from the GEMM itself; on CUDA, call
+    ``prepare(device)`` first."""
     assert layer.bias is not None
     dt = torch.bfloat16
     shape = x.shape
     with torch.autocast(x.device.type, enabled=False):
-        y = _BiasGradLinear.apply(
-            x.reshape(-1, shape[-1]).to(dt).contiguous(), layer.weight.to(dt), layer.bias.to(dt)
-        )
+        y = _BiasGradLinear.apply(x.reshape(-1, shape[-1]).to(dt).contiguous(), layer.weight, layer.bias)
     return y.view(*shape[:-1], y.shape[-1])  # type: ignore[no-any-return,unused-ignore]
