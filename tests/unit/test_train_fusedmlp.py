@@ -296,6 +296,18 @@ def test_the_check_finds_a_wrong_epilogue(monkeypatch: pytest.MonkeyPatch) -> No
         fusedmlp.check("cpu", 32, 128, "dgelu")
 
 
+def test_the_wbgrad_check_also_checks_the_bias_gradient_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """wbgrad sends a block's qkv and proj Linears through ``linear``: where that is off, the check fails naming
+    it, though the fused MLP itself is right."""
+    real = fusedmlp.linear
+    monkeypatch.setattr(fusedmlp, "linear", lambda x, layer: 1.5 * real(x, layer))
+    fusedmlp.check("cpu", 32, 128, "dgelu")  # the other backwards do not use it
+    with pytest.raises(
+        cublaslt.CublasLtError, match=r"the bias-gradient Linear's output is [\d.]+ off the plain"
+    ):
+        fusedmlp.check("cpu", 32, 128, "wbgrad")
+
+
 def test_the_cublaslt_boundary_checks_its_enums_against_the_header_and_refuses_cpu_tensors() -> None:
     header = "\n".join(f"  {name} = {value}," for name, value in cublaslt.HEADER_NAMES.items())
     # as cublasLt.h writes the epilogues: some as numbers, some composed of others

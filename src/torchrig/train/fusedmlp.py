@@ -188,17 +188,23 @@ def check(device: torch.device | str, width: int, hidden: int, backward: str) ->
                 for t in (y, x.grad, *(p.grad for p in (*fc.parameters(), *out.parameters())))
             ]
 
-        try:
-            fused = grads(lambda x: mlp(x, fc, out, backward))
-        except RuntimeError as e:  # CublasLtError is one; a kernel that cannot launch is another
-            raise CublasLtError(f"the fused MLP failed its check on {dev}: {str(e).splitlines()[0]}") from e
         plain = grads(lambda x: out(F.gelu(fc(x), approximate="tanh")))
+        tried = [("fused MLP", lambda x: mlp(x, fc, out, backward))]
+        if backward == "wbgrad":  # the block's other Linears run through linear(): check it as well
+            tried.append(
+                ("bias-gradient Linear", lambda x: linear(F.gelu(linear(x, fc), approximate="tanh"), out))
+            )
         names = ("output", "input gradient", "fc.weight gradient", "fc.bias gradient", "out.weight gradient",
                  "out.bias gradient")  # fmt: skip
-        for name, a, b in zip(names, fused, plain, strict=True):
-            err = float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
-            if not err < CHECK_TOLERANCE:
-                raise CublasLtError(f"the fused MLP's {name} is {err:.3g} off the plain MLP's on {dev}")
+        for what, f in tried:
+            try:
+                got = grads(f)
+            except RuntimeError as e:  # CublasLtError is one; a kernel that cannot launch is another
+                raise CublasLtError(f"the {what} failed its check on {dev}: {str(e).splitlines()[0]}") from e
+            for name, a, b in zip(names, got, plain, strict=True):
+                err = float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+                if not err < CHECK_TOLERANCE:
+                    raise CublasLtError(f"the {what}'s {name} is {err:.3g} off the plain MLP's on {dev}")
 
 
 def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear, backward: str = "bgrad") -> torch.Tensor:
