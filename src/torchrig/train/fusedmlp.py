@@ -163,48 +163,65 @@ CHECK_TOLERANCE = 0.03
 
 def check(device: torch.device | str, width: int, hidden: int, backward: str) -> None:
     """One small forward and backward of the fused MLP (64 tokens, these widths) against the plain one on
-    ``device``: raises ``CublasLtError`` where a call fails or a result is off by more than bf16's rounding
-    allows (``CHECK_TOLERANCE``). The random state is left as it was, so a run that checks draws the same
-    data as one that does not."""
+    ``device`` and, for ``wbgrad``, of the attention's two Linears (``qkv``: width to 3 × width, ``proj``) through
+    ``linear`` against plain ones: raises ``CublasLtError`` where a call fails or a result is off by more than
+    bf16's rounding allows (``CHECK_TOLERANCE``). The random state is left as it was, so a run that checks draws
+    the same data as one that does not."""
     from torchrig.train.cublaslt import CublasLtError
 
     dev = torch.device(device)
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(0)
         fc, out = torch.nn.Linear(width, hidden, device=dev), torch.nn.Linear(hidden, width, device=dev)
-        for p in (*fc.parameters(), *out.parameters()):
+        qkv, proj = torch.nn.Linear(width, 3 * width, device=dev), torch.nn.Linear(width, width, device=dev)
+        for p in (*fc.parameters(), *out.parameters(), *qkv.parameters(), *proj.parameters()):
             torch.nn.init.normal_(p, std=0.02)
         x0 = torch.randn(64, width, device=dev)
 
-        def grads(f: Any) -> list[torch.Tensor]:
+        def grads(f: Any, first: torch.nn.Linear, second: torch.nn.Linear) -> list[torch.Tensor]:
             x = x0.clone().requires_grad_(True)
-            for p in (*fc.parameters(), *out.parameters()):
+            for p in (*first.parameters(), *second.parameters()):
                 p.grad = None
             with torch.autocast(dev.type, torch.bfloat16):
                 y = f(x)
             y.float().square().mean().backward()
             return [
                 t.detach().float()
-                for t in (y, x.grad, *(p.grad for p in (*fc.parameters(), *out.parameters())))
+                for t in (y, x.grad, *(p.grad for p in (*first.parameters(), *second.parameters())))
             ]
 
-        plain = grads(lambda x: out(F.gelu(fc(x), approximate="tanh")))
-        tried = [("fused MLP", lambda x: mlp(x, fc, out, backward))]
-        if backward == "wbgrad":  # the block's other Linears run through linear(): check it as well
+        def attention_like(
+            lin: Any,
+        ) -> Any:  # qkv, its three parts mixed, proj: the shapes a block's Linears have
+            def f(x: torch.Tensor) -> torch.Tensor:
+                q, k, v = lin(x, qkv).split(width, dim=-1)
+                return lin(q + k * v, proj)
+
+            return f
+
+        # (what, the plain one, the function checked, the plain function, its two layers)
+        tried: list[tuple[str, str, Any, Any, torch.nn.Linear, torch.nn.Linear]] = [
+            ("fused MLP", "MLP's", lambda x: mlp(x, fc, out, backward),
+             lambda x: out(F.gelu(fc(x), approximate="tanh")), fc, out),
+        ]  # fmt: skip
+        if backward == "wbgrad":  # the block's qkv and proj run through linear(): check it at their shapes
             tried.append(
-                ("bias-gradient Linear", lambda x: linear(F.gelu(linear(x, fc), approximate="tanh"), out))
-            )
-        names = ("output", "input gradient", "fc.weight gradient", "fc.bias gradient", "out.weight gradient",
-                 "out.bias gradient")  # fmt: skip
-        for what, f in tried:
+                ("bias-gradient Linear", "Linears'", attention_like(linear),
+                 attention_like(lambda x, m: m(x)), qkv, proj)
+            )  # fmt: skip
+        for what, ref, f, plain_f, first, second in tried:
+            plain = grads(plain_f, first, second)
             try:
-                got = grads(f)
+                got = grads(f, first, second)
             except RuntimeError as e:  # CublasLtError is one; a kernel that cannot launch is another
                 raise CublasLtError(f"the {what} failed its check on {dev}: {str(e).splitlines()[0]}") from e
+            a_name, b_name = ("fc", "out") if first is fc else ("qkv", "proj")
+            names = ("output", "input gradient", f"{a_name}.weight gradient", f"{a_name}.bias gradient",
+                     f"{b_name}.weight gradient", f"{b_name}.bias gradient")  # fmt: skip
             for name, a, b in zip(names, got, plain, strict=True):
                 err = float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
                 if not err < CHECK_TOLERANCE:
-                    raise CublasLtError(f"the {what}'s {name} is {err:.3g} off the plain MLP's on {dev}")
+                    raise CublasLtError(f"the {what}'s {name} is {err:.3g} off the plain {ref} on {dev}")
 
 
 def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear, backward: str = "bgrad") -> torch.Tensor:
