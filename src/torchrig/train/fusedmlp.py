@@ -215,13 +215,20 @@ def check(device: torch.device | str, width: int, hidden: int, backward: str) ->
                 got = grads(f, first, second)
             except RuntimeError as e:  # CublasLtError is one; a kernel that cannot launch is another
                 raise CublasLtError(f"the {what} failed its check on {dev}: {str(e).splitlines()[0]}") from e
-            a_name, b_name = ("fc", "out") if first is fc else ("qkv", "proj")
-            names = ("output", "input gradient", f"{a_name}.weight gradient", f"{a_name}.bias gradient",
-                     f"{b_name}.weight gradient", f"{b_name}.bias gradient")  # fmt: skip
-            for name, a, b in zip(names, got, plain, strict=True):
-                err = float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
-                if not err < CHECK_TOLERANCE:
-                    raise CublasLtError(f"the {what}'s {name} is {err:.3g} off the plain {ref} on {dev}")
+            _compare(f"the {what}'s", f"the plain {ref} on {dev}", ("fc", "out") if first is fc else ("qkv", "proj"),
+                     got, plain)  # fmt: skip
+
+
+def _compare(what: str, against: str, layers: tuple[str, str], got: list[torch.Tensor], plain: list[torch.Tensor]) -> None:  # fmt: skip
+    """Raise CublasLtError where one of ``got`` (output, input gradient, then the two layers' weight and bias
+    gradients) is further from ``plain``'s than ``CHECK_TOLERANCE``, relative to its largest element."""
+    from torchrig.train.cublaslt import CublasLtError
+
+    names = ["output", "input gradient"] + [f"{a}.{p} gradient" for a in layers for p in ("weight", "bias")]
+    for name, a, b in zip(names, got, plain, strict=True):
+        err = float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+        if not err < CHECK_TOLERANCE:
+            raise CublasLtError(f"{what} {name} is {err:.3g} off {against}")
 
 
 def mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear, backward: str = "bgrad") -> torch.Tensor:
