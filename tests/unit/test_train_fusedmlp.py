@@ -144,26 +144,31 @@ def test_an_unknown_backward_is_refused() -> None:
         mlp(torch.randn(2, 8, 32), fc, out, "fast")
 
 
+def _train_tiny_gpt(fused: str, steps: int, compiled: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+    """A two-block GPT trained ``steps`` steps under bf16 autocast on the CPU with this fused-MLP backward ("": the
+    plain MLP): each step's loss, and the parameters' gradients of the last step."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
+    for blk in m.blocks:
+        blk.fused_mlp = fused
+    f = torch.compile(m) if compiled else m
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    batch = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    out, grads = [], []
+    for _ in range(steps):
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = f(batch, batch.roll(-1, 1))
+        loss.backward()
+        grads = [p.grad.clone() for p in m.parameters()]
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out, grads
+
+
 @pytest.mark.parametrize("backward", sorted(BACKWARDS))
 def test_a_gpt_with_fused_mlps_trains_as_the_plain_one(backward: str) -> None:
-    def losses(fused: str) -> list[float]:
-        torch.manual_seed(0)
-        m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
-        for blk in m.blocks:
-            blk.fused_mlp = fused
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        batch = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
-        out = []
-        for _ in range(4):
-            with torch.autocast("cpu", torch.bfloat16):
-                loss = m(batch, batch.roll(-1, 1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            out.append(loss.item())
-        return out
-
-    plain, fused = losses(""), losses(backward)
+    (plain, _), (fused, _) = _train_tiny_gpt("", 4), _train_tiny_gpt(backward, 4)
     assert plain[-1] < plain[0]
     assert max(abs(a - b) for a, b in zip(plain, fused, strict=True)) < 0.02, (plain, fused)
 
@@ -171,27 +176,10 @@ def test_a_gpt_with_fused_mlps_trains_as_the_plain_one(backward: str) -> None:
 def test_compiled_a_gpt_with_wbgrad_trains_as_eager() -> None:
     """wbgrad's Linears take the fp32 parameters and give their gradients in fp32 from the custom op: compiled,
     AOTAutograd traces that path, and the losses and gradients match the eager run's."""
-
-    def run(compiled: bool) -> tuple[list[float], list[torch.Tensor]]:
-        torch.manual_seed(0)
-        m = GPT(GPTConfig(layers=2, heads=2, width=32, block_size=16, vocab=64))
-        for blk in m.blocks:
-            blk.fused_mlp = "wbgrad"
-        f = torch.compile(m) if compiled else m
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        batch = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
-        out = []
-        for _ in range(3):
-            with torch.autocast("cpu", torch.bfloat16):
-                loss = f(batch, batch.roll(-1, 1))
-            loss.backward()
-            grads = [p.grad.clone() for p in m.parameters()]
-            opt.step()
-            opt.zero_grad()
-            out.append(loss.item())
-        return out, grads
-
-    (eager, g_eager), (comp, g_comp) = run(False), run(True)
+    (eager, g_eager), (comp, g_comp) = (
+        _train_tiny_gpt("wbgrad", 3),
+        _train_tiny_gpt("wbgrad", 3, compiled=True),
+    )
     assert max(abs(a - b) for a, b in zip(eager, comp, strict=True)) < 0.01, (eager, comp)
     assert all(g.dtype == torch.float32 for g in g_comp)
     assert max(_rel(a, b) for a, b in zip(g_comp, g_eager, strict=True)) < 0.05
