@@ -190,9 +190,9 @@ def check(device: torch.device | str, width: int, hidden: int, backward: str) ->
                 for t in (y, x.grad, *(p.grad for p in (*first.parameters(), *second.parameters())))
             ]
 
-        def attention_like(
-            lin: Any,
-        ) -> Any:  # qkv, its three parts mixed, proj: the shapes a block's Linears have
+        def attention_like(lin: Any) -> Any:
+            """qkv, its three parts mixed, then proj, each through ``lin``: the shapes a block's Linears have."""
+
             def f(x: torch.Tensor) -> torch.Tensor:
                 q, k, v = lin(x, qkv).split(width, dim=-1)
                 return lin(q + k * v, proj)
