@@ -9,7 +9,9 @@ For GPT-2 small's MLP (width 768, hidden 3072, seq 1024) at each micro-batch (16
    sum, compiled, against `DGELU_BGRAD`, and against `DGELU` with the bias sum compiled apart), each
    epilogue by every algorithm cuBLASLt's heuristic offers (`ms_by_algorithm`, its first choice first),
    the block's four weight-gradient GEMMs with the bias gradient in the epilogue (`BGRADB`, bf16 or fp32
-   out) against the GEMM, the compiled bias sum and the casts to fp32,
+   out) against the GEMM, the compiled bias sum and the casts to fp32 (the sum alone costs more here than in
+   training, where Inductor fuses it into the LayerNorm and GELU backward: on an H100, 2026-12-07, these
+   predicted 1.7 ms a step saved and training ran 0.985-1.000x; docs/results/training-speed.md),
    the Triton kernel of train/gelubias.py (GELU backward and bias sum in one pass) against Inductor's two
    kernels, and the whole MLP forward + backward, compiled with CUDA graphs
    (`reduce-overhead`), the plain MLP against train/fusedmlp.py's with each backward, gradients compared.
