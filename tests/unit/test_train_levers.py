@@ -103,3 +103,18 @@ def test_table_compares_within_a_micro_batch(tmp_path) -> None:
     assert "1.210" in rows["w16.1"] and "0.0030 (2)" in rows["w16.1"]
     assert "1.050" in rows["cg-mb64.1"] and "0.0000 (1)" in rows["cg-mb64.1"]
     assert len(json.loads((tmp_path / "results.json").read_text())) == 5
+
+
+def test_a_run_logged_every_step_has_the_same_five_step_curve() -> None:
+    """`log1` logs every step; its curve is compared with the default's (logged every 5th) as 5-step means."""
+    losses = {s: 10.0 - s / 7 for s in range(1, 13)}
+    every_step = levers.five_step_means(losses)
+    every_fifth = levers.five_step_means(
+        {5: sum(losses[s] for s in range(1, 6)) / 5, 10: sum(losses[s] for s in range(6, 11)) / 5, 12: 1.0}
+    )
+    assert every_step.keys() == every_fifth.keys() == {5, 10}  # steps 11-12 are not a whole bin
+    assert all(every_step[k] == pytest.approx(every_fifth[k]) for k in (5, 10))
+    assert levers.five_step_means({25: 9.0, 50: 8.0}) == {}  # one record over five bins: nothing to compare
+    assert levers.five_step_means({5: 9.0, 10: None, 15: 8.0}) == {5: 9.0, 15: 8.0}  # a skipped interval
+    argv, _ = levers.command("log1", 50, Path("/tmp/x"), "b.py", [])
+    assert argv[len(argv) - 1 - argv[::-1].index("--log-every") + 1] == "1"  # the last one wins in argparse

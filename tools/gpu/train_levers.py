@@ -31,7 +31,12 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   ltg    TORCHRIG_TUNED_GEMMS=1: each GEMM shape by the fastest of cuBLASLt's algorithms, timed at start
          (train/ltgemm.py)
   fa     --attention flash: FlashAttention-2 (PyTorch's flash SDPA kernel) instead of cuDNN's
+  fmlpw  TORCHRIG_FUSED_MLP=wbgrad: dgelu, and every Linear of a block sums its bias gradient in its
+         weight-gradient GEMM (cuBLASLt's BGRADB epilogue), both gradients written in fp32
   nosg   --step-graph off (the default's reference when the default captures the step)
+  log1   --log-every 1: a host sync after every step, as the baseline has (its timing synchronizes each
+         step), where the default syncs every 5th; the steady rate is then the median step's, the
+         baseline's measure. What it costs against `cg` is what the log step's sync costs the GPU
 and the model tags `med` (--size medium, GPT-2 medium) and `large` (--size large), compared with the default
 of the same size (`cg+med`): the baseline script is GPT-2 small only, so they have no "vs base" figure.
 e.g. `w16+pdl+tune@64`. Every distinct item is first compiled (3 steps, several at once, Inductor's cache in
@@ -40,8 +45,8 @@ BUDGET_S seconds is skipped. A RUNS item written `prof:ITEM` is a profiled run a
 (PROFILE's items run after all of RUNS); its device events (every kernel, copy and memset of the profiled steps,
 tools/gpu/trace_kernels.py's form) go to $OUT/train_levers/NAME-kernels.json.gz. After every run $OUT/train_levers/summary.txt (the table, the loss curves) and
 results.json are rewritten, so a call cut short still returns what ran. The torchrig runs train on
---data generated with the same seed; each curve (mean loss per 5 steps) is compared with `cg`'s at the same
-micro-batch. The baseline trains on one fixed random batch, so its loss is not on the same data.
+--data generated with the same seed; each curve (mean loss per 5 steps, whatever the run's --log-every) is compared with `cg`'s
+at the same micro-batch. The baseline trains on one fixed random batch, so its loss is not on the same data.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "ltg": ({"TORCHRIG_TUNED_GEMMS": "1"}, []),
     "fa": ({}, ["--attention", "flash"]),
     "nosg": ({}, ["--step-graph", "off"]),
+    "log1": ({}, ["--log-every", "1"]),
     "med": ({}, ["--size", "medium"]),
     "large": ({}, ["--size", "large"]),
 }
@@ -155,6 +161,26 @@ def command(
     ]
     more = os.environ.get("TORCHRIG_ARGS", "").split()  # e.g. a CPU smoke run: --size tiny --device cpu
     return [*argv, "--out", str(out), "--overwrite", *opts, *extra, *more], env
+
+
+def five_step_means(records: dict[int, float | None]) -> dict[int, float]:
+    """The loss curve as the mean loss of each 5 steps, whatever the run's --log-every: a record at step s holds
+    the mean over the steps since the record before it (from step 1). A bin of 5 steps that the records do not
+    tile exactly (one record over several bins, a missing loss) is left out."""
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    broken: set[int] = set()
+    prev = 0
+    for s in sorted(records):
+        first, last = (prev // 5) + 1, ((s - 1) // 5) + 1  # the bins that steps prev+1 .. s fall in
+        loss = records[s]
+        if first != last or loss is None:
+            broken.update(range(first, last + 1))
+        else:
+            sums[last] = sums.get(last, 0.0) + loss * (s - prev)
+            counts[last] = counts.get(last, 0) + (s - prev)
+        prev = s
+    return {5 * b: sums[b] / 5 for b in sorted(sums) if counts[b] == 5 and b not in broken}
 
 
 def warm_units(memory_mib: int | None) -> int:
@@ -346,6 +372,7 @@ def measure(item: str, stdout: str, run_dir: Path) -> dict:
                 curve[r["step"]] = r["loss"]
             if r.get("event") == "compile_check":  # the compiled model's first loss against eager's
                 check = {k: r.get(k) for k in ("eager_loss", "compiled_loss", "action")}
+    curve = five_step_means(curve)
     pr = s.get("profile") or {}
     return {
         "tokens_per_s": s.get("tokens_per_s"),
