@@ -1,6 +1,6 @@
 """cuBLASLt's GELU epilogues (train/cublaslt.py) and the fused MLP (train/fusedmlp.py) on a real GPU: the
 module's enums against the installed cublasLt.h, each epilogue against the ops' own definitions at GPT-2
-small's MLP shape, the Triton GELU-backward kernel (train/gelubias.py) against its definition, the fused MLP's
+small's MLP shape (with cuBLASLt's workspace and without), the Triton GELU-backward kernel (train/gelubias.py) against its definition, the fused MLP's
 gradients under CUDA graphs against the plain MLP's, and training runs with ``TORCHRIG_FUSED_MLP=1`` and
 ``=triton`` and ``=wbgrad`` (every Linear's bias gradient in its weight-gradient GEMM) against one without.
 Skipped without CUDA."""
@@ -36,9 +36,17 @@ def test_the_enums_are_the_installed_headers():
     assert cublaslt.library_path() is not None
 
 
-def test_each_epilogue_computes_its_ops_definition():
+@pytest.mark.parametrize("workspace_kib", [None, "0"])
+def test_each_epilogue_computes_its_ops_definition(monkeypatch, workspace_kib):
+    """With the default workspace and with none (CUBLASLT_WORKSPACE_SIZE=0: the algorithms that need none)."""
     from torchrig.train import cublaslt
     from torchrig.train.fusedmlp import dgelu_matmul, linear_gelu
+
+    monkeypatch.setattr(cublaslt, "_state", {})  # the size is read once, the plans are made for it
+    if workspace_kib is not None:
+        monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", workspace_kib)
+    else:
+        monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
 
     g = torch.Generator(device="cuda").manual_seed(0)
     t, d, n = 2048, 768, 3072
@@ -71,6 +79,7 @@ def test_each_epilogue_computes_its_ops_definition():
         cublaslt.linear_gelu(x, w1, b1, algo=cublaslt.HEURISTIC_RESULTS)
     # the custom ops reach the same kernels on CUDA
     assert torch.equal(linear_gelu(x, w1, b1)[0], h) and torch.equal(dgelu_matmul(dy, w2, pre)[1], db)
+    assert cublaslt.workspace_bytes() == (32 << 20 if workspace_kib is None else 0)
 
 
 def test_the_triton_gelu_bias_kernel_computes_its_ops_definition():

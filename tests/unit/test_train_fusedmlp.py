@@ -480,3 +480,24 @@ def test_any_value_of_the_variable_is_a_choice_or_one_usage_error(value: str) ->
             return
     assert choice in ("auto", "", *FUSED_MLP_BACKWARDS)
     assert choice == {"": "auto", "0": "", "1": "bgrad"}.get(value.strip(), value.strip())
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 32 * 1024 * 1024), ("0", 0), ("1024", 1024 * 1024), (" 64 ", 64 * 1024), ("-1", 32 * 1024 * 1024),
+     ("1e3", 32 * 1024 * 1024), ("", 32 * 1024 * 1024)],
+)  # fmt: skip
+def test_the_workspace_is_pytorchs_setting_or_32_mib(monkeypatch, value, expected) -> None:
+    """cuBLASLt gets the workspace PyTorch's own cuBLASLt calls are given by CUBLASLT_WORKSPACE_SIZE (KiB);
+    a value that is not a whole number leaves the default. The size is read once: the heuristic's algorithms,
+    the buffer and the call must agree."""
+    from torchrig.train import cublaslt
+
+    monkeypatch.setattr(cublaslt, "_state", {})
+    if value is None:
+        monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", value)
+    assert cublaslt.workspace_bytes() == expected
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "7")
+    assert cublaslt.workspace_bytes() == expected  # fixed at its first use

@@ -26,6 +26,7 @@ PyPI, whose libcublasLt also took these descriptors and gave their values back o
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ HEADER_NAMES = {
     "CUBLASLT_EPILOGUE_BIAS": EPILOGUE_BIAS,
 }
 WORKSPACE_BYTES = 32 * 1024 * 1024  # what PyTorch gives cuBLASLt on Hopper (CUBLASLT_WORKSPACE_SIZE default)
+WORKSPACE_ENV = "CUBLASLT_WORKSPACE_SIZE"  # PyTorch's setting for its own cuBLASLt calls, in KiB
 
 
 class CublasLtError(RuntimeError):
@@ -183,6 +185,18 @@ def _lib() -> _Lib:
     return lib
 
 
+def workspace_bytes() -> int:
+    """The workspace this module gives cuBLASLt, fixed at its first use in the process: CUBLASLT_WORKSPACE_SIZE
+    (KiB, the setting PyTorch's own cuBLASLt calls read) where it is a whole number, else WORKSPACE_BYTES. With
+    0 the heuristic offers only algorithms that need no workspace (no split-K or stream-K reduction in it)."""
+    size = _state.get("ws_bytes")
+    if size is None:
+        raw = os.environ.get(WORKSPACE_ENV, "").strip()
+        size = _state["ws_bytes"] = int(raw) * 1024 if raw.isdigit() else WORKSPACE_BYTES
+    assert isinstance(size, int)
+    return size
+
+
 def _workspace(device: torch.device) -> torch.Tensor:
     key = f"ws{device.index}"
     ws = _state.get(key)
@@ -192,7 +206,7 @@ def _workspace(device: torch.device) -> torch.Tensor:
                 "cuBLASLt's workspace cannot be allocated during CUDA graph capture: call "
                 "torchrig.train.fusedmlp.prepare(device) before compiling or capturing"
             )
-        ws = _state[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        ws = _state[key] = torch.empty(workspace_bytes(), dtype=torch.uint8, device=device)
     assert isinstance(ws, torch.Tensor)
     return ws
 
@@ -220,7 +234,7 @@ def _algorithms(
     """The heuristic's algorithms for this GEMM (up to HEURISTIC_RESULTS, best first, within the workspace)."""
     pref = ctypes.c_void_p()
     lib.check("cublasLtMatmulPreferenceCreate", ctypes.byref(pref))
-    ws = ctypes.c_uint64(WORKSPACE_BYTES)
+    ws = ctypes.c_uint64(workspace_bytes())
     lib.check(
         "cublasLtMatmulPreferenceSetAttribute",
         pref,
@@ -312,7 +326,7 @@ def _matmul(
             ctypes.c_void_p(a.data_ptr()), plan.layouts[0], ctypes.c_void_p(b.data_ptr()), plan.layouts[1],
             ctypes.byref(zero), ctypes.c_void_p(d.data_ptr()), plan.layouts[2],
             ctypes.c_void_p(d.data_ptr()), plan.layouts[2], ctypes.byref(plan.algos[algo]),
-            ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(WORKSPACE_BYTES),
+            ctypes.c_void_p(ws.data_ptr() if ws.numel() else None), ctypes.c_size_t(ws.numel()),
             ctypes.c_void_p(torch.cuda.current_stream(d.device).cuda_stream),
         )  # fmt: skip
 
