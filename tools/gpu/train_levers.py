@@ -34,6 +34,11 @@ defaults: --compile-mode auto = CUDA graphs on one GPU, fused loss), and levers 
   fmlpw  TORCHRIG_FUSED_MLP=wbgrad: dgelu, and every Linear of a block sums its bias gradient in its
          weight-gradient GEMM (cuBLASLt's BGRADB epilogue), both gradients written in fp32
   nosg   --step-graph off (the default's reference when the default captures the step)
+  ws0    CUBLASLT_WORKSPACE_SIZE=0 CUBLAS_WORKSPACE_CONFIG=:0:0: cuBLAS and cuBLASLt (PyTorch's and the fused
+         MLP's, train/cublaslt.py) without a workspace, so only algorithms that need none. In the default's
+         profile a ~1 us memset comes before nearly every GEMM (123 a step) and the next kernel starts ~3 us
+         after it inside the CUDA graph: ~0.38 ms a step of gaps. Whether those memsets are the workspace's
+         (a split-K or stream-K kernel's counters) is what this run shows
   log1   --log-every 1: a host sync after every step, as the baseline has (its timing synchronizes each
          step), where the default syncs every 5th; the steady rate is then the median step's, the
          baseline's measure. What it costs against `cg` is what the log step's sync costs the GPU
@@ -93,6 +98,7 @@ LEVERS = {  # tag: (environment, torchrig options)
     "fa": ({}, ["--attention", "flash"]),
     "nosg": ({}, ["--step-graph", "off"]),
     "log1": ({}, ["--log-every", "1"]),
+    "ws0": ({"CUBLASLT_WORKSPACE_SIZE": "0", "CUBLAS_WORKSPACE_CONFIG": ":0:0"}, []),
     "med": ({}, ["--size", "medium"]),
     "large": ({}, ["--size", "large"]),
 }
