@@ -1,9 +1,9 @@
 """cuBLASLt's GELU epilogues (train/cublaslt.py) and the fused MLP (train/fusedmlp.py) on a real GPU: the
 module's enums against the installed cublasLt.h, each epilogue against the ops' own definitions at GPT-2
-small's MLP shape (with cuBLASLt's workspace and without), the Triton GELU-backward kernel (train/gelubias.py) against its definition, the fused MLP's
-gradients under CUDA graphs against the plain MLP's, and training runs with ``TORCHRIG_FUSED_MLP=1`` and
-``=triton`` and ``=wbgrad`` (every Linear's bias gradient in its weight-gradient GEMM) against one without.
-Skipped without CUDA."""
+small's MLP shape (with cuBLASLt's workspace and without), the Triton GELU-backward kernel (train/gelubias.py)
+against its definition, the fused MLP's gradients under CUDA graphs against the plain MLP's, and training runs
+with ``TORCHRIG_FUSED_MLP=1`` and ``=triton`` and ``=wbgrad`` (every Linear's bias gradient in its
+weight-gradient GEMM) against one without. Skipped without CUDA."""
 
 from __future__ import annotations
 

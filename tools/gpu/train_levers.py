@@ -50,8 +50,8 @@ BUDGET_S seconds is skipped. A RUNS item written `prof:ITEM` is a profiled run a
 (PROFILE's items run after all of RUNS); its device events (every kernel, copy and memset of the profiled steps,
 tools/gpu/trace_kernels.py's form) go to $OUT/train_levers/NAME-kernels.json.gz. After every run $OUT/train_levers/summary.txt (the table, the loss curves) and
 results.json are rewritten, so a call cut short still returns what ran. The torchrig runs train on
---data generated with the same seed; each curve (mean loss per 5 steps, whatever the run's --log-every) is compared with `cg`'s
-at the same micro-batch. The baseline trains on one fixed random batch, so its loss is not on the same data.
+--data generated with the same seed; each curve (mean loss per 5 steps, whatever the run's --log-every) is
+compared with `cg`'s at the same micro-batch. The baseline trains on one fixed random batch, so its loss is not on the same data.
 """
 
 from __future__ import annotations
