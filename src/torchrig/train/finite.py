@@ -56,13 +56,17 @@ class NonFiniteWatch:
         """Remember ``step`` when it is the first bad one (no sync)."""
         self.first = torch.where((self.first == 0) & bad, step, self.first)
 
-    def first_bad_step(self) -> int | None:
-        """The earliest bad step on any rank, or None: one host sync and, with several ranks, one all-reduce."""
+    def first_bad_queued(self) -> torch.Tensor:
+        """The earliest bad step on any rank, 0 for none, as a 0-d tensor: no host sync; with several ranks,
+        one all-reduce (queued: every rank calls this at the same point)."""
         v = torch.where(self.first == 0, _NONE, self.first)
         if _world() > 1:
             dist.all_reduce(v, op=dist.ReduceOp.MIN)
-        n = int(v.item())
-        return None if n == _NONE else n
+        return torch.where(v == _NONE, 0, v)
+
+    def first_bad_step(self) -> int | None:
+        """The earliest bad step on any rank, or None: one host sync and, with several ranks, one all-reduce."""
+        return int(self.first_bad_queued().item()) or None
 
 
 def any_rank(bad: torch.Tensor) -> bool:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from torchrig.train import checkpoint as ckpt
@@ -30,6 +29,7 @@ from torchrig.train.finite import MAX_SKIPPED_IN_A_ROW, Diverged, NonFiniteWatch
 from torchrig.train.gpuwatch import GpuWatch
 from torchrig.train.job import Job, Run
 from torchrig.train.lategrads import LateGrads
+from torchrig.train.logstep import LogReader
 from torchrig.train.metrics import Metrics, peak_tflops
 from torchrig.train.models import build_model, model_spec
 from torchrig.train.record import TrainSummary
@@ -100,6 +100,11 @@ class Collector:
             gc.unfreeze()
             if self.was_enabled:
                 gc.enable()
+
+
+def _hook_step(cfg: TrainConfig, rt: Runtime, step: int) -> bool:
+    """A test hook fires on some rank at ``step``: every rank writes its queued log record first."""
+    return not rt.restart and step in (cfg.test_kill_at_step, cfg.test_hang_at_step)
 
 
 def _test_hooks(cfg: TrainConfig, rt: Runtime, step: int) -> None:
@@ -304,10 +309,14 @@ def _diverged(job: Job, step: int, how: str) -> Diverged:
 
 
 def _check_finite(job: Job, metrics: Metrics, at: str) -> None:
-    """At a point the loop syncs anyway (a log step, a save): stop when any step so far was NaN/inf."""
+    """At a point the loop syncs anyway (a save): stop when any step so far was NaN/inf."""
     if job.nonfinite is None or job.cfg.on_nonfinite == "skip":
         return
-    first = job.nonfinite.first_bad_step()
+    _stop_if_bad(job, metrics, job.nonfinite.first_bad_step(), at)
+
+
+def _stop_if_bad(job: Job, metrics: Metrics, first: int | None, at: str) -> None:
+    """Stop the run (Diverged) when ``first``, the first NaN/inf step on any rank, is a step."""
     if first is None:
         return
     metrics.event(event="nonfinite", step=first, action="stop", found_at=at)
@@ -382,8 +391,18 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
     last: dict[str, Any] = {"step": run.start, "t": t0}
     collector = Collector(cfg.gc_every)
     job.watch = GpuWatch.open(torch, rt.device)
+    reader = LogReader(
+        job,
+        metrics,
+        run.peak,
+        last,
+        lambda first, at: _stop_if_bad(job, metrics, first, at),
+        lambda s: lr_at(s, job.cfg),
+    )
     try:
         for step in range(run.start + 1, cfg.steps + 1):
+            if _hook_step(cfg, rt, step):
+                _logged(run, reader.finish())  # a test hook may stop this run: the record is written first
             _test_hooks(cfg, rt, step)
             if step == run.prof_first:
                 profiler = setup.profiler(cfg, rt, job.out / "profile")
@@ -391,12 +410,10 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
             with profiler.step(step) if profiler is not None else contextlib.nullcontext():
                 grad_norm = one_step(job, metrics, step, it, loss_sum)
             collector.after_step(step, run.start + 1)
+            _logged(run, reader.finish())  # the last log step's record, now that this step is queued
             if step == cfg.steps and profiler is not None:
                 run.profile = profiler.stop(cfg.steps - (run.prof_first or step) + 1)
-            if step % cfg.log_every == 0 or step == cfg.steps or step == (run.prof_first or 0) - 1:
-                logged = _log(step, last, loss_sum, grad_norm, job, metrics, run.peak)
-                run.final_loss = logged if logged is not None else run.final_loss
-                loss_sum.zero_()
+            _log(job, run, reader, step, loss_sum, grad_norm)
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
                 _check_finite(job, metrics, f"save of step {step}")
                 _check_weights(job, metrics, step)
@@ -404,6 +421,9 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
                 last["t"] = time.perf_counter()  # checkpoint time is not training throughput
         warm = run.start + min(cfg.timing_warmup_steps, cfg.steps // 3)
         run.gpu = job.watch.result(from_step=warm) if job.watch is not None else None
+    except BaseException:
+        reader.abandon()  # the interval before the error keeps its record
+        raise
     finally:
         collector.close()
         if job.watch is not None:
@@ -468,47 +488,23 @@ def _check_compile(job: Job, metrics: Metrics, it: Any, start: int) -> Any:
 
 
 def _log(
-    step: int,
-    last: dict[str, Any],
-    loss_sum: torch.Tensor,
-    grad_norm: torch.Tensor | None,
-    job: Job,
-    metrics: Metrics,
-    peak: float | None,
-) -> float | None:
-    _check_finite(job, metrics, f"log of step {step}")
-    rt = job.rt
-    skipped = sum(1 for s in job.skipped if s > last["step"])
-    n = max(step - last["step"] - skipped, 1)  # the steps whose losses loss_sum holds
-    loss = loss_sum / n
-    if dist.is_initialized():
-        dist.all_reduce(loss)  # the mean over ranks (gloo has no AVG)
-        loss = loss / rt.world
-    gn = None
-    if grad_norm is not None:
-        full = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        gn = float(full.item())
-        gn = gn if math.isfinite(gn) else None  # a skipped step's norm: JSON has no NaN
-    value: float | None = float(loss.item())  # the one host sync of the interval
-    if skipped == step - last["step"]:
-        value = None  # --on-nonfinite skip dropped every step of the interval: no loss to show
-    now = time.perf_counter()
-    if job.watch is not None:
-        job.watch.sample(step)
-    rate = (step - last["step"]) * job.units_per_step / max(now - last["t"], 1e-9)
-    rec = {
-        "step": step,
-        "loss": value,
-        "lr": lr_at(step, job.cfg),
-        "grad_norm": gn,
-        f"{job.unit}_per_s": rate,
-        "mfu": rate * job.flops_per_unit / (rt.world * peak * 1e12) if peak else None,
-        "world_size": rt.world,
-        "restart": rt.restart,
-    }
-    metrics.step(rec, job.unit, last["step"] + 1)
-    last["step"], last["t"] = step, now
-    return value
+    job: Job, run: Run, reader: LogReader, step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None
+) -> None:
+    """On a log step, queue its record's reads (train/logstep.py); read them at once where what follows needs
+    them: the last step, a save, the step before the profiled window."""
+    cfg = job.cfg
+    if not (step % cfg.log_every == 0 or step == cfg.steps or step == (run.prof_first or 0) - 1):
+        return
+    saves = bool(cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final)
+    if step == cfg.steps or saves or step == (run.prof_first or 0) - 1:
+        _logged(run, reader.now(step, loss_sum, grad_norm))
+    else:
+        reader.queue(step, loss_sum, grad_norm)
+    loss_sum.zero_()
+
+
+def _logged(run: Run, value: float | None) -> None:
+    run.final_loss = value if value is not None else run.final_loss
 
 
 def _save(job: Job, step: int) -> None:
