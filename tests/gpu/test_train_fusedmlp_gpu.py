@@ -7,6 +7,7 @@ weight-gradient GEMM) against one without. Skipped without CUDA."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -65,21 +66,41 @@ def test_each_epilogue_computes_its_ops_definition(monkeypatch, workspace_kib):
     exact = x.float() @ w1.float().t() + b1.float()
     ref_h, ref_pre = F.gelu(exact, approximate="tanh"), exact
     assert _rel(pre, ref_pre) < 0.01 and _rel(h, ref_h) < 0.01
-    dpre, db = cublaslt.dgelu_matmul(dy, w2, pre)
+    missing: list[str] = []  # without a workspace cuBLASLt may have no algorithm for an epilogue: it says so
     d_exact = torch.ops.aten.gelu_backward(dy.float() @ w2.float(), pre.float(), approximate="tanh")
-    assert _rel(dpre, d_exact) < 0.01 and _rel(db, d_exact.sum(0)) < 0.01
-    assert _rel(cublaslt.dgelu_only(dy, w2, pre), d_exact) < 0.01  # DGELU, the bias sum left out
+    with _unless_none_without_workspace(workspace_kib, missing):
+        dpre, db = cublaslt.dgelu_matmul(dy, w2, pre)
+        assert _rel(dpre, d_exact) < 0.01 and _rel(db, d_exact.sum(0)) < 0.01
+        assert torch.equal(dgelu_matmul(dy, w2, pre)[1], db)  # the custom op reaches the same kernel
+    with _unless_none_without_workspace(workspace_kib, missing):
+        assert _rel(cublaslt.dgelu_only(dy, w2, pre), d_exact) < 0.01  # DGELU, the bias sum left out
     # BGRADB: a Linear's weight gradient and its bias gradient in one GEMM, for fc's shapes and out's
+    dpre = d_exact.bfloat16()
     for (grad, inp), fp32 in itertools.product(((dpre, x), (dy, h), (dy, x)), (False, True)):
-        dw, dbias = cublaslt.weight_grad(grad, inp, fp32=fp32)
-        assert dw.shape == (grad.shape[1], inp.shape[1]) and dbias.shape == (grad.shape[1],)
-        assert dw.dtype == dbias.dtype == (torch.float32 if fp32 else torch.bfloat16)
-        assert _rel(dw, grad.float().t() @ inp.float()) < 0.01 and _rel(dbias, grad.float().sum(0)) < 0.01
+        with _unless_none_without_workspace(workspace_kib, missing):
+            dw, dbias = cublaslt.weight_grad(grad, inp, fp32=fp32)
+            assert dw.shape == (grad.shape[1], inp.shape[1]) and dbias.shape == (grad.shape[1],)
+            assert dw.dtype == dbias.dtype == (torch.float32 if fp32 else torch.bfloat16)
+            assert _rel(dw, grad.float().t() @ inp.float()) < 0.01 and _rel(dbias, grad.float().sum(0)) < 0.01
     with pytest.raises(cublaslt.CublasLtError, match="algorithms for this GEMM"):
         cublaslt.linear_gelu(x, w1, b1, algo=cublaslt.HEURISTIC_RESULTS)
-    # the custom ops reach the same kernels on CUDA
-    assert torch.equal(linear_gelu(x, w1, b1)[0], h) and torch.equal(dgelu_matmul(dy, w2, pre)[1], db)
+    assert torch.equal(linear_gelu(x, w1, b1)[0], h)  # the custom op reaches the same kernel on CUDA
     assert cublaslt.workspace_bytes() == (32 << 20 if workspace_kib is None else 0)
+    print(f"CUBLASLT_WORKSPACE_SIZE={workspace_kib}: {len(missing)} without an algorithm: {missing}")
+
+
+@contextlib.contextmanager
+def _unless_none_without_workspace(workspace_kib, missing):
+    """With no workspace, cuBLASLt's "no algorithm within a workspace of 0 bytes" is an answer, not a failure
+    (the trainer then keeps the fused MLP off); with the default workspace every epilogue must run."""
+    from torchrig.train import cublaslt
+
+    try:
+        yield
+    except cublaslt.CublasLtError as e:
+        if workspace_kib != "0" or "within a workspace of 0 bytes" not in str(e):
+            raise
+        missing.append(str(e))
 
 
 def test_the_triton_gelu_bias_kernel_computes_its_ops_definition():

@@ -501,3 +501,39 @@ def test_the_workspace_is_pytorchs_setting_or_32_mib(monkeypatch, value, expecte
     assert cublaslt.workspace_bytes() == expected
     monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "7")
     assert cublaslt.workspace_bytes() == expected  # fixed at its first use
+
+
+@pytest.mark.parametrize(
+    ("status", "count", "expected"),
+    [
+        (cublaslt.STATUS_NOT_SUPPORTED, 0, "no algorithm for this GEMM and epilogue 208 .* of 0 bytes"),
+        (0, 0, "no algorithm for this GEMM and epilogue 208 .* of 0 bytes"),
+        (13, 0, "cublasLtMatmulAlgoGetHeuristic returned cublasStatus_t 13"),
+    ],
+)
+def test_no_algorithm_within_the_workspace_is_named_and_the_preference_is_freed(
+    monkeypatch, status, count, expected
+) -> None:
+    """cuBLASLt answers "not supported" (15) when no algorithm fits the workspace (an H100 had none for
+    DGELU_BGRAD without one): the error names the workspace's size, and the preference is freed either way."""
+    import ctypes
+
+    monkeypatch.setattr(cublaslt, "_state", {})
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "0")
+    calls: list[str] = []
+
+    class Heuristic:  # the library's answer, as an H100 gave it (2026-12-07, tests/gpu run)
+        def cublasLtMatmulAlgoGetHeuristic(self, *args: object) -> int:
+            args[-1]._obj.value = count  # type: ignore[attr-defined]
+            return status
+
+    class Lib:
+        lib, handle = Heuristic(), ctypes.c_void_p()
+
+        def check(self, fn: str, *args: object) -> None:
+            calls.append(fn)
+
+    none = ctypes.c_void_p()
+    with pytest.raises(cublaslt.CublasLtError, match=expected):
+        cublaslt._algorithms(Lib(), none, (none, none, none), "epilogue 208 (key)")  # type: ignore[arg-type]
+    assert calls[-1] == "cublasLtMatmulPreferenceDestroy"

@@ -45,6 +45,9 @@ PREF_MAX_WORKSPACE_BYTES = 1
 EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4
 EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_DGELU = 164, 208, 192
 EPILOGUE_BGRADB = 512
+STATUS_NOT_SUPPORTED = (
+    15  # the heuristic's answer when no algorithm fits (the workspace's size among the limits)
+)
 HEURISTIC_RESULTS = 8  # algorithms asked of the heuristic per GEMM: the first is used, the rest can be timed
 HEADER_NAMES = {
     "CUBLAS_COMPUTE_32F": CUBLAS_COMPUTE_32F,
@@ -57,6 +60,7 @@ HEADER_NAMES = {
     "CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES": PREF_MAX_WORKSPACE_BYTES,
     "CUBLASLT_EPILOGUE_DEFAULT": EPILOGUE_DEFAULT,
     "CUBLASLT_EPILOGUE_BIAS": EPILOGUE_BIAS,
+    "CUBLAS_STATUS_NOT_SUPPORTED": STATUS_NOT_SUPPORTED,
 }
 WORKSPACE_BYTES = 32 * 1024 * 1024  # what PyTorch gives cuBLASLt on Hopper (CUBLASLT_WORKSPACE_SIZE default)
 WORKSPACE_ENV = "CUBLASLT_WORKSPACE_SIZE"  # PyTorch's setting for its own cuBLASLt calls, in KiB
@@ -243,13 +247,20 @@ def _algorithms(
         ctypes.c_size_t(8),
     )
     results, count = (_Heuristic * HEURISTIC_RESULTS)(), ctypes.c_int(0)
-    lib.check(
-        "cublasLtMatmulAlgoGetHeuristic", lib.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
-        ctypes.c_int(HEURISTIC_RESULTS), results, ctypes.byref(count),
-    )  # fmt: skip
-    lib.check("cublasLtMatmulPreferenceDestroy", pref)
-    if count.value < 1:
-        raise CublasLtError(f"cuBLASLt has no algorithm for this GEMM and {what}")
+    try:
+        status = lib.lib.cublasLtMatmulAlgoGetHeuristic(
+            lib.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
+            ctypes.c_int(HEURISTIC_RESULTS), results, ctypes.byref(count),
+        )  # fmt: skip
+    finally:
+        lib.check("cublasLtMatmulPreferenceDestroy", pref)
+    if status not in (0, STATUS_NOT_SUPPORTED):
+        raise CublasLtError(f"cublasLtMatmulAlgoGetHeuristic returned cublasStatus_t {status}")
+    if status == STATUS_NOT_SUPPORTED or count.value < 1:  # none fits: cuBLASLt says so either way
+        raise CublasLtError(
+            f"cuBLASLt has no algorithm for this GEMM and {what} within a workspace of {ws.value} bytes"
+            " (CUBLASLT_WORKSPACE_SIZE)"
+        )
     algos = tuple(
         results[i].algo for i in range(min(count.value, HEURISTIC_RESULTS)) if results[i].state == 0
     )
