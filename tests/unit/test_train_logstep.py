@@ -105,3 +105,27 @@ def test_a_second_queue_before_the_first_is_finished_is_a_bug_not_a_lost_record(
     reader.queue(1, torch.tensor(1.0), None)
     with pytest.raises(AssertionError):
         reader.queue(2, torch.tensor(1.0), None)
+
+
+class _Event:
+    """A CUDA event as the reader sees it (query/synchronize): the device boundary."""
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.waited = done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_a_stopping_run_never_waits_for_the_gpu_to_write_the_queued_record(tmp_path, done):
+    reader, metrics, _, _ = _reader(tmp_path)
+    reader.queue(2, torch.tensor(4.0), None)
+    assert reader.pending is not None
+    event = reader.pending.event = _Event(done)  # type: ignore[assignment]
+    reader.abandon()
+    assert [r["step"] for r in _records(metrics)] == ([2] if done else [])
+    assert reader.pending is None and event.waited is done  # a finished copy only: no wait on a stuck GPU

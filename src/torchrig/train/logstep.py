@@ -9,8 +9,9 @@ The record is the same; it is printed one step later.
 
 A few log steps are read at once, because what comes right after needs their values or a quiet GPU: the last
 step, a step that saves a checkpoint and the step before the profiled window. A queued read is also finished
-before a test hook fires and when the run stops with an error, so the last interval's record is kept (a rank
-killed from outside, as torchrun stops the others when one fails, loses at most that one record).
+before a test hook fires, and when the run stops with an error if its values are already on the host, so the
+last interval's record is kept (a rank killed from outside, as torchrun stops the others when one fails, or one
+whose GPU is stuck, loses at most that one record).
 
 The checks stay where they were: ``--on-nonfinite stop`` still stops at the log step's record (one step
 later on the GPU: no checkpoint is written in between, every save checks for itself).
@@ -119,8 +120,13 @@ class LogReader:
         return self.finish()
 
     def abandon(self) -> None:
-        """The run stops with an error: write the queued record if its values can still be read."""
+        """The run stops with an error: write the queued record if its values are already on the host. It never
+        waits for the GPU: a GPU stuck in a collective would hold the error (or a Ctrl-C) here for good."""
+        q = self.pending
         try:
+            if q is not None and q.event is not None and not q.event.query():
+                self.pending = None
+                return
             self.finish()
         except Exception:  # the error that stops the run is the one to report
             self.pending = None
