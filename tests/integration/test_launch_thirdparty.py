@@ -197,7 +197,8 @@ def fabric_lm(tmp_path: Path) -> Path:
 
 def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victim(tmp_path):
     """SIGSTOP to rank 1 of Lightning Fabric's language-model example in DDP on two CPU ranks: its training
-    loop's only collective is DDP's gradient all-reduce, so rank 0 waits in it inside backward(). After
+    loop's collectives are DDP's (the gradient all-reduce; once, the buckets' order), so rank 0 waits in one,
+    mostly inside backward(). After
     --stopped-grace the launcher stops the job on the evidence of the collectives (rank 1's process state,
     rank 0's flight record) and names rank 1, not rank 0."""
     job, logs = fabric_lm(tmp_path), tmp_path / "logs"
@@ -229,9 +230,16 @@ def test_a_rank_stopped_in_ddp_is_the_culprit_and_the_rank_in_backward_the_victi
     v = by_rank(s)
     assert v[1]["role"] == "culprit" and v[1]["status"].startswith("stopped by a signal"), s
     assert v[0]["role"] == "victim", s
-    assert v[0]["status"] == "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)", s
-    # the script's own frame: the backward call in its training loop
-    assert v[0]["where"] == f"{job}/train.py:41 in train_epoch", v[0]
+    # the script's own frame: the backward call in its training loop; or, where rank 1 stopped before its second
+    # forward, the model call, where DDP rebuilds its gradient buckets at the second iteration and broadcasts
+    # the new order to every rank (a collective outside backward(); a CI run saw it)
+    assert (v[0]["status"], v[0]["where"]) in (
+        (
+            "hung: waiting in a collective inside backward() (DDP's gradient all-reduce)",
+            f"{job}/train.py:41 in train_epoch",
+        ),
+        ("hung: waiting in a collective", f"{job}/train.py:39 in train_epoch"),
+    ), v[0]
     assert r["flight"]["culprits"] == [1] and r["flight"]["waiting"] == [0], r["flight"]
     assert s["evidence"].startswith("rank 1 (pid "), s["evidence"]
     assert "flight records: " in s["evidence"], s["evidence"]
