@@ -45,9 +45,7 @@ PREF_MAX_WORKSPACE_BYTES = 1
 EPILOGUE_DEFAULT, EPILOGUE_BIAS = 1, 4
 EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU_BGRAD, EPILOGUE_DGELU = 164, 208, 192
 EPILOGUE_BGRADB = 512
-STATUS_NOT_SUPPORTED = (
-    15  # the heuristic's answer when no algorithm fits (the workspace's size among the limits)
-)
+STATUS_NOT_SUPPORTED = 15  # the heuristic's answer when no algorithm fits (the workspace among the limits)
 HEURISTIC_RESULTS = 8  # algorithms asked of the heuristic per GEMM: the first is used, the rest can be timed
 HEADER_NAMES = {
     "CUBLAS_COMPUTE_32F": CUBLAS_COMPUTE_32F,

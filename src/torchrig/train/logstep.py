@@ -57,14 +57,8 @@ class LogReader:
         check: CheckFinite,
         lr: Callable[[int], float],
     ) -> None:
-        self.job, self.metrics, self.peak, self.last, self.check, self.lr = (
-            job,
-            metrics,
-            peak,
-            last,
-            check,
-            lr,
-        )
+        self.job, self.metrics, self.peak, self.last = job, metrics, peak, last
+        self.check, self.lr = check, lr
         self.pending: _Queued | None = None
 
     def queue(self, step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None) -> None:

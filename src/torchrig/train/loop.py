@@ -414,7 +414,7 @@ def _steps(job: Job, metrics: Metrics, run: Run) -> None:
             if step == cfg.steps and profiler is not None:
                 run.profile = profiler.stop(cfg.steps - (run.prof_first or step) + 1)
             _log(job, run, reader, step, loss_sum, grad_norm)
-            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final):
+            if _saves(cfg, step):
                 _check_finite(job, metrics, f"save of step {step}")
                 _check_weights(job, metrics, step)
                 _save(job, step)
@@ -495,12 +495,16 @@ def _log(
     cfg = job.cfg
     if not (step % cfg.log_every == 0 or step == cfg.steps or step == (run.prof_first or 0) - 1):
         return
-    saves = bool(cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final)
-    if step == cfg.steps or saves or step == (run.prof_first or 0) - 1:
+    if step == cfg.steps or _saves(cfg, step) or step == (run.prof_first or 0) - 1:
         _logged(run, reader.now(step, loss_sum, grad_norm))
     else:
         reader.queue(step, loss_sum, grad_norm)
     loss_sum.zero_()
+
+
+def _saves(cfg: TrainConfig, step: int) -> bool:
+    """A checkpoint is saved after ``step``: every ``--ckpt-every`` steps, and the last with ``--ckpt-final``."""
+    return bool(cfg.ckpt_every and step % cfg.ckpt_every == 0) or (step == cfg.steps and cfg.ckpt_final)
 
 
 def _logged(run: Run, value: float | None) -> None:
